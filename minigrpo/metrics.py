@@ -1,0 +1,68 @@
+"""Metrics: one JSON object per line (metrics.jsonl) and a grid of plots (PNG).
+
+matplotlib is imported here only, and lazily, so no algorithm module pulls in a plotting library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+class JsonlLogger:
+    """Appends one JSON object per call to `path`, flushed at once (a crash loses nothing written)."""
+
+    def __init__(self, path, truncate_after_step: int | None = None):
+        self.path = Path(path)
+        if truncate_after_step is not None and self.path.exists():  # resume: drop rows past the checkpoint
+            rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= truncate_after_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        elif truncate_after_step is None:
+            self.path.write_text("")
+        self._f = open(self.path, "a")
+
+    def log(self, row: dict) -> None:
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_panels(rows: list[dict], panels: list[tuple[str, list[str]]], path, x: str = "step",
+                ncols: int = 3, title: str | None = None) -> None:
+    """One subplot per (title, [keys]) panel, all sharing the x axis; rows missing a key are skipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(t, keys) for t, keys in panels if any(k in r for r in rows for k in keys)]
+    if not panels:
+        return
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.8 * nrows), sharex=True, squeeze=False)
+    for ax, (panel_title, keys) in zip(axes.flat, panels):
+        for key in keys:
+            pts = [(r[x], r[key]) for r in rows if key in r and r[key] is not None and x in r]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, label=key, lw=1.2, marker="." if len(pts) < 30 else None)
+        ax.set_title(panel_title, fontsize=9)
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel(x)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

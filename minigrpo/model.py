@@ -1,0 +1,158 @@
+"""A small decoder-only transformer (GPT), written from scratch, with an optional KV cache.
+
+    logits = model(idx)                      # idx (B, T) -> logits (B, T, V)
+
+Pre-norm blocks: x + attn(ln(x)), then x + mlp(ln(x)). Learned token and position embeddings; the
+output head shares its weights with the token embedding (as GPT-2 and nanoGPT).
+
+Padding and positions. Rows of a batch may be left-padded (prompts of different lengths). Two
+optional tensors describe that:
+  key_mask (B, T_total) bool  True where a position holds a real token (T_total counts cached keys too)
+  pos      (B, T) long        the position id of each new token; `positions(key_mask)` numbers the real
+                              tokens of each row 0, 1, 2, ... so a padded row computes exactly what the
+                              same row without padding would.
+Without them every row is full and positions are 0..T-1 (after the cached ones).
+
+KV cache. `model.new_cache(B, T_max)` preallocates keys and values for every layer; a forward with
+`cache=` appends the new tokens' keys/values and attends over everything cached so far. Careful:
+`F.scaled_dot_product_attention(is_causal=True)` aligns its causal mask to the TOP-LEFT corner, which is
+wrong when the T new queries sit after L cached keys, so every cached step builds its own mask with
+query i allowed keys j <= L + i.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 32
+    block_size: int = 48  # longest sequence, BOS and EOS included
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+
+
+class KVCache:
+    """Keys and values of every layer: k, v of shape (n_layer, B, H, T_max, D); `length` filled so far."""
+
+    def __init__(self, cfg: GPTConfig, batch: int, t_max: int, device, dtype):
+        shape = (cfg.n_layer, batch, cfg.n_head, t_max, cfg.n_embd // cfg.n_head)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+
+
+def positions(key_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (B, T) long: 0, 1, 2, ... over the real tokens of each row (padding gets 0)."""
+    return (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        assert cfg.n_embd % cfg.n_head == 0, "n_embd must be divisible by n_head"
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x, attn_mask=None, cache: KVCache | None = None, layer: int = 0):
+        B, T, C = x.shape
+        H, D = self.n_head, C // self.n_head
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        if cache is not None:
+            L = cache.length
+            cache.k[layer, :, :, L : L + T] = k
+            cache.v[layer, :, :, L : L + T] = v
+            k = cache.k[layer, :, :, : L + T]  # (B, H, L+T, D)
+            v = cache.v[layer, :, :, : L + T]
+        if attn_mask is None:  # plain causal attention over a full (uncached) sequence
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        else:  # attn_mask (B, 1, T, T_keys) bool, True = may attend
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        )
+
+    def forward(self, x, attn_mask=None, cache=None, layer=0):
+        x = x + self.attn(self.ln1(x), attn_mask, cache, layer)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: scale the residual projections by depth
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch: int, t_max: int) -> KVCache:
+        w = self.wte.weight
+        return KVCache(self.cfg, batch, t_max, w.device, w.dtype)
+
+    def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None):
+        """Final hidden states (B, T, C): everything but the output head."""
+        B, T = idx.shape
+        offset = cache.length if cache is not None else 0
+        if offset + T > self.cfg.block_size:
+            raise ValueError(f"sequence of {offset + T} tokens exceeds block_size {self.cfg.block_size}")
+        if pos is None:
+            pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
+        attn_mask = None
+        if key_mask is not None or offset > 0:
+            # query i (absolute position offset+i) may see key j iff j <= offset+i and key j is real;
+            # it always sees itself, so a padding query never has an empty row (which would give NaN).
+            q_abs = torch.arange(offset, offset + T, device=idx.device)[:, None]  # (T, 1)
+            k_abs = torch.arange(offset + T, device=idx.device)[None, :]  # (1, T_keys)
+            causal = k_abs <= q_abs  # (T, T_keys)
+            if key_mask is not None:
+                attn_mask = (causal & key_mask[:, None, :]) | (k_abs == q_abs)  # (B, T, T_keys)
+                attn_mask = attn_mask[:, None]  # (B, 1, T, T_keys), broadcast over heads
+            elif T > 1:
+                attn_mask = causal[None, None]  # (1, 1, T, T_keys)
+            # T == 1 without padding: the single new query may see every cached key: no mask needed.
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, attn_mask, cache, layer)
+        if cache is not None:
+            cache.length += T
+        return self.ln_f(x)
+
+    def forward(self, idx, pos=None, key_mask=None, cache: KVCache | None = None):
+        """idx (B, T) -> logits (B, T, V). See the module docstring for pos, key_mask and cache."""
+        return F.linear(self.hidden(idx, pos, key_mask, cache), self.wte.weight)  # tied output head

@@ -1,0 +1,82 @@
+"""Rollouts, shared by GRPO and PPO: sample G completions per prompt, score them, and compute the
+log-probs of π_old and π_ref in one batched no-grad forward pass each.
+
+    batch = collect(policy, ref, tok, prompts, group_size=8, reward=r, generator=g)
+
+Layout: rows are grouped prompt by prompt, so `batch.rewards.view(-1, G)` is (prompts, G). Every
+per-token tensor is (N, T) over COMPLETION tokens only (T = longest completion), with `batch.mask`
+marking the valid ones (up to and including the first EOS); prompt tokens never receive gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minigrpo.logprobs import sequence_logprobs
+from minigrpo.model import GPT
+from minigrpo.rewards import Reward, score
+from minigrpo.sampling import Generation, decode_completions, encode_prompts, generate
+from minigrpo.tokenizer import CharTokenizer
+
+
+@dataclass
+class RolloutBatch:
+    prompts: list[str]  # (N,) the prompt of each row
+    completions: list[str]  # (N,) decoded completion text (no end marker)
+    gen: Generation  # ids (N, P+T), key_mask, completion_mask (N, T), finished (N,)
+    rewards: torch.Tensor  # (N,) float
+    group_size: int
+    old_logp: torch.Tensor  # (N, T) log π_old of each completion token (0 where masked)
+    ref_logp: torch.Tensor  # (N, T) log π_ref of each completion token
+    ref_logits: torch.Tensor | None = None  # (N, T, V) π_ref's logits, kept only for the exact KL
+
+    @property
+    def mask(self) -> torch.Tensor:  # (N, T) bool
+        return self.gen.completion_mask
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    def select(self, rows: torch.Tensor) -> "RolloutBatch":
+        """The sub-batch of the given row indices (used to drop equal-reward groups)."""
+        g = self.gen
+        sub = Generation(g.ids[rows], g.key_mask[rows], g.prompt_len, g.completion_mask[rows],
+                         g.logprobs[rows], g.finished[rows])
+        pick = rows.tolist()
+        return RolloutBatch([self.prompts[i] for i in pick], [self.completions[i] for i in pick], sub,
+                            self.rewards[rows], self.group_size, self.old_logp[rows], self.ref_logp[rows],
+                            None if self.ref_logits is None else self.ref_logits[rows])
+
+
+def completion_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, return_logits: bool = False):
+    """Log-probs (N, T) of the completion tokens of `gen` under `model` in one forward pass
+    (and the (N, T, V) logits that produced them). Differentiable: call under no_grad for π_old/π_ref."""
+    P = gen.prompt_len
+    logp, logits = sequence_logprobs(model, gen.ids, gen.key_mask, temperature, return_logits=True)
+    # target t of sequence_logprobs is token t+1, so completion token j (slot P+j) is target P-1+j
+    logp = torch.where(gen.completion_mask, logp[:, P - 1:], torch.zeros((), device=logp.device))
+    return (logp, logits[:, P - 1:]) if return_logits else logp
+
+
+@torch.no_grad()
+def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group_size: int, reward: Reward,
+            generator: torch.Generator, max_new_tokens: int = 16, temperature: float = 1.0,
+            unfinished_reward: float | None = None, keep_ref_logits: bool = False) -> RolloutBatch:
+    """Sample `group_size` completions for each prompt from the policy (π_old), score them, and
+    compute π_old's and π_ref's log-probs of every completion token."""
+    device = policy.wte.weight.device
+    rows = [p for p in prompts for _ in range(group_size)]  # grouped: prompt 0 x G, prompt 1 x G, ...
+    ids, mask = encode_prompts(tok, rows, device)
+    was_training = policy.training
+    policy.eval()
+    gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
+    completions = decode_completions(tok, gen)
+    rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward)
+    old_logp = completion_logprobs(policy, gen, temperature)
+    ref_logp, ref_logits = completion_logprobs(ref, gen, temperature, return_logits=True)
+    policy.train(was_training)
+    return RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=device), group_size, old_logp,
+                        ref_logp, ref_logits if keep_ref_logits else None)

@@ -1,0 +1,117 @@
+"""Batched sampling with a KV cache, and the slow full-recompute path kept as its test oracle.
+
+    out = generate(model, prompt_ids, prompt_mask, max_new_tokens=16, generator=g)
+
+Prompts of different lengths are LEFT-PADDED (see `logprobs.pad_left`) and carry a key mask; position
+ids count real tokens only, so a padded row samples exactly what it would alone. The prompt is run once
+(prefill) and then one token per step for the whole batch. Each row stops at its first EOS (later
+slots hold PAD and are masked out); the loop stops as soon as every row has stopped.
+
+Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p), which at
+temperature 1 without filtering are the model's own. `use_cache=False` recomputes the whole sequence
+at every step: the slow, obviously-correct path that tests and `bench` compare the cache against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minigrpo.logprobs import pad_left
+from minigrpo.model import GPT, positions
+from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
+
+
+@dataclass
+class Generation:
+    ids: torch.Tensor  # (B, P+N) left-padded prompt, then completion (PAD after the first EOS)
+    key_mask: torch.Tensor  # (B, P+N) bool: real prompt tokens and completion tokens
+    prompt_len: int  # P, the padded prompt width
+    completion_mask: torch.Tensor  # (B, N) bool: completion tokens up to and including the first EOS
+    logprobs: torch.Tensor  # (B, N) log-prob of each sampled token under the sampling distribution (0 where masked)
+    finished: torch.Tensor  # (B,) bool: the row produced an EOS
+
+    @property
+    def completion_ids(self) -> torch.Tensor:  # (B, N)
+        return self.ids[:, self.prompt_len:]
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """(B, V) logits -> (B, V) logits of the sampling distribution (filtered entries are -inf)."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) k-th largest
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix reaching top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
+             max_new_tokens: int = 16, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None,
+             use_cache: bool = True) -> Generation:
+    """Sample up to `max_new_tokens` tokens after each (left-padded) prompt row. See module docstring."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    B, P = prompt_ids.shape
+    device = prompt_ids.device
+    if prompt_mask is None:
+        prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool)
+    max_new_tokens = min(max_new_tokens, model.cfg.block_size - int(prompt_mask.sum(1).max()))
+    if max_new_tokens < 1:
+        raise ValueError(f"prompt of {P} tokens leaves no room in block_size {model.cfg.block_size}")
+
+    ids = torch.full((B, P + max_new_tokens), PAD_ID, dtype=torch.long, device=device)
+    ids[:, :P] = prompt_ids
+    key_mask = torch.ones_like(ids, dtype=torch.bool)  # generated slots are real keys for their row
+    key_mask[:, :P] = prompt_mask
+    logprobs = torch.zeros((B, max_new_tokens), device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    completion_mask = torch.zeros((B, max_new_tokens), dtype=torch.bool, device=device)
+
+    cache = model.new_cache(B, P + max_new_tokens) if use_cache else None
+    pos_all = positions(key_mask)  # (B, P+N) position ids of every slot
+    if use_cache:  # prefill: the whole prompt at once
+        logits = model(prompt_ids, pos=pos_all[:, :P], key_mask=key_mask[:, :P], cache=cache)[:, -1]
+    n = 0
+    for n in range(max_new_tokens):
+        t = P + n  # the slot being filled
+        if not use_cache:  # slow path: recompute everything
+            logits = model(ids[:, :t], pos=pos_all[:, :t], key_mask=key_mask[:, :t])[:, -1]
+        logits = process_logits(logits, temperature, top_k, top_p)  # (B, V)
+        probs = logits.softmax(-1)
+        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+        lp = F.log_softmax(logits, -1).gather(1, nxt[:, None]).squeeze(1)
+        completion_mask[:, n] = ~done
+        nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
+        logprobs[:, n] = torch.where(done, torch.zeros_like(lp), lp)
+        ids[:, t] = nxt
+        done = done | (nxt == EOS_ID)
+        if bool(done.all()):
+            break
+        if use_cache:
+            logits = model(nxt[:, None], pos=pos_all[:, t:t + 1], key_mask=key_mask[:, :t + 1],
+                           cache=cache)[:, -1]
+    N = n + 1
+    return Generation(ids=ids[:, :P + N], key_mask=torch.cat([prompt_mask, completion_mask[:, :N]], 1),
+                      prompt_len=P, completion_mask=completion_mask[:, :N], logprobs=logprobs[:, :N],
+                      finished=done)
+
+
+def encode_prompts(tok: CharTokenizer, prompts: list[str], device=None):
+    """BOS + prompt for each prompt, left-padded: -> ids (B, P), key_mask (B, P)."""
+    return pad_left([tok.encode(p, bos=True) for p in prompts], tok.pad_id, device)
+
+
+def decode_completions(tok: CharTokenizer, gen: Generation) -> list[str]:
+    """Completion text of each row: after the prompt, up to (not including) the first EOS."""
+    return [tok.decode(row.tolist()) for row in gen.completion_ids]

@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+from minigrpo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from minigrpo.model import GPT, GPTConfig
+from minigrpo.tokenizer import CharTokenizer
+
+
+@pytest.fixture
+def saved(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    tok = CharTokenizer("abcde")
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3, dtype=torch.long)).sum().backward()
+    opt.step()
+    path = tmp_path / "model.pt"
+    save_checkpoint(path, model, tok, task="food", step=7, optimizer=opt, extra={"note": "x"})
+    return path, model, tok
+
+
+def test_round_trip_gives_identical_logits_and_metadata(saved):
+    path, model, tok = saved
+    loaded, tok2, meta = load_checkpoint(path)
+    x = torch.tensor([[0, 3, 4, 5]])
+    assert torch.equal(loaded(x), model.eval()(x))
+    assert tok2 == tok and meta["task"] == "food" and meta["step"] == 7 and meta["extra"] == {"note": "x"}
+    assert "state" in meta["optimizer"]
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(saved):
+    path, model, tok = saved
+    save_checkpoint(path, model, tok, task="food", step=8)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.pt"]
+
+
+def test_missing_file_names_the_file(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_truncated_file_gives_one_clear_line(saved, tmp_path):
+    path, _, _ = saved
+    bad = tmp_path / "cut.pt"
+    bad.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="unreadable") as e:
+        load_checkpoint(bad)
+    assert "\n" not in str(e.value) and "cut.pt" in str(e.value)
+
+
+def test_foreign_files_are_refused(tmp_path):
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    with pytest.raises(CheckpointError, match="not a minigrpo checkpoint"):
+        load_checkpoint(other)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(text)

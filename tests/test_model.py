@@ -1,0 +1,77 @@
+import torch
+
+from minigrpo.model import GPT, GPTConfig, positions
+
+CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16)
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return GPT(CFG).eval()
+
+
+def test_logits_shape():
+    model = make_model()
+    assert model(torch.randint(0, 11, (3, 7))).shape == (3, 7, 11)
+
+
+def test_causality_later_tokens_never_change_earlier_logits():
+    model = make_model()
+    x = torch.randint(0, 11, (2, 12))
+    y = x.clone()
+    y[:, 7:] = torch.randint(0, 11, (2, 5))
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.allclose(a[:, :7], b[:, :7], atol=1e-6), "changing token 7.. changed logits before 7"
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_kv_cache_step_by_step_equals_full_forward():
+    model = make_model()
+    x = torch.randint(0, 11, (3, 10))
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache(3, 10)
+        parts = [model(x[:, :4], cache=cache)]  # prefill 4, then one token at a time
+        for t in range(4, 10):
+            parts.append(model(x[:, t:t + 1], cache=cache))
+    assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
+
+
+def test_cached_chunk_of_several_tokens_uses_a_bottom_right_causal_mask():
+    # is_causal=True would be top-left aligned and let query 0 of the chunk see only key 0
+    model = make_model()
+    x = torch.randint(0, 11, (2, 9))
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache(2, 9)
+        model(x[:, :5], cache=cache)
+        chunk = model(x[:, 5:], cache=cache)
+    assert torch.allclose(chunk, full[:, 5:], atol=1e-5)
+
+
+def test_left_padding_with_key_mask_and_positions_equals_the_unpadded_row():
+    model = make_model()
+    row = torch.randint(3, 11, (1, 6))
+    padded = torch.cat([torch.full((1, 3), 2), row], 1)
+    mask = torch.tensor([[False] * 3 + [True] * 6])
+    with torch.no_grad():
+        alone = model(row)
+        pad = model(padded, pos=positions(mask), key_mask=mask)
+    assert torch.allclose(pad[:, 3:], alone, atol=1e-5)
+    assert torch.isfinite(pad).all(), "padding queries must not produce NaN"
+
+
+def test_positions_count_real_tokens_only():
+    mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    assert positions(mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+
+
+def test_sequence_longer_than_block_size_is_an_error():
+    model = make_model()
+    try:
+        model(torch.zeros(1, 17, dtype=torch.long))
+    except ValueError as e:
+        assert "block_size" in str(e)
+    else:
+        raise AssertionError("expected ValueError")

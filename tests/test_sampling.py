@@ -1,0 +1,90 @@
+import torch
+
+from minigrpo.logprobs import sequence_logprobs
+from minigrpo.model import GPT, GPTConfig
+from minigrpo.sampling import decode_completions, encode_prompts, generate, process_logits
+from minigrpo.tokenizer import EOS_ID, PAD_ID
+
+PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # different lengths
+
+
+def _gen(model, tok, use_cache, seed=0, n=4, **kw):
+    ids, mask = encode_prompts(tok, PROMPTS * n)
+    return generate(model, ids, mask, max_new_tokens=14, generator=torch.Generator().manual_seed(seed),
+                    use_cache=use_cache, **kw)
+
+
+def test_kv_cache_logprobs_equal_the_slow_path_for_prompts_of_different_lengths(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    for kw in ({}, {"temperature": 0.7, "top_k": 5}):
+        fast, slow = _gen(model, tok, True, **kw), _gen(model, tok, False, **kw)
+        assert torch.equal(fast.ids, slow.ids), "cache and slow path sampled different tokens"
+        assert torch.equal(fast.completion_mask, slow.completion_mask)
+        assert (fast.logprobs - slow.logprobs).abs().max() < 1e-5
+
+
+def test_sampled_logprobs_equal_one_teacher_forced_forward(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    g = _gen(model, tok, True)
+    with torch.no_grad():
+        lp = sequence_logprobs(model, g.ids, g.key_mask)[:, g.prompt_len - 1:]
+    diff = torch.where(g.completion_mask, lp - g.logprobs, torch.zeros_like(lp)).abs().max()
+    assert diff < 1e-5, f"sampler log-probs differ from a full forward by {diff}"
+
+
+def test_completion_mask_covers_up_to_and_including_the_first_eos(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    g = _gen(model, tok, True, n=8)
+    comp = g.completion_ids
+    for row, mask, fin in zip(comp, g.completion_mask, g.finished):
+        n_valid = int(mask.sum())
+        assert mask[:n_valid].all() and not mask[n_valid:].any(), "mask is not a prefix"
+        eos_at = (row == EOS_ID).nonzero().flatten().tolist()
+        if fin:
+            assert eos_at and eos_at[0] == n_valid - 1, "the first EOS must be the last masked token"
+            assert (row[n_valid:] == PAD_ID).all(), "slots after the end must be PAD"
+        else:
+            assert not eos_at and n_valid == len(row), "an unfinished row keeps every token"
+    assert (g.logprobs[~g.completion_mask] == 0).all()
+
+
+def test_unfinished_rows_are_masked_and_flagged(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    ids, mask = encode_prompts(tok, PROMPTS)
+    g = generate(model, ids, mask, max_new_tokens=2, generator=torch.Generator().manual_seed(0))
+    assert not g.finished.any() and g.completion_mask.all() and g.completion_ids.shape == (4, 2)
+
+
+def test_sampling_is_reproducible_with_a_fixed_generator(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    a, b, c = _gen(model, tok, True, seed=3), _gen(model, tok, True, seed=3), _gen(model, tok, True, seed=4)
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.ids, c.ids)
+
+
+def test_loop_stops_early_when_every_row_has_ended(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    g = _gen(model, tok, True)
+    assert g.finished.all(), "a pretrained model should end every food line within 14 tokens"
+    assert g.completion_ids.shape[1] == int(g.completion_mask.sum(1).max())
+    assert all(t.strip() for t in decode_completions(tok, g))
+
+
+def test_top_k_one_is_greedy_and_top_p_keeps_the_smallest_nucleus():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    k1 = process_logits(logits, top_k=1)
+    assert torch.isfinite(k1).sum() == 1 and k1.argmax() == 0
+    p = logits.softmax(-1)[0]  # [0.61, 0.22, 0.14, 0.03]
+    kept = torch.isfinite(process_logits(logits, top_p=0.7))[0]
+    assert kept.tolist() == [True, True, False, False], f"probs {p.tolist()}"
+    assert torch.isfinite(process_logits(logits, top_p=0.5))[0].tolist() == [True, False, False, False]
+
+
+def test_prompt_too_long_for_block_size_is_an_error():
+    model = GPT(GPTConfig(vocab_size=8, block_size=4, n_layer=1, n_head=1, n_embd=8))
+    try:
+        generate(model, torch.ones(1, 4, dtype=torch.long), max_new_tokens=3)
+    except ValueError as e:
+        assert "block_size" in str(e)
+    else:
+        raise AssertionError("expected ValueError")
