@@ -44,7 +44,7 @@ class RLConfig:
     group_size: int = field(default=8, metadata={"help": "completions sampled per prompt (G)"})
     max_new_tokens: int = field(default=14, metadata={"help": "longest completion"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (log-probs use the same)"})
-    lr: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
+    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate"})
     grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip (0 = off)"})
     preserve: bool = field(default=True, metadata={"help": "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"})
     preserve_coef: float = field(default=20.0, metadata={"help": "weight of the preservation KL"})

@@ -1,0 +1,202 @@
+"""Measure speed and quality, and print them as tables. Speed goals are checked here, never in tests.
+
+    python -m minigrpo.bench            # everything (several minutes on 2 CPU cores)
+    python -m minigrpo.bench --quick    # sampling and threads only (seconds)
+    python -m minigrpo.bench --only grpo,presets
+
+Sections: machine; sampling (KV cache vs the slow full-recompute path at batch 8/64/512, 16 new
+tokens, and their log-prob agreement); threads (one pretraining step at 1 and 2 threads); pretrain
+(the default command, timed, with its exact quality report); grpo (the default command and a rare
+target as whole processes, timed; the per-step time on a 4-layer 128-wide model); presets (every
+--preset: steps and seconds to 0.9, final target rate, exact KL, worst drift, malformed mass).
+Subprocess runs write under --out (default runs/bench).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from minigrpo.cli import UsageError, main_guard, parse_config, setup_runtime
+from minigrpo.model import GPT, GPTConfig
+from minigrpo.sampling import generate
+
+SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets"]
+
+
+@dataclass
+class BenchConfig:
+    quick: bool = field(default=False, metadata={"help": "only the fast sections (sampling, threads)"})
+    only: str | None = field(default=None, metadata={"help": f"comma-separated sections of {','.join(SECTIONS)}"})
+    out: str = field(default="runs/bench", metadata={"help": "folder for the runs the bench starts"})
+    threads: int = field(default=1, metadata={"help": "torch CPU threads for the in-process sections"})
+    device: str = field(default="cpu", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
+
+
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    cells = [header] + [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([f"\n### {title}", fmt(cells[0]), sep] + [fmt(r) for r in cells[1:]])
+
+
+def _time(fn, repeat: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_sampling(device) -> str:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device).eval()  # the default food model's shape
+    rows, new = [], 16
+    for batch in (8, 64, 512):
+        prompt = torch.randint(3, 26, (batch, 8), device=device)
+        def run(cache, seed=0):
+            return generate(model, prompt, max_new_tokens=new, generator=torch.Generator(device=device).manual_seed(seed),
+                            use_cache=cache)
+        fast, slow = run(True), run(False)
+        same = torch.equal(fast.ids, slow.ids)
+        diff = (fast.logprobs - slow.logprobs).abs().max().item() if same else float("nan")
+        t_fast = _time(lambda: run(True), 5)
+        t_slow = _time(lambda: run(False), 3)
+        n_tok = batch * fast.completion_ids.size(1)
+        rows.append([batch, f"{batch / t_fast:,.0f}", f"{n_tok / t_fast:,.0f}", f"{n_tok / t_slow:,.0f}",
+                     f"{t_slow / t_fast:.1f}x", f"{diff:.1e}"])
+    return table(f"sampling: {new} new tokens, 8-token prompts, {model.num_params():,}-parameter model",
+                 ["batch", "completions/s (cache)", "tokens/s (cache)", "tokens/s (slow path)", "speed-up",
+                  "max |Δ log-prob|"], rows)
+
+
+def bench_threads(device) -> str:
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 26, (128, 24), device=device)
+    def step():
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    rows = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        rows.append([n, f"{1000 * _time(step, 10):.1f}"])
+    torch.set_num_threads(1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return table(f"threads: one pretraining step (batch 128 x 23 tokens), 1-min load average {load:.2f}",
+                 ["threads", "ms/step (median of 10)"], rows)
+
+
+def _run_cli(args: list[str]) -> tuple[float, str]:
+    """Run `python -m minigrpo.<args>` as a whole process; -> (wall seconds, output)."""
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
+    return wall, p.stdout
+
+
+def bench_pretrain(out: Path) -> str:
+    wall, _ = _run_cli(["minigrpo.pretrain", "--out", str(out / "pretrain")])
+    s = json.loads((out / "pretrain" / "summary.json").read_text())
+    rep = s["report"]
+    return table("pretrain: `python -m minigrpo.pretrain` (defaults, seed 0)",
+                 ["whole process s", "training s", "val loss / floor", "worst TV (bar 0.05)",
+                  "worst malformed (bar 0.01)", "bar"],
+                 [[f"{wall:.1f}", f"{s['train_seconds']:.1f}", f"+{100 * s['val_over_floor']:.2f}%",
+                   f"{rep['worst_tv']:.4f}", f"{rep['worst_malformed']:.4f}", "PASS" if rep["ok"] else "FAIL"]])
+
+
+def _ensure_pretrained(out: Path, name: str, extra: list[str]) -> Path:
+    ckpt = out / name / "model.pt"
+    if not ckpt.exists():
+        _run_cli(["minigrpo.pretrain", "--out", str(out / name), *extra])
+    return ckpt
+
+
+def _grpo_row(label, args, out: Path, init: Path) -> list:
+    folder = out / label
+    wall, _ = _run_cli(["minigrpo.grpo", "--init", str(init), "--out", str(folder), "--quiet", *args])
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "target_rate" in r]
+    first = next((r for r in evals if r["target_rate"] >= 0.9), None)
+    steps_to = first["step"] if first else "-"
+    secs_to = f"{sum(r.get('step_time', 0) for r in rows if r['step'] <= first['step']):.2f}" if first else "-"
+    last = evals[-1]
+    return [label, f"{wall:.1f}", steps_to, secs_to, f"{last['target_rate']:.3f}", f"{last.get('kl_exact', float('nan')):.4f}",
+            f"{last['worst_drift']:.3f}", f"{last['malformed']:.4f}"]
+
+
+GRPO_HEADER = ["run", "whole process s", "steps to 0.9", "train s to 0.9", "final exact target", "exact KL/token",
+               "worst drift (bar 0.05)", "malformed (bar 0.01)"]
+
+
+def bench_grpo(out: Path) -> str:
+    init = _ensure_pretrained(out, "pretrain", [])
+    rows = [_grpo_row("grpo-pizza (default)", ["--reward", "pizza", "--eval-every", "1"], out, init),
+            _grpo_row("grpo-apple-pie (rare, p=0.02)", ["--reward", "food:apple pie", "--eval-every", "1"], out, init),
+            _grpo_row("grpo-pizza --no-preserve", ["--reward", "pizza", "--eval-every", "1", "--no-preserve"], out, init)]
+    text = table("grpo: whole processes (imports, training, final evaluation)", GRPO_HEADER, rows)
+    big = _ensure_pretrained(out, "pretrain-4x128", ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--steps", "300"])
+    folder = out / "grpo-step-time"
+    _run_cli(["minigrpo.grpo", "--init", str(big), "--out", str(folder), "--quiet", "--prompts-per-step", "1",
+              "--group-size", "8", "--max-new-tokens", "12", "--updates", "1", "--no-preserve", "--threads", "1",
+              "--steps", "40", "--eval-every", "1000"])
+    times = [json.loads(line)["step_time"] for line in (folder / "metrics.jsonl").read_text().splitlines()
+             if "step_time" in json.loads(line)]
+    text += table("grpo per-step time: 4-layer 128-wide model, 1 prompt x 8 completions, 12 new tokens, μ=1, "
+                  "--no-preserve, 1 thread", ["steps", "median ms", "p90 ms"],
+                  [[len(times), f"{1000 * statistics.median(times[5:]):.1f}",
+                    f"{1000 * sorted(times[5:])[int(0.9 * len(times[5:]))]:.1f}"]])
+    return text
+
+
+def bench_presets(out: Path) -> str:
+    from minigrpo.grpo import PRESETS
+    init = _ensure_pretrained(out, "pretrain", [])
+    rows = [_grpo_row(name, ["--preset", name, "--reward", "pizza", "--eval-every", "1"], out, init) for name in PRESETS]
+    return table("presets: --reward pizza, seed 0", GRPO_HEADER, rows)
+
+
+@main_guard
+def main(argv=None):
+    cfg, _ = parse_config(BenchConfig, argv, description=__doc__.split("\n\n")[0])
+    sections = SECTIONS[:2] if cfg.quick else SECTIONS
+    if cfg.only:
+        sections = [s.strip() for s in cfg.only.split(",")]
+        bad = [s for s in sections if s not in SECTIONS]
+        if bad:
+            raise UsageError(f"unknown --only section(s) {', '.join(bad)} (available: {', '.join(SECTIONS)})")
+    device = setup_runtime(cfg.threads, cfg.device)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"machine: {platform.machine()} {cores} cores | torch {torch.__version__} | device {device} | "
+          f"threads {torch.get_num_threads()} | python {platform.python_version()}", flush=True)
+    runners = {"sampling": lambda: bench_sampling(device), "threads": lambda: bench_threads(device),
+               "pretrain": lambda: bench_pretrain(out), "grpo": lambda: bench_grpo(out),
+               "presets": lambda: bench_presets(out)}
+    for s in sections:
+        print(runners[s](), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
