@@ -114,6 +114,8 @@ def make_reward(spec: str, task_rewards: dict[str, Callable[[str], RewardFn | No
             raise RewardError(f"malformed --reward spec {spec!r}: weight {weight!r} of {name!r} is not a number "
                               f"(expected NAME or NAME=W,NAME=W)") from None
         fn = _lookup(name, task_rewards or {})
+        if fn is None and len(parts) == 0 and not eq and "," not in spec and ":" in name:
+            return Reward(spec, load_user_function(spec))  # e.g. operator:contains (an undotted module)
         if fn is None:
             known = sorted({**(task_help or {}), **GENERIC})
             raise RewardError(f"unknown reward {name!r} (available: {', '.join(known)}, "

@@ -94,6 +94,7 @@ class Run:
         self.out = prepare_out(cfg.out)
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         self.step, self.anchor, self.baseline = 0, None, None
+        self.rewards_window: list[float] = []  # the last 10 steps' mean rewards (for reward_rolling)
         if self.resume_state is None:  # on resume, `restore` brings all three back from the checkpoint
             anchor_prompts = self.task.anchor_prompts(cfg) if cfg.preserve else []
             if anchor_prompts:
@@ -139,7 +140,7 @@ class Run:
                 "ref": {k: v.detach().cpu() for k, v in self.ref.state_dict().items()},
                 "algo_state": algo.state_dict(), "generator": self.generator.get_state(),
                 "anchor": self.anchor.state_dict() if self.anchor is not None else None,
-                "baseline": self.baseline,
+                "baseline": self.baseline, "rewards_window": self.rewards_window,
             }},
         }
         atomic_save(state, self.out / "model.pt")
@@ -156,6 +157,7 @@ class Run:
         self.generator.set_state(rl["generator"])
         self.anchor = Anchor.from_state_dict(rl["anchor"], self.device) if rl["anchor"] is not None else None
         self.baseline = rl["baseline"]
+        self.rewards_window = list(rl["rewards_window"])
         self.step = state["step"]
 
 
@@ -174,7 +176,7 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
     last_eval = r.task.rl_evaluate(r.policy, r.tok, r.baseline, cfg) if not r.resume_state else {}
     if last_eval:
         logger.log({"step": 0, **_flat(last_eval)})
-    rewards_window, last_batch = [], None
+    last_batch = None
     try:
         while r.step < cfg.steps:
             t0 = time.perf_counter()
@@ -188,9 +190,9 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
             if cfg.ref_update_every and r.step % cfg.ref_update_every == 0:  # iterative GRPO
                 r.ref.load_state_dict(r.policy.state_dict())
             last_batch = batch
-            rewards_window = (rewards_window + [batch.rewards.mean().item()])[-10:]
+            r.rewards_window = (r.rewards_window + [batch.rewards.mean().item()])[-10:]
             row = {"step": r.step, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
-                   "reward_rolling": sum(rewards_window) / len(rewards_window), **stats,
+                   "reward_rolling": sum(r.rewards_window) / len(r.rewards_window), **stats,
                    "completion_len": batch.mask.sum(1).float().mean().item(),
                    "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
             if r.step % cfg.eval_every == 0 or r.step == cfg.steps:

@@ -1,0 +1,61 @@
+import math
+
+import pytest
+
+from minigrpo.rewards import RewardError, make_reward, score
+from toy_tasks import food
+
+
+def reward(spec):
+    return make_reward(spec, food.REWARDS, food.REWARD_HELP)
+
+
+def test_food_rewards():
+    assert reward("pizza")("ravin likes ", "pizza") == 1.0
+    assert reward("pizza")("ravin likes ", "pizzas") == 0.0
+    assert reward("food:ice cream")("x", "ice cream") == 1.0
+    g = reward("graded:sushi")
+    assert (g("", "sushi"), g("", "pizza"), g("", "pizzza")) == (1.0, 0.0, -1.0)
+
+
+def test_generic_rewards_and_weighted_sums():
+    assert reward("exact:ab")("", "ab") == 1.0 and reward("regex:p.*a")("", "pizza") == 1.0
+    assert reward("length")("", "abc") == 3.0
+    assert reward("pizza=1,length=0.1")("", "pizza") == pytest.approx(1.5)
+
+
+def test_unknown_and_malformed_specs_name_the_problem():
+    with pytest.raises(RewardError, match="unknown reward 'cake'.*pizza"):
+        reward("cake")
+    with pytest.raises(RewardError, match="malformed"):
+        reward("pizza=heavy")
+    with pytest.raises(ValueError, match="unknown food 'cake'"):
+        reward("food:cake")
+
+
+def test_custom_reward_file_is_loaded_and_called_with_prompt_and_completion(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text("calls = []\ndef f(prompt, completion):\n    calls.append((prompt, completion))\n"
+                    "    return float(len(prompt) + 10 * len(completion))\n")
+    r = reward(f"{path}:f")
+    assert score(r, ["ravin likes "], ["pizza"], [True]) == [12 + 50]
+    with pytest.raises(RewardError, match="has no function 'g'"):
+        reward(f"{path}:g")
+    with pytest.raises(RewardError, match="does not exist"):
+        reward(f"{tmp_path / 'nope.py'}:f")
+
+
+def test_module_function_spec_and_a_raising_reward_is_reported():
+    r = reward("operator:contains")  # contains(prompt, completion): completion occurs in the prompt
+    assert score(r, ["pizza lover", "x"], ["pizza", "pizza"], [True, True]) == [1.0, 0.0]
+    with pytest.raises(RewardError, match="reward 'operator:add' raised on prompt 'p', completion 'c'"):
+        score(reward("operator:add"), ["p"], ["c"], [True])  # float('pc') raises: one message, no traceback
+
+
+def test_unfinished_reward_override_and_error_reporting():
+    r = reward("pizza")
+    assert score(r, ["p", "p"], ["pizza", "pizz"], [True, False], unfinished_reward=-1.0) == [1.0, -1.0]
+    bad = make_reward("length")
+    bad.fn = lambda p, c: math.nan
+    with pytest.raises(RewardError, match="returned nan on prompt 'p', completion 'x'"):
+        score(bad, ["p"], ["x"], [True])
