@@ -33,16 +33,18 @@ def group_advantages(rewards: torch.Tensor, scale: str = "group", unbiased: bool
     """
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    r = rewards.double()
-    B, G = r.shape
+    B, G = rewards.shape
+    if G < 2:  # a group of one has no baseline to compare with
+        return torch.zeros_like(rewards)
+    r = rewards.double()  # float64: differences of 1e-9 at 1e6 must survive the centring
     centered = r - r.mean(dim=1, keepdim=True)  # (B, G)
-    equal = _equal_rows(r) | (G < 2)  # (B, 1)
+    equal = _equal_rows(r)  # (B, 1)
     if scale == "none":
         adv = centered
     else:
         std = (r.std(dim=1, keepdim=True, unbiased=unbiased) if scale == "group"  # (B, 1)
                else r.std(unbiased=unbiased).reshape(1, 1))  # (1, 1)
-        adv = centered / (std.nan_to_num(0.0) + eps)  # nan only for G = 1 with Bessel, masked below
+        adv = centered / (std + eps)
     return torch.where(equal, torch.zeros_like(adv), adv).to(rewards.dtype)
 
 

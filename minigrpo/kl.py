@@ -47,6 +47,6 @@ def exact(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
 
     logits, ref_logits (..., V) -> (...). Computed from log_softmax, so finite at logits ±1e4.
     """
-    logp = F.log_softmax(logits.float(), dim=-1)
-    logq = F.log_softmax(ref_logits.float(), dim=-1)
+    logp = F.log_softmax(logits, dim=-1)
+    logq = F.log_softmax(ref_logits, dim=-1)
     return (logp.exp() * (logp - logq)).sum(-1).clamp(min=0.0)

@@ -76,7 +76,7 @@ def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high
     adv = _broadcast_adv(advantages, logp)
     log_ratio = _log_ratio(logp, old_logp, mask, level)
     ratio = log_ratio.exp()
-    n = mask.sum().clamp(min=1)
+    n = mask.sum().clamp(min=1).to(ratio.dtype)
     low = mask & (adv < 0) & (ratio < 1 - eps_low)
     high = mask & (adv > 0) & (ratio > 1 + eps_high)
     return {"clip_frac_low": low.sum() / n, "clip_frac_high": high.sum() / n,
@@ -122,7 +122,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: i
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = −Σ_v p_v log p_v per position: (..., V) -> (...); 0 ≤ H ≤ log V, finite at logits ±1e4."""
-    logp = F.log_softmax(logits.float(), dim=-1)
+    logp = F.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
