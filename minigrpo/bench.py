@@ -155,6 +155,7 @@ def bench_grpo(out: Path) -> str:
             _grpo_row("grpo-apple-pie (rare, p=0.02)", ["--reward", "food:apple pie", "--eval-every", "1"], out, init),
             _grpo_row("grpo-pizza --no-preserve", ["--reward", "pizza", "--eval-every", "1", "--no-preserve"], out, init)]
     text = table("grpo: whole processes (imports, training, final evaluation)", GRPO_HEADER, rows)
+    text += spillover(out / "grpo-pizza (default)", out / "grpo-pizza --no-preserve", out / "spillover.png")
     big = _ensure_pretrained(out, "pretrain-4x128", ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--steps", "300"])
     folder = out / "grpo-step-time"
     _run_cli(["minigrpo.grpo", "--init", str(big), "--out", str(folder), "--quiet", "--prompts-per-step", "1",
@@ -167,6 +168,33 @@ def bench_grpo(out: Path) -> str:
                   [[len(times), f"{1000 * statistics.median(times[5:]):.1f}",
                     f"{1000 * sorted(times[5:])[int(0.9 * len(times[5:]))]:.1f}"]])
     return text
+
+
+def spillover(with_preserve: Path, without: Path, png: Path) -> str:
+    """Each person's exact pizza share before RL and after it, with and without preservation:
+    a table, and the same as a grouped bar chart in `png`."""
+    a = json.loads((with_preserve / "summary.json").read_text())
+    b = json.loads((without / "summary.json").read_text())
+    people = list(a["baseline_pizza_shares"])
+    rows = [[p, f"{a['baseline_pizza_shares'][p]:.3f}", f"{a['pizza_shares'][p]:.3f}", f"{b['pizza_shares'][p]:.3f}"]
+            for p in people]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    x = range(len(people))
+    for i, (label, shares) in enumerate([("pretrained", a["baseline_pizza_shares"]), ("GRPO, preservation on", a["pizza_shares"]),
+                                         ("GRPO --no-preserve", b["pizza_shares"])]):
+        ax.bar([j + (i - 1) * 0.27 for j in x], [shares[p] for p in people], width=0.27, label=label)
+    ax.set_xticks(list(x), people)
+    ax.set_ylabel("exact P(pizza)")
+    ax.set_title("GRPO on 'ravin likes ' only: everyone's pizza share (spill-over when unpreserved)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    return table(f"spill-over: exact P(pizza) per person (figure: {png})",
+                 ["person", "pretrained", "after GRPO (preservation on)", "after GRPO --no-preserve"], rows)
 
 
 def bench_presets(out: Path) -> str:

@@ -20,20 +20,24 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None,
-                      temperature: float = 1.0, return_logits: bool = False):
+                      temperature: float = 1.0, return_logits: bool = False, return_hidden: bool = False):
     """Next-token log-probs of a batch of (left-padded) sequences in one forward pass.
 
     ids (B, T), key_mask (B, T) bool (real tokens; None = all real)
     -> logp (B, T-1) with logp[:, t] = log π(ids[:, t+1] | ids[:, :t+1]) at the given temperature,
-       and, with return_logits, the temperature-scaled logits (B, T-1, V) that produced them.
+       and, with return_logits, the temperature-scaled logits (B, T-1, V) that produced them,
+       and, with return_hidden, the final hidden states (B, T-1, C) (for a value head).
     Entries whose target is padding are meaningless; callers mask them.
     """
     inp = ids[:, :-1]
     km = key_mask[:, :-1] if key_mask is not None else None
     pos = positions(km) if km is not None else None
-    logits = model(inp, pos=pos, key_mask=km) / temperature  # (B, T-1, V)
+    hidden = model.hidden(inp, pos=pos, key_mask=km)  # (B, T-1, C)
+    logits = model.head(hidden) / temperature  # (B, T-1, V)
     logp = gather_logprobs(logits, ids[:, 1:])
-    return (logp, logits) if return_logits else logp
+    if not (return_logits or return_hidden):
+        return logp
+    return (logp, logits, hidden) if return_hidden else (logp, logits)
 
 
 def pad_left(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -153,6 +153,10 @@ class GPT(nn.Module):
             cache.length += T
         return self.ln_f(x)
 
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states (B, T, C) -> logits (B, T, V) through the tied output head."""
+        return F.linear(h, self.wte.weight)
+
     def forward(self, idx, pos=None, key_mask=None, cache: KVCache | None = None):
         """idx (B, T) -> logits (B, T, V). See the module docstring for pos, key_mask and cache."""
-        return F.linear(self.hidden(idx, pos, key_mask, cache), self.wte.weight)  # tied output head
+        return self.head(self.hidden(idx, pos, key_mask, cache))

@@ -51,14 +51,17 @@ class RolloutBatch:
                             None if self.ref_logits is None else self.ref_logits[rows])
 
 
-def completion_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, return_logits: bool = False):
-    """Log-probs (N, T) of the completion tokens of `gen` under `model` in one forward pass
-    (and the (N, T, V) logits that produced them). Differentiable: call under no_grad for π_old/π_ref."""
+def completion_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, return_logits: bool = False,
+                        return_hidden: bool = False):
+    """Log-probs (N, T) of the completion tokens of `gen` under `model` in one forward pass, and
+    optionally the (N, T, V) logits that produced them and the (N, T, C) hidden states of the states
+    before each completion token (for a value head). Differentiable: use no_grad for π_old/π_ref."""
     P = gen.prompt_len
-    logp, logits = sequence_logprobs(model, gen.ids, gen.key_mask, temperature, return_logits=True)
+    logp, logits, hidden = sequence_logprobs(model, gen.ids, gen.key_mask, temperature, return_hidden=True)
     # target t of sequence_logprobs is token t+1, so completion token j (slot P+j) is target P-1+j
     logp = torch.where(gen.completion_mask, logp[:, P - 1:], torch.zeros((), device=logp.device))
-    return (logp, logits[:, P - 1:]) if return_logits else logp
+    extra = ([logits[:, P - 1:]] if return_logits else []) + ([hidden[:, P - 1:]] if return_hidden else [])
+    return (logp, *extra) if extra else logp
 
 
 @torch.no_grad()

@@ -80,13 +80,15 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
 
     cache = model.new_cache(B, P + max_new_tokens) if use_cache else None
     pos_all = positions(key_mask)  # (B, P+N) position ids of every slot
+    padded = not bool(prompt_mask.all())  # without padding, plain causal attention needs no mask
+    km = key_mask if padded else None
     if use_cache:  # prefill: the whole prompt at once
-        logits = model(prompt_ids, pos=pos_all[:, :P], key_mask=key_mask[:, :P], cache=cache)[:, -1]
+        logits = model(prompt_ids, pos=pos_all[:, :P], key_mask=km[:, :P] if padded else None, cache=cache)[:, -1]
     n = 0
     for n in range(max_new_tokens):
         t = P + n  # the slot being filled
         if not use_cache:  # slow path: recompute everything
-            logits = model(ids[:, :t], pos=pos_all[:, :t], key_mask=key_mask[:, :t])[:, -1]
+            logits = model(ids[:, :t], pos=pos_all[:, :t], key_mask=km[:, :t] if padded else None)[:, -1]
         logits = process_logits(logits, temperature, top_k, top_p)  # (B, V)
         probs = logits.softmax(-1)
         nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
@@ -99,7 +101,7 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
         if bool(done.all()):
             break
         if use_cache:
-            logits = model(nxt[:, None], pos=pos_all[:, t:t + 1], key_mask=key_mask[:, :t + 1],
+            logits = model(nxt[:, None], pos=pos_all[:, t:t + 1], key_mask=km[:, :t + 1] if padded else None,
                            cache=cache)[:, -1]
     N = n + 1
     return Generation(ids=ids[:, :P + N], key_mask=torch.cat([prompt_mask, completion_mask[:, :N]], 1),

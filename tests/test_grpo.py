@@ -63,13 +63,13 @@ def test_only_completion_tokens_receive_gradient(tiny_pretrained):
     batch = two_completion_batch(model, tok, seed=1)
     batch.rewards = torch.tensor([1.0, 0.0])
     captured = {}
-    original = model.forward
-    def forward(*args, **kw):
-        out = original(*args, **kw)
+    original = model.head
+    def head(h):  # capture the logits of the training forward pass
+        out = original(h)
         out.retain_grad()
         captured["logits"] = out
         return out
-    model.forward = forward
+    model.head = head
     cfg = GRPOConfig(group_size=2, updates=1, beta=0.0)
     GRPO(fake_run(cfg, model)).update(batch, torch.optim.SGD(model.parameters(), lr=0.0))
     grad = captured["logits"].grad.abs().sum(-1)  # (N, P+T-1): position t predicts token t+1
