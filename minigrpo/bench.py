@@ -28,6 +28,7 @@ import torch
 
 from minigrpo.cli import UsageError, main_guard, parse_config, setup_runtime
 from minigrpo.model import GPT, GPTConfig
+from minigrpo.optim import AdamW
 from minigrpo.sampling import generate
 
 SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets"]
@@ -86,7 +87,7 @@ def bench_threads(device) -> str:
     import torch.nn.functional as F
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device)
-    opt = torch.optim.AdamW(model.parameters())
+    opt = AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 26, (128, 24), device=device)
     def step():
         loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())

@@ -97,6 +97,9 @@ class GRPO:
 
     def __init__(self, run):
         self.run, self.cfg, self.policy = run, run.cfg, run.policy
+        # π_old's log-probs are needed before the first update only to fold the KL into the reward;
+        # otherwise the first update's own forward pass gives them (π_θ = π_old there): one forward saved.
+        self.needs_old_logp = self.cfg.beta > 0 and self.cfg.kl_in == "reward"
 
     def parameters(self):
         return list(self.policy.parameters())
@@ -111,7 +114,7 @@ class GRPO:
         cfg, G = self.cfg, self.cfg.group_size
         rewards = batch.rewards
         stats = {}
-        if cfg.beta > 0 and cfg.kl_in == "reward":  # fold β·Σ_t k(π_old, π_ref) into each sequence's reward
+        if self.needs_old_logp:  # fold β·Σ_t k(π_old, π_ref) into each sequence's reward
             kl_seq = torch.where(batch.mask, ESTIMATORS[cfg.kl](batch.old_logp, batch.ref_logp), 0.0).sum(1)
             rewards = rewards - cfg.beta * kl_seq
             stats["kl_reward_penalty"] = (cfg.beta * kl_seq).mean().item()
@@ -127,6 +130,8 @@ class GRPO:
         mask, totals = batch.mask, {}
         for _ in range(cfg.updates):
             logp, logits = completion_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
+            if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
+                batch.old_logp = logp.detach()
             per_token = clipped_surrogate(logp, batch.old_logp, adv[:, None], mask, cfg.clip_low, cfg.clip_high,
                                           cfg.dual_clip, cfg.ratio)
             policy_loss = aggregate(per_token, mask, cfg.loss_agg, cfg.max_new_tokens)

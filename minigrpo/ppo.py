@@ -62,6 +62,7 @@ class ValueHead(nn.Module):
 
 class PPO:
     needs_ref_logits = True
+    needs_old_logp = True  # the KL penalty in the reward needs π_old before any update
 
     def __init__(self, run):
         self.run, self.cfg, self.policy = run, run.cfg, run.policy

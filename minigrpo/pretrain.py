@@ -27,6 +27,7 @@ from minigrpo.checkpoint import save_checkpoint
 from minigrpo.cli import UsageError, check_positive, main_guard, parse_config, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.model import GPT, GPTConfig
+from minigrpo.optim import AdamW
 from minigrpo.tokenizer import CharTokenizer
 from toy_tasks import get_task
 
@@ -115,7 +116,7 @@ def train(cfg: PretrainConfig, log=print) -> dict:
 
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=width, n_layer=cfg.n_layer,
                           n_head=cfg.n_head, n_embd=cfg.n_embd)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
+    opt = AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
     batches = epoch_batches(len(train_data), cfg.batch_size, torch.Generator().manual_seed(cfg.seed), device)
     write_json(out / "config.json", {**asdict(cfg), "model": asdict(model.cfg), "params": model.num_params()})
     logger = JsonlLogger(out / "metrics.jsonl")

@@ -23,6 +23,7 @@ import torch
 from minigrpo.checkpoint import CheckpointError, atomic_save, load_checkpoint, read_checkpoint
 from minigrpo.cli import UsageError, check_positive, parse_config, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
+from minigrpo.optim import AdamW
 from minigrpo.preserve import Anchor, anchor_loss, build_anchor
 from minigrpo.rewards import RewardError, make_reward
 from minigrpo.rollout import RolloutBatch, collect
@@ -165,7 +166,7 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
     """Train with the algorithm built by `algo_factory(run)`; returns the final summary."""
     r = Run(cfg, algo_name, log)
     algo = algo_factory(r)
-    opt = torch.optim.AdamW(algo.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = AdamW(algo.parameters(), lr=cfg.lr)
     if r.resume_state:
         r.restore(algo, opt)
     write_json(r.out / "config.json", {"algo": algo_name, **asdict(cfg)})
@@ -183,7 +184,7 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
             idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.generator).tolist()
             batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
                             r.generator, cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
-                            keep_ref_logits=algo.needs_ref_logits)
+                            keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp)
             stats = algo.update(batch, opt)
             step_time = time.perf_counter() - t0
             r.step += 1

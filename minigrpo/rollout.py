@@ -28,7 +28,8 @@ class RolloutBatch:
     gen: Generation  # ids (N, P+T), key_mask, completion_mask (N, T), finished (N,)
     rewards: torch.Tensor  # (N,) float
     group_size: int
-    old_logp: torch.Tensor  # (N, T) log π_old of each completion token (0 where masked)
+    old_logp: torch.Tensor | None  # (N, T) log π_old of each completion token (0 where masked); None = not
+    # computed here: the algorithm takes it from its first update's forward pass (π_θ = π_old there)
     ref_logp: torch.Tensor  # (N, T) log π_ref of each completion token
     ref_logits: torch.Tensor | None = None  # (N, T, V) π_ref's logits, kept only for the exact KL
 
@@ -47,7 +48,8 @@ class RolloutBatch:
                          g.logprobs[rows], g.finished[rows])
         pick = rows.tolist()
         return RolloutBatch([self.prompts[i] for i in pick], [self.completions[i] for i in pick], sub,
-                            self.rewards[rows], self.group_size, self.old_logp[rows], self.ref_logp[rows],
+                            self.rewards[rows], self.group_size,
+                            None if self.old_logp is None else self.old_logp[rows], self.ref_logp[rows],
                             None if self.ref_logits is None else self.ref_logits[rows])
 
 
@@ -67,9 +69,10 @@ def completion_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, r
 @torch.no_grad()
 def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group_size: int, reward: Reward,
             generator: torch.Generator, max_new_tokens: int = 16, temperature: float = 1.0,
-            unfinished_reward: float | None = None, keep_ref_logits: bool = False) -> RolloutBatch:
+            unfinished_reward: float | None = None, keep_ref_logits: bool = False,
+            old_logp: bool = True) -> RolloutBatch:
     """Sample `group_size` completions for each prompt from the policy (π_old), score them, and
-    compute π_old's and π_ref's log-probs of every completion token."""
+    compute π_ref's (and, with old_logp, π_old's) log-probs of every completion token."""
     device = policy.wte.weight.device
     rows = [p for p in prompts for _ in range(group_size)]  # grouped: prompt 0 x G, prompt 1 x G, ...
     ids, mask = encode_prompts(tok, rows, device)
@@ -78,8 +81,8 @@ def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group
     gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
     completions = decode_completions(tok, gen)
     rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward)
-    old_logp = completion_logprobs(policy, gen, temperature)
+    old = completion_logprobs(policy, gen, temperature) if old_logp else None
     ref_logp, ref_logits = completion_logprobs(ref, gen, temperature, return_logits=True)
     policy.train(was_training)
-    return RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=device), group_size, old_logp,
+    return RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=device), group_size, old,
                         ref_logp, ref_logits if keep_ref_logits else None)

@@ -30,10 +30,10 @@ def fake_run(cfg, model):
     return SimpleNamespace(cfg=cfg, policy=model, anchor_term=lambda: None, clip_and_step=clip_and_step)
 
 
-def two_completion_batch(model, tok, reward="pizza", seed=0):
+def two_completion_batch(model, tok, reward="pizza", seed=0, old_logp=True):
     ref = __import__("copy").deepcopy(model)
     return collect(model, ref, tok, ["ravin likes "], 2, make_reward(reward, food.REWARDS), torch.Generator().manual_seed(seed),
-                   max_new_tokens=12, keep_ref_logits=True)
+                   max_new_tokens=12, keep_ref_logits=True, old_logp=old_logp)
 
 
 def test_one_step_loss_equals_a_hand_computation(tiny_pretrained):
@@ -91,6 +91,22 @@ def test_updates_one_gives_ratio_exactly_one(tiny_pretrained):
     assert stats["clip_frac_low"] == 0 and stats["clip_frac_high"] == 0
     stats2 = GRPO(fake_run(GRPOConfig(group_size=2, updates=3), model)).update(batch, torch.optim.AdamW(model.parameters(), lr=1e-1))
     assert stats2["ratio_max"] > 1.0, "with μ > 1 the later updates must see a ratio away from 1"
+
+
+def test_old_logprobs_from_the_first_update_equal_a_separate_forward(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    model = __import__("copy").deepcopy(model)
+    with_old = two_completion_batch(model, tok, seed=2)
+    without = two_completion_batch(model, tok, seed=2, old_logp=False)
+    assert without.old_logp is None
+    for b in (with_old, without):
+        b.rewards = torch.tensor([1.0, 0.0])
+    cfg = GRPOConfig(group_size=2, updates=1)
+    sgd = lambda: torch.optim.SGD(model.parameters(), lr=0.0)
+    a = GRPO(fake_run(cfg, model)).update(with_old, sgd())
+    b = GRPO(fake_run(cfg, model)).update(without, sgd())
+    assert torch.equal(without.old_logp, with_old.old_logp), "π_old log-probs differ between the two routes"
+    assert a["loss"] == b["loss"] and b["ratio_max"] == 1.0
 
 
 def test_advantage_flags_follow_the_papers():

@@ -1,0 +1,53 @@
+"""AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", 2019), written out.
+
+Why not torch.optim.AdamW: constructing any torch.optim optimiser imports torch's compiler stack
+(torch._dynamo), which costs ~1.4 s per process on a 2-core CPU — 15% of a 10-second RL run. This
+is the same algorithm in a few lines, and the update reads like the paper (Algorithm 2):
+
+    g ← ∇L;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
+    θ ← θ − lr·λ·θ − lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + ε)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class AdamW:
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+        self.params = [p for p in params if p.requires_grad]
+        self.param_groups = [{"lr": lr}]  # the one group; schedules set param_groups[0]["lr"]
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        self.t = 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        lr, (b1, b2) = self.param_groups[0]["lr"], self.betas
+        self.t += 1
+        bias1, bias2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        for p, m, v in zip(self.params, self.m, self.v):
+            if p.grad is None:
+                continue
+            g = p.grad
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            if self.weight_decay:
+                p.mul_(1 - lr * self.weight_decay)
+            denom = (v / bias2).sqrt_().add_(self.eps)
+            p.addcdiv_(m, denom, value=-lr / bias1)
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "m": [m.cpu() for m in self.m], "v": [v.cpu() for v in self.v],
+                "lr": self.param_groups[0]["lr"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = state["t"]
+        self.param_groups[0]["lr"] = state["lr"]
+        for mine, saved in zip(self.m + self.v, state["m"] + state["v"]):
+            mine.copy_(saved)
