@@ -133,9 +133,12 @@ def _ensure_pretrained(out: Path, name: str, extra: list[str]) -> Path:
     return ckpt
 
 
-def _grpo_row(label, args, out: Path, init: Path) -> list:
+RARE_TARGET = ["--reward", "food:apple pie", "--steps", "60", "--lr", "2e-3", "--group-size", "16", "--prompts-per-step", "2"]
+
+
+def _grpo_row(label, args, out: Path, init: Path, cli: str = "minigrpo.grpo") -> list:
     folder = out / label
-    wall, _ = _run_cli(["minigrpo.grpo", "--init", str(init), "--out", str(folder), "--quiet", *args])
+    wall, _ = _run_cli([cli, "--init", str(init), "--out", str(folder), "--quiet", *args])
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "target_rate" in r]
     first = next((r for r in evals if r["target_rate"] >= 0.9), None)
@@ -153,9 +156,12 @@ GRPO_HEADER = ["run", "whole process s", "steps to 0.9", "train s to 0.9", "fina
 def bench_grpo(out: Path) -> str:
     init = _ensure_pretrained(out, "pretrain", [])
     rows = [_grpo_row("grpo-pizza (default)", ["--reward", "pizza", "--eval-every", "1"], out, init),
-            _grpo_row("grpo-apple-pie (rare, p=0.02)", ["--reward", "food:apple pie", "--eval-every", "1"], out, init),
-            _grpo_row("grpo-pizza --no-preserve", ["--reward", "pizza", "--eval-every", "1", "--no-preserve"], out, init)]
-    text = table("grpo: whole processes (imports, training, final evaluation)", GRPO_HEADER, rows)
+            _grpo_row("grpo-apple-pie (rare, p=0.02)", RARE_TARGET + ["--eval-every", "1"], out, init),
+            _grpo_row("grpo-pizza --no-preserve", ["--reward", "pizza", "--eval-every", "1", "--no-preserve"], out, init),
+            _grpo_row("ppo-pizza (default)", ["--reward", "pizza", "--eval-every", "1"], out, init, "minigrpo.ppo"),
+            _grpo_row("ppo-pizza --critic head", ["--reward", "pizza", "--eval-every", "1", "--critic", "head"], out, init,
+                      "minigrpo.ppo")]
+    text = table("grpo and ppo: whole processes (imports, training, final evaluation)", GRPO_HEADER, rows)
     text += spillover(out / "grpo-pizza (default)", out / "grpo-pizza --no-preserve", out / "spillover.png")
     big = _ensure_pretrained(out, "pretrain-4x128", ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--steps", "300"])
     folder = out / "grpo-step-time"

@@ -1,0 +1,70 @@
+"""Command lines: --help, one-line errors with exit code 2, and (slow) each CLI end to end."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minigrpo import bench, grpo, ppo, pretrain, sample
+
+
+@pytest.mark.parametrize("module", [pretrain, sample, grpo, ppo, bench])
+def test_every_cli_has_help(module, capsys):
+    with pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    assert e.value.code == 0 and "--" in capsys.readouterr().out
+
+
+def one_line_error(main, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_pretrain_bad_input(tmp_path, capsys):
+    assert "unknown task 'chess'" in one_line_error(pretrain.main, ["--task", "chess", "--out", str(tmp_path / "a")], capsys)
+    assert "--steps must be > 0" in one_line_error(pretrain.main, ["--steps", "0", "--out", str(tmp_path / "b")], capsys)
+    f = tmp_path / "file.txt"
+    f.write_text("keep me")
+    assert "existing file" in one_line_error(pretrain.main, ["--out", str(f), "--steps", "1"], capsys)
+    assert f.read_text() == "keep me", "nothing already written may be lost"
+    assert "invalid int value" in one_line_error(pretrain.main, ["--steps", "many"], capsys)
+
+
+def test_sample_bad_input(tmp_path, tiny_pretrained, capsys):
+    ckpt, _, _ = tiny_pretrained
+    assert "does not exist" in one_line_error(sample.main, ["--checkpoint", str(tmp_path / "no.pt")], capsys)
+    err = one_line_error(sample.main, ["--checkpoint", str(ckpt), "--prompt", "Ravin likes "], capsys)
+    assert "'R'" in err and "allowed" in err
+    assert "--num must be > 0" in one_line_error(sample.main, ["--checkpoint", str(ckpt), "--num", "0"], capsys)
+
+
+def test_sample_json_lines(tiny_pretrained, capsys):
+    ckpt, _, _ = tiny_pretrained
+    sample.main(["--checkpoint", str(ckpt), "--num", "5", "--json", "--seed", "1"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 5 and all(set(r) == {"completion", "finished"} for r in rows)
+    assert all(isinstance(r["completion"], str) and isinstance(r["finished"], bool) for r in rows)
+
+
+def run_cli(*args, cwd):
+    p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.mark.slow
+def test_each_cli_end_to_end_for_a_few_steps(tmp_path):
+    run_cli("minigrpo.pretrain", "--steps", "30", "--eval-every", "10", "--out", "runs/pretrain", cwd=tmp_path)
+    assert {"model.pt", "config.json", "metrics.jsonl", "loss.png"} <= {p.name for p in (tmp_path / "runs/pretrain").iterdir()}
+    out = run_cli("minigrpo.sample", "--checkpoint", "runs/pretrain/model.pt", "--num", "5", cwd=tmp_path)
+    assert "completion" in out and "share" in out
+    for cli in ("minigrpo.grpo", "minigrpo.ppo"):
+        run_cli(cli, "--reward", "pizza", "--steps", "3", cwd=tmp_path)
+    for name in ("grpo-pizza", "ppo-pizza"):
+        assert {"model.pt", "config.json", "metrics.jsonl", "metrics.png", "samples.txt"} <= \
+            {p.name for p in (tmp_path / "runs" / name).iterdir()}
+    assert "speed-up" in run_cli("minigrpo.bench", "--quick", cwd=tmp_path)
