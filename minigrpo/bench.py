@@ -80,7 +80,7 @@ def bench_sampling(device) -> str:
                      f"{t_slow / t_fast:.1f}x", f"{diff:.1e}"])
     return table(f"sampling: {new} new tokens, 8-token prompts, {model.num_params():,}-parameter model",
                  ["batch", "completions/s (cache)", "tokens/s (cache)", "tokens/s (slow path)", "speed-up",
-                  "max |Δ log-prob|"], rows)
+                  "max abs Δ log-prob"], rows)
 
 
 def bench_threads(device) -> str:
