@@ -1,0 +1,176 @@
+"""Run several algorithms × seeds side by side and compare them on the task's exact metrics.
+
+    python -m minigrpo.compare --algos grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo --seeds 3 --reward pizza
+    python -m minigrpo.compare --algos grpo,dr_grpo --seeds 3 --reward pizza --group-size 4   # any trainer flag passes through
+
+Each run is its own process with one thread (--jobs at a time, default: the cores), writing to
+<out>/<algo>-s<seed>/. A run whose folder already holds summary.json is kept, so rerunning the same
+command after an interruption only runs what is missing. A failed run is reported in the table with its
+error; the others still finish. Writes to <out> (default runs/compare-<reward>):
+  curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
+  frontier.png  final reward against exact KL to π_ref, and against the worst other-person drift
+  table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and 0.95, final
+                target rate, exact KL, worst drift, malformed mass
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minigrpo.cli import UsageError, main_guard, parse_config, prepare_out
+from minigrpo.grpo import PRESETS
+from minigrpo.metrics import read_jsonl
+from minigrpo.rl import default_out
+
+ALGOS = sorted(PRESETS) + ["ppo"]
+
+
+@dataclass
+class CompareConfig:
+    algos: str = field(default="grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo", metadata={"help": f"comma-separated, of {','.join(ALGOS)}"})
+    seeds: int = field(default=3, metadata={"help": "seeds per algorithm (0, 1, ...)"})
+    reward: str = field(default="pizza", metadata={"help": "reward spec passed to every run"})
+    out: str | None = field(default=None, metadata={"help": "output folder (default runs/compare-<reward>)"})
+    jobs: int = field(default=0, metadata={"help": "runs at a time (0 = the number of cores)"})
+
+
+def command(algo: str, seed: int, cfg: CompareConfig, folder: Path, passthrough: list[str]) -> list[str]:
+    cli = ["minigrpo.ppo"] if algo == "ppo" else ["minigrpo.grpo", "--preset", algo]
+    return [sys.executable, "-m", *cli, "--reward", cfg.reward, "--seed", str(seed), "--out", str(folder),
+            "--threads", "1", "--eval-every", "1", "--quiet", *passthrough]
+
+
+def run_one(args) -> tuple[str, int, str | None]:
+    algo, seed, cmd, folder = args
+    if (folder / "summary.json").exists():
+        return algo, seed, None  # finished in an earlier invocation
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if p.returncode != 0:
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        return algo, seed, lines[-1] if lines else f"exit code {p.returncode}"
+    return algo, seed, None
+
+
+def curves(folder: Path) -> dict:
+    rows = read_jsonl(folder / "metrics.jsonl")
+    secs = toks = 0.0
+    out = {"secs": [], "tokens": [], "target": [], "steps": []}
+    for r in rows:
+        secs += r.get("step_time", 0.0)
+        toks += r.get("tokens_per_s", 0.0) * r.get("step_time", 0.0)
+        if "target_rate" in r:
+            out["secs"].append(secs), out["tokens"].append(toks), out["target"].append(r["target_rate"])
+            out["steps"].append(r["step"])
+    last = rows[-1]
+    out["final"] = {k: last.get(k, float("nan")) for k in ("target_rate", "kl_exact", "worst_drift", "malformed", "reward_mean")}
+    return out
+
+
+def first_reaching(c: dict, level: float, key: str):
+    return next((x for x, t in zip(c[key], c["target"]) if t >= level), None)
+
+
+def summarise(values: list) -> str:
+    got = [v for v in values if v is not None]
+    if not got:
+        return "never"
+    med = statistics.median(got)
+    spread = f" ({min(got):.3g}–{max(got):.3g})" if len(got) > 1 else ""
+    missing = f", {len(values) - len(got)} never" if len(got) < len(values) else ""
+    return f"{med:.3g}{spread}{missing}"
+
+
+def write_outputs(out: Path, results: dict, errors: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    lines = ["| algorithm | runs | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 | final target | exact KL/token | worst drift | malformed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig2, axes2 = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (algo, runs) in enumerate(results.items()):
+        color = f"C{i % 10}"
+        if runs:
+            for ax, key, label in ((axes[0], "secs", "wall seconds (sum of step times)"), (axes[1], "tokens", "sampled tokens")):
+                n = min(len(c["target"]) for c in runs)
+                xs = np.mean([c[key][:n] for c in runs], axis=0)
+                ys = np.array([c["target"][:n] for c in runs])
+                ax.plot(xs, ys.mean(0), color=color, label=algo)
+                ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
+                ax.set_xlabel(label)
+            for ax, key in ((axes2[0], "kl_exact"), (axes2[1], "worst_drift")):
+                ax.scatter([c["final"][key] for c in runs], [c["final"]["reward_mean"] for c in runs], color=color, label=algo)
+        f = [c["final"] for c in runs]
+        row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
+               summarise([first_reaching(c, 0.9, "steps") for c in runs]), summarise([first_reaching(c, 0.9, "secs") for c in runs]),
+               summarise([first_reaching(c, 0.95, "steps") for c in runs]), summarise([first_reaching(c, 0.95, "secs") for c in runs]),
+               summarise([x["target_rate"] for x in f]), summarise([x["kl_exact"] for x in f]),
+               summarise([x["worst_drift"] for x in f]), summarise([x["malformed"] for x in f])]
+        lines.append("| " + " | ".join(row) + " |")
+    for ax in axes:
+        ax.set_ylabel("exact target rate (higher is better)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes2[0].set_xlabel("exact KL to π_ref per token (lower = closer)")
+    axes2[1].set_xlabel("worst other-person drift, TV (lower is better)")
+    for ax in axes2:
+        ax.set_ylabel("final reward (higher is better)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for f, name in ((fig, "curves.png"), (fig2, "frontier.png")):
+        f.tight_layout()
+        f.savefig(out / name, dpi=90)
+        plt.close(f)
+    for algo, errs in errors.items():
+        for seed, err in errs:
+            lines.append(f"\nfailed: {algo} seed {seed}: {err}")
+    (out / "table.md").write_text("Medians over seeds (min–max).\n\n" + "\n".join(lines) + "\n")
+
+
+@main_guard
+def main(argv=None):
+    # our own flags are parsed here; every other flag passes through to the trainers
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs"):
+        pre.add_argument(name)
+    ours, passthrough = pre.parse_known_args(list(argv or []))
+    if "-h" in passthrough or "--help" in passthrough:
+        parse_config(CompareConfig, ["--help"], __doc__.split("\n\n")[0])
+    own = [x for k, v in vars(ours).items() if v is not None for x in (f"--{k}", v)]
+    cfg, _ = parse_config(CompareConfig, own, __doc__.split("\n\n")[0])
+    algos = [a.strip() for a in cfg.algos.split(",") if a.strip()]
+    bad = [a for a in algos if a not in ALGOS]
+    if bad or not algos:
+        raise UsageError(f"unknown algorithm(s) {', '.join(bad) or '(none given)'} (available: {', '.join(ALGOS)})")
+    if cfg.seeds < 1:
+        raise UsageError(f"--seeds must be >= 1, got {cfg.seeds}")
+    if any(p in ("--seed", "--out", "--preset", "--resume") for p in passthrough):
+        raise UsageError("--seed, --out, --preset and --resume are set by compare itself; use --seeds, --out, --algos")
+    out = prepare_out(cfg.out or default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare"))
+    jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    tasks = [(a, s, command(a, s, cfg, out / f"{a}-s{s}", passthrough), out / f"{a}-s{s}") for a in algos for s in range(cfg.seeds)]
+    print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds, {jobs} at a time -> {out}", flush=True)
+    errors, results = {}, {a: [] for a in algos}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for algo, seed, err in pool.map(run_one, tasks):
+            print(f"  {algo} seed {seed}: {'ok' if err is None else 'FAILED: ' + err}", flush=True)
+            if err is None:
+                results[algo].append(curves(out / f"{algo}-s{seed}"))
+            else:
+                errors.setdefault(algo, []).append((seed, err))
+    write_outputs(out, results, errors)
+    print((out / "table.md").read_text())
+    print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

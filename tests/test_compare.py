@@ -1,0 +1,29 @@
+import pytest
+
+from minigrpo.compare import main
+
+
+def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path, tiny_pretrained, capsys):
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "cmp"
+    args = ["--algos", "grpo,ppo", "--seeds", "1", "--out", str(out), "--init", str(init), "--steps", "3",
+            "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--jobs", "2"]
+    main(args)
+    assert {"curves.png", "frontier.png", "table.md"} <= {p.name for p in out.iterdir()}
+    table = (out / "table.md").read_text()
+    assert "| grpo | 1 ok" in table and "| ppo | 1 ok" in table
+    stamp = (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns
+    main(args)  # a rerun keeps finished runs
+    assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
+    main(args[:-2] + ["--updates", "2", "--out", str(tmp_path / "fail"), "--jobs", "2"])  # --updates is GRPO's only
+    table = (tmp_path / "fail" / "table.md").read_text()
+    assert "| grpo | 1 ok" in table and "failed: ppo seed 0" in table and "unrecognized arguments" in table
+
+
+@pytest.mark.parametrize("argv, message", [(["--algos", "grpo,sac"], "unknown algorithm(s) sac"),
+                                           (["--seeds", "0"], "--seeds must be >= 1"),
+                                           (["--seed", "3"], "set by compare itself")])
+def test_compare_bad_input(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and message in capsys.readouterr().err
