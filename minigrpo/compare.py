@@ -8,7 +8,8 @@ Each run is its own process with one thread (--jobs at a time, default: the core
 command after an interruption only runs what is missing. A failed run is reported in the table with its
 error; the others still finish. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
-  frontier.png  final reward against exact KL to π_ref, and against the worst other-person drift
+  frontier.png  final expected reward (the exact target rate where the task has one) against exact KL to
+                π_ref, and against the worst other-person drift
   table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and 0.95, final
                 target rate, exact KL, worst drift, malformed mass
 """
@@ -68,9 +69,17 @@ def curves(folder: Path) -> dict:
         if "target_rate" in r:
             out["secs"].append(secs), out["tokens"].append(toks), out["target"].append(r["target_rate"])
             out["steps"].append(r["step"])
-    last = rows[-1]
-    out["final"] = {k: last.get(k, float("nan")) for k in ("target_rate", "kl_exact", "worst_drift", "malformed", "reward_mean")}
+    # the last value of each metric (a step that skipped its update, e.g. DAPO's, logs no KL)
+    out["final"] = {k: next((r[k] for r in reversed(rows) if k in r), float("nan"))
+                    for k in ("target_rate", "kl_exact", "worst_drift", "malformed", "reward_mean")}
     return out
+
+
+def final_reward(c: dict) -> float:
+    """The exact target rate where the task has one (for a 0/1 food reward it IS the expected reward,
+    without sampling noise); else the last step's mean sampled reward."""
+    t = c["final"]["target_rate"]
+    return t if t == t else c["final"]["reward_mean"]
 
 
 def first_reaching(c: dict, level: float, key: str):
@@ -108,7 +117,7 @@ def write_outputs(out: Path, results: dict, errors: dict) -> None:
                 ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
                 ax.set_xlabel(label)
             for ax, key in ((axes2[0], "kl_exact"), (axes2[1], "worst_drift")):
-                ax.scatter([c["final"][key] for c in runs], [c["final"]["reward_mean"] for c in runs], color=color, label=algo)
+                ax.scatter([c["final"][key] for c in runs], [final_reward(c) for c in runs], color=color, label=algo)
         f = [c["final"] for c in runs]
         row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
                summarise([first_reaching(c, 0.9, "steps") for c in runs]), summarise([first_reaching(c, 0.9, "secs") for c in runs]),
@@ -123,7 +132,7 @@ def write_outputs(out: Path, results: dict, errors: dict) -> None:
     axes2[0].set_xlabel("exact KL to π_ref per token (lower = closer)")
     axes2[1].set_xlabel("worst other-person drift, TV (lower is better)")
     for ax in axes2:
-        ax.set_ylabel("final reward (higher is better)")
+        ax.set_ylabel("final expected reward (higher is better)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for f, name in ((fig, "curves.png"), (fig2, "frontier.png")):

@@ -37,7 +37,7 @@ from minigrpo.advantages import group_advantages, rloo_advantages, whiten
 from minigrpo.cli import UsageError, main_guard
 from minigrpo.kl import ESTIMATORS, exact
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, surrogate_stats
-from minigrpo.rl import RLConfig, parse_rl_config, run
+from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, RLConfig, parse_rl_config, run
 from minigrpo.rollout import RolloutBatch, completion_logprobs
 
 PRESETS = {
@@ -161,12 +161,7 @@ class GRPO:
         return {**stats, **totals}
 
 
-PANELS = [
-    ("reward (higher is better)", ["reward_mean", "reward_rolling"]),
-    ("exact target rate (higher is better)", ["target_rate"]),
-    ("worst other-person drift, TV (lower is better)", ["worst_drift"]),
-    ("malformed mass (lower is better)", ["malformed"]),
-    ("policy loss", ["policy_loss"]),
+PANELS = OUTCOME_PANELS + [
     ("KL to π_ref per token (lower = closer)", ["kl_exact", "kl_k1", "kl_k2", "kl_k3"]),
     ("entropy per token", ["entropy"]),
     ("clip fractions", ["clip_frac_low", "clip_frac_high"]),
@@ -174,9 +169,7 @@ PANELS = [
     ("advantage mean / std", ["adv_mean", "adv_std"]),
     ("share of equal-reward groups (lower = more signal)", ["equal_groups"]),
     ("completion length (tokens)", ["completion_len"]),
-    ("step time, s (lower is better)", ["step_time"]),
-    ("preservation loss", ["preserve_loss"]),
-]
+] + COST_PANELS
 
 
 def train(cfg: GRPOConfig, log=print) -> dict:

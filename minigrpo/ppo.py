@@ -29,7 +29,7 @@ from minigrpo.advantages import explained_variance, gae, whiten
 from minigrpo.cli import UsageError, main_guard
 from minigrpo.kl import exact, k1
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
-from minigrpo.rl import RLConfig, parse_rl_config, run
+from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, RLConfig, parse_rl_config, run
 from minigrpo.rollout import RolloutBatch, completion_logprobs
 
 
@@ -147,12 +147,7 @@ class PPO:
         return out
 
 
-PANELS = [
-    ("reward (higher is better)", ["reward_mean", "reward_rolling"]),
-    ("exact target rate (higher is better)", ["target_rate"]),
-    ("worst other-person drift, TV (lower is better)", ["worst_drift"]),
-    ("malformed mass (lower is better)", ["malformed"]),
-    ("policy loss", ["policy_loss"]),
+PANELS = OUTCOME_PANELS + [
     ("value loss (lower is better)", ["value_loss"]),
     ("explained variance (higher is better)", ["explained_variance"]),
     ("value mean", ["value_mean"]),
@@ -161,9 +156,7 @@ PANELS = [
     ("clip fractions (policy low/high, value)", ["clip_frac_low", "clip_frac_high", "value_clip_frac"]),
     ("entropy per token", ["entropy"]),
     ("β", ["beta"]),
-    ("step time, s (lower is better)", ["step_time"]),
-    ("preservation loss", ["preserve_loss"]),
-]
+] + COST_PANELS
 
 
 def train(cfg: PPOConfig, log=print) -> dict:

@@ -46,6 +46,7 @@ class RLConfig:
     max_new_tokens: int = field(default=14, metadata={"help": "longest completion"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (log-probs use the same)"})
     lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate"})
+    warmup: int = field(default=0, metadata={"help": "linear learning-rate warm-up over the first N steps (0 = off)"})
     grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip (0 = off)"})
     preserve: bool = field(default=True, metadata={"help": "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"})
     preserve_coef: float = field(default=20.0, metadata={"help": "weight of the preservation KL"})
@@ -59,6 +60,20 @@ class RLConfig:
     threads: int = field(default=1, metadata={"help": "torch CPU threads (1 is fastest for models this small)"})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
     quiet: bool = field(default=False, metadata={"help": "no progress lines"})
+
+
+# Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost (last).
+OUTCOME_PANELS = [
+    ("reward (higher is better)", ["reward_mean", "reward_rolling"]),
+    ("exact target rate (higher is better)", ["target_rate"]),
+    ("worst other-person drift, TV (lower is better)", ["worst_drift"]),
+    ("malformed mass (lower is better)", ["malformed"]),
+    ("policy loss", ["policy_loss"]),
+]
+COST_PANELS = [
+    ("step time, s (lower is better)", ["step_time"]),
+    ("preservation loss", ["preserve_loss"]),
+]
 
 
 class Run:
@@ -181,6 +196,7 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
     try:
         while r.step < cfg.steps:
             t0 = time.perf_counter()
+            opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (r.step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
             idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.generator).tolist()
             batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
                             r.generator, cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
