@@ -7,6 +7,11 @@ person's drift from the pretrained model, malformed mass). Checkpoints (every --
 the end, and on Ctrl-C) hold the policy, the reference, the optimiser, the algorithm's own state (e.g.
 PPO's critic), the sampling generator's state, the anchor set and the baseline, so `--resume` gives the
 same metrics on CPU as an uninterrupted run.
+
+Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's
+first update moves every weight by about lr whatever its gradient, and on the food task that first
+step alone moved other people's distributions by TV 0.11; with the warm-up the worst drift during
+the whole run stayed below 0.04 (seeds 0 and 1), at the same number of steps to 0.95.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class RLConfig:
     max_new_tokens: int = field(default=14, metadata={"help": "longest completion"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (log-probs use the same)"})
     lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate"})
-    warmup: int = field(default=0, metadata={"help": "linear learning-rate warm-up over the first N steps (0 = off)"})
+    warmup: int = field(default=5, metadata={"help": "linear learning-rate warm-up over the first N steps (0 = off; see rl.py)"})
     grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip (0 = off)"})
     preserve: bool = field(default=True, metadata={"help": "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"})
     preserve_coef: float = field(default=20.0, metadata={"help": "weight of the preservation KL"})
