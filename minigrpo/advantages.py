@@ -1,12 +1,20 @@
 """Advantages: how much better than its baseline each completion (or token) did.
 
-    group_advantages   GRPO (DeepSeekMath 2402.03300 §4.1.2), with Dr. GRPO's and TRL's variants
-    rloo_advantages    RLOO (2402.14740): leave-one-out baseline
-    gae                PPO's generalised advantage estimation (Schulman et al. 2015), per token
-    whiten             masked normalisation to mean 0, variance 1 (PPO's advantage whitening)
-    explained_variance the critic's diagnostic
-Defaults follow the papers: Bessel-corrected std (DeepSeekMath, TRL) with ε = 1e-4 (TRL); the
-population std is `unbiased=False`; no std at all is `scale="none"` (Dr. GRPO).
+    group_advantages    GRPO's group-normalised outcome advantage (DeepSeekMath 2402.03300 §4.1.2)
+    rloo_advantages     REINFORCE leave-one-out baseline (RLOO: Kool et al. 2019; Ahmadian et al. 2402.14740)
+    gae                 generalised advantage estimation for PPO (Schulman et al. 2015, 1506.02438 §3)
+    whiten              masked normalisation to mean 0, variance 1 (PPO's advantage whitening)
+    explained_variance  how much of the returns' variance the critic explains (a PPO diagnostic)
+
+Defaults and departures:
+  - The group std is Bessel-corrected (÷(G−1)), as in the paper's code and TRL; `unbiased=False` gives
+    the population std that several teaching notebooks use (the worked example in the tests shows both).
+  - ε = 1e-4 is added to the std (TRL's value; the paper writes no ε, `eps=0` restores it; verl uses 1e-6).
+  - `scale="none"` drops the division (Dr. GRPO 2503.20783 §3.1); `scale="batch"` divides by one std
+    over the whole batch (TRL `scale_rewards="batch"`, REINFORCE++ 2501.03262).
+  - A group whose rewards are all equal gets exactly 0 and a group of one gets 0 (the paper is silent).
+  - GAE does not bootstrap past the last valid token: the completion ended there (γ = 1, λ = 0.95 are the
+    usual LM values; verl defaults to λ = 1).
 """
 
 from __future__ import annotations
@@ -16,98 +24,134 @@ import torch
 SCALES = ("group", "batch", "none")
 
 
-def _equal_rows(r: torch.Tensor) -> torch.Tensor:
-    """(B, G) -> (B, 1) bool: every reward of the row is identical."""
-    return (r == r[:, :1]).all(dim=1, keepdim=True)
+def _std(x: torch.Tensor, dims: tuple[int, ...], unbiased: bool) -> torch.Tensor:
+    """Standard deviation of x over `dims` (kept as size-1 dims).
+
+    The deviations are divided by the largest one before squaring (std(s·y) = s·std(y)), so differences
+    of 1e-200 do not underflow to a zero variance and rewards of 1e200 do not overflow.
+    """
+    dev = x - x.mean(dim=dims, keepdim=True)
+    biggest = dev.abs().amax(dim=dims, keepdim=True)
+    unit_dev = dev / torch.where(biggest > 0, biggest, torch.ones_like(biggest))  # every |entry| ≤ 1
+    n = 1
+    for d in dims:
+        n *= x.size(d)
+    dof = n - 1 if unbiased else n  # Bessel's correction or the population std
+    return biggest * (unit_dev.pow(2).sum(dim=dims, keepdim=True) / dof).sqrt()
 
 
 def group_advantages(rewards: torch.Tensor, scale: str = "group", unbiased: bool = True,
                      eps: float = 1e-4) -> torch.Tensor:
-    """A_i = (r_i − mean_group(r)) / (std + eps), rewards (B, G) -> (B, G).
+    """GRPO outcome advantage  A_i = (r_i − mean(r_group)) / (std + ε),  rewards (B, G) -> (B, G).
 
-    scale "group": std within each group (DeepSeekMath); "batch": one std over all B·G rewards, the
-    mean still per group (TRL scale_rewards="batch"); "none": no division (Dr. GRPO 2503.20783 §3.1).
-    unbiased: Bessel's correction (divide by G−1) or the population std (divide by G).
-    A group whose rewards are all equal gets exactly 0 (never NaN, whatever its magnitude), and a
-    group of one (G = 1) gets 0.
+    Row b holds the rewards of the G completions sampled for prompt b (DeepSeekMath §4.1.2).
+    scale:    "group"  std within each group (the paper)
+              "batch"  one std over all B·G rewards; the mean is still per group (TRL scale_rewards="batch")
+              "none"   no division: A = r − mean(r_group) (Dr. GRPO §3.1)
+    unbiased: Bessel-corrected std (÷(G−1), paper code and TRL) or the population std (÷G).
+    Example: r = [1,1,1,1,0,0,0,0] -> ±0.935 (Bessel std 0.5345) or ±1.0 (population std 0.5), ε = 0.
+    A group whose rewards are all equal gets exactly 0 whatever their size, and G = 1 gives 0. With the
+    Bessel std, |A| ≤ (G−1)/√G for every ε ≥ 0 (group mode), so near-equal rewards cannot blow up.
+    Computed in float64 and returned in the rewards' dtype.
     """
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     B, G = rewards.shape
-    if G < 2:  # a group of one has no baseline to compare with
+    if G < 2:  # a group of one has no baseline to be better than
         return torch.zeros_like(rewards)
-    r = rewards.double()  # float64: differences of 1e-9 at 1e6 must survive the centring
+    r = rewards.double()
     centered = r - r.mean(dim=1, keepdim=True)  # (B, G)
-    equal = _equal_rows(r)  # (B, 1)
     if scale == "none":
         adv = centered
     else:
-        std = (r.std(dim=1, keepdim=True, unbiased=unbiased) if scale == "group"  # (B, 1)
-               else r.std(unbiased=unbiased).reshape(1, 1))  # (1, 1)
+        dims = (1,) if scale == "group" else (0, 1)
+        std = _std(r, dims, unbiased)  # (B, 1) per group, or (1, 1) for the whole batch
         adv = centered / (std + eps)
+    # all-equal groups: exactly 0 (the mean's rounding error, or 0/0 when ε = 0, must not leak out)
+    equal = (r == r[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
     return torch.where(equal, torch.zeros_like(adv), adv).to(rewards.dtype)
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """A_i = r_i − mean_{j≠i} r_j = G/(G−1)·(r_i − r̄), rewards (B, G) -> (B, G); G = 1 gives 0."""
+    """RLOO advantage  A_i = r_i − (1/(G−1)) Σ_{j≠i} r_j = G/(G−1)·(r_i − r̄),  rewards (B, G) -> (B, G).
+
+    Each completion's baseline is the mean reward of the other G−1 in its group (Kool et al. 2019;
+    Ahmadian et al. 2024, 2402.14740, the RLOO estimator).
+    G = 1 gives 0; a group whose rewards are all equal gets exactly 0.
+    """
     B, G = rewards.shape
     if G < 2:
         return torch.zeros_like(rewards)
-    loo_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (G - 1)  # (B, G)
-    adv = rewards - loo_mean
-    return torch.where(_equal_rows(rewards), torch.zeros_like(adv), adv)
+    adv = G / (G - 1) * (rewards - rewards.mean(dim=1, keepdim=True))  # (B, G)
+    equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(equal, torch.zeros_like(adv), adv)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over completion tokens; all (B, T), mask right-padded.
+    """Generalised advantage estimation (Schulman et al. 2015, 1506.02438 eq. 16) per completion token.
 
-        δ_t = r_t + γ·V_{t+1} − V_t,   A_t = δ_t + γλ·A_{t+1},   returns R_t = A_t + V_t
-    with V and A taken as 0 past the last valid token (no bootstrapping: the episode ends there).
-    Masked positions are 0 in both outputs, whatever `rewards`/`values` hold there.
+        δ_t = r_t + γ·V_{t+1} − V_t             (TD error)
+        A_t = δ_t + γλ·A_{t+1}                  (= Σ_k (γλ)^k δ_{t+k})
+        R_t = A_t + V_t                         (the value target, "returns")
+    rewards, values, mask: (B, T); mask (bool) is right-padded: valid tokens first, then padding.
+    Returns (advantages, returns), both (B, T). After the last valid token V = A = 0: the episode ended
+    there, nothing is bootstrapped (a masked slot inside a row would also end the episode).
+    λ = 1 gives reward-to-go − V (Monte-Carlo); λ = 0 gives the one-step TD error.
+    Masked positions are 0 in both outputs whatever rewards/values hold there (NaN included).
     """
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    r = torch.where(mask, rewards, zero)
+    r = torch.where(mask, rewards, zero)  # garbage in padding never enters the recursion
     v = torch.where(mask, values, zero)
     B, T = r.shape
     adv = torch.zeros_like(v)
-    next_value = torch.zeros(B, dtype=v.dtype, device=v.device)
-    next_adv = torch.zeros(B, dtype=v.dtype, device=v.device)
-    for t in reversed(range(T)):  # reverse scan over time; vectorised over the batch
+    next_value = torch.zeros(B, dtype=v.dtype, device=v.device)  # V_{t+1}; 0 past the end
+    next_adv = torch.zeros(B, dtype=v.dtype, device=v.device)  # A_{t+1}
+    for t in reversed(range(T)):  # reverse scan over time, vectorised over the batch
         delta = r[:, t] + gamma * next_value - v[:, t]
-        a = delta + gamma * lam * next_adv
-        a = torch.where(mask[:, t], a, zero)
-        adv[:, t] = a
-        next_value = torch.where(mask[:, t], v[:, t], zero)
-        next_adv = a
+        adv_t = torch.where(mask[:, t], delta + gamma * lam * next_adv, zero)
+        adv[:, t] = adv_t
+        next_value, next_adv = v[:, t], adv_t  # both already 0 at masked slots
     returns = torch.where(mask, adv + v, zero)
     return adv, returns
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(x − mean) / std over the valid entries of x (any shape, mask the same shape); masked -> 0.
-
-    shift_mean=False divides by the std only (keeps the mean, as TRL's PPO does for rewards).
-    A single valid entry or zero variance stays finite (the std is floored by eps).
-    """
+def _masked_mean_var(x: torch.Tensor, mask: torch.Tensor):
+    """(sanitised x, deviations from the mean, mean, population variance) over the valid entries."""
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    xv = torch.where(mask, x, zero)
     n = mask.sum().clamp(min=1)
+    xv = torch.where(mask, x, zero)  # sanitise first: NaN·0 would still be NaN
     mean = xv.sum() / n
-    var = torch.where(mask, (xv - mean) ** 2, zero).sum() / n
-    out = (xv - mean) if shift_mean else xv
-    return torch.where(mask, out * torch.rsqrt(var + eps), zero)
+    dev = torch.where(mask, xv - mean, zero)
+    var = dev.pow(2).sum() / n
+    return xv, dev, mean, var
 
 
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """x -> (x − μ)/σ over the valid entries (x and mask of any equal shape); masked positions -> 0.
+
+    μ and σ² are the masked mean and POPULATION variance, so the output has masked mean 0 and masked
+    variance exactly 1 (÷n; TRL's masked_whiten uses ÷(n−1)). shift_mean=False returns x/σ: the
+    scale is normalised, the mean is not removed (used to rescale already-centred advantages).
+    A std ≤ eps (one valid entry, all entries equal) is not divided by: the output stays finite,
+    (x − μ) = 0 with shift_mean, x unchanged without.
+    """
+    xv, dev, _, var = _masked_mean_var(x, mask)
+    std = var.sqrt()
+    std = torch.where(std > eps, std, torch.ones_like(std))
+    out = dev if shift_mean else xv
+    return torch.where(mask, out / std, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+@torch.no_grad()
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """1 − Var[R − V] / Var[R] over valid entries (1 = perfect critic, 0 = no better than the mean).
+    """EV = 1 − Var[R − V] / Var[R] over the valid entries -> 0-dim tensor (no grad).
 
-    0-dim tensor; 0 when Var[R] = 0 (nothing to explain)."""
-    zero = torch.zeros((), dtype=returns.dtype, device=returns.device)
-    n = mask.sum().clamp(min=1)
-    def var(x):
-        xv = torch.where(mask, x, zero)
-        m = xv.sum() / n
-        return torch.where(mask, (xv - m) ** 2, zero).sum() / n
-    var_r = var(returns)
-    return torch.where(var_r > 0, 1 - var(returns - values) / var_r.clamp(min=1e-12), zero).detach()
+    1: the critic predicts the returns perfectly; 0: no better than predicting their mean; < 0: worse.
+    Defined as 0 when Var[R] = 0 (nothing to explain; cleanrl would give NaN).
+    """
+    residual = torch.where(mask, returns, 0) - torch.where(mask, values, 0)
+    var_returns = _masked_mean_var(returns, mask)[3]
+    var_residual = _masked_mean_var(residual, mask)[3]
+    safe = torch.where(var_returns > 0, var_returns, torch.ones_like(var_returns))
+    return torch.where(var_returns > 0, 1 - var_residual / safe, torch.zeros_like(var_returns))

@@ -1,13 +1,25 @@
-"""Per-token estimators of KL(π_θ ‖ π_ref) from tokens sampled by π_θ (Schulman, "Approximating KL
-Divergence", 2020; REFERENCE.md §4), and the exact KL over the whole vocabulary.
+"""How far the policy π_θ has moved from the reference π_ref: KL(π_θ ‖ π_ref).
 
-With Δ = log π_ref(x) − log π_θ(x) for a token x ~ π_θ:
-    k1 = −Δ                 unbiased, high variance, can be negative
-    k2 = ½ Δ²               biased, low variance, ≥ 0
-    k3 = e^Δ − Δ − 1        unbiased, low variance, ≥ 0   (GRPO's choice, DeepSeekMath §4.1)
-Used as LOSS terms their on-policy expected gradients differ (the sample x held fixed):
-    E[∇k1] = 0 (regularises nothing), E[∇k2] = ∇KL(π_θ‖π_ref), E[∇k3] = ∇KL(π_ref‖π_θ) (forward KL).
-Departure: the log-ratio is clamped to ±20 before exp (as verl does) so k3 stays finite.
+Per-token estimators (Schulman, "Approximating KL Divergence", 2020) from a token x sampled by π_θ,
+with the log-ratio Δ = log π_ref(x) − log π_θ(x):
+
+    k1 = −Δ              unbiased, high variance, can be negative
+    k2 = ½ Δ²            biased, low variance, ≥ 0
+    k3 = e^Δ − Δ − 1     unbiased, low variance, ≥ 0     (GRPO's choice, DeepSeekMath 2402.03300 eq. 4)
+
+and `exact`, the KL summed over the whole vocabulary (cheap at character level: the best yardstick).
+
+Used as a LOSS term (the sampled token held fixed, gradient only through log π_θ(x)), their expected
+on-policy gradients are not the gradient of the KL they estimate:
+    E[∇k1] = 0                  (k1 regularises nothing)
+    E[∇k2] = ∇KL(π_θ ‖ π_ref)   (the reverse KL: the "right" gradient)
+    E[∇k3] = ∇KL(π_ref ‖ π_θ)   (the forward KL; close to k2's near π_θ ≈ π_ref)
+tests/test_kl.py proves all three by exact enumeration.
+
+Departure: k3 clamps Δ to ±LOG_RATIO_CLAMP = 20 before exp, as verl does, so it stays finite (its
+gradient is 0 beyond); verl also clamps k3's value to ±10, which we don't. Set LOG_RATIO_CLAMP to
+math.inf to remove the clamp. k3 is computed as expm1(Δ) − Δ, exact to rounding for tiny Δ (e^Δ − 1
+would cancel) and never negative.
 """
 
 from __future__ import annotations
@@ -19,34 +31,44 @@ LOG_RATIO_CLAMP = 20.0
 
 
 def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = log π_θ − log π_ref, any shape -> same shape. Unbiased for KL(π_θ‖π_ref); E[∇k1] = 0."""
+    """k1 = log π_θ(x) − log π_ref(x) = −Δ, any shape -> same shape (Schulman 2020).
+
+    Unbiased for KL(π_θ‖π_ref) when x ~ π_θ, but high variance and often negative per token.
+    As a loss its expected on-policy gradient is 0: it regularises nothing.
+    """
     return logp - ref_logp
 
 
 def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = ½ (log π_θ − log π_ref)², any shape -> same shape. ≥ 0; E[∇k2] = ∇KL(π_θ‖π_ref)."""
+    """k2 = ½ (log π_θ(x) − log π_ref(x))² = ½ Δ², any shape -> same shape (Schulman 2020).
+
+    ≥ 0 and low variance, but biased (bias ≈ O(Δ³)). As a loss its expected on-policy gradient is
+    exactly ∇KL(π_θ‖π_ref), the reverse KL it estimates.
+    """
     return 0.5 * (logp - ref_logp) ** 2
 
 
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 = e^Δ − Δ − 1 with Δ = log π_ref − log π_θ, any shape -> same shape.
+    """k3 = e^Δ − Δ − 1 with Δ = log π_ref(x) − log π_θ(x), any shape -> same shape (Schulman 2020).
 
-    ≥ 0, = 0 iff Δ = 0, unbiased for KL(π_θ‖π_ref). As a LOSS its expected gradient on-policy is
-    ∇KL(π_ref‖π_θ): it optimises the FORWARD KL, not the reverse KL it estimates (close to k2's near
-    π_θ ≈ π_ref). Δ is clamped to ±20 for finiteness.
+    ≥ 0, = 0 iff Δ = 0, unbiased and low variance for KL(π_θ‖π_ref) (GRPO, DeepSeekMath eq. 4).
+    As a LOSS its expected on-policy gradient is ∇KL(π_ref‖π_θ): the FORWARD KL, not the reverse KL
+    it estimates (k2's gradient is ∇KL(π_θ‖π_ref), k1's is 0).
+    Δ is clamped to ±20 before exp (verl) so the value is finite; computed as expm1(Δ) − Δ.
     """
     delta = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(delta) - delta - 1
+    return torch.expm1(delta) - delta
 
 
 ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 
 
 def exact(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
-    """KL(softmax(logits) ‖ softmax(ref_logits)) = Σ_v p_v (log p_v − log q_v) per position.
+    """KL(softmax(logits) ‖ softmax(ref_logits)) = Σ_v p_v·(log p_v − log q_v) per position.
 
-    logits, ref_logits (..., V) -> (...). Computed from log_softmax, so finite at logits ±1e4.
+    logits, ref_logits: (..., V) -> (...). Built from log_softmax, so finite at logits ±1e4 (a
+    probability that underflows to 0 multiplies a finite log-ratio). Clamped at 0 against rounding.
     """
     logp = F.log_softmax(logits, dim=-1)
-    logq = F.log_softmax(ref_logits, dim=-1)
-    return (logp.exp() * (logp - logq)).sum(-1).clamp(min=0.0)
+    ref_logp = F.log_softmax(ref_logits, dim=-1)
+    return (logp.exp() * (logp - ref_logp)).sum(dim=-1).clamp(min=0.0)

@@ -1,13 +1,20 @@
-"""Loss terms: the clipped surrogate, its aggregation over tokens and sequences, entropy, value loss.
+"""Loss terms: the clipped surrogate and its diagnostics, the aggregation over tokens, entropy, value loss.
 
-    clipped_surrogate  PPO's clipped objective (Schulman et al. 2017, eq. 7) per token, with DAPO's
-                       clip-higher (2503.14476 §3.1), dual-clip (Ye et al. 2019; verl) and GSPO's
-                       sequence-level ratio (2507.18071 §4)
-    aggregate          the four reductions seen in practice (REFERENCE.md §3)
-    entropy, value_loss
-Masked positions never reach a value or a gradient, even if they hold NaN or ±1e4: every masked
-quantity goes through torch.where, never a multiplication by the mask (0 · NaN = NaN).
-Departure: the log-ratio is clamped to ±20 before exp so ρ stays finite.
+    clipped_surrogate  PPO's clipped objective per token (Schulman et al. 2017, 1707.06347 eq. 7), with
+                       DAPO's clip-higher (2503.14476 §3.1), verl's dual clip (Ye et al. 2019, 1912.09729,
+                       "Mastering complex control in MOBA games") and GSPO's sequence-level ratio (2507.18071 §4.1)
+    surrogate_stats    clip fractions, ratio statistics and the KL(π_old‖π_θ) estimate, for logging
+    aggregate          the four reductions seen in practice (GRPO paper, DAPO, seq-sum, Dr. GRPO)
+    entropy            per-position entropy of the next-token distribution
+    value_loss         PPO's (optionally clipped) value loss
+
+Masks: every masked quantity goes through torch.where, never a multiplication by the mask (0·NaN = NaN,
+and a NaN in the unused branch of a product poisons the gradient): NaN or ±1e4 in a masked slot reaches
+neither a value nor a gradient.
+
+Departures: the log-ratio log π_θ − log π_old is clamped to ±LOG_RATIO_CLAMP = 20 before exp so ρ stays
+finite (set it to math.inf to remove; beyond ±20 the gradient is 0). eps_high defaults to eps_low (the
+symmetric PPO/GRPO clip; DAPO uses 0.28). dual_clip is off by default (verl uses c = 3).
 """
 
 from __future__ import annotations
@@ -15,127 +22,162 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minigrpo.kl import k3
+
 LOG_RATIO_CLAMP = 20.0
-AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LEVELS = ("token", "sequence")
 
 
 def _zero(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=x.dtype, device=x.device)
 
 
-def _log_ratio(logp, old_logp, mask, level: str) -> torch.Tensor:
-    """log ρ (B, T): per token log π_θ − log π_old, or GSPO's per-sequence mean of it over valid tokens
-    broadcast to every token of the row. Masked positions are 0."""
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+def _ratio_terms(logp, old_logp, advantages, mask, level):
+    """What clipped_surrogate and surrogate_stats share: (mask, A, log ρ), all (B, T), masked slots 0.
+
+    log ρ is log π_θ − log π_old per token, or with level="sequence" GSPO's per-row mean of it over the
+    valid tokens, broadcast to each valid token (the gradient reaches every token through the mean).
+    """
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if mask is None:
         mask = torch.ones_like(logp, dtype=torch.bool)
-    lr = torch.where(mask, logp - old_logp, _zero(logp))  # (B, T)
-    if level == "sequence":
-        n = mask.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1)
-        lr = torch.where(mask, (lr.sum(dim=1, keepdim=True) / n).expand_as(lr), _zero(lr))
-    return lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-
-
-def _broadcast_adv(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # (B,) -> (B, 1)
-    return advantages.expand_as(like)
+    adv = torch.where(mask, advantages.expand_as(logp), _zero(logp))  # (B, T)
+    log_ratio = torch.where(mask, logp - old_logp, _zero(logp))  # (B, T)
+    if level == "sequence":
+        n_valid = mask.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1); an empty row stays 0
+        seq_log_ratio = log_ratio.sum(dim=1, keepdim=True) / n_valid  # (B, 1): log s_i
+        log_ratio = torch.where(mask, seq_log_ratio.expand_as(log_ratio), _zero(logp))
+    return mask, adv, log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def clipped_surrogate(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None, dual_clip=None,
                       level="token") -> torch.Tensor:
-    """Per-token loss to MINIMISE:  −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)   (B, T).
+    """Per-token loss to MINIMISE  L = −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A),  (B, T).
 
-    ρ = exp(log π_θ − log π_old) per token, or with level="sequence" GSPO's s_i = exp(mean_t log ρ_i,t)
-    for every token of row i. logp, old_logp (B, T); advantages (B,), (B, 1) or (B, T); mask (B, T)
-    bool. eps_high defaults to eps_low (DAPO's clip-higher when larger). dual_clip = c > 1: for A < 0
-    the objective is max(min(ρA, clip(ρ)A), c·A), so the loss is at most c·|A| (Ye et al. 2019).
-    Gradient is exactly 0 where the clip is active (A > 0, ρ > 1+ε_high; A < 0, ρ < 1−ε_low).
-    Masked positions: loss 0 and no gradient.
+    logp, old_logp: (B, T) log-probs of the sampled tokens under π_θ and π_old; advantages (B,), (B, 1)
+    or (B, T); mask (B, T) bool, None = all valid.
+    ρ = exp(log π_θ − log π_old) per token (PPO eq. 7, GRPO eq. 3), or with level="sequence" GSPO's
+    s_i = exp((1/|o_i|) Σ_t log ρ_i,t), the same for every token of row i (GSPO §4.1).
+    eps_high: upper clip, defaults to eps_low; larger = DAPO's clip-higher.
+    dual_clip = c > 1: for A < 0 the objective becomes max(min(ρA, clip(ρ)A), c·A), so the loss is at most
+    c·|A| however large ρ grows (verl's dual-clip PPO).
+    The gradient is exactly 0 where the clip acts: A > 0 and ρ > 1+ε_high, or A < 0 and ρ < 1−ε_low.
+    At ρ = 1 it is −A per token. Masked positions: loss 0 and no gradient.
     """
     eps_high = eps_low if eps_high is None else eps_high
-    mask = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask
-    adv = torch.where(mask, _broadcast_adv(advantages, logp), _zero(logp))
-    ratio = torch.exp(_log_ratio(logp, old_logp, mask, level))  # (B, T)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
-    objective = torch.minimum(unclipped, clipped)
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual_clip}")
+    mask, adv, log_ratio = _ratio_terms(logp, old_logp, advantages, mask, level)
+    ratio = log_ratio.exp()  # ρ (B, T)
+    pg_obj1 = ratio * adv  # unclipped
+    pg_obj2 = ratio.clamp(1 - eps_low, 1 + eps_high) * adv  # clipped
+    objective = torch.minimum(pg_obj1, pg_obj2)  # pessimistic bound
     if dual_clip is not None:
         objective = torch.where(adv < 0, torch.maximum(objective, dual_clip * adv), objective)
     return torch.where(mask, -objective, _zero(objective))
 
 
 @torch.no_grad()
-def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None, level="token") -> dict:
-    """Diagnostics over valid tokens (0-dim tensors): clip_frac_low (A < 0, ρ < 1−ε_low), clip_frac_high
-    (A > 0, ρ > 1+ε_high) — exactly the tokens whose gradient the clip zeroes —, ratio_mean, ratio_max,
-    and approx_kl = mean of ½(log ρ)² (the k2 estimate of KL(π_old‖π_θ), as cleanrl logs)."""
+def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None,
+                    level="token") -> dict[str, torch.Tensor]:
+    """Diagnostics of clipped_surrogate over the valid tokens, as 0-dim tensors (no grad).
+
+    clip_frac_low   share of valid tokens with A < 0 and ρ < 1−ε_low  (clipped from below)
+    clip_frac_high  share of valid tokens with A > 0 and ρ > 1+ε_high (clipped from above)
+                    together: exactly the tokens whose gradient the clip sets to 0
+    ratio_mean, ratio_max   of ρ (the sequence ratio s_i with level="sequence")
+    approx_kl       mean of k3 with π_old as the sampler: (ρ − 1) − log ρ, an unbiased, non-negative
+                    estimate of KL(π_old‖π_θ) (cleanrl's approx_kl); always per token, whatever level.
+    A batch with no valid token gives 0 everywhere.
+    """
     eps_high = eps_low if eps_high is None else eps_high
-    mask = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask
-    adv = _broadcast_adv(advantages, logp)
-    log_ratio = _log_ratio(logp, old_logp, mask, level)
+    mask, adv, log_ratio = _ratio_terms(logp, old_logp, advantages, mask, level)
     ratio = log_ratio.exp()
-    n = mask.sum().clamp(min=1).to(ratio.dtype)
-    low = mask & (adv < 0) & (ratio < 1 - eps_low)
-    high = mask & (adv > 0) & (ratio > 1 + eps_high)
-    return {"clip_frac_low": low.sum() / n, "clip_frac_high": high.sum() / n,
-            "ratio_mean": torch.where(mask, ratio, _zero(ratio)).sum() / n,
-            "ratio_max": torch.where(mask, ratio, _zero(ratio)).max(),
-            "approx_kl": torch.where(mask, 0.5 * log_ratio ** 2, _zero(ratio)).sum() / n}
+    n_valid = mask.sum().clamp(min=1).to(ratio.dtype)
+    clipped_low = mask & (adv < 0) & (ratio < 1 - eps_low)
+    clipped_high = mask & (adv > 0) & (ratio > 1 + eps_high)
+    valid_ratio = torch.where(mask, ratio, _zero(ratio))
+    old_v = torch.where(mask, old_logp, _zero(ratio))
+    new_v = torch.where(mask, logp, _zero(ratio))
+    return {"clip_frac_low": clipped_low.sum() / n_valid,
+            "clip_frac_high": clipped_high.sum() / n_valid,
+            "ratio_mean": valid_ratio.sum() / n_valid,
+            "ratio_max": valid_ratio.max(),
+            "approx_kl": k3(old_v, new_v).sum() / n_valid}  # k3(sampler=π_old, reference=π_θ)
 
 
-def _seq_mean_token_mean(x, mask, max_len):  # GRPO paper: (1/B) Σ_i (1/|o_i|) Σ_t x_it
-    per_seq = x.sum(1) / mask.sum(1).clamp(min=1)
-    return per_seq.mean()
+# ---- aggregation: per-token (B, T) -> scalar. x arrives with masked slots already 0. ----
+
+def _seq_mean_token_mean(x, mask, max_len):  # GRPO paper eq. 3: (1/B) Σ_i (1/|o_i|) Σ_t x_it
+    return (x.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
 
 
-def _token_mean(x, mask, max_len):  # DAPO: Σ_it x_it / Σ_i |o_i|
+def _token_mean(x, mask, max_len):  # DAPO §3.3: Σ_it x_it / Σ_i |o_i|
     return x.sum() / mask.sum().clamp(min=1)
 
 
 def _seq_mean_token_sum(x, mask, max_len):  # (1/B) Σ_i Σ_t x_it
-    return x.sum(1).mean()
+    return x.sum(dim=1).mean()
 
 
 def _seq_mean_token_sum_norm(x, mask, max_len):  # Dr. GRPO: Σ_it x_it / (B · max_len)
     return x.sum() / (x.size(0) * max_len)
 
 
-_AGGREGATORS = dict(zip(AGG_MODES, (_seq_mean_token_mean, _token_mean, _seq_mean_token_sum, _seq_mean_token_sum_norm)))
+_AGGREGATORS = {
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "token-mean": _token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}
+AGG_MODES = tuple(_AGGREGATORS)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
     """Reduce a per-token loss (B, T) over its valid tokens (mask (B, T) bool) to a scalar.
 
-    "seq-mean-token-mean"      (1/B) Σ_i (1/|o_i|) Σ_t x    GRPO paper (DeepSeekMath eq. 3)
-    "token-mean"               Σ x / Σ_i |o_i|             DAPO §3.3 (every token weighs the same)
-    "seq-mean-token-sum"       (1/B) Σ_i Σ_t x
-    "seq-mean-token-sum-norm"  Σ x / (B · max_len)         Dr. GRPO §3.2 (max_len defaults to T)
-    A fully masked row contributes 0 to every sum; it still counts in B (no NaN: |o_i| is floored at 1).
+    mode                       formula                      source; per-token gradient weight
+    "seq-mean-token-mean"      (1/B) Σ_i (1/|o_i|) Σ_t x    GRPO (DeepSeekMath eq. 3); 1/(B·|o_i|)
+    "token-mean"               Σ_i Σ_t x / Σ_i |o_i|        DAPO §3.3; 1/Σ|o| (every token equal)
+    "seq-mean-token-sum"       (1/B) Σ_i Σ_t x              1/B
+    "seq-mean-token-sum-norm"  Σ_i Σ_t x / (B · max_len)    Dr. GRPO §3.1; 1/(B·max_len), constant
+    max_len defaults to T (the padded width): pass the generation limit to make it a true constant.
+    A fully masked row sums to 0 and still counts as one of the B rows (|o_i| is floored at 1 so it
+    gives no 0/0); in "token-mean" it adds no tokens, and an all-masked batch gives 0.
     """
     if mode not in _AGGREGATORS:
-        raise ValueError(f"unknown loss aggregation {mode!r} (available: {', '.join(AGG_MODES)})")
+        raise ValueError(f"unknown aggregation mode {mode!r}; choose one of: {', '.join(AGG_MODES)}")
     x = torch.where(mask, per_token, _zero(per_token))
-    return _AGGREGATORS[mode](x, mask, max_len if max_len is not None else per_token.size(1))
+    return _AGGREGATORS[mode](x, mask, per_token.size(1) if max_len is None else max_len)
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = −Σ_v p_v log p_v per position: (..., V) -> (...); 0 ≤ H ≤ log V, finite at logits ±1e4."""
+    """H = −Σ_v p_v log p_v with p = softmax(logits), (..., V) -> (...).
+
+    0 ≤ H ≤ log V (= log V for uniform logits); from log_softmax, so finite at logits ±1e4.
+    """
     logp = F.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return -(logp.exp() * logp).sum(dim=-1)
 
 
 def value_loss(values, old_values, returns, mask, clip=None) -> torch.Tensor:
-    """PPO's value loss per token (B, T): ½(V − R)², or with clip = c
-    ½·max((V − R)², (clip(V, V_old − c, V_old + c) − R)²)   (PPO2 / cleanrl; InstructGPT's critic).
-    Masked positions: 0 and no gradient."""
+    """PPO's value loss per token, (B, T) -> (B, T); aggregate it with `aggregate`.
+
+    clip=None:  ½ (V − R)²
+    clip=c:     ½ max((V − R)², (clip(V, V_old − c, V_old + c) − R)²)   (PPO2 baselines, cleanrl)
+    The max makes it pessimistic: clipping only ever increases the loss. Masked positions: 0, no grad.
+    """
     zero = _zero(values)
     v = torch.where(mask, values, zero)
-    r = torch.where(mask, returns, zero)
-    loss = (v - r) ** 2
-    if clip is not None:
+    ret = torch.where(mask, returns, zero)
+    loss_unclipped = (v - ret) ** 2
+    if clip is None:
+        loss = loss_unclipped
+    else:
         v_old = torch.where(mask, old_values, zero)
-        v_clipped = v_old + (v - v_old).clamp(-clip, clip)
-        loss = torch.maximum(loss, (v_clipped - r) ** 2)
+        v_clipped = v_old + (v - v_old).clamp(-clip, clip)  # = clip(V, V_old − c, V_old + c)
+        loss = torch.maximum(loss_unclipped, (v_clipped - ret) ** 2)
     return torch.where(mask, 0.5 * loss, zero)

@@ -224,6 +224,9 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
             r.log(_progress(r.step, cfg.steps, row, last_eval))
             if r.step % cfg.ckpt_every == 0 or r.step == cfg.steps:
                 r.save(algo, opt)
+    except RewardError as e:  # a user reward raised or returned a non-finite value: one line, no traceback
+        logger.close()
+        raise UsageError(f"{e} (stopped at step {r.step}; checkpoints already written are intact)") from None
     except KeyboardInterrupt:
         r.save(algo, opt)
         logger.close()

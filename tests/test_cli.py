@@ -68,3 +68,32 @@ def test_each_cli_end_to_end_for_a_few_steps(tmp_path):
         assert {"model.pt", "config.json", "metrics.jsonl", "metrics.png", "samples.txt"} <= \
             {p.name for p in (tmp_path / "runs" / name).iterdir()}
     assert "speed-up" in run_cli("minigrpo.bench", "--quick", cwd=tmp_path)
+
+
+def interrupt_when(path, args, cwd):
+    """Start a CLI, send Ctrl-C (SIGINT) once `path` exists, and return (exit code, output)."""
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not path.exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    return p.returncode, out
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_last_checkpoint_and_rl_resumes_from_it(tmp_path):
+    from minigrpo.checkpoint import load_checkpoint, read_checkpoint
+    ckpt = tmp_path / "runs/pretrain/model.pt"
+    code, out = interrupt_when(ckpt, ["minigrpo.pretrain", "--steps", "100000", "--ckpt-every", "20", "--out", "runs/pretrain"], tmp_path)
+    assert code == 130 and "last complete checkpoint" in out and str(ckpt.relative_to(tmp_path)) in out, out
+    load_checkpoint(ckpt)  # intact
+    rl = tmp_path / "runs/grpo-pizza/model.pt"
+    code, out = interrupt_when(rl, ["minigrpo.grpo", "--steps", "100000", "--ckpt-every", "2"], tmp_path)
+    assert code == 130 and "--resume" in out, out
+    step = read_checkpoint(rl)["step"]
+    run_cli("minigrpo.grpo", "--resume", "runs/grpo-pizza", "--steps", str(step + 2), cwd=tmp_path)
+    assert read_checkpoint(rl)["step"] == step + 2

@@ -186,3 +186,15 @@ def test_resume_of_a_folder_without_checkpoint_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--resume", str(tmp_path / "empty")])
     assert e.value.code == 2 and "config.json" in capsys.readouterr().err
+
+
+def test_a_reward_that_raises_stops_the_run_with_one_line(tmp_path, tiny_pretrained, capsys):
+    init, _, _ = tiny_pretrained
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text("def f(prompt, completion):\n    if completion != 'pizza':\n        raise KeyError(completion)\n    return 1.0\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--init", str(init), "--out", str(tmp_path / "r"), "--quiet", "--reward", f"{bad}:f", "--steps", "2",
+              "--preserve-per-prompt", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "bad_reward.py:f" in err and "ravin likes " in err and "KeyError" in err
