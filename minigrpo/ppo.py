@@ -13,7 +13,9 @@ PPO adds:
   losses             clipped surrogate (token-mean) + vf_coef · clipped value loss, several epochs
                      over shuffled minibatches per rollout
 Why the separate critic by default: with a shared trunk the value loss pulls on the same weights as
-the policy; measured on the food task it was slower to reach the target (see README).
+the policy. Measured (`python -m minigrpo.compare --algos ppo --seeds 3 --critic head|separate`): the
+separate critic reached 0.95 in 8–9 steps on all 3 seeds (final exact pizza 0.994–0.998, malformed
+≤ 0.007); with the head one seed of 3 reached 0.95, then collapsed (final pizza 0.017, malformed mass 0.98).
 """
 
 from __future__ import annotations
