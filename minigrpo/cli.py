@@ -72,13 +72,16 @@ def check_positive(cfg, *names: str) -> None:
 
 
 def main_guard(main):
-    """Run `main(argv)`; UsageError (and ValueError from our checks) -> one line on stderr, exit 2."""
+    """Run `main(argv)`; a UsageError -> one line on stderr and exit code 2; Ctrl-C -> exit code 130."""
     def wrapped(argv=None):
         try:
             return main(argv)
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2)
+        except KeyboardInterrupt:  # Ctrl-C outside a training loop (which handles its own)
+            print("\ninterrupted", file=sys.stderr)
+            raise SystemExit(130)
     return wrapped
 
 

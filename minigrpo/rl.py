@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -194,46 +196,46 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
     r.log(f"{algo_name} on {cfg.task} | reward {cfg.reward} | {len(r.prompts)} RL prompt(s) | G={cfg.group_size} "
           f"x {cfg.prompts_per_step} prompts | preservation {'on' if r.anchor is not None else 'off'} | "
           f"{'resuming at step ' + str(r.step) if r.resume_state else 'from ' + cfg.init}")
-    last_eval = r.task.rl_evaluate(r.policy, r.tok, r.baseline, cfg) if not r.resume_state else {}
-    if last_eval:
+    last_eval = r.task.rl_evaluate(r.policy, r.tok, r.baseline, cfg)
+    if not r.resume_state:
         logger.log({"step": 0, **_flat(last_eval)})
     last_batch = None
     try:
-        while r.step < cfg.steps:
-            t0 = time.perf_counter()
-            opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (r.step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
-            idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.generator).tolist()
-            batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
-                            r.generator, cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
-                            keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp)
-            stats = algo.update(batch, opt)
-            step_time = time.perf_counter() - t0
-            r.step += 1
-            if cfg.ref_update_every and r.step % cfg.ref_update_every == 0:  # iterative GRPO
-                r.ref.load_state_dict(r.policy.state_dict())
-            last_batch = batch
-            r.rewards_window = (r.rewards_window + [batch.rewards.mean().item()])[-10:]
-            row = {"step": r.step, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
-                   "reward_rolling": sum(r.rewards_window) / len(r.rewards_window), **stats,
-                   "completion_len": batch.mask.sum(1).float().mean().item(),
-                   "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
-            if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
-                last_eval = r.task.rl_evaluate(r.policy, r.tok, r.baseline, cfg)
-                row.update(_flat(last_eval))
-            logger.log(row)
-            r.log(_progress(r.step, cfg.steps, row, last_eval))
-            if r.step % cfg.ckpt_every == 0 or r.step == cfg.steps:
-                r.save(algo, opt)
+        with StopOnCtrlC() as stop:
+            while r.step < cfg.steps and not stop.requested:
+                t0 = time.perf_counter()
+                opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (r.step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+                idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.generator).tolist()
+                batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
+                                r.generator, cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
+                                keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp)
+                stats = algo.update(batch, opt)
+                step_time = time.perf_counter() - t0
+                r.step += 1
+                if cfg.ref_update_every and r.step % cfg.ref_update_every == 0:  # iterative GRPO
+                    r.ref.load_state_dict(r.policy.state_dict())
+                last_batch = batch
+                r.rewards_window = (r.rewards_window + [batch.rewards.mean().item()])[-10:]
+                row = {"step": r.step, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
+                       "reward_rolling": sum(r.rewards_window) / len(r.rewards_window), **stats,
+                       "completion_len": batch.mask.sum(1).float().mean().item(),
+                       "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
+                if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
+                    last_eval = r.task.rl_evaluate(r.policy, r.tok, r.baseline, cfg)
+                    row.update(_flat(last_eval))
+                logger.log(row)
+                r.log(_progress(r.step, cfg.steps, row, last_eval))
+                if r.step % cfg.ckpt_every == 0 or r.step == cfg.steps:
+                    r.save(algo, opt)
     except RewardError as e:  # a user reward raised or returned a non-finite value: one line, no traceback
         logger.close()
         raise UsageError(f"{e} (stopped at step {r.step}; checkpoints already written are intact)") from None
-    except KeyboardInterrupt:
-        r.save(algo, opt)
-        logger.close()
-        r.log(f"\ninterrupted: checkpoint at step {r.step} written to {r.out / 'model.pt'}; "
-              f"continue with --resume {r.out}")
-        raise SystemExit(130)
     logger.close()
+    if stop.requested and r.step < cfg.steps:  # Ctrl-C: the step in flight was finished: a consistent checkpoint
+        r.save(algo, opt)
+        print(f"\ninterrupted: checkpoint at step {r.step} written to {r.out / 'model.pt'}; "
+              f"continue with --resume {r.out}", flush=True)
+        raise SystemExit(130)
     rows = read_jsonl(r.out / "metrics.jsonl")
     plot_panels(rows, panels, r.out / "metrics.png", title=f"{algo_name}: {cfg.task}, reward {cfg.reward}")
     if last_batch is not None:
@@ -243,6 +245,26 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
     write_json(r.out / "summary.json", {**summary, "pizza_shares": last_eval.get("pizza_shares"),
                                         "baseline_pizza_shares": _pizza_shares(r.baseline)})
     return summary
+
+
+class StopOnCtrlC:
+    """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one stops
+    at once), so the checkpoint written on the way out never holds a half-applied update."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def _flat(ev: dict) -> dict:
