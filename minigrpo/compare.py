@@ -1,6 +1,6 @@
 """Run several algorithms × seeds side by side and compare them on the task's exact metrics.
 
-    python -m minigrpo.compare --algos grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo --seeds 3 --reward pizza
+    python -m minigrpo.compare --algos default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo --seeds 3 --reward pizza
     python -m minigrpo.compare --algos grpo,dr_grpo --seeds 3 --reward pizza --group-size 4   # any trainer flag passes through
 
 Each run is its own process with one thread (--jobs at a time, default: the cores), writing to
@@ -30,12 +30,13 @@ from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
 from minigrpo.rl import default_out
 
-ALGOS = sorted(PRESETS) + ["ppo"]
+ALGOS = ["default"] + sorted(PRESETS) + ["ppo"]  # default: `python -m minigrpo.grpo` with no preset
 
 
 @dataclass
 class CompareConfig:
-    algos: str = field(default="grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo", metadata={"help": f"comma-separated, of {','.join(ALGOS)}"})
+    algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo",
+                       metadata={"help": f"comma-separated, of {','.join(ALGOS)} (default = minigrpo.grpo without a preset)"})
     seeds: int = field(default=3, metadata={"help": "seeds per algorithm (0, 1, ...)"})
     reward: str = field(default="pizza", metadata={"help": "reward spec passed to every run"})
     out: str | None = field(default=None, metadata={"help": "output folder (default runs/compare-<reward>)"})
@@ -43,7 +44,7 @@ class CompareConfig:
 
 
 def command(algo: str, seed: int, cfg: CompareConfig, folder: Path, passthrough: list[str]) -> list[str]:
-    cli = ["minigrpo.ppo"] if algo == "ppo" else ["minigrpo.grpo", "--preset", algo]
+    cli = {"ppo": ["minigrpo.ppo"], "default": ["minigrpo.grpo"]}.get(algo, ["minigrpo.grpo", "--preset", algo])
     return [sys.executable, "-m", *cli, "--reward", cfg.reward, "--seed", str(seed), "--out", str(folder),
             "--threads", "1", "--eval-every", "1", "--quiet", *passthrough]
 
