@@ -1,16 +1,18 @@
 """The verifiable-arithmetic world: lines "<expression>=<answer>." from a declared, noisy solver.
 
 Expressions are 2 or 3 single-digit operands joined by + - * with the usual precedence (* first, then
-+ and - left to right): "3+4*2=" -> 11. The pretraining corpus answers them like an unreliable student
-whose error model is declared below, so everything a run is judged by is known exactly:
-  EXPRESSIONS, PROMPTS, HELDOUT  every prompt; the RL prompts; a fixed seeded tenth never used in RL
-  OUTCOMES                       the error model: (kind, probability, completion of the true value v)
++ and - left to right): "3+2*2=" -> 7, "3-2-1=" -> 0. The pretraining corpus answers them like an
+unreliable student whose error model is declared below, so everything a run is judged by is known exactly:
+  EXPRESSIONS, PROMPTS, HELDOUT  every prompt (543); the RL prompts; a fixed seeded tenth never used in RL
+  OUTCOMES                       the error model, NUMBERS x WRITINGS: (kind, probability, offset, template)
   make_corpus(n, seed)           lines uniform over EXPRESSIONS (HELDOUT included) with the error model
-                                 applied: exact when n is a multiple of len(EXPRESSIONS) * CORPUS_UNIT
+                                 applied: exact per expression when n is a multiple of N * CORPUS_UNIT
   entropy_floor()                the corpus entropy in nats per predicted token: the best loss possible
   exact_outcomes(...)            the model's exact probability of every declared completion (teacher-
                                  forced, batched forwards), so 1 - sum = mass off the declared support
 Completion FORMAT: the integer (optional "-", no leading zeros) then "." then the end token: "11.".
+The pretrain defaults undertrain this world; measured to pass `pretrain_report` in ~35 s on one thread:
+  --steps 3000 --n-embd 32 --n-head 2 --lr 1e-2 --n-lines 86880   (86880 = N * CORPUS_UNIT: exact corpus)
 """
 
 from __future__ import annotations
@@ -28,30 +30,29 @@ from minigrpo.sampling import decode_completions, encode_prompts, generate
 NAME = "arithmetic"
 OPS = "+-*"
 DIGITS_2 = "0123456789"  # operands of the 2-operand expressions: 10 * 3 * 10 = 300
-DIGITS_3 = "0123"  # operands of the 3-operand expressions: 4 * 3 * 4 * 3 * 4 = 576 (precedence matters)
+DIGITS_3 = "123"  # operands of the 3-operand expressions: 3 * 3 * 3 * 3 * 3 = 243 (precedence matters)
 HELDOUT_FRACTION, HELDOUT_SEED = 0.1, 1234
 
-# The error model: what the corpus writes after "<expression>=" when the true value is v.
-P_CORRECT = 0.60  # "v."      right and well-formed
-P_NEAR_1 = 0.10  # "v+1." and "v-1." each: well-formed near misses
-P_NEAR_2 = 0.05  # "v+2." and "v-2." each
-P_NO_DOT = 0.05  # "v"       format slips: the right number, malformed
-P_DOUBLE_DOT = 0.025  # "v.."
-P_SPACE = 0.025  # " v."
-OUTCOMES = [  # (kind, probability, completion of v); strings differ within an expression, see entropy_floor
-    ("correct", P_CORRECT, lambda v: f"{v}."),
-    ("plus1", P_NEAR_1, lambda v: f"{v + 1}."), ("minus1", P_NEAR_1, lambda v: f"{v - 1}."),
-    ("plus2", P_NEAR_2, lambda v: f"{v + 2}."), ("minus2", P_NEAR_2, lambda v: f"{v - 2}."),
-    ("no_dot", P_NO_DOT, lambda v: f"{v}"), ("double_dot", P_DOUBLE_DOT, lambda v: f"{v}.."),
-    ("space", P_SPACE, lambda v: f" {v}."),
-]
-KINDS = [k for k, _, _ in OUTCOMES]
-WELL_FORMED = ["correct", "plus1", "minus1", "plus2", "minus2"]
-SLIPS = ["no_dot", "double_dot", "space"]
-P_SLIP = P_NO_DOT + P_DOUBLE_DOT + P_SPACE
-CORPUS_UNIT = 40  # lines per expression for which every outcome count is an integer (1/40 = 0.025)
-assert abs(sum(p for _, p, _ in OUTCOMES) - 1) < 1e-12
-assert all(abs(p * CORPUS_UNIT - round(p * CORPUS_UNIT)) < 1e-9 for _, p, _ in OUTCOMES)
+# The error model: the corpus "student" picks a number, then (independently) how to write it down.
+P_RIGHT_NUMBER = 0.75  # the true value v ...
+P_PLUS_1 = 0.125  # ... or the near misses v+1 and v-1
+P_MINUS_1 = 0.125
+P_WELL_FORMED = 0.80  # "n."   the number then "." (FORMAT) ...
+P_NO_DOT = 0.10  # "n"    ... or a format slip: the dot missing,
+P_DOUBLE_DOT = 0.05  # "n.."  doubled,
+P_SPACE = 0.05  # " n."  or a space in front
+P_CORRECT = round(P_RIGHT_NUMBER * P_WELL_FORMED, 12)  # 0.6: the right, well-formed answer "v."
+NUMBERS = [("right", 0, P_RIGHT_NUMBER), ("plus1", 1, P_PLUS_1), ("minus1", -1, P_MINUS_1)]
+WRITINGS = [("ok", "{}.", P_WELL_FORMED), ("no_dot", "{}", P_NO_DOT), ("double_dot", "{}..", P_DOUBLE_DOT),
+            ("space", " {}.", P_SPACE)]
+OUTCOMES = [  # (kind, probability, offset from v, template): 12 distinct completions per expression
+    (f"{n}/{w}", pn * pw, off, tpl) for n, off, pn in NUMBERS for w, tpl, pw in WRITINGS]
+KINDS = [k for k, _, _, _ in OUTCOMES]
+CORPUS_UNIT = 160  # lines per expression for which every outcome count is an integer (0.125 * 0.05 = 1/160)
+assert all(abs(q * 8 - round(q * 8)) < 1e-9 for _, _, q in NUMBERS)  # make_corpus apportions in 1/8 ...
+assert all(abs(q * 20 - round(q * 20)) < 1e-9 for _, _, q in WRITINGS)  # ... and 1/20
+assert abs(sum(p for _, p, _, _ in OUTCOMES) - 1) < 1e-12
+assert all(abs(p * CORPUS_UNIT - round(p * CORPUS_UNIT)) < 1e-9 for _, p, _, _ in OUTCOMES)
 
 FORMAT = re.compile(r"(0|-?[1-9][0-9]*)\.")  # a completion is well-formed iff it fully matches this
 _FIRST_INT = re.compile(r"-?[0-9]+")  # lenient parse: the first integer anywhere (ASCII digits only)
@@ -84,18 +85,24 @@ HELDOUT = [p for p in EXPRESSIONS if p in _held]  # never used in RL (but in pre
 PROMPTS = [p for p in EXPRESSIONS if p not in _held]  # the RL prompts
 
 
+def value(prompt: str) -> int:
+    """True value of a prompt "<expression>=" (any expression, not only those in EXPRESSIONS)."""
+    return VALUES[prompt] if prompt in VALUES else evaluate(prompt.removesuffix("="))
+
+
 def answer(prompt: str) -> str:
     """The right, well-formed completion of a prompt: "3+4*2=" -> "11."."""
-    return f"{VALUES[prompt]}."
+    return f"{value(prompt)}."
 
 
 def completions(prompt: str) -> list[str]:
     """The completion of each declared outcome kind (in KINDS order) for one prompt."""
-    return [f(VALUES[prompt]) for _, _, f in OUTCOMES]
+    v = value(prompt)
+    return [tpl.format(v + off) for _, _, off, tpl in OUTCOMES]
 
 
 ALPHABET = "".join(sorted(set("".join(p + c for p in EXPRESSIONS for c in completions(p)))))
-BLOCK_SIZE = 16  # BOS + longest line (11 characters, e.g. "9*9=81.." or "3*3*3= 27.") + EOS, with room
+BLOCK_SIZE = 16  # BOS + longest line (10 characters, e.g. "3*3*3=28..") + EOS = 12, with room to spare
 
 
 def _largest_remainder(total: int, weights: list[float]) -> list[int]:
@@ -108,26 +115,37 @@ def _largest_remainder(total: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def _spread(counts: list[int]) -> list[int]:
-    """The kinds 0..K-1 with these counts, evenly interleaved: copy j of kind k sits at (j + 1/2) / c_k."""
-    keys = [((j + 0.5) / c, k) for k, c in enumerate(counts) for j in range(c)]
-    return [k for _, k in sorted(keys)]
+def _apportion(n: int, weights: list[int]) -> list[int]:
+    """Kinds for n successive lines: each goes to the kind furthest below its share w_k / W of the lines
+    so far (ties to the lower index). Every prefix's counts stay within one line of their shares."""
+    total, counts, out = sum(weights), [0] * len(weights), []
+    for t in range(1, n + 1):
+        k = max(range(len(weights)), key=lambda i: t * weights[i] - total * counts[i])
+        counts[k] += 1
+        out.append(k)
+    return out
 
 
 def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
     """`n_lines` lines "<prompt><completion>", shuffled by `seed`.
 
-    Each expression gets n/N lines (the extra n mod N go to expressions picked by `seed`); each outcome
-    kind gets its largest-remainder share of all n lines, spread evenly over the expressions, so every
-    expression's outcome counts are within a line or two of its share, and exact when n is a multiple
-    of N * CORPUS_UNIT (N = len(EXPRESSIONS)).
+    Each expression gets n/N lines (N = len(EXPRESSIONS); the n mod N extra lines go to expressions
+    picked by `seed`), laid out one expression after another; successive lines take their NUMBERS by
+    `_apportion`, and the lines of each number take their WRITINGS the same way. So every count (a
+    number's, or a number-and-writing's) is within one line of its share globally, within two lines per
+    expression, and exact per expression when n is a multiple of N * CORPUS_UNIT.
     """
     rng = random.Random(seed)
     order = EXPRESSIONS[:]
     rng.shuffle(order)
     slots = [p for p, c in zip(order, _largest_remainder(n_lines, [1.0] * len(order))) for _ in range(c)]
-    kinds = _spread(_largest_remainder(n_lines, [p for _, p, _ in OUTCOMES]))
-    lines = [p + OUTCOMES[k][2](VALUES[p]) for p, k in zip(slots, kinds)]
+    numbers = _apportion(n_lines, [round(q * 8) for _, _, q in NUMBERS])  # shares in 1/8
+    writings = [iter(_apportion(numbers.count(i), [round(q * 20) for _, _, q in WRITINGS]))  # in 1/20
+                for i in range(len(NUMBERS))]
+    lines = []
+    for p, i in zip(slots, numbers):
+        _, off, _ = NUMBERS[i]
+        lines.append(p + WRITINGS[next(writings[i])][1].format(value(p) + off))
     rng.shuffle(lines)
     return lines
 
@@ -136,7 +154,7 @@ def line_distribution() -> dict[str, float]:
     """P(line) over full line strings (outcomes that gave the same string would be merged)."""
     dist: dict[str, float] = {}
     for p in EXPRESSIONS:
-        for (_, q, _), c in zip(OUTCOMES, completions(p)):
+        for (_, q, _, _), c in zip(OUTCOMES, completions(p)):
             dist[p + c] = dist.get(p + c, 0.0) + q / len(EXPRESSIONS)
     return dist
 
@@ -157,7 +175,7 @@ def first_int_is(completion: str, value: int) -> bool:
 
 
 def reward_correct(prompt: str, completion: str) -> float:
-    return float(first_int_is(completion, VALUES[prompt]))
+    return float(first_int_is(completion, value(prompt)))
 
 
 def reward_format(prompt: str, completion: str) -> float:
@@ -218,36 +236,37 @@ def sampled_accuracy(model, tok, prompts: list[str], n_per_prompt: int, generato
 
 
 def _figures(model, tok, prompts: list[str]) -> dict:
-    """Means over prompts of exact outcome probabilities, and the mean TV to the error model."""
+    """Means over prompts of exact figures: P(right answer "v."), P(right number, any declared writing),
+    P(well-formed, any declared number), mass off the 12 declared completions, and the TV to the model."""
     probs = exact_outcomes(model, tok, prompts)  # (P, K)
-    declared = torch.tensor([q for _, q, _ in OUTCOMES])
+    declared = torch.tensor([q for _, q, _, _ in OUTCOMES])
     off = (1 - probs.sum(1)).clamp(min=0)
     tv = 0.5 * ((probs - declared).abs().sum(1) + off)
-    mean = probs.mean(0).tolist()
-    fig = {k: m for k, m in zip(KINDS, mean)}
-    return {"right": fig["correct"], "well_formed": sum(fig[k] for k in WELL_FORMED),
-            "slips": sum(fig[k] for k in SLIPS), "off_support": off.mean().item(), "mean_tv": tv.mean().item(),
-            "kinds": fig}
+    kinds = dict(zip(KINDS, probs.mean(0).tolist()))
+    return {"right": kinds["right/ok"], "right_number": sum(kinds[f"right/{w}"] for w, _, _ in WRITINGS),
+            "well_formed": sum(kinds[f"{n}/ok"] for n, _, _ in NUMBERS), "off_support": off.mean().item(),
+            "mean_tv": tv.mean().item(), "kinds": kinds}
+
+
+BAR = {"right": 0.05, "right_number": 0.05, "well_formed": 0.05, "off_support": 0.03, "mean_tv": 0.10}
+_TRUTH = {"right": P_CORRECT, "right_number": P_RIGHT_NUMBER, "well_formed": P_WELL_FORMED,
+          "off_support": 0.0, "mean_tv": 0.0}
 
 
 def pretrain_report(model, tokenizer) -> dict:
-    """Exact figures on PROMPTS and HELDOUT; `ok` = both meet the bar: mean P(right answer) within 0.05
-    of P_CORRECT, slip mass within 0.03 of P_SLIP, and mass off the declared outcomes below 0.03."""
+    """Exact figures on PROMPTS and HELDOUT; `ok` = every figure is within BAR of the declared truth."""
     rows = {"prompts": _figures(model, tokenizer, PROMPTS), "heldout": _figures(model, tokenizer, HELDOUT)}
-    ok = all(abs(r["right"] - P_CORRECT) <= 0.05 and abs(r["slips"] - P_SLIP) <= 0.03 and r["off_support"] <= 0.03
-             for r in rows.values())
+    ok = all(abs(r[k] - _TRUTH[k]) <= BAR[k] for r in rows.values() for k in BAR)
     return {**rows, "ok": ok}
 
 
 def format_report(report: dict) -> str:
-    cols = ["right", "well_formed", "slips", "off_support", "mean_tv"]
-    truth = {"right": P_CORRECT, "well_formed": 1 - P_SLIP, "slips": P_SLIP, "off_support": 0.0, "mean_tv": 0.0}
-    lines = [f"{'':<8}" + "".join(f"{c:>12}" for c in cols),
-             f"{'declared':<8}" + "".join(f"{truth[c]:>12.4f}" for c in cols)]
+    lines = [f"{'':<9}" + "".join(f"{c:>13}" for c in BAR),
+             f"{'declared':<9}" + "".join(f"{_TRUTH[c]:>13.4f}" for c in BAR)]
     for name in ("prompts", "heldout"):
-        lines.append(f"{name:<8}" + "".join(f"{report[name][c]:>12.4f}" for c in cols))
-    lines.append(f"bar: |right - {P_CORRECT}| <= 0.05, |slips - {P_SLIP}| <= 0.03, off_support <= 0.03: "
-                 f"{'PASS' if report['ok'] else 'FAIL'}")
+        lines.append(f"{name:<9}" + "".join(f"{report[name][c]:>13.4f}" for c in BAR))
+    verdict = "PASS" if report["ok"] else "FAIL"
+    lines.append(f"{'bar ±':<9}" + "".join(f"{BAR[c]:>13.2f}" for c in BAR) + f"   {verdict}")
     return "\n".join(lines)
 
 
@@ -264,14 +283,14 @@ def anchor_prompts(cfg) -> list[str]:
 
 
 def rl_evaluate(model, tokenizer, baseline: dict | None, cfg) -> dict:
-    """Exact metrics: target_rate / heldout_rate = mean P(right, well-formed answer) on PROMPTS / HELDOUT;
-    format_rate = P(a well-formed answer within ±2 of the truth) on PROMPTS (a lower bound on the
-    well-formed mass); malformed = 1 - format_rate (slips, but also anything else); correct_rate =
-    P(a declared completion carrying the right number: the answer or a slip)."""
+    """Exact metrics on PROMPTS (heldout_rate: on HELDOUT): target_rate = mean P(right, well-formed
+    answer "v."); correct_rate = P(the right number in a declared writing, a lower bound); format_rate =
+    P(a well-formed answer v-1, v or v+1: a lower bound on the well-formed mass); malformed = 1 - format_rate
+    (the declared slips, and anything else off the declared support)."""
     f = _figures(model, tokenizer, PROMPTS)
     return {"target_rate": f["right"], "heldout_rate": exact_accuracy(model, tokenizer, HELDOUT),
-            "format_rate": f["well_formed"], "malformed": max(0.0, 1 - f["well_formed"]),
-            "correct_rate": f["right"] + f["slips"], "worst_drift": 0.0}
+            "correct_rate": f["right_number"], "format_rate": f["well_formed"],
+            "malformed": max(0.0, 1 - f["well_formed"]), "off_support": f["off_support"], "worst_drift": 0.0}
 
 
 def rl_baseline(model, tokenizer, cfg) -> dict:
@@ -280,5 +299,5 @@ def rl_baseline(model, tokenizer, cfg) -> dict:
 
 
 def format_rl_eval(ev: dict, cfg) -> str:
-    return (f"exact P(right answer) prompts {ev['target_rate']:.3f} | heldout {ev['heldout_rate']:.3f} | "
-            f"well-formed (±2) {ev['format_rate']:.3f} | malformed {ev['malformed']:.3f}")
+    return (f"exact P(right answer) prompts {ev['target_rate']:.3f} | heldout {ev['heldout_rate']:.3f} | right "
+            f"number {ev['correct_rate']:.3f} | well-formed {ev['format_rate']:.3f} | malformed {ev['malformed']:.3f}")
