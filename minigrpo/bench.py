@@ -30,6 +30,7 @@ from minigrpo.cli import UsageError, main_guard, parse_config, setup_runtime
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
 from minigrpo.sampling import generate
+from toy_tasks import default_pretrain_dir, get_task
 
 SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets"]
 
@@ -37,6 +38,7 @@ SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets"]
 @dataclass
 class BenchConfig:
     quick: bool = field(default=False, metadata={"help": "only the fast sections (sampling, threads)"})
+    task: str = field(default="food", metadata={"help": "toy task for the pretrain, grpo and presets sections"})
     only: str | None = field(default=None, metadata={"help": f"comma-separated sections of {','.join(SECTIONS)}"})
     out: str = field(default="runs/bench", metadata={"help": "folder for the runs the bench starts"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads for the in-process sections"})
@@ -115,15 +117,14 @@ def _run_cli(args: list[str]) -> tuple[float, str]:
     return wall, p.stdout
 
 
-def bench_pretrain(out: Path) -> str:
-    wall, _ = _run_cli(["minigrpo.pretrain", "--out", str(out / "pretrain")])
-    s = json.loads((out / "pretrain" / "summary.json").read_text())
-    rep = s["report"]
-    return table("pretrain: `python -m minigrpo.pretrain` (defaults, seed 0)",
-                 ["whole process s", "training s", "val loss / floor", "worst TV (bar 0.05)",
-                  "worst malformed (bar 0.01)", "bar"],
+def bench_pretrain(out: Path, task: str) -> str:
+    folder = out / default_pretrain_dir(task).split("/")[-1]
+    wall, _ = _run_cli(["minigrpo.pretrain", "--task", task, "--out", str(folder)])
+    s = json.loads((folder / "summary.json").read_text())
+    return table(f"pretrain: `python -m minigrpo.pretrain --task {task}` (defaults, seed 0)",
+                 ["whole process s", "training s", "val loss / floor", "quality bar"],
                  [[f"{wall:.1f}", f"{s['train_seconds']:.1f}", f"+{100 * s['val_over_floor']:.2f}%",
-                   f"{rep['worst_tv']:.4f}", f"{rep['worst_malformed']:.4f}", "PASS" if rep["ok"] else "FAIL"]])
+                   "PASS" if s["report"]["ok"] else "FAIL"]]) + "\n" + get_task(task).format_report(s["report"])
 
 
 def _ensure_pretrained(out: Path, name: str, extra: list[str]) -> Path:
@@ -131,6 +132,10 @@ def _ensure_pretrained(out: Path, name: str, extra: list[str]) -> Path:
     if not ckpt.exists():
         _run_cli(["minigrpo.pretrain", "--out", str(out / name), *extra])
     return ckpt
+
+
+def _task_init(out: Path, task: str) -> Path:
+    return _ensure_pretrained(out, default_pretrain_dir(task).split("/")[-1], ["--task", task])
 
 
 RARE_TARGET = ["--reward", "food:apple pie", "--steps", "60", "--lr", "2e-3", "--group-size", "16", "--prompts-per-step", "2"]
@@ -145,16 +150,21 @@ def _grpo_row(label, args, out: Path, init: Path, cli: str = "minigrpo.grpo") ->
     steps_to = first["step"] if first else "-"
     secs_to = f"{sum(r.get('step_time', 0) for r in rows if r['step'] <= first['step']):.2f}" if first else "-"
     last = evals[-1]
-    return [label, f"{wall:.1f}", steps_to, secs_to, f"{last['target_rate']:.3f}", f"{last.get('kl_exact', float('nan')):.4f}",
+    kl = next((r["kl_exact"] for r in reversed(rows) if "kl_exact" in r), float("nan"))
+    heldout = f"{last['heldout_rate']:.3f}" if "heldout_rate" in last else "-"
+    return [label, f"{wall:.1f}", steps_to, secs_to, f"{last['target_rate']:.3f}", heldout, f"{kl:.4f}",
             f"{last['worst_drift']:.3f}", f"{last['malformed']:.4f}"]
 
 
-GRPO_HEADER = ["run", "whole process s", "steps to 0.9", "train s to 0.9", "final exact target", "exact KL/token",
+GRPO_HEADER = ["run", "whole process s", "steps to 0.9", "train s to 0.9", "final exact target", "held-out", "exact KL/token",
                "worst drift (bar 0.05)", "malformed (bar 0.01)"]
 
 
-def bench_grpo(out: Path) -> str:
-    init = _ensure_pretrained(out, "pretrain", [])
+def bench_grpo(out: Path, task: str) -> str:
+    init = _task_init(out, task)
+    if task != "food":  # the task's own defaults (RL_DEFAULTS), GRPO and PPO
+        rows = [_grpo_row(f"{cli}-{task} (default)", ["--task", task], out, init, f"minigrpo.{cli}") for cli in ("grpo", "ppo")]
+        return table(f"grpo and ppo on {task}: whole processes (imports, training, final evaluation)", GRPO_HEADER, rows)
     rows = [_grpo_row("grpo-pizza (default)", ["--reward", "pizza", "--eval-every", "1"], out, init),
             _grpo_row("grpo-apple-pie (rare, p=0.02)", RARE_TARGET + ["--eval-every", "1"], out, init),
             _grpo_row("grpo-pizza --no-preserve", ["--reward", "pizza", "--eval-every", "1", "--no-preserve"], out, init),
@@ -204,11 +214,13 @@ def spillover(with_preserve: Path, without: Path, png: Path) -> str:
                  ["person", "pretrained", "after GRPO (preservation on)", "after GRPO --no-preserve"], rows)
 
 
-def bench_presets(out: Path) -> str:
+def bench_presets(out: Path, task: str) -> str:
     from minigrpo.grpo import PRESETS
-    init = _ensure_pretrained(out, "pretrain", [])
-    rows = [_grpo_row(name, ["--preset", name, "--reward", "pizza", "--eval-every", "1"], out, init) for name in PRESETS]
-    return table("presets: --reward pizza, seed 0", GRPO_HEADER, rows)
+    init = _task_init(out, task)
+    every = ["--eval-every", "1"] if task == "food" else []  # food's exact evaluation is cheap enough for every step
+    rows = [_grpo_row(f"{name}-{task}" if task != "food" else name, ["--preset", name, "--task", task, *every],
+                      out, init) for name in PRESETS]
+    return table(f"presets on {task} (the task's default reward), seed 0", GRPO_HEADER, rows)
 
 
 @main_guard
@@ -220,6 +232,10 @@ def main(argv=None):
         bad = [s for s in sections if s not in SECTIONS]
         if bad:
             raise UsageError(f"unknown --only section(s) {', '.join(bad)} (available: {', '.join(SECTIONS)})")
+    try:
+        get_task(cfg.task)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     device = setup_runtime(cfg.threads, cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,8 +243,8 @@ def main(argv=None):
     print(f"machine: {platform.machine()} {cores} cores | torch {torch.__version__} | device {device} | "
           f"threads {torch.get_num_threads()} | python {platform.python_version()}", flush=True)
     runners = {"sampling": lambda: bench_sampling(device), "threads": lambda: bench_threads(device),
-               "pretrain": lambda: bench_pretrain(out), "grpo": lambda: bench_grpo(out),
-               "presets": lambda: bench_presets(out)}
+               "pretrain": lambda: bench_pretrain(out, cfg.task), "grpo": lambda: bench_grpo(out, cfg.task),
+               "presets": lambda: bench_presets(out, cfg.task)}
     for s in sections:
         print(runners[s](), flush=True)
 

@@ -38,15 +38,17 @@ class CompareConfig:
     algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo",
                        metadata={"help": f"comma-separated, of {','.join(ALGOS)} (default = minigrpo.grpo without a preset)"})
     seeds: int = field(default=3, metadata={"help": "seeds per algorithm (0, 1, ...)"})
-    reward: str = field(default="pizza", metadata={"help": "reward spec passed to every run"})
-    out: str | None = field(default=None, metadata={"help": "output folder (default runs/compare-<reward>)"})
+    reward: str | None = field(default=None, metadata={"help": "reward spec passed to every run (default: the task's, food: pizza)"})
+    out: str | None = field(default=None, metadata={"help": "output folder (default runs/compare-<reward>, or runs/compare-<task>)"})
     jobs: int = field(default=0, metadata={"help": "runs at a time (0 = the number of cores)"})
 
 
-def command(algo: str, seed: int, cfg: CompareConfig, folder: Path, passthrough: list[str]) -> list[str]:
+def command(algo: str, seed: int, cfg: CompareConfig, folder: Path, passthrough: list[str], task: str) -> list[str]:
     cli = {"ppo": ["minigrpo.ppo"], "default": ["minigrpo.grpo"]}.get(algo, ["minigrpo.grpo", "--preset", algo])
-    return [sys.executable, "-m", *cli, "--reward", cfg.reward, "--seed", str(seed), "--out", str(folder),
-            "--threads", "1", "--eval-every", "1", "--quiet", *passthrough]
+    reward = ["--reward", cfg.reward] if cfg.reward else []
+    every = ["--eval-every", "1"] if task == "food" else []  # food's exact evaluation is cheap enough for every step
+    return [sys.executable, "-m", *cli, *reward, "--seed", str(seed), "--out", str(folder), "--threads", "1",
+            "--quiet", *every, *passthrough]
 
 
 def run_one(args) -> tuple[str, int, str | None]:
@@ -153,6 +155,8 @@ def main(argv=None):
     for name in ("--algos", "--seeds", "--reward", "--out", "--jobs"):
         pre.add_argument(name)
     ours, passthrough = pre.parse_known_args(list(argv or []))
+    pre_task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre_task.add_argument("--task", default="food")
     if "-h" in passthrough or "--help" in passthrough:
         parse_config(CompareConfig, ["--help"], __doc__.split("\n\n")[0])
     own = [x for k, v in vars(ours).items() if v is not None for x in (f"--{k}", v)]
@@ -165,9 +169,12 @@ def main(argv=None):
         raise UsageError(f"--seeds must be >= 1, got {cfg.seeds}")
     if any(p in ("--seed", "--out", "--preset", "--resume") for p in passthrough):
         raise UsageError("--seed, --out, --preset and --resume are set by compare itself; use --seeds, --out, --algos")
-    out = prepare_out(cfg.out or default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare"))
+    task = pre_task.parse_known_args(passthrough)[0].task
+    out = prepare_out(cfg.out or (default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare")
+                                  if cfg.reward else f"runs/compare-{task}"))
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    tasks = [(a, s, command(a, s, cfg, out / f"{a}-s{s}", passthrough), out / f"{a}-s{s}") for a in algos for s in range(cfg.seeds)]
+    tasks = [(a, s, command(a, s, cfg, out / f"{a}-s{s}", passthrough, task), out / f"{a}-s{s}")
+             for a in algos for s in range(cfg.seeds)]
     print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds, {jobs} at a time -> {out}", flush=True)
     errors, results = {}, {a: [] for a in algos}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

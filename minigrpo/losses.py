@@ -32,11 +32,12 @@ def _zero(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=x.dtype, device=x.device)
 
 
-def _ratio_terms(logp, old_logp, advantages, mask, level):
-    """What clipped_surrogate and surrogate_stats share: (mask, A, log ρ), all (B, T), masked slots 0.
+def _ratio_terms(logp, old_logp, advantages, mask, eps_low, eps_high, level):
+    """What clipped_surrogate and surrogate_stats share: (mask, A, log ρ, (1 − ε_low, 1 + ε_high)).
 
-    log ρ is log π_θ − log π_old per token, or with level="sequence" GSPO's per-row mean of it over the
-    valid tokens, broadcast to each valid token (the gradient reaches every token through the mean).
+    mask, A and log ρ are (B, T) with masked slots 0. log ρ is log π_θ − log π_old per token, or with
+    level="sequence" GSPO's per-row mean of it over the valid tokens, broadcast to each valid token
+    (the gradient reaches every token through the mean). ε_high defaults to ε_low.
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -50,7 +51,8 @@ def _ratio_terms(logp, old_logp, advantages, mask, level):
         n_valid = mask.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1); an empty row stays 0
         seq_log_ratio = log_ratio.sum(dim=1, keepdim=True) / n_valid  # (B, 1): log s_i
         log_ratio = torch.where(mask, seq_log_ratio.expand_as(log_ratio), _zero(logp))
-    return mask, adv, log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    eps_high = eps_low if eps_high is None else eps_high
+    return mask, adv, log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), (1 - eps_low, 1 + eps_high)
 
 
 def clipped_surrogate(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None, dual_clip=None,
@@ -67,13 +69,12 @@ def clipped_surrogate(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_hi
     The gradient is exactly 0 where the clip acts: A > 0 and ρ > 1+ε_high, or A < 0 and ρ < 1−ε_low.
     At ρ = 1 it is −A per token. Masked positions: loss 0 and no gradient.
     """
-    eps_high = eps_low if eps_high is None else eps_high
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual_clip}")
-    mask, adv, log_ratio = _ratio_terms(logp, old_logp, advantages, mask, level)
+    mask, adv, log_ratio, (low, high) = _ratio_terms(logp, old_logp, advantages, mask, eps_low, eps_high, level)
     ratio = log_ratio.exp()  # ρ (B, T)
     pg_obj1 = ratio * adv  # unclipped
-    pg_obj2 = ratio.clamp(1 - eps_low, 1 + eps_high) * adv  # clipped
+    pg_obj2 = ratio.clamp(low, high) * adv  # clipped to [1 − ε_low, 1 + ε_high]
     objective = torch.minimum(pg_obj1, pg_obj2)  # pessimistic bound
     if dual_clip is not None:
         objective = torch.where(adv < 0, torch.maximum(objective, dual_clip * adv), objective)
@@ -93,12 +94,11 @@ def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high
                     estimate of KL(π_old‖π_θ) (cleanrl's approx_kl); always per token, whatever level.
     A batch with no valid token gives 0 everywhere.
     """
-    eps_high = eps_low if eps_high is None else eps_high
-    mask, adv, log_ratio = _ratio_terms(logp, old_logp, advantages, mask, level)
+    mask, adv, log_ratio, (low, high) = _ratio_terms(logp, old_logp, advantages, mask, eps_low, eps_high, level)
     ratio = log_ratio.exp()
     n_valid = mask.sum().clamp(min=1).to(ratio.dtype)
-    clipped_low = mask & (adv < 0) & (ratio < 1 - eps_low)
-    clipped_high = mask & (adv > 0) & (ratio > 1 + eps_high)
+    clipped_low = mask & (adv < 0) & (ratio < low)
+    clipped_high = mask & (adv > 0) & (ratio > high)
     valid_ratio = torch.where(mask, ratio, _zero(ratio))
     old_v = torch.where(mask, old_logp, _zero(ratio))
     new_v = torch.where(mask, logp, _zero(ratio))

@@ -29,13 +29,13 @@ from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
 from minigrpo.tokenizer import CharTokenizer
-from toy_tasks import get_task
+from toy_tasks import get_task, task_defaults
 
 
 @dataclass
 class PretrainConfig:
     task: str = field(default="food", metadata={"help": "toy task whose corpus to learn (food, arithmetic)"})
-    out: str = field(default="runs/pretrain", metadata={"help": "output folder"})
+    out: str = field(default="runs/pretrain", metadata={"help": "output folder (default runs/pretrain; runs/pretrain-<task> for other tasks)"})
     steps: int = field(default=600, metadata={"help": "optimiser steps"})
     batch_size: int = field(default=128, metadata={"help": "lines per step"})
     lr: float = field(default=2e-2, metadata={"help": "peak learning rate (AdamW)"})
@@ -173,7 +173,8 @@ def train(cfg: PretrainConfig, log=print) -> dict:
 
 @main_guard
 def main(argv=None):
-    cfg, _ = parse_config(PretrainConfig, argv, description=__doc__.split("\n\n")[0])
+    cfg, _ = parse_config(PretrainConfig, argv, description=__doc__.split("\n\n")[0],
+                          defaults=task_defaults(argv, "PRETRAIN"))
     train(cfg)
 
 

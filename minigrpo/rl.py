@@ -34,14 +34,14 @@ from minigrpo.optim import AdamW
 from minigrpo.preserve import Anchor, anchor_loss, build_anchor
 from minigrpo.rewards import RewardError, make_reward
 from minigrpo.rollout import RolloutBatch, collect
-from toy_tasks import get_task
+from toy_tasks import get_task, task_defaults
 
 
 @dataclass
 class RLConfig:
     """Fields every RL command shares (GRPO and PPO add their own)."""
     task: str = field(default="food", metadata={"help": "toy task (food, arithmetic)"})
-    init: str = field(default="runs/pretrain/model.pt", metadata={"help": "pretrained checkpoint to start from (also the reference π_ref)"})
+    init: str = field(default="runs/pretrain/model.pt", metadata={"help": "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for other tasks)"})
     out: str | None = field(default=None, metadata={"help": "output folder (default runs/<algo>-<reward>)"})
     resume: str | None = field(default=None, metadata={"help": "continue the run in this folder from its last checkpoint"})
     reward: str = field(default="pizza", metadata={"help": "reward spec: a name, NAME=W,... or file.py:function (see rewards.py)"})
@@ -279,9 +279,12 @@ def _pizza_shares(baseline):
 
 def _progress(step, steps, row, ev) -> str:
     target = ev.get("target_rate", float("nan"))
-    line = (f"step {step:4d}/{steps} | reward {row['reward_mean']:.3f} (avg10 {row['reward_rolling']:.3f}) | "
-            f"exact target {target:.3f} | worst drift {ev.get('worst_drift', float('nan')):.3f} | "
-            f"loss {row.get('policy_loss', float('nan')):+.4f}")
+    line = f"step {step:4d}/{steps} | reward {row['reward_mean']:.3f} (avg10 {row['reward_rolling']:.3f}) | exact target {target:.3f}"
+    if any(k.startswith("drift_") for k in ev):  # tasks with off-target prompts (food: the other people)
+        line += f" | worst drift {ev['worst_drift']:.3f}"
+    if "heldout_rate" in ev:  # tasks with held-out prompts (arithmetic)
+        line += f" | held-out {ev['heldout_rate']:.3f}"
+    line += f" | loss {row.get('policy_loss', float('nan')):+.4f}"
     if "kl_exact" in row:
         line += f" | KL {row['kl_exact']:.4f}"
     if "clip_frac_low" in row:
@@ -302,13 +305,14 @@ def default_out(cfg: RLConfig, algo_name: str) -> str:
 
 
 def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict | None = None):
-    """Parse argv into `cls`. Defaults come from, in rising priority: the dataclass, the --preset,
-    the saved config of a --resume folder; explicit flags override all of them."""
+    """Parse argv into `cls`. Defaults come from, in rising priority: the dataclass, the task
+    (toy_tasks' RL_DEFAULTS), the --preset, the saved config of a --resume folder; explicit flags
+    override all of them."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--preset")
     pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
-    defaults = {}
+    defaults = task_defaults(argv, "RL")  # e.g. arithmetic: 64 prompts per step, 300 steps
     if known.preset is not None:
         if known.preset not in (presets or {}):
             raise UsageError(f"unknown --preset {known.preset!r} (available: {', '.join(sorted(presets or {}))})")

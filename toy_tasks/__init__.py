@@ -5,6 +5,8 @@
     entropy_floor()                       the best loss any model can reach, nats per predicted token
     pretrain_report(model, tok)           exact quality figures after pretraining, with `ok` for the bar
     format_report(report)                 the same as a printable table
+    PRETRAIN_DEFAULTS, RL_DEFAULTS        flags whose defaults differ for this task (explicit flags win)
+and, for RL, rl_prompts, anchor_prompts, REWARDS, REWARD_HELP, rl_baseline, rl_evaluate, format_rl_eval.
 """
 
 from __future__ import annotations
@@ -12,6 +14,26 @@ from __future__ import annotations
 import importlib
 
 TASKS = {"food": "toy_tasks.food", "arithmetic": "toy_tasks.arithmetic"}
+
+
+def default_pretrain_dir(task: str) -> str:
+    """runs/pretrain for the food task (the first commands of the README), runs/pretrain-<task> otherwise."""
+    return "runs/pretrain" if task == "food" else f"runs/pretrain-{task}"
+
+
+def task_defaults(argv, kind: str) -> dict:
+    """The defaults that the task named by --task in `argv` sets for a CLI of `kind` ('PRETRAIN' or
+    'RL'), plus the task's output or init path; {} for an unknown task (the CLI reports it)."""
+    import argparse
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--task", default="food")
+    name = pre.parse_known_args(argv)[0].task
+    try:
+        task = get_task(name)
+    except ValueError:
+        return {}
+    path = default_pretrain_dir(name)
+    return {**getattr(task, f"{kind}_DEFAULTS"), **({"out": path} if kind == "PRETRAIN" else {"init": f"{path}/model.pt"})}
 
 
 def get_task(name: str):

@@ -20,6 +20,8 @@ from minigrpo.logprobs import completion_logprobs
 
 NAME = "food"
 BLOCK_SIZE = 32  # BOS + longest line (23 characters) + EOS fits with room to spare
+PRETRAIN_DEFAULTS: dict = {}  # the pretrain CLI's own defaults are tuned for this task
+RL_DEFAULTS: dict = {}  # likewise grpo's and ppo's
 
 PEOPLE = ["ravin", "alice", "bob", "chen", "dmitri", "emma", "farah", "jo"]
 FOODS = ["pizza", "sushi", "ice cream", "tacos", "pasta", "salad", "curry", "ramen", "apple pie",
