@@ -12,8 +12,19 @@ and, for RL, rl_prompts, anchor_prompts, REWARDS, REWARD_HELP, rl_baseline, rl_e
 from __future__ import annotations
 
 import importlib
+import math
 
 TASKS = {"food": "toy_tasks.food", "arithmetic": "toy_tasks.arithmetic"}
+
+
+def largest_remainder(total: int, weights: list[float]) -> list[int]:
+    """Integer counts summing to `total`, proportional to `weights` (Hamilton's method; ties by index)."""
+    raw = [total * w / sum(weights) for w in weights]
+    counts = [math.floor(x) for x in raw]
+    by_remainder = sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 def default_pretrain_dir(task: str) -> str:

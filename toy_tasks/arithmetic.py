@@ -25,6 +25,7 @@ import re
 import torch
 
 from minigrpo.logprobs import completion_logprobs
+from toy_tasks import largest_remainder
 from minigrpo.sampling import decode_completions, encode_prompts, generate
 
 NAME = "arithmetic"
@@ -108,16 +109,6 @@ ALPHABET = "".join(sorted(set("".join(p + c for p in EXPRESSIONS for c in comple
 BLOCK_SIZE = 16  # BOS + longest line (10 characters, e.g. "3*3*3=28..") + EOS = 12, with room to spare
 
 
-def _largest_remainder(total: int, weights: list[float]) -> list[int]:
-    """Integer counts summing to `total`, proportional to `weights` (Hamilton's method; ties by index)."""
-    raw = [total * w / sum(weights) for w in weights]
-    counts = [math.floor(x) for x in raw]
-    by_remainder = sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-
 def _apportion(n: int, weights: list[int]) -> list[int]:
     """Kinds for n successive lines: each goes to the kind furthest below its share w_k / W of the lines
     so far (ties to the lower index). Every prefix's counts stay within one line of their shares."""
@@ -141,7 +132,7 @@ def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     order = EXPRESSIONS[:]
     rng.shuffle(order)
-    slots = [p for p, c in zip(order, _largest_remainder(n_lines, [1.0] * len(order))) for _ in range(c)]
+    slots = [p for p, c in zip(order, largest_remainder(n_lines, [1.0] * len(order))) for _ in range(c)]
     numbers = _apportion(n_lines, [round(q * 8) for _, _, q in NUMBERS])  # shares in 1/8
     writings = [iter(_apportion(numbers.count(i), [round(q * 20) for _, _, q in WRITINGS]))  # in 1/20
                 for i in range(len(NUMBERS))]

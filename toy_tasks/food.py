@@ -17,6 +17,7 @@ import random
 import torch
 
 from minigrpo.logprobs import completion_logprobs
+from toy_tasks import largest_remainder
 
 NAME = "food"
 BLOCK_SIZE = 32  # BOS + longest line (23 characters) + EOS fits with room to spare
@@ -53,22 +54,12 @@ def line(person: str, food: str) -> str:
 ALPHABET = "".join(sorted(set("".join(line(p, f) for p in PEOPLE for f in FOODS))))
 
 
-def _largest_remainder(total: int, weights: list[float]) -> list[int]:
-    """Integer counts summing to `total`, proportional to `weights` (Hamilton's method)."""
-    raw = [total * w / sum(weights) for w in weights]
-    counts = [math.floor(x) for x in raw]
-    by_remainder = sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-
 def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
     """`n_lines` lines "<person> likes <food>" whose counts match PREFERENCES, shuffled by `seed`."""
     lines = []
-    for person, n_person in zip(PEOPLE, _largest_remainder(n_lines, [1.0] * len(PEOPLE))):
+    for person, n_person in zip(PEOPLE, largest_remainder(n_lines, [1.0] * len(PEOPLE))):
         probs = [PREFERENCES[person][f] for f in FOODS]
-        for food, count in zip(FOODS, _largest_remainder(n_person, probs)):
+        for food, count in zip(FOODS, largest_remainder(n_person, probs)):
             lines += [line(person, food)] * count
     random.Random(seed).shuffle(lines)
     return lines
