@@ -138,7 +138,7 @@ def _task_init(out: Path, task: str) -> Path:
     return _ensure_pretrained(out, default_pretrain_dir(task).split("/")[-1], ["--task", task])
 
 
-RARE_TARGET = ["--reward", "food:apple pie", "--steps", "60", "--lr", "2e-3", "--group-size", "16", "--prompts-per-step", "2"]
+RARE_TARGET = ["--reward", "food:apple pie", "--steps", "80", "--lr", "1.5e-3", "--group-size", "16", "--prompts-per-step", "2"]
 
 
 def _grpo_row(label, args, out: Path, init: Path, cli: str = "minigrpo.grpo") -> list:

@@ -46,7 +46,7 @@ class PretrainConfig:
     n_head: int = field(default=4, metadata={"help": "attention heads"})
     n_embd: int = field(default=64, metadata={"help": "embedding width"})
     seed: int = field(default=0, metadata={"help": "random seed (corpus order, init, batches)"})
-    threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = auto: the idle cores (see bench)"})
+    threads: int = field(default=1, metadata={"help": "torch CPU threads (0 = auto: the idle cores; results then depend on the load, see bench)"})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
     eval_every: int = field(default=100, metadata={"help": "validation loss and a progress line every N steps"})
     ckpt_every: int = field(default=200, metadata={"help": "checkpoint every N steps (and at the end)"})
