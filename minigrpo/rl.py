@@ -58,7 +58,7 @@ class RLConfig:
     preserve: bool = field(default=True, metadata={"help": "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"})
     preserve_coef: float = field(default=20.0, metadata={"help": "weight of the preservation KL"})
     preserve_kl: str = field(default="forward", metadata={"help": "preservation KL direction: forward KL(π_ref‖π) or reverse KL(π‖π_ref)", "choices": ["forward", "reverse"]})
-    preserve_per_prompt: int = field(default=32, metadata={"help": "anchor sequences sampled once from π_ref per off-target prompt"})
+    preserve_per_prompt: int = field(default=64, metadata={"help": "anchor sequences sampled once from π_ref per off-target prompt"})
     preserve_batch: int = field(default=56, metadata={"help": "anchor sequences used per update"})
     ref_update_every: int = field(default=0, metadata={"help": "π_ref <- π_θ every N steps (0 = never: the reference stays the pretrained model)"})
     eval_every: int = field(default=5, metadata={"help": "exact evaluation every N steps (and at the end)"})

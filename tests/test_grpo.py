@@ -145,7 +145,7 @@ def test_resume_reproduces_the_uninterrupted_metrics(tmp_path, tiny_pretrained):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_runs_three_steps(tmp_path, tiny_pretrained, preset):
     init, _, _ = tiny_pretrained
-    cfg = cfg_for(tmp_path, init, **PRESETS[preset], preset=preset)
+    cfg = cfg_for(tmp_path, init, **{**PRESETS[preset], "steps": 3}, preset=preset)  # explicit steps win
     summary = train(cfg, log=lambda *a: None)
     assert summary["step"] == 3
     out = tmp_path / "run"
