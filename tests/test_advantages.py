@@ -1,151 +1,202 @@
-"""Properties of the advantage estimators (minigrpo/advantages.py). Each test name is the property."""
+"""Properties of minigrpo/advantages.py. Each test's name is the property it proves; a failure says which
+property broke and on what input. Float64 wherever a tolerance matters."""
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from minigrpo.advantages import explained_variance, gae, group_advantages, rloo_advantages, whiten
 
-SET = settings(deadline=None, max_examples=60)
-rewards_strategy = st.integers(1, 4).flatmap(lambda B: st.integers(2, 8).flatmap(
-    lambda G: st.lists(st.lists(st.floats(-10, 10, width=32), min_size=G, max_size=G), min_size=B, max_size=B)))
+SET = settings(deadline=None, max_examples=40, derandomize=True)
+SCALES = ["group", "batch", "none"]
 
 
 def R(rows):
     return torch.tensor(rows, dtype=torch.float64)
 
 
-@SET
-@given(rewards_strategy, st.sampled_from(["group", "batch", "none"]))
-def test_zero_mean_per_group(rows, scale):
-    a = group_advantages(R(rows), scale=scale)
-    assert a.mean(1).abs().max() < 1e-9, f"group means {a.mean(1).tolist()} for rewards {rows}"
+def call(fn, *args, shape, **kw):
+    """Call fn and check it returned a tensor of the expected shape (a deleted body returns None)."""
+    out = fn(*args, **kw)
+    assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor of shape {tuple(shape)}, got {out!r}"
+    assert out.shape == tuple(shape), f"{fn.__name__} returned shape {tuple(out.shape)}, expected {tuple(shape)}"
+    return out
+
+
+def adv(r, **kw):
+    return call(group_advantages, r, shape=r.shape, **kw)
+
+
+# rewards (B, G): any floats, or a coarse grid (exact under affine maps, like real 0/1 rewards)
+def reward_rows(value=st.floats(-10, 10), B=(1, 4), G=(2, 8)):
+    return st.integers(*B).flatmap(lambda b: st.integers(*G).flatmap(
+        lambda g: st.lists(st.lists(value, min_size=g, max_size=g), min_size=b, max_size=b)))
+
+
+grid = st.integers(-40, 40).map(lambda k: k / 4)
+
+
+def distinct(rows_strategy):
+    """Every row gets at least two different rewards: its last entry is moved away from its first."""
+    return st.tuples(rows_strategy, st.floats(0.25, 5)).map(
+        lambda c: [row[:-1] + [row[0] + c[1]] for row in c[0]])
 
 
 @SET
-@given(rewards_strategy)
-def test_unit_bessel_std_per_group_when_eps_is_zero(rows):
+@given(reward_rows(), st.sampled_from(SCALES), st.booleans())
+def test_zero_mean_per_group(rows, scale, unbiased):
+    a = adv(R(rows), scale=scale, unbiased=unbiased)
+    assert a.mean(1).abs().max() < 1e-9, f"zero mean per group broken: rewards {rows} ({scale}) gave A {a.tolist()}"
+
+
+@SET
+@given(distinct(reward_rows()))
+def test_unit_std_per_group_when_eps_is_zero_and_rewards_differ(rows):
     r = R(rows)
-    a = group_advantages(r, eps=0.0)
-    for i, row in enumerate(r):
-        if row.unique().numel() > 1 and row.std() > 1e-6:
-            assert abs(a[i].std().item() - 1) < 1e-6, f"std {a[i].std().item()} for rewards {row.tolist()}"
+    bessel = adv(r, eps=0.0).std(1, unbiased=True)
+    population = adv(r, eps=0.0, unbiased=False).std(1, unbiased=False)
+    assert torch.allclose(bessel, torch.ones_like(bessel), atol=1e-9), \
+        f"Bessel std of A per group should be 1 (std with ÷(G−1)), got {bessel.tolist()} for rewards {rows}"
+    assert torch.allclose(population, torch.ones_like(population), atol=1e-9), \
+        f"unbiased=False: population std of A per group should be 1 (÷G), got {population.tolist()} for {rows}"
 
 
 @SET
-@given(rewards_strategy, st.floats(0.1, 10), st.floats(-5, 5), st.sampled_from(["group", "batch"]))
-def test_invariant_under_positive_affine_maps_and_sign_flipped_by_negative(rows, a, b, scale):
+@given(reward_rows(grid), st.floats(0.1, 10), st.floats(-5, 5), st.sampled_from(["group", "batch"]))
+def test_invariant_under_positive_affine_maps_and_sign_flipped_by_negative_ones(rows, a, b, scale):
     r = R(rows)
-    base = group_advantages(r, scale=scale, eps=0.0)
-    assert torch.allclose(group_advantages(a * r + b, scale=scale, eps=0.0), base, atol=1e-6), "a>0 changed A"
-    assert torch.allclose(group_advantages(-a * r + b, scale=scale, eps=0.0), -base, atol=1e-6), "a<0 must flip A"
+    base = adv(r, scale=scale, eps=0.0)
+    pos, neg = adv(a * r + b, scale=scale, eps=0.0), adv(-a * r + b, scale=scale, eps=0.0)
+    assert torch.allclose(pos, base, atol=1e-9), f"r -> {a}·r + {b} changed A: {base.tolist()} -> {pos.tolist()}"
+    assert torch.allclose(neg, -base, atol=1e-9), f"r -> −{a}·r + {b} must flip A: {base.tolist()} -> {neg.tolist()}"
 
 
 @SET
-@given(rewards_strategy, st.floats(0.1, 10))
-def test_scale_none_scales_with_the_rewards(rows, a):
+@given(reward_rows(), st.floats(-10, 10))
+def test_scale_none_is_the_centred_reward_and_scales_with_a(rows, a):
     r = R(rows)
-    assert torch.allclose(group_advantages(a * r, scale="none"), a * group_advantages(r, scale="none"), atol=1e-9)
+    none = adv(r, scale="none")
+    assert torch.allclose(none, r - r.mean(1, keepdim=True), atol=1e-9), f"scale='none' must be r − group mean: {rows}"
+    assert torch.allclose(adv(a * r, scale="none"), a * none, atol=1e-8), f"scale='none' must scale by a={a}: {rows}"
 
 
 @SET
-@given(rewards_strategy, st.randoms())
-def test_permutation_equivariant_within_a_group(rows, rnd):
+@given(reward_rows(), st.sampled_from(SCALES), st.randoms(use_true_random=False))
+def test_permutation_equivariant_within_a_group(rows, scale, rnd):
     r = R(rows)
     perm = list(range(r.size(1)))
     rnd.shuffle(perm)
-    assert torch.allclose(group_advantages(r[:, perm]), group_advantages(r)[:, perm], atol=1e-12)
+    got, want = adv(r[:, perm], scale=scale), adv(r, scale=scale)[:, perm]
+    assert torch.allclose(got, want, atol=1e-9), f"shuffling a group must shuffle its A the same way: {rows}, {perm}"
 
 
 @SET
-@given(rewards_strategy, st.floats(-10, 10))
-def test_groups_are_independent_in_group_mode(rows, new_value):
+@given(reward_rows(B=(2, 4)), st.floats(-10, 10), st.floats(0.1, 5))
+def test_groups_are_independent_in_group_mode(rows, shift, stretch):
     r = R(rows)
-    if r.size(0) < 2:
-        return
-    changed = r.clone()
-    changed[1:] = new_value + changed[1:] * 0.5
-    assert torch.equal(group_advantages(changed)[0], group_advantages(r)[0]), "group 0 saw another group"
+    other = r.clone()
+    other[1:] = shift + stretch * other[1:]  # change every group but the first
+    assert torch.allclose(adv(other)[0], adv(r)[0], rtol=0, atol=1e-12), \
+        f"group 0's advantages changed when only other groups did: {rows}"
 
 
 @SET
-@given(rewards_strategy)
-def test_monotone_in_reward(rows):
+@given(distinct(reward_rows(B=(2, 4))), st.booleans())
+def test_batch_scale_keeps_the_group_mean_but_divides_by_one_std_over_the_whole_batch(rows, unbiased):
     r = R(rows)
-    a = group_advantages(r)
-    for i in range(r.size(0)):
-        order = torch.argsort(r[i])
-        assert (a[i][order].diff() >= -1e-12).all(), f"higher reward got lower advantage: {r[i].tolist()}"
+    want = (r - r.mean(1, keepdim=True)) / (r.flatten().std(unbiased=unbiased) + 1e-4)
+    got = adv(r, scale="batch", unbiased=unbiased)
+    assert torch.allclose(got, want, atol=1e-9), f"scale='batch': (r − group mean) / (std of all B·G rewards + eps) " \
+                                                 f"expected {want.tolist()}, got {got.tolist()} for {rows}"
 
 
 @SET
-@given(st.integers(1, 8), st.sampled_from([0.0, 1.0, -3.5, 1e6]), st.sampled_from(["group", "batch", "none"]))
-def test_equal_rewards_give_exactly_zero(G, value, scale):
-    a = group_advantages(torch.full((3, G), value), scale=scale)
-    assert (a == 0).all(), f"equal rewards {value} gave {a.tolist()}"
-
-
-def test_near_equal_rewards_stay_finite_and_bounded():
-    r = torch.tensor([[1.0, 1.0 + 1e-9, 1.0, 1.0]], dtype=torch.float64)
-    a = group_advantages(r)
-    assert torch.isfinite(a).all() and a.abs().max() <= 3 / 2, a.tolist()
-
-
-@SET
-@given(rewards_strategy, st.floats(0, 1e-2))
-def test_bounded_by_g_minus_one_over_sqrt_g(rows, eps):
+@given(reward_rows(), st.sampled_from(SCALES))
+def test_monotone_in_reward(rows, scale):
     r = R(rows)
-    G = r.size(1)
-    assert group_advantages(r, eps=eps).abs().max() <= (G - 1) / math.sqrt(G) + 1e-9
+    a = adv(r, scale=scale)
+    higher = r[:, :, None] > r[:, None, :]  # (B, G, G): r_i > r_j
+    lower_adv = a[:, :, None] < a[:, None, :]
+    assert not (higher & lower_adv).any(), f"a higher reward got a lower advantage: rewards {rows}, A {a.tolist()}"
 
 
-def test_group_of_one_gives_zero():
-    assert (group_advantages(torch.tensor([[3.0], [5.0]])) == 0).all()
-    assert (rloo_advantages(torch.tensor([[3.0], [5.0]])) == 0).all()
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("value", [0.0, 1.0, -3.5, 0.1, 1e6])
+def test_equal_rewards_give_exactly_zero(scale, dtype, value):
+    for eps in (1e-4, 0.0):
+        a = adv(torch.full((3, 5), value, dtype=dtype), scale=scale, eps=eps)
+        assert (a == 0).all(), f"all-equal rewards {value} ({dtype}, {scale}, eps={eps}) must give exactly 0, got {a}"
+    mixed = torch.tensor([[0.1] * 3, [0.0, 1.0, 1.0]], dtype=dtype)  # an equal group inside a mixed batch
+    assert (adv(mixed, scale=scale)[0] == 0).all(), f"an all-equal group must give exactly 0 in {scale} mode"
+
+
+@pytest.mark.parametrize("base, step", [(1.0, 1e-9), (1e6, 1e-9), (0.0, 1e-200), (1e200, 1e186)])
+def test_near_equal_rewards_stay_finite_and_bounded(base, step):
+    r = R([[base, base + step, base, base + 2 * step]])
+    for eps in (1e-4, 0.0):
+        a = adv(r, eps=eps)
+        assert torch.isfinite(a).all() and a.abs().max() <= 3 / 2 + 1e-9, \
+            f"rewards {base} + multiples of {step} (eps={eps}) gave {a.tolist()}: must be finite and |A| ≤ (G−1)/√G " \
+            "(hint: scale the deviations before squaring them)"
 
 
 @SET
-@given(rewards_strategy)
-def test_rloo_is_g_over_g_minus_one_times_centered_reward(rows):
+@given(reward_rows(), st.sampled_from([0.0, 1e-6, 1e-4, 1e-2, 1.0]))
+def test_abs_advantage_at_most_g_minus_one_over_sqrt_g(rows, eps):
+    G = len(rows[0])
+    a = adv(R(rows), eps=eps)
+    bound = (G - 1) / math.sqrt(G)
+    assert a.abs().max() <= bound * (1 + 1e-9), f"|A| = {a.abs().max():.6f} > (G−1)/√G = {bound:.6f} for {rows}"
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_group_of_one_gives_zero(scale):
+    r = R([[3.0], [5.0], [-1.0]])
+    assert (adv(r, scale=scale) == 0).all(), f"G = 1 must give 0 ({scale})"
+    assert (call(rloo_advantages, r, shape=r.shape) == 0).all(), "rloo with G = 1 must give 0"
+
+
+@SET
+@given(reward_rows())
+def test_rloo_is_reward_minus_leave_one_out_mean_which_is_g_over_g_minus_one_times_centred(rows):
     r = R(rows)
-    G = r.size(1)
-    expected = G / (G - 1) * (r - r.mean(1, keepdim=True))
-    assert torch.allclose(rloo_advantages(r), expected, atol=1e-9)
+    B, G = r.shape
+    got = call(rloo_advantages, r, shape=r.shape)
+    loo = torch.stack([torch.cat([r[:, :i], r[:, i + 1:]], 1).mean(1) for i in range(G)], 1)  # mean of the others
+    assert torch.allclose(got, r - loo, atol=1e-9), f"RLOO must be r_i − mean_(j≠i) r_j: {rows} -> {got.tolist()}"
+    assert torch.allclose(got, G / (G - 1) * (r - r.mean(1, keepdim=True)), atol=1e-9)
 
 
-def test_worked_example_bessel_and_population():
-    r = torch.tensor([[1.0, 1, 1, 1, 0, 0, 0, 0]])
-    bessel = group_advantages(r, eps=0.0)
-    pop = group_advantages(r, unbiased=False, eps=0.0)
-    assert torch.allclose(bessel, torch.tensor([[0.9354] * 4 + [-0.9354] * 4]), atol=1e-4), bessel
-    assert torch.allclose(pop, torch.tensor([[1.0] * 4 + [-1.0] * 4]), atol=1e-6), pop
+def test_worked_example_gives_0935_with_bessel_and_1_with_population_std():
+    r = R([[1, 1, 1, 1, 0, 0, 0, 0]])
+    sign = torch.tensor([[1.0] * 4 + [-1.0] * 4], dtype=torch.float64)
+    bessel, pop = adv(r, eps=0.0), adv(r, eps=0.0, unbiased=False)
+    assert torch.allclose(bessel, 0.9354 * sign, atol=1e-4), f"Bessel std 0.5345 should give ±0.935, got {bessel}"
+    assert torch.allclose(pop, sign, atol=1e-12), f"population std 0.5 should give ±1.0, got {pop}"
+    assert torch.allclose(adv(r), 0.5 / (0.53452 + 1e-4) * sign, atol=1e-4), "default eps = 1e-4 is added to the std"
 
 
-def test_unknown_scale_names_the_choices():
-    try:
+def test_unknown_scale_raises_value_error_listing_the_choices():
+    with pytest.raises(ValueError, match="group.*batch.*none"):
         group_advantages(torch.zeros(1, 2), scale="std")
-    except ValueError as e:
-        assert "group" in str(e) and "none" in str(e)
-    else:
-        raise AssertionError("expected ValueError")
 
 
-# ---- GAE -------------------------------------------------------------------------------------
+# ---- GAE ---------------------------------------------------------------------------------------
 
 def naive_gae(rewards, values, lengths, gamma, lam):
+    """A_t = Σ_k (γλ)^(k−t) δ_k, δ_k = r_k + γ V_(k+1) − V_k, with V = 0 after the last valid token."""
     B, T = rewards.shape
-    adv = torch.zeros(B, T, dtype=torch.float64)
+    out = torch.zeros(B, T, dtype=torch.float64)
     for b in range(B):
         n = lengths[b]
         for t in range(n):
-            total = 0.0
-            for k in range(t, n):  # A_t = Σ_k (γλ)^(k−t) δ_k
-                v_next = values[b, k + 1].item() if k + 1 < n else 0.0
-                delta = rewards[b, k].item() + gamma * v_next - values[b, k].item()
-                total += (gamma * lam) ** (k - t) * delta
-            adv[b, t] = total
-    return adv
+            for k in range(t, n):
+                v_next = values[b, k + 1] if k + 1 < n else 0.0
+                out[b, t] += (gamma * lam) ** (k - t) * (rewards[b, k] + gamma * v_next - values[b, k])
+    return out
 
 
 gae_case = st.integers(1, 3).flatmap(lambda B: st.integers(1, 6).flatmap(lambda T: st.tuples(
@@ -154,87 +205,124 @@ gae_case = st.integers(1, 3).flatmap(lambda B: st.integers(1, 6).flatmap(lambda 
     st.lists(st.integers(0, T), min_size=B, max_size=B))))
 
 
-def _mask(lengths, T):
+def right_padded(lengths, T):
     return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def run_gae(r, v, mask, gamma, lam):
+    out = gae(r, v, mask, gamma, lam)
+    assert isinstance(out, tuple) and len(out) == 2, f"gae must return (advantages, returns), got {out!r}"
+    assert out[0].shape == r.shape and out[1].shape == r.shape, "advantages and returns must be (B, T)"
+    return out
+
+
+def garbage_in_padding(x, mask):
+    return torch.where(mask, x, torch.tensor([float("nan"), 1e4, -1e4], dtype=x.dtype).repeat(x.numel())[: x.numel()]
+                       .view_as(x))
 
 
 @SET
 @given(gae_case, st.floats(0, 1), st.floats(0, 1))
-def test_gae_equals_a_naive_double_loop(case, gamma, lam):
+def test_gae_equals_a_naive_double_loop_and_returns_are_advantages_plus_values(case, gamma, lam):
     rw, vals, lengths = case
     r, v = R(rw), R(vals)
-    adv, ret = gae(r, v, _mask(lengths, r.size(1)), gamma, lam)
-    assert torch.allclose(adv, naive_gae(r, v, lengths, gamma, lam), atol=1e-9)
-    mask = _mask(lengths, r.size(1))
-    assert torch.allclose(ret, torch.where(mask, adv + v, 0.0)), "returns must be advantages + values"
+    mask = right_padded(lengths, r.size(1))
+    a, ret = run_gae(garbage_in_padding(r, mask), garbage_in_padding(v, mask), mask, gamma, lam)
+    want = naive_gae(r, v, lengths, gamma, lam)
+    assert torch.allclose(a, want, atol=1e-9), f"GAE (γ={gamma}, λ={lam}) {a.tolist()} != naive {want.tolist()}"
+    assert torch.allclose(ret, torch.where(mask, a + v, 0.0), atol=1e-12), "returns must be advantages + values"
+    assert (a[~mask] == 0).all() and (ret[~mask] == 0).all(), "advantages and returns must be 0 at masked positions"
 
 
 @SET
 @given(gae_case)
-def test_gae_lambda_one_gamma_one_is_reward_to_go_minus_value(case):
+def test_gae_with_lambda_and_gamma_one_is_reward_to_go_minus_value(case):
     rw, vals, lengths = case
     r, v = R(rw), R(vals)
-    mask = _mask(lengths, r.size(1))
-    adv, _ = gae(r, v, mask, 1.0, 1.0)
-    to_go = torch.where(mask, r, 0.0).flip(1).cumsum(1).flip(1)
-    assert torch.allclose(adv, torch.where(mask, to_go - v, 0.0), atol=1e-9)
+    mask = right_padded(lengths, r.size(1))
+    a, _ = run_gae(r, v, mask, 1.0, 1.0)
+    to_go = torch.where(mask, r, 0.0).flip(1).cumsum(1).flip(1)  # Σ_(k≥t) r_k
+    assert torch.allclose(a, torch.where(mask, to_go - v, 0.0), atol=1e-9), f"λ=γ=1 must give Σ_(k≥t) r_k − V_t: {case}"
 
 
 @SET
 @given(gae_case, st.floats(0, 1))
-def test_gae_lambda_zero_is_the_td_error(case, gamma):
+def test_gae_with_lambda_zero_is_the_td_error(case, gamma):
     rw, vals, lengths = case
     r, v = R(rw), R(vals)
-    mask = _mask(lengths, r.size(1))
-    adv, _ = gae(r, v, mask, gamma, 0.0)
-    v_next = torch.where(mask, v, 0.0).roll(-1, 1)
-    v_next[:, -1] = 0
-    v_next = torch.where(_mask([n - 1 for n in lengths], r.size(1)), v_next, 0.0)  # no bootstrap past the end
-    assert torch.allclose(adv, torch.where(mask, r + gamma * v_next - v, 0.0), atol=1e-9)
+    T = r.size(1)
+    mask = right_padded(lengths, T)
+    a, _ = run_gae(r, v, mask, gamma, 0.0)
+    v_next = torch.cat([v[:, 1:], torch.zeros(r.size(0), 1, dtype=v.dtype)], 1)
+    v_next = torch.where(right_padded([n - 1 for n in lengths], T), v_next, 0.0)  # no bootstrap past the end
+    assert torch.allclose(a, torch.where(mask, r + gamma * v_next - v, 0.0), atol=1e-9), \
+        f"λ=0 must give δ_t = r_t + γV_(t+1) − V_t (V = 0 after the last valid token): {case}"
 
 
 @SET
 @given(gae_case, st.floats(-3, 3), st.floats(0, 1), st.floats(0, 1))
 def test_gae_is_linear_in_rewards(case, c, gamma, lam):
-    rw, vals, lengths = case
-    r, v = R(rw), R(vals)
-    mask = _mask(lengths, r.size(1))
-    a1, _ = gae(r, torch.zeros_like(v), mask, gamma, lam)
-    a2, _ = gae(c * r, torch.zeros_like(v), mask, gamma, lam)
-    assert torch.allclose(a2, c * a1, atol=1e-9)
+    rw, other, lengths = case
+    r, r2 = R(rw), R(other)  # two reward tensors of the same shape
+    mask = right_padded(lengths, r.size(1))
+    zero_v = torch.zeros_like(r)
+    combined, _ = run_gae(c * r + r2, zero_v, mask, gamma, lam)
+    separate = c * run_gae(r, zero_v, mask, gamma, lam)[0] + run_gae(r2, zero_v, mask, gamma, lam)[0]
+    assert torch.allclose(combined, separate, atol=1e-9), f"A(c·r + r') must equal c·A(r) + A(r') (V = 0): {case}"
 
 
 @SET
-@given(gae_case, st.floats(0, 1), st.floats(0, 1))
-def test_gae_appended_masked_steps_change_nothing(case, gamma, lam):
+@given(gae_case, st.integers(1, 3), st.floats(0, 1), st.floats(0, 1))
+def test_gae_appended_masked_steps_change_nothing(case, extra, gamma, lam):
     rw, vals, lengths = case
     r, v = R(rw), R(vals)
-    mask = _mask(lengths, r.size(1))
-    adv, ret = gae(r, v, mask, gamma, lam)
-    pad = torch.full((r.size(0), 3), float("nan"), dtype=torch.float64)
-    adv2, ret2 = gae(torch.cat([r, pad], 1), torch.cat([v, pad], 1), torch.cat([mask, torch.zeros(r.size(0), 3, dtype=torch.bool)], 1), gamma, lam)
-    assert torch.equal(adv2[:, : r.size(1)], adv) and (adv2[:, r.size(1):] == 0).all() and torch.isfinite(ret2).all()
+    B, T = r.shape
+    mask = right_padded(lengths, T)
+    a, ret = run_gae(r, v, mask, gamma, lam)
+    pad = torch.full((B, extra), float("nan"), dtype=torch.float64)
+    wide_mask = torch.cat([mask, torch.zeros(B, extra, dtype=torch.bool)], 1)
+    a2, ret2 = run_gae(torch.cat([r, pad], 1), torch.cat([v, -pad], 1), wide_mask, gamma, lam)
+    assert torch.equal(a2[:, :T], a) and torch.equal(ret2[:, :T], ret), "appending masked steps changed the result"
+    assert (a2[:, T:] == 0).all() and (ret2[:, T:] == 0).all(), "appended masked steps must be 0 (NaN leaked?)"
 
 
-# ---- whiten, explained variance ----------------------------------------------------------------
+# ---- whiten, explained variance ------------------------------------------------------------------
 
 @SET
-@given(gae_case)
-def test_whiten_gives_masked_mean_zero_and_variance_one_and_ignores_garbage(case):
-    rw, _, lengths = case
-    x = R(rw)
-    mask = _mask(lengths, x.size(1))
-    w = whiten(torch.where(mask, x, float("nan")), mask)
-    assert torch.isfinite(w).all() and (w[~mask] == 0).all()
-    if mask.sum() > 1 and x[mask].var(unbiased=False) > 1e-6:
-        assert abs(w[mask].mean().item()) < 1e-6 and abs(w[mask].var(unbiased=False).item() - 1) < 1e-4
+@given(distinct(reward_rows(B=(1, 3), G=(2, 6))), st.data())
+def test_whiten_gives_masked_mean_zero_and_variance_one_and_ignores_masked_garbage(rows, data):
+    x = R(rows)
+    # keep columns 0 and −1 (which differ) valid in row 0, the rest at random
+    mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=x.size(1), max_size=x.size(1)),
+                                           min_size=x.size(0), max_size=x.size(0))))
+    mask[0, 0] = mask[0, -1] = True
+    w = call(whiten, garbage_in_padding(x, mask), mask, shape=x.shape)
+    assert (w[~mask] == 0).all(), f"masked positions must be 0 (garbage leaked): {w.tolist()}"
+    assert abs(w[mask].mean()) < 1e-9 and abs(w[mask].var(unbiased=False) - 1) < 1e-9, \
+        f"whitened valid entries must have mean 0, variance 1: {w[mask].tolist()} from {x[mask].tolist()}"
+    scaled = call(whiten, x, mask, shape=x.shape, shift_mean=False)
+    assert torch.allclose(scaled[mask], x[mask] / x[mask].std(unbiased=False), atol=1e-9), \
+        "shift_mean=False must return x / σ (scale normalised, mean not removed)"
 
 
-def test_explained_variance_hand_examples():
-    ret = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
-    mask = torch.ones_like(ret, dtype=torch.bool)
-    assert explained_variance(ret, ret, mask).item() == 1.0
-    assert abs(explained_variance(torch.full_like(ret, 2.5), ret, mask).item()) < 1e-7
-    # residuals [0.5, -0.5, 0.5, -0.5]: Var 0.25 against Var[R] 1.25 -> 1 - 0.2 = 0.8
-    assert abs(explained_variance(ret + torch.tensor([[-0.5, 0.5, -0.5, 0.5]]), ret, mask).item() - 0.8) < 1e-6
-    assert explained_variance(ret, torch.ones_like(ret), mask).item() == 0.0  # nothing to explain
+def test_whiten_stays_finite_for_one_valid_entry_or_zero_variance():
+    x = R([[2.0, float("nan"), 1e4]])
+    one = torch.tensor([[True, False, False]])
+    for shift in (True, False):
+        w = whiten(x, one, shift_mean=shift)
+        assert torch.isfinite(w).all(), f"one valid entry gave {w} (shift_mean={shift})"
+    same = R([[3.0, 3.0, 3.0]])
+    w = whiten(same, torch.ones_like(same, dtype=torch.bool))
+    assert torch.equal(w, torch.zeros_like(same)), f"zero variance with shift_mean must give 0, got {w}"
+
+
+def test_explained_variance_perfect_constant_and_hand_examples():
+    ret = R([[1.0, 2.0, 3.0, 4.0, 99.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    ev = lambda v, r: call(explained_variance, v, r, mask, shape=())  # noqa: E731
+    assert ev(ret, ret) == 1.0, "perfect values must explain everything (EV = 1)"
+    assert abs(ev(torch.full_like(ret, 2.5), ret)) < 1e-12, "a constant equal to the mean of the returns gives EV = 0"
+    # residuals ±0.5 have variance 0.25, the returns 1.25 -> 1 − 0.25/1.25 = 0.8 (padding ignored)
+    v = ret + R([[-0.5, 0.5, -0.5, 0.5, float("nan")]])
+    assert abs(ev(v, ret) - 0.8) < 1e-12, f"hand example: expected 0.8, got {ev(v, ret)}"
+    assert ev(ret, torch.ones_like(ret)) == 0.0, "Var[returns] = 0 is defined as EV = 0 (no NaN)"

@@ -1,115 +1,184 @@
-"""Properties of the KL estimators (minigrpo/kl.py), by exact enumeration and one Monte-Carlo table."""
+"""Properties of minigrpo/kl.py: signs and symmetries, unbiasedness and the gradient facts by exact
+enumeration over small categoricals, and Schulman's Gaussian table by Monte Carlo. Float64 throughout."""
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from minigrpo.kl import ESTIMATORS, exact, k1, k2, k3
 
-SET = settings(deadline=None, max_examples=60)
-logps = st.lists(st.floats(-20, 0), min_size=1, max_size=8)
+SET = settings(deadline=None, max_examples=40, derandomize=True)
+logps = st.lists(st.floats(-30, 0), min_size=1, max_size=8)
 
 
 def T(x):
     return torch.tensor(x, dtype=torch.float64)
 
 
+def call(fn, *args):
+    out = fn(*args)
+    assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor, got {out!r}"
+    return out
+
+
+def pair(a, b):
+    n = min(len(a), len(b))
+    return T(a[:n]), T(b[:n])
+
+
+def test_estimators_table_maps_names_to_functions():
+    assert ESTIMATORS == {"k1": k1, "k2": k2, "k3": k3}, f"ESTIMATORS must map 'k1', 'k2', 'k3' to them: {ESTIMATORS}"
+
+
+def test_hand_values_fix_the_sign_convention():
+    # π_θ(x) = 1/2, π_ref(x) = 1/4: Δ = log π_ref − log π_θ = −log 2
+    lp, ref = T([0.5]).log(), T([0.25]).log()
+    log2 = torch.tensor(2.0, dtype=torch.float64).log()
+    assert torch.allclose(call(k1, lp, ref), log2), "k1 = log π_θ − log π_ref (here +log 2)"
+    assert torch.allclose(call(k2, lp, ref), 0.5 * log2 ** 2), "k2 = ½(log π_θ − log π_ref)²"
+    assert torch.allclose(call(k3, lp, ref), 0.5 + log2 - 1), "k3 = e^Δ − Δ − 1 with Δ = log π_ref − log π_θ"
+
+
 @SET
 @given(logps, logps)
 def test_k2_and_k3_are_non_negative(a, b):
-    n = min(len(a), len(b))
-    lp, ref = T(a[:n]), T(b[:n])
-    assert (k2(lp, ref) >= 0).all() and (k3(lp, ref) >= -1e-12).all(), (a, b)
+    lp, ref = pair(a, b)
+    assert (call(k2, lp, ref) >= 0).all(), f"k2 < 0 for logp {lp.tolist()}, ref {ref.tolist()}"
+    assert (call(k3, lp, ref) >= -1e-12).all(), f"k3 < 0 for logp {lp.tolist()}, ref {ref.tolist()}"
 
 
 @SET
-@given(logps)
-def test_k3_is_zero_iff_logp_equals_ref_logp(a):
+@given(logps, st.floats(1e-6, 19).flatmap(lambda d: st.sampled_from([d, -d])))
+def test_k3_is_zero_iff_logp_equals_ref_logp(a, delta):
     lp = T(a)
-    assert (k3(lp, lp) == 0).all()
-    assert (k3(lp, lp - 0.5) > 0).all() and (k3(lp, lp + 0.5) > 0).all()
+    assert (call(k3, lp, lp) == 0).all(), f"k3(x, x) must be exactly 0 for {a}"
+    got = k3(lp, lp + delta)
+    assert (got > 0).all(), f"k3 must be > 0 when the log-ratio is {delta}, got {got.tolist()}"
 
 
 @SET
 @given(logps, logps)
 def test_k1_is_antisymmetric_and_k2_symmetric_in_the_log_ratio(a, b):
-    n = min(len(a), len(b))
-    lp, ref = T(a[:n]), T(b[:n])
-    assert torch.equal(k1(lp, ref), -k1(ref, lp))
-    assert torch.equal(k2(lp, ref), k2(ref, lp))
+    lp, ref = pair(a, b)
+    assert torch.equal(call(k1, lp, ref), -k1(ref, lp)), "k1(p, q) must equal −k1(q, p)"
+    assert torch.equal(call(k2, lp, ref), k2(ref, lp)), "k2(p, q) must equal k2(q, p)"
 
 
-def random_pair(seed, V=6):
+@SET
+@given(st.floats(1e-3, 1e-2), st.sampled_from([1.0, -1.0]), st.floats(-10, -0.1))
+def test_k3_is_accurate_for_small_log_ratios_in_float32(size, sign, base):
+    lp = torch.tensor([base], dtype=torch.float32)
+    ref = lp + sign * size
+    want = k3(lp.double(), ref.double())  # the same float32 inputs, evaluated in float64
+    got = k3(lp, ref)
+    assert torch.allclose(got.double(), want, rtol=1e-3, atol=0), \
+        f"float32 k3 at Δ={(ref - lp).item():.2e}: {got.item():.4e} vs {want.item():.4e} (e^Δ − 1 cancels: use expm1)"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_k3_value_and_gradient_stay_finite_for_extreme_log_ratios(dtype):
+    lp = torch.tensor([0.0, -1e4, 0.0, -200.0], dtype=dtype, requires_grad=True)
+    ref = torch.tensor([-1e4, 0.0, -200.0, 0.0], dtype=dtype)
+    value = call(k3, lp, ref)
+    value.sum().backward()
+    assert torch.isfinite(value).all() and torch.isfinite(lp.grad).all(), \
+        f"k3 at log-ratios ±1e4 gave {value.tolist()}, grad {lp.grad.tolist()} (clamp Δ to ±20 before exp)"
+
+
+# ---- exact enumeration over small categoricals ---------------------------------------------------
+
+def random_categoricals(seed, V, scale, n=8):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(V, generator=g, dtype=torch.float64) * 2, torch.randn(V, generator=g, dtype=torch.float64) * 2
+    theta = torch.randn(n, V, generator=g, dtype=torch.float64) * scale
+    ref = torch.randn(n, V, generator=g, dtype=torch.float64) * scale
+    return theta, ref
 
 
-def kl(p_logits, q_logits):
-    lp, lq = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
-    return (lp.exp() * (lp - lq)).sum()
+def true_kl(p_logits, q_logits):
+    """KL(softmax(p) ‖ softmax(q)) per row, written out independently of kl.exact."""
+    p, q = p_logits.softmax(-1), q_logits.softmax(-1)
+    return (p * (p.log() - q.log())).sum(-1)
 
 
-@settings(deadline=None, max_examples=30)
-@given(st.integers(0, 10_000))
-def test_k1_and_k3_are_unbiased_and_exact_is_the_true_kl(seed):
-    theta, ref = random_pair(seed)
+categoricals = st.tuples(st.integers(0, 10**6), st.integers(2, 8), st.floats(0.1, 2.0))
+
+
+@settings(deadline=None, max_examples=25, derandomize=True)
+@given(categoricals)
+def test_k1_and_k3_are_unbiased_and_exact_is_the_true_kl(case):
+    theta, ref = random_categoricals(*case)
     lp, lref = theta.log_softmax(-1), ref.log_softmax(-1)
-    p = lp.exp()
-    true = kl(theta, ref)
-    assert abs((p * k1(lp, lref)).sum() - true) < 1e-10, "E_π[k1] must equal KL(π‖π_ref)"
-    assert abs((p * k3(lp, lref)).sum() - true) < 1e-10, "E_π[k3] must equal KL(π‖π_ref)"
-    assert abs(exact(theta, ref) - true) < 1e-10
-    assert (p * k2(lp, lref)).sum() >= 0
+    pi = lp.exp()
+    want = true_kl(theta, ref)
+    for name in ("k1", "k3"):
+        mean = (pi * ESTIMATORS[name](lp, lref)).sum(-1)  # E_(x~π)[k(x)], enumerated
+        assert torch.allclose(mean, want, atol=1e-10), f"E_π[{name}] = {mean.tolist()} must equal KL(π‖π_ref) = {want.tolist()}"
+    got = call(exact, theta, ref)
+    assert got.shape == want.shape, f"exact: (n, V) logits must give (n,), got {tuple(got.shape)}"
+    assert torch.allclose(got, want, atol=1e-10), f"exact must be KL(softmax(logits)‖softmax(ref)): {got} vs {want}"
 
 
-def expected_grad(kind, theta, ref):
-    """Σ_x π(x) ∇_θ k(x) with the sample x held fixed: the gradient a loss term gives on-policy."""
+def expected_grad(name, theta, ref):
+    """Σ_x π(x)·∇_θ k(x) with the sample x held fixed (π(x) detached): the gradient a loss term gives
+    on-policy — the score-function term of the sampling is NOT included, as in a trainer."""
     theta = theta.clone().requires_grad_(True)
-    lp = theta.log_softmax(-1)
-    lref = ref.log_softmax(-1)
-    weights = lp.exp().detach()
-    (weights * ESTIMATORS[kind](lp, lref)).sum().backward()
+    lp, lref = theta.log_softmax(-1), ref.log_softmax(-1)
+    (lp.exp().detach() * ESTIMATORS[name](lp, lref)).sum().backward()
     return theta.grad
 
 
 def grad_of(fn, theta):
     theta = theta.clone().requires_grad_(True)
-    fn(theta).backward()
+    fn(theta).sum().backward()
     return theta.grad
 
 
-@settings(deadline=None, max_examples=30)
-@given(st.integers(0, 10_000))
-def test_gradient_facts_by_enumeration(seed):
-    theta, ref = random_pair(seed)
-    assert expected_grad("k1", theta, ref).abs().max() < 1e-10, "E[∇k1] must be 0"
-    reverse = grad_of(lambda t: kl(t, ref), theta)  # ∇ KL(π‖π_ref)
-    forward = grad_of(lambda t: kl(ref, t), theta)  # ∇ KL(π_ref‖π)
-    assert torch.allclose(expected_grad("k2", theta, ref), reverse, atol=1e-10), "E[∇k2] must be ∇KL(π‖π_ref)"
-    assert torch.allclose(expected_grad("k3", theta, ref), forward, atol=1e-10), "E[∇k3] must be ∇KL(π_ref‖π)"
+@settings(deadline=None, max_examples=25, derandomize=True)
+@given(categoricals)
+def test_expected_gradients_k1_zero_k2_reverse_kl_k3_forward_kl(case):
+    theta, ref = random_categoricals(*case)
+    reverse = grad_of(lambda t: true_kl(t, ref), theta)  # ∇_θ KL(π_θ ‖ π_ref)
+    forward = grad_of(lambda t: true_kl(ref, t), theta)  # ∇_θ KL(π_ref ‖ π_θ)
+    g1, g2, g3 = (expected_grad(n, theta, ref) for n in ("k1", "k2", "k3"))
+    assert g1.abs().max() < 1e-10, f"E[∇k1] must be 0 (k1 regularises nothing), got {g1}"
+    assert torch.allclose(g2, reverse, atol=1e-10), f"E[∇k2] must be ∇KL(π‖π_ref): {g2} vs {reverse}"
+    assert torch.allclose(g3, forward, atol=1e-10), f"E[∇k3] must be ∇KL(π_ref‖π) (forward KL): {g3} vs {forward}"
+    assert not torch.allclose(forward, reverse, atol=1e-6), "the two KL directions should differ here"
 
 
 def test_exact_is_finite_non_negative_and_zero_for_equal_logits():
     big = torch.tensor([[1e4, -1e4, 0.0], [-1e4, 1e4, 3.0]])
-    assert torch.isfinite(exact(big, big.flip(0))).all()
-    assert (exact(big, big) == 0).all()
-    x = torch.randn(5, 7)
-    assert (exact(x, torch.randn(5, 7)) >= 0).all() and exact(x, x).shape == (5,)
+    got = call(exact, big, big.flip(0))
+    assert torch.isfinite(got).all() and (got >= 0).all(), f"exact at logits ±1e4 must be finite, ≥ 0: {got}"
+    assert (exact(big, big) == 0).all(), "exact(x, x) must be exactly 0"
+    x = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert exact(x, y).shape == (2, 5) and (exact(x, y) >= 0).all(), "exact: (..., V) -> (...), ≥ 0"
+    assert torch.allclose(exact(x + 3.0, y - 1.0), exact(x, y), atol=1e-12), "exact must ignore constant logit shifts"
 
 
-def test_monte_carlo_reproduces_schulmans_gaussian_table():
-    # q = N(0, 1) samples; p = N(mu, 1); KL[q‖p] = mu²/2. REFERENCE.md §4: bias/true and std/true.
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(500_000, generator=g, dtype=torch.float64)
-    table = {0.1: {"k1": (0, 20), "k2": (0.002, 1.42), "k3": (0, 1.42)},
-             1.0: {"k1": (0, 2), "k2": (0.25, 1.73), "k3": (0, 1.7)}}
-    for mu, rows in table.items():
-        logq = -0.5 * x ** 2  # the shared normaliser cancels in the log-ratio
-        logp = -0.5 * (x - mu) ** 2
-        true = mu ** 2 / 2
-        for name, (bias, std) in rows.items():
-            est = ESTIMATORS[name](logq, logp)  # (logp of the sampler, logp of the reference)
-            got_bias = (est.mean().item() - true) / true
-            got_std = est.std().item() / true
-            tolerance = 4 * std / len(x) ** 0.5 + 0.005  # 4 standard errors of the mean
-            assert abs(got_bias - bias) < tolerance, f"{name} mu={mu}: bias/true {got_bias:.4f} vs {bias}"
-            assert abs(got_std - std) / std < 0.03, f"{name} mu={mu}: std/true {got_std:.3f} vs {std}"
+def test_exact_gradient_is_finite_at_extreme_logits():
+    big = torch.tensor([[1e4, -1e4, 0.0]], requires_grad=True)
+    exact(big, torch.zeros(1, 3)).sum().backward()
+    assert torch.isfinite(big.grad).all(), f"exact's gradient at logits ±1e4 must be finite, got {big.grad}"
+
+
+# ---- Schulman's Gaussian table (REFERENCE.md §4) -------------------------------------------------
+
+TABLE = {0.1: {"k1": (0.0, 20.0), "k2": (0.002, 1.42), "k3": (0.0, 1.42)},  # mu: name -> (bias/true, std/true)
+         1.0: {"k1": (0.0, 2.0), "k2": (0.25, 1.73), "k3": (0.0, 1.7)}}
+
+
+@pytest.mark.parametrize("mu", sorted(TABLE))
+def test_monte_carlo_reproduces_schulmans_gaussian_table(mu):
+    # x ~ q = N(0, 1) plays the sampler π_θ, p = N(mu, 1) the reference; KL[q‖p] = mu²/2.
+    n = 500_000
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    logq, logp = -0.5 * x ** 2, -0.5 * (x - mu) ** 2  # the shared normaliser cancels in the log-ratio
+    true = mu ** 2 / 2
+    for name, (bias, std) in TABLE[mu].items():
+        est = call(ESTIMATORS[name], logq, logp)  # (log-prob under the sampler, under the reference)
+        got_bias, got_std = (est.mean().item() - true) / true, est.std().item() / true
+        tolerance = 4 * std / n ** 0.5 + 0.002  # 4 standard errors + the table's rounding
+        assert abs(got_bias - bias) < tolerance, f"{name}, mu={mu}: bias/true {got_bias:.4f}, table {bias} ± {tolerance:.4f}"
+        assert abs(got_std / std - 1) < 0.03, f"{name}, mu={mu}: std/true {got_std:.3f}, table {std}"

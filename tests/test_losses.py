@@ -1,116 +1,210 @@
-"""Properties of the loss terms (minigrpo/losses.py): surrogate, aggregation, entropy, value loss."""
+"""Properties of minigrpo/losses.py: the clipped surrogate and its stats, aggregation, entropy, value loss.
+Each test's name is the property it proves; a failure says which property broke and on what input."""
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 
-SET = settings(deadline=None, max_examples=60)
+SET = settings(deadline=None, max_examples=40, derandomize=True)
+NAN = float("nan")
 
 
 def T(x, grad=False):
     return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
 
 
+def call(fn, *args, shape, **kw):
+    """Call fn and check it returned a tensor of the expected shape (a deleted body returns None)."""
+    out = fn(*args, **kw)
+    assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor of shape {tuple(shape)}, got {out!r}"
+    assert out.shape == tuple(shape), f"{fn.__name__} returned shape {tuple(out.shape)}, expected {tuple(shape)}"
+    return out
+
+
+def loss_and_grad(logp, old, adv, mask, **kw):
+    """Per-token loss (B, T) and d(Σ loss)/d logp, i.e. each token's own gradient, unaggregated."""
+    logp = logp.detach().clone().requires_grad_(True)
+    loss = call(clipped_surrogate, logp, old, adv, mask, shape=logp.shape, **kw)
+    loss.sum().backward()
+    return loss.detach(), logp.grad
+
+
+def garbage(x, mask):
+    """x with NaN, +1e4 and −1e4 cycling through its masked slots."""
+    junk = T([NAN, 1e4, -1e4]).repeat(x.numel())[: x.numel()].view_as(x)
+    return torch.where(mask, x, junk)
+
+
+def right_padded(lengths, width):
+    return torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+
+
+# a batch: per-token log-ratios, one advantage per row (never tiny: 0 or |A| ≥ 0.01), valid lengths
+advantage = st.one_of(st.just(0.0), st.floats(0.01, 3), st.floats(-3, -0.01))
 case = st.integers(1, 4).flatmap(lambda B: st.integers(1, 6).flatmap(lambda L: st.tuples(
-    st.lists(st.lists(st.floats(-1.0, 1.0), min_size=L, max_size=L), min_size=B, max_size=B),  # log-ratio
-    st.lists(st.floats(-3, 3), min_size=B, max_size=B),  # advantages
-    st.lists(st.integers(0, L), min_size=B, max_size=B))))  # valid lengths
+    st.lists(st.lists(st.floats(-1.0, 1.0), min_size=L, max_size=L), min_size=B, max_size=B),
+    st.lists(advantage, min_size=B, max_size=B),
+    st.lists(st.integers(0, L), min_size=B, max_size=B))))
 
 
 def unpack(c):
     log_ratio, adv, lengths = c
     lr = T(log_ratio)
-    mask = torch.arange(lr.size(1))[None, :] < torch.tensor(lengths)[:, None]
-    old = torch.full_like(lr, -1.0)
+    mask = right_padded(lengths, lr.size(1))
+    old = torch.linspace(-3.0, -0.5, lr.numel(), dtype=torch.float64).view_as(lr)  # log π_old
     return old + lr, old, T(adv), mask
 
 
-def grad_wrt_logp(logp, old, adv, mask, **kw):
-    logp = logp.clone().requires_grad_(True)
-    clipped_surrogate(logp, old, adv[:, None], mask, **kw).sum().backward()
-    return logp.grad
+def ratio_of(logp, old, mask, level):
+    """ρ per token, or GSPO's s_i = exp(mean of the valid log-ratios) on every token of row i."""
+    lr = torch.where(mask, logp - old, 0.0)
+    if level == "sequence":
+        lr = (lr.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(lr)
+    return lr.exp()
+
+
+@SET
+@given(case, st.sampled_from(["token", "sequence"]))
+def test_at_ratio_one_the_gradient_is_minus_the_advantage(c, level):
+    _, old, adv, mask = unpack(c)
+    _, g = loss_and_grad(old, old, adv, mask, level=level)  # logp = old: ρ = 1
+    want = torch.where(mask, -adv[:, None].expand_as(old), 0.0)
+    assert torch.allclose(g, want, atol=1e-12), f"at ρ = 1 d loss/d logp must be −A on valid tokens ({level}): " \
+                                                f"got {g.tolist()}, want {want.tolist()}"
+
+
+@SET
+@given(case, st.floats(0.05, 0.4), st.floats(0.05, 0.4), st.sampled_from(["token", "sequence"]))
+def test_gradient_is_zero_exactly_where_the_clip_acts_and_nonzero_inside_the_range(c, eps_low, eps_high, level):
+    logp, old, adv, mask = unpack(c)
+    _, g = loss_and_grad(logp, old, adv, mask, eps_low=eps_low, eps_high=eps_high, level=level)
+    rho, A = ratio_of(logp, old, mask, level), adv[:, None].expand_as(logp)
+    clipped = mask & (((A > 0) & (rho > 1 + eps_high)) | ((A < 0) & (rho < 1 - eps_low)))
+    inside = mask & (A != 0) & (rho > 1 - eps_low + 1e-9) & (rho < 1 + eps_high - 1e-9)
+    assert (g[clipped] == 0).all(), f"the clip must stop the gradient (A>0, ρ>1+ε_high or A<0, ρ<1−ε_low): " \
+                                    f"ρ {rho[clipped].tolist()}, grad {g[clipped].tolist()}"
+    assert (g[inside] != 0).all(), f"inside [1−ε_low, 1+ε_high] the gradient must flow: ρ {rho[inside].tolist()}"
+
+
+def test_clip_higher_widens_only_the_upper_side():
+    old = T([[0.0, 0.0, 0.0, 0.0]])
+    logp = T([[math.log(1.25), math.log(1.25), math.log(0.78), math.log(0.78)]])
+    adv = T([[1.0, -1.0, 1.0, -1.0]])
+    _, sym = loss_and_grad(logp, old, adv, None, eps_low=0.2)
+    _, dapo = loss_and_grad(logp, old, adv, None, eps_low=0.2, eps_high=0.28)
+    assert sym[0, 0] == 0 and dapo[0, 0] != 0, "ρ = 1.25, A > 0: clipped at ε = 0.2, free under eps_high = 0.28"
+    assert sym[0, 3] == 0 and dapo[0, 3] == 0, "ρ = 0.78, A < 0: still clipped from below (eps_low = 0.2)"
+    assert (sym[0, 1:3] != 0).all() and (dapo[0, 1:3] != 0).all(), "the pessimistic side is never clipped"
+
+
+@SET
+@given(case, st.floats(0.05, 0.4), st.floats(0.05, 0.4), st.sampled_from(["token", "sequence"]))
+def test_clip_fractions_count_exactly_the_zero_gradient_tokens(c, eps_low, eps_high, level):
+    logp, old, adv, mask = unpack(c)
+    _, g = loss_and_grad(logp, old, adv, mask, eps_low=eps_low, eps_high=eps_high, level=level)
+    s = surrogate_stats(logp, old, adv, mask, eps_low, eps_high, level)
+    assert isinstance(s, dict) and all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in s.values()), s
+    A, n = adv[:, None].expand_as(logp), max(int(mask.sum()), 1)
+    stopped = mask & (A != 0) & (g == 0)
+    for key, side in (("clip_frac_low", A < 0), ("clip_frac_high", A > 0)):
+        want = (stopped & side).sum().item() / n
+        assert abs(s[key].item() - want) < 1e-12, f"{key} = {s[key].item()} but {want} of the valid tokens have " \
+                                                  f"{'A<0' if key.endswith('low') else 'A>0'} and zero gradient"
+
+
+def test_surrogate_stats_ratio_and_approx_kl_hand_values():
+    old = T([[-1.0, -1.0, -1.0]])
+    logp = old + T([[0.0, math.log(2.0), NAN]])
+    mask = torch.tensor([[True, True, False]])
+    s = surrogate_stats(logp.requires_grad_(), old, T([1.0]), mask)
+    assert abs(s["ratio_mean"] - 1.5) < 1e-12 and abs(s["ratio_max"] - 2.0) < 1e-12, f"ratios 1 and 2: {s}"
+    want_kl = ((2 - 1) - math.log(2)) / 2  # mean of (ρ − 1) − log ρ: k3 with π_old as the sampler
+    assert abs(s["approx_kl"] - want_kl) < 1e-12, f"approx_kl must be mean of (ρ−1) − log ρ = {want_kl}: {s}"
+    assert not any(v.requires_grad for v in s.values()), "surrogate_stats must not carry gradients"
+
+
+@SET
+@given(case, st.floats(0.05, 0.4), st.floats(0.0, 0.3), st.sampled_from(["token", "sequence"]))
+def test_clipped_objective_never_exceeds_unclipped_and_raising_eps_high_never_lowers_it(c, eps, extra, level):
+    logp, old, adv, mask = unpack(c)
+    objective = -call(clipped_surrogate, logp, old, adv, mask, shape=logp.shape, eps_low=eps, level=level)
+    unclipped = torch.where(mask, ratio_of(logp, old, mask, level) * adv[:, None], 0.0)
+    assert (objective <= unclipped + 1e-12).all(), f"clipped objective {objective.tolist()} > unclipped {unclipped.tolist()}"
+    higher = -clipped_surrogate(logp, old, adv, mask, eps_low=eps, eps_high=eps + extra, level=level)
+    assert (higher >= objective - 1e-12).all(), f"eps_high {eps} -> {eps + extra} lowered the objective"
+
+
+@SET
+@given(case, st.floats(1.5, 5.0), st.floats(1.0, 4.0))
+def test_dual_clip_bounds_the_loss_by_c_abs_a_for_negative_advantages(c, dual, stretch):
+    logp, old, adv, mask = unpack(c)
+    logp = old + stretch * (logp - old).abs()  # ratios ≥ 1, up to e^4: where A < 0 hurts
+    loss, g = loss_and_grad(logp, old, adv, mask, dual_clip=dual)
+    A = adv[:, None].expand_as(loss)
+    neg = mask & (A < 0)
+    assert (loss[neg] <= dual * A[neg].abs() + 1e-12).all(), f"dual clip c={dual}: loss {loss[neg].tolist()} > c·|A|"
+    assert (g[neg & (loss >= dual * A.abs() - 1e-12)] == 0).all(), "where the dual clip binds the gradient must be 0"
+    plain = clipped_surrogate(logp, old, adv, mask)
+    assert torch.equal(loss[~neg], plain[~neg]), "dual clip must not touch A ≥ 0"
+
+
+def test_without_dual_clip_a_negative_advantage_loss_is_unbounded():
+    loss = clipped_surrogate(T([[3.0]]), T([[0.0]]), T([-1.0]), dual_clip=None)
+    assert abs(loss.item() - math.exp(3.0)) < 1e-9, f"ρ = e³, A = −1 must give loss e³ without dual clip: {loss}"
+    assert abs(clipped_surrogate(T([[3.0]]), T([[0.0]]), T([-1.0]), dual_clip=3.0).item() - 3.0) < 1e-12
 
 
 @SET
 @given(case)
-def test_at_ratio_one_the_gradient_is_minus_the_advantage(c):
-    _, old, adv, mask = unpack(c)
-    g = grad_wrt_logp(old.clone(), old, adv, mask)
-    expected = torch.where(mask, -adv[:, None].expand_as(old), 0.0)
-    assert torch.allclose(g, expected), f"grad {g.tolist()} vs -A {expected.tolist()}"
-
-
-@SET
-@given(case, st.floats(0.05, 0.4), st.floats(0.05, 0.4))
-def test_gradient_is_zero_exactly_where_the_clip_acts_and_not_inside(c, eps_low, eps_high):
+def test_gspo_sequence_ratio_is_exp_of_the_mean_valid_log_ratio_and_ignores_padding(c):
     logp, old, adv, mask = unpack(c)
-    g = grad_wrt_logp(logp, old, adv, mask, eps_low=eps_low, eps_high=eps_high)
-    ratio = (logp - old).exp()
-    A = adv[:, None].expand_as(ratio)
-    clipped = mask & (((A > 0) & (ratio > 1 + eps_high)) | ((A < 0) & (ratio < 1 - eps_low)))
-    inside = mask & (A != 0) & (ratio > 1 - eps_low + 1e-9) & (ratio < 1 + eps_high - 1e-9)
-    assert (g[clipped] == 0).all(), "the clip must stop the gradient"
-    assert (g[inside] != 0).all(), "inside the clip range the gradient must flow"
-    s = surrogate_stats(logp, old, adv[:, None], mask, eps_low, eps_high)
-    n = max(int(mask.sum()), 1)
-    low = mask & (A < 0) & (ratio < 1 - eps_low)
-    assert abs(s["clip_frac_low"].item() - low.sum().item() / n) < 1e-12
-    assert abs(s["clip_frac_high"].item() - (mask & (A > 0) & (ratio > 1 + eps_high)).sum().item() / n) < 1e-12
+    loss = call(clipped_surrogate, logp, old, adv, mask, shape=logp.shape, eps_low=100.0, level="sequence")
+    want = torch.where(mask, -ratio_of(logp, old, mask, "sequence") * adv[:, None], 0.0)  # no clipping at ε = 100
+    assert torch.allclose(loss, want, atol=1e-12), f"GSPO loss must be −s_i·A_i: {loss.tolist()} vs {want.tolist()}"
+    dirty = clipped_surrogate(garbage(logp, mask), garbage(old, mask), adv, mask, eps_low=100.0, level="sequence")
+    assert torch.equal(dirty, loss), "garbage in masked slots changed the sequence ratio (mean over valid tokens only)"
 
 
-@SET
-@given(case, st.floats(0.05, 0.4), st.floats(0.0, 0.3))
-def test_clipped_objective_never_exceeds_unclipped_and_clip_higher_never_lowers_it(c, eps, extra):
-    logp, old, adv, mask = unpack(c)
-    clipped_obj = -clipped_surrogate(logp, old, adv[:, None], mask, eps)
-    unclipped_obj = torch.where(mask, (logp - old).exp() * adv[:, None], 0.0)
-    assert (clipped_obj <= unclipped_obj + 1e-12).all()
-    higher = -clipped_surrogate(logp, old, adv[:, None], mask, eps, eps + extra)
-    assert (higher >= clipped_obj - 1e-12).all()
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("dual", [None, 3.0])
+def test_masked_nan_and_1e4_reach_neither_value_nor_gradient(level, dual):
+    mask = torch.tensor([[True, False, False], [True, True, False], [False, False, False]])
+    logp = garbage(T([[-1.0, 0, 0], [-0.5, -2.0, 0], [0, 0, 0]]), mask)
+    old = garbage(T([[-1.1, 0, 0], [-0.4, -2.1, 0], [0, 0, 0]]), mask)
+    adv = garbage(T([[2.0] * 3, [-1.0] * 3, [0.5] * 3]), mask)  # (B, T) advantages with junk too
+    loss, g = loss_and_grad(logp, old, adv, mask, level=level, dual_clip=dual)
+    assert torch.isfinite(loss).all() and (loss[~mask] == 0).all(), f"masked slots leaked into the loss: {loss}"
+    assert torch.isfinite(g).all() and (g[~mask] == 0).all(), f"masked slots got a gradient: {g}"
+    assert (g[mask] != 0).all(), "valid tokens must still get a gradient"
 
 
-@SET
-@given(case, st.floats(1.5, 5.0))
-def test_dual_clip_bounds_the_loss_for_negative_advantages(c, dual):
-    logp, old, adv, mask = unpack(c)
-    logp = logp * 4  # push ratios far above 1
-    loss = clipped_surrogate(logp, old, adv[:, None], mask, dual_clip=dual)
-    A = adv[:, None].expand_as(loss)
-    neg = mask & (A < 0)
-    assert (loss[neg] <= dual * A[neg].abs() + 1e-9).all()
-    plain = clipped_surrogate(logp, old, adv[:, None], mask)
-    assert torch.equal(loss[mask & (A >= 0)], plain[mask & (A >= 0)]), "dual clip must not touch A >= 0"
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_extreme_log_ratios_give_a_finite_loss_and_gradient(level):
+    logp, old = T([[1e4, -1e4], [0.0, 50.0]]), T([[-1e4, 1e4], [-60.0, 0.0]])
+    for a in (T([1.0, 2.0]), T([-1.0, -2.0])):
+        loss, g = loss_and_grad(logp, old, a, None, level=level)
+        assert torch.isfinite(loss).all() and torch.isfinite(g).all(), \
+            f"log-ratios ±2e4 must give a finite loss and gradient (clamp before exp): loss {loss}, grad {g}"
 
 
-def test_gspo_sequence_ratio_ignores_padding_and_is_the_mean_log_ratio():
-    logp = T([[-1.0, -2.0, 5.0], [-1.5, 7.0, 9.0]])
-    old = T([[-1.2, -1.8, float("nan")], [-1.0, float("nan"), 1e4]])
-    mask = torch.tensor([[True, True, False], [True, False, False]])
-    loss = clipped_surrogate(logp, old, T([1.0, 1.0]), mask, eps_low=10, level="sequence")
-    s0 = math.exp(((-1.0 + 1.2) + (-2.0 + 1.8)) / 2)
-    s1 = math.exp(-1.5 + 1.0)
-    assert torch.allclose(loss, T([[-s0, -s0, 0], [-s1, 0, 0]])), loss
-    garbage = logp.clone()
-    garbage[~mask] = float("nan")
-    assert torch.equal(clipped_surrogate(garbage, old, T([1.0, 1.0]), mask, eps_low=10, level="sequence"), loss)
+def test_advantages_of_shape_b_b1_and_bt_broadcast_alike():
+    logp, old = T([[-1.0, -2.0], [-0.3, -0.1]]), T([[-1.2, -1.9], [-0.2, -0.4]])
+    a = T([1.5, -0.5])
+    by_row = clipped_surrogate(logp, old, a)
+    assert torch.equal(clipped_surrogate(logp, old, a[:, None]), by_row), "(B, 1) advantages must match (B,)"
+    assert torch.equal(clipped_surrogate(logp, old, a[:, None].expand(2, 2)), by_row), "(B, T) must match (B,)"
 
 
-def test_masked_garbage_reaches_neither_value_nor_gradient():
-    logp = T([[-1.0, float("nan"), 1e4]], grad=True)
-    old = T([[-1.1, 3.0, -1e4]])
-    mask = torch.tensor([[True, False, False]])
-    for level in ("token", "sequence"):
-        loss = clipped_surrogate(logp, old, T([2.0]), mask, level=level)
-        assert torch.isfinite(loss).all() and (loss[0, 1:] == 0).all()
-        logp.grad = None
-        aggregate(loss, mask, "token-mean").backward()
-        assert torch.isfinite(logp.grad).all() and (logp.grad[0, 1:] == 0).all()
+def test_unknown_level_raises_value_error():
+    with pytest.raises(ValueError, match="token"):
+        clipped_surrogate(T([[0.0]]), T([[0.0]]), T([1.0]), level="seq")
 
 
-# ---- aggregation -----------------------------------------------------------------------------
+# ---- aggregation -------------------------------------------------------------------------------
 
 agg_case = st.integers(1, 4).flatmap(lambda B: st.integers(1, 6).flatmap(lambda L: st.tuples(
     st.lists(st.lists(st.floats(-5, 5), min_size=L, max_size=L), min_size=B, max_size=B),
@@ -120,106 +214,139 @@ agg_case = st.integers(1, 4).flatmap(lambda B: st.integers(1, 6).flatmap(lambda 
 def agg_unpack(c):
     vals, lengths = c
     x = T(vals)
-    return x, torch.arange(x.size(1))[None, :] < torch.tensor(lengths)[:, None]
+    return x, right_padded(lengths, x.size(1))
+
+
+def agg(x, mask, mode, **kw):
+    return call(aggregate, x, mask, mode, shape=(), **kw)
 
 
 @SET
 @given(agg_case, st.sampled_from(AGG_MODES))
 def test_masked_garbage_changes_neither_value_nor_gradient_in_every_mode(c, mode):
     x, mask = agg_unpack(c)
-    a = x.clone().requires_grad_(True)
-    b = torch.where(mask, x, T(float("nan"))).requires_grad_(True)
-    va, vb = aggregate(a, mask, mode), aggregate(b, mask, mode)
-    assert torch.isfinite(vb) and torch.equal(va, vb)
-    va.backward()
-    vb.backward()
-    assert torch.equal(a.grad, b.grad) and (b.grad[~mask] == 0).all()
+    clean, dirty = x.clone().requires_grad_(True), garbage(x, mask).requires_grad_(True)
+    v_clean, v_dirty = agg(clean, mask, mode), agg(dirty, mask, mode)
+    assert torch.isfinite(v_dirty) and torch.equal(v_clean, v_dirty), f"{mode}: garbage changed {v_clean} -> {v_dirty}"
+    v_clean.backward()
+    v_dirty.backward()
+    assert torch.equal(clean.grad, dirty.grad) and (dirty.grad[~mask] == 0).all(), f"{mode}: garbage reached the gradient"
 
 
 @SET
-@given(agg_case, st.sampled_from(AGG_MODES), st.randoms())
-def test_extra_masked_columns_and_row_permutations_change_nothing(c, mode, rnd):
+@given(agg_case, st.sampled_from(AGG_MODES), st.integers(1, 3), st.randoms(use_true_random=False))
+def test_extra_masked_columns_and_row_permutations_change_nothing_but_the_documented_factor(c, mode, extra, rnd):
     x, mask = agg_unpack(c)
-    base = aggregate(x, mask, mode, max_len=x.size(1))
-    wide = torch.cat([x, torch.full((x.size(0), 2), 1e4, dtype=x.dtype)], 1)
-    wmask = torch.cat([mask, torch.zeros(x.size(0), 2, dtype=torch.bool)], 1)
-    assert torch.allclose(aggregate(wide, wmask, mode, max_len=x.size(1)), base, atol=1e-12)
-    if mode == "seq-mean-token-sum-norm":  # default max_len = T: the documented factor T / (T + 2)
-        assert torch.allclose(aggregate(wide, wmask, mode), base * x.size(1) / (x.size(1) + 2), atol=1e-12)
-    perm = list(range(x.size(0)))
+    B, L = x.shape
+    base = agg(x, mask, mode, max_len=L)
+    wide = torch.cat([x, torch.full((B, extra), 1e4, dtype=x.dtype)], 1)
+    wide_mask = torch.cat([mask, torch.zeros(B, extra, dtype=torch.bool)], 1)
+    assert torch.allclose(agg(wide, wide_mask, mode, max_len=L), base, atol=1e-12), f"{mode}: extra masked columns"
+    if mode == "seq-mean-token-sum-norm":  # default max_len = T: normalised by the padded width
+        got = agg(wide, wide_mask, mode)
+        assert torch.allclose(got, base * L / (L + extra), atol=1e-12), f"{mode}: default max_len must be T"
+    else:
+        assert torch.allclose(agg(wide, wide_mask, mode), agg(x, mask, mode), atol=1e-12), f"{mode}: default max_len"
+    perm = list(range(B))
     rnd.shuffle(perm)
-    assert torch.allclose(aggregate(x[perm], mask[perm], mode), aggregate(x, mask, mode), atol=1e-12)
+    assert torch.allclose(agg(x[perm], mask[perm], mode), agg(x, mask, mode), atol=1e-12), f"{mode}: row order mattered"
 
 
 @SET
-@given(agg_case, st.floats(-3, 3))
-def test_a_constant_loss_gives_each_modes_closed_form(c, const):
+@given(agg_case, st.floats(-3, 3), st.integers(1, 9))
+def test_a_constant_loss_gives_each_modes_closed_form(c, const, max_len):
     x, mask = agg_unpack(c)
     x = torch.full_like(x, const)
-    B, L = x.shape
+    B = x.size(0)
     lengths = mask.sum(1).double()
-    nonempty = (lengths > 0).double()
-    assert torch.allclose(aggregate(x, mask, "seq-mean-token-mean"), const * nonempty.mean())
-    assert torch.allclose(aggregate(x, mask, "token-mean"), T(const if mask.any() else 0.0))
-    assert torch.allclose(aggregate(x, mask, "seq-mean-token-sum"), const * lengths.mean())
-    assert torch.allclose(aggregate(x, mask, "seq-mean-token-sum-norm", max_len=9), const * lengths.sum() / (B * 9))
+    want = {"seq-mean-token-mean": const * (lengths > 0).double().mean(),  # empty rows count as 0 among B
+            "token-mean": const * float(mask.any()),
+            "seq-mean-token-sum": const * lengths.mean(),
+            "seq-mean-token-sum-norm": const * lengths.sum() / (B * max_len)}
+    for mode, w in want.items():
+        got = agg(x, mask, mode, max_len=max_len)
+        assert torch.allclose(got, T(float(w)), atol=1e-12), f"{mode}: constant {const}, lengths {lengths.tolist()} " \
+                                                            f"gave {got.item()}, closed form {float(w)}"
 
 
 @SET
-@given(agg_case)
-def test_per_token_gradient_weights_of_the_three_main_modes(c):
+@given(agg_case, st.integers(1, 9))
+def test_per_token_gradient_weights_of_the_three_main_modes(c, max_len):
     x, mask = agg_unpack(c)
     B = x.size(0)
-    lengths = mask.sum(1, keepdim=True).double().clamp(min=1)
-    expected = {"seq-mean-token-mean": 1 / (B * lengths).expand_as(x),
-                "token-mean": torch.full_like(x, 1 / max(int(mask.sum()), 1)),
-                "seq-mean-token-sum-norm": torch.full_like(x, 1 / (B * 7))}
-    for mode, w in expected.items():
-        a = x.clone().requires_grad_(True)
-        aggregate(a, mask, mode, max_len=7).backward()
-        assert torch.allclose(a.grad, torch.where(mask, w, 0.0)), f"{mode}: weights {a.grad.tolist()}"
+    lengths = mask.sum(1, keepdim=True).double()
+    want = {"seq-mean-token-mean": (1 / (B * lengths)).expand_as(x),
+            "token-mean": torch.full_like(x, 1 / max(int(mask.sum()), 1)),
+            "seq-mean-token-sum-norm": torch.full_like(x, 1 / (B * max_len))}
+    for mode, w in want.items():
+        leaf = x.clone().requires_grad_(True)
+        agg(leaf, mask, mode, max_len=max_len).backward()
+        assert torch.allclose(leaf.grad, torch.where(mask, w, 0.0)), f"{mode}: per-token weights {leaf.grad.tolist()}"
 
 
-def test_fully_masked_rows_give_no_nan():
-    x = T([[1.0, 2.0], [float("nan"), 3.0]])
+def test_fully_masked_rows_give_no_nan_and_count_as_documented():
+    x = T([[1.0, 2.0], [NAN, 3.0]])
     mask = torch.tensor([[True, True], [False, False]])
+    want = {"seq-mean-token-mean": 0.75, "token-mean": 1.5, "seq-mean-token-sum": 1.5, "seq-mean-token-sum-norm": 0.75}
     for mode in AGG_MODES:
-        assert torch.isfinite(aggregate(x, mask, mode)), mode
-    assert torch.isfinite(aggregate(x, torch.zeros_like(mask), "token-mean"))
+        got = agg(x, mask, mode)
+        assert torch.isfinite(got) and abs(got.item() - want[mode]) < 1e-12, f"{mode}: {got.item()} vs {want[mode]}"
+        assert agg(x, torch.zeros_like(mask), mode) == 0, f"{mode}: an all-masked batch must give 0"
 
 
-def test_unknown_mode_names_the_choices():
-    try:
+def test_unknown_mode_raises_value_error_listing_the_modes():
+    with pytest.raises(ValueError) as err:
         aggregate(T([[1.0]]), torch.tensor([[True]]), "mean")
-    except ValueError as e:
-        assert all(m in str(e) for m in AGG_MODES)
-    else:
-        raise AssertionError("expected ValueError")
+    assert all(m in str(err.value) for m in AGG_MODES), f"the message must list {AGG_MODES}: {err.value}"
 
 
 # ---- entropy, value loss -----------------------------------------------------------------------
 
 @SET
-@given(st.lists(st.floats(-30, 30), min_size=2, max_size=10), st.floats(-100, 100))
-def test_entropy_bounds_shift_invariance_and_agreement_with_torch(logits, shift):
-    x = T(logits)
-    h = entropy(x)
-    assert -1e-9 <= h <= math.log(len(logits)) + 1e-9
-    assert torch.allclose(entropy(x + shift), h, atol=1e-9)
-    assert torch.allclose(h, torch.distributions.Categorical(logits=x).entropy(), atol=1e-9)
+@given(st.integers(1, 3).flatmap(lambda n: st.integers(2, 10).flatmap(lambda V: st.lists(
+    st.lists(st.floats(-30, 30), min_size=V, max_size=V), min_size=n, max_size=n))), st.floats(-100, 100))
+def test_entropy_bounds_shift_invariance_and_agreement_with_torch(rows, shift):
+    x = T(rows)
+    h = call(entropy, x, shape=x.shape[:-1])
+    assert (h >= 0).all() and (h <= math.log(x.size(-1)) + 1e-12).all(), f"0 ≤ H ≤ log V broken: {h.tolist()}"
+    assert torch.allclose(entropy(x + shift), h, atol=1e-9), "adding a constant to the logits changed H"
+    assert torch.allclose(h, torch.distributions.Categorical(logits=x).entropy(), atol=1e-9), "H ≠ Categorical entropy"
 
 
-def test_entropy_of_uniform_is_log_v_and_finite_at_extremes():
-    assert torch.allclose(entropy(torch.zeros(3, 7)), torch.full((3,), math.log(7)))
-    assert torch.isfinite(entropy(torch.tensor([[1e4, -1e4, 0.0]]))).all()
+def test_entropy_of_uniform_logits_is_log_v_and_finite_at_extremes():
+    assert torch.allclose(entropy(torch.zeros(3, 7)), torch.full((3,), math.log(7))), "uniform logits: H = log V"
+    big = torch.tensor([[1e4, -1e4, 0.0], [1e4, 1e4, -1e4]], requires_grad=True)
+    h = entropy(big)
+    h.sum().backward()
+    assert torch.isfinite(h).all() and torch.isfinite(big.grad).all(), f"entropy at logits ±1e4: {h}, grad {big.grad}"
+    assert torch.allclose(h.detach(), torch.tensor([0.0, math.log(2)])), f"one-hot -> 0, two-way tie -> log 2: {h}"
 
 
-def test_value_loss_hand_formula_and_clipping():
-    v, v_old, ret = T([[1.0, 3.0, 9.0]]), T([[0.5, 1.0, float("nan")]]), T([[2.0, 0.0, 1e4]])
+value_case = st.integers(1, 3).flatmap(lambda B: st.integers(1, 5).flatmap(lambda L: st.tuples(
+    *[st.lists(st.lists(st.floats(-5, 5), min_size=L, max_size=L), min_size=B, max_size=B)] * 3,
+    st.lists(st.integers(0, L), min_size=B, max_size=B))))
+
+
+@SET
+@given(value_case, st.floats(0.01, 2.0))
+def test_value_loss_is_the_hand_formula_clipping_only_increases_it_and_padding_is_ignored(c, clip):
+    v, v_old, ret, lengths = (T(c[0]), T(c[1]), T(c[2]), c[3])
+    mask = right_padded(lengths, v.size(1))
+    plain = call(value_loss, v, v_old, ret, mask, shape=v.shape)
+    assert torch.allclose(plain, torch.where(mask, 0.5 * (v - ret) ** 2, 0.0)), "clip=None must be ½(V − R)²"
+    leaf = garbage(v, mask).requires_grad_(True)
+    clipped = call(value_loss, leaf, garbage(v_old, mask), garbage(ret, mask), mask, shape=v.shape, clip=clip)
+    v_clip = torch.minimum(torch.maximum(v, v_old - clip), v_old + clip)  # clip(V, V_old − c, V_old + c)
+    want = torch.where(mask, 0.5 * torch.maximum((v - ret) ** 2, (v_clip - ret) ** 2), 0.0)
+    assert torch.allclose(clipped, want), f"clipped value loss: {clipped.tolist()} vs ½·max(...) {want.tolist()}"
+    assert (clipped >= plain).all(), "clipping must only ever increase the value loss (it takes the max)"
+    clipped.sum().backward()
+    assert torch.isfinite(leaf.grad).all() and (leaf.grad[~mask] == 0).all(), "masked garbage reached the gradient"
+
+
+def test_value_loss_hand_example():
+    v, v_old, ret = T([[1.0, 3.0, 9.0]]), T([[0.5, 1.0, NAN]]), T([[2.0, 0.0, 1e4]])
     mask = torch.tensor([[True, True, False]])
-    plain = value_loss(v, v_old, ret, mask)
-    assert torch.allclose(plain, T([[0.5, 4.5, 0.0]]))
-    clipped = value_loss(v, v_old, ret, mask, clip=0.2)
-    # row 0: V clipped to 0.7 -> (0.7-2)^2 = 1.69 > 1 -> 0.845; row 1: V clipped to 1.2 -> 1.44 < 9 -> 4.5
-    assert torch.allclose(clipped, T([[0.845, 4.5, 0.0]]))
-    assert (clipped >= plain).all(), "the clipped value loss only ever takes the larger error"
+    assert torch.allclose(value_loss(v, v_old, ret, mask), T([[0.5, 4.5, 0.0]]))
+    # token 0: V clipped to 0.7 -> (0.7 − 2)² = 1.69 > 1 -> 0.845; token 1: clipped 1.2 -> 1.44 < 9 -> 4.5
+    assert torch.allclose(value_loss(v, v_old, ret, mask, clip=0.2), T([[0.845, 4.5, 0.0]]))
