@@ -157,7 +157,8 @@ class GRPO:
                 step_stats = {
                     "policy_loss": policy_loss.item(), "loss": loss.item(),
                     f"kl_{cfg.kl}": aggregate(kl_tok, mask, "token-mean").item(),
-                    "kl_exact": aggregate(exact(logits, batch.ref_logits), mask, "token-mean").item(),
+                    "kl_exact": aggregate(kl_tok if cfg.kl == "exact" else exact(logits, batch.ref_logits), mask,
+                                          "token-mean").item(),
                     "entropy": aggregate(ent, mask, "token-mean").item(),
                     "preserve_loss": anchor.item() if anchor is not None else 0.0,
                     **{k: v.item() for k, v in s.items()},

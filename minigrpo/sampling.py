@@ -41,7 +41,7 @@ class Generation:
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None) -> torch.Tensor:
     """(B, V) logits -> (B, V) logits of the sampling distribution (filtered entries are -inf)."""
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) k-th largest
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -89,10 +89,9 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
         t = P + n  # the slot being filled
         if not use_cache:  # slow path: recompute everything
             logits = model(ids[:, :t], pos=pos_all[:, :t], key_mask=km[:, :t] if padded else None)[:, -1]
-        logits = process_logits(logits, temperature, top_k, top_p)  # (B, V)
-        probs = logits.softmax(-1)
-        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
-        lp = F.log_softmax(logits, -1).gather(1, nxt[:, None]).squeeze(1)
+        logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
+        nxt = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)  # (B,)
+        lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
         completion_mask[:, n] = ~done
         nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
         logprobs[:, n] = torch.where(done, torch.zeros_like(lp), lp)
