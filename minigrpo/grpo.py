@@ -131,7 +131,11 @@ class GRPO:
         stats.update(adv_mean=adv.mean().item(), adv_std=adv.std().item())
         if cfg.skip_equal_groups:
             keep = (~equal).repeat_interleave(G).nonzero().flatten()
-            if len(keep) == 0:  # nothing to learn from this batch
+            if len(keep) == 0:  # no RL signal in this batch; preservation still gets its update
+                anchor = self.run.anchor_term()
+                if anchor is not None:
+                    stats["preserve_loss"] = anchor.item()
+                    stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
                 return {**stats, "skipped": 1.0}
             batch, adv = batch.select(keep), adv[keep]
         mask, totals = batch.mask, {}
