@@ -61,9 +61,7 @@ def build_anchor(ref: GPT, tok: CharTokenizer, prompts: list[str], per_prompt: i
 
 def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor, direction: str = "forward") -> torch.Tensor:
     """Mean over the chosen anchor rows of the summed exact per-position KL (see module docstring)."""
-    g = anchor.gen
-    sub = Generation(g.ids[rows], g.key_mask[rows], g.prompt_len, g.completion_mask[rows], g.logprobs[rows],
-                     g.finished[rows])
+    sub = anchor.gen.select(rows)
     _, logits = completion_logprobs(policy, sub, return_logits=True)  # (m, T, V)
     ref_logits = anchor.ref_logits[rows]
     kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (m, T)

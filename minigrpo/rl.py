@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.checkpoint import CheckpointError, atomic_save, load_checkpoint, read_checkpoint
+from minigrpo.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from minigrpo.cli import UsageError, check_positive, parse_config, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.optim import AdamW
@@ -154,19 +154,17 @@ class Run:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save(self, algo, opt) -> None:
-        state = {
-            "format": "minigrpo-checkpoint", "version": 1, "task": self.cfg.task, "step": self.step,
-            "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
-            "config": asdict(self.policy.cfg), "tokenizer": self.tok.to_dict(), "optimizer": opt.state_dict(),
-            "extra": {"rl": {
-                "algo": self.algo_name, "config": asdict(self.cfg),
-                "ref": {k: v.detach().cpu() for k, v in self.ref.state_dict().items()},
-                "algo_state": algo.state_dict(), "generator": self.generator.get_state(),
-                "anchor": self.anchor.state_dict() if self.anchor is not None else None,
-                "baseline": self.baseline, "rewards_window": self.rewards_window,
-            }},
+        """A regular checkpoint (loadable by sample.py, usable as --init) plus the run's state under
+        extra["rl"], so --resume continues exactly."""
+        rl_state = {
+            "algo": self.algo_name, "config": asdict(self.cfg),
+            "ref": {k: v.detach().cpu() for k, v in self.ref.state_dict().items()},
+            "algo_state": algo.state_dict(), "generator": self.generator.get_state(),
+            "anchor": self.anchor.state_dict() if self.anchor is not None else None,
+            "baseline": self.baseline, "rewards_window": self.rewards_window,
         }
-        atomic_save(state, self.out / "model.pt")
+        save_checkpoint(self.out / "model.pt", self.policy, self.tok, self.cfg.task, self.step, optimizer=opt,
+                        extra={"rl": rl_state})
 
     def restore(self, algo, opt) -> None:
         state = self.resume_state

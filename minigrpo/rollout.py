@@ -43,11 +43,8 @@ class RolloutBatch:
 
     def select(self, rows: torch.Tensor) -> "RolloutBatch":
         """The sub-batch of the given row indices (used to drop equal-reward groups)."""
-        g = self.gen
-        sub = Generation(g.ids[rows], g.key_mask[rows], g.prompt_len, g.completion_mask[rows],
-                         g.logprobs[rows], g.finished[rows])
         pick = rows.tolist()
-        return RolloutBatch([self.prompts[i] for i in pick], [self.completions[i] for i in pick], sub,
+        return RolloutBatch([self.prompts[i] for i in pick], [self.completions[i] for i in pick], self.gen.select(rows),
                             self.rewards[rows], self.group_size,
                             None if self.old_logp is None else self.old_logp[rows], self.ref_logp[rows],
                             None if self.ref_logits is None else self.ref_logits[rows])

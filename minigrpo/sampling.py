@@ -37,6 +37,11 @@ class Generation:
     def completion_ids(self) -> torch.Tensor:  # (B, N)
         return self.ids[:, self.prompt_len:]
 
+    def select(self, rows: torch.Tensor) -> "Generation":
+        """The rows `rows` (a 1-D index tensor) of every per-row tensor."""
+        return Generation(self.ids[rows], self.key_mask[rows], self.prompt_len, self.completion_mask[rows],
+                          self.logprobs[rows], self.finished[rows])
+
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None) -> torch.Tensor:
