@@ -4,20 +4,26 @@
     python -m minigrpo.compare --algos grpo,dr_grpo --seeds 3 --reward pizza --group-size 4   # any trainer flag passes through
 
 Each run is its own process with one thread (--jobs at a time, default: the cores), writing to
-<out>/<algo>-s<seed>/. A run whose folder already holds summary.json is kept, so rerunning the same
-command after an interruption only runs what is missing. A failed run is reported in the table with its
-error; the others still finish. Writes to <out> (default runs/compare-<reward>):
+<out>/<algo>-s<seed>/. Budgets are fixed by default (--budget fixed: every run takes the same --steps,
+the stop rule off), so algorithms are compared on equal work; --budget goal lets each run stop at its
+goal as the trainers do by default. A run whose folder already holds a finished run of exactly the same
+command is kept, so rerunning after an interruption only runs what is missing; any other flag reruns it.
+The arguments are checked before any run starts; a failed run is reported with its error while the
+others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
-  frontier.png  final expected reward (the exact target rate where the task has one) against exact KL to
-                π_ref, and against the worst other-person drift
+  frontier.png  final exact expected reward (toy_tasks/support.py) against exact KL to π_ref, and
+                against the worst other-person drift
   table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and 0.95, final
-                target rate, exact KL, worst drift, malformed mass
+                target rate and exact E[r], exact KL, worst drift and malformed mass at the end and at
+                their peak over every evaluated step
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,7 +34,7 @@ from pathlib import Path
 from minigrpo.cli import UsageError, main_guard, parse_config, prepare_out
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
-from minigrpo.rl import default_out
+from minigrpo.rl_config import default_out
 
 ALGOS = ["default"] + sorted(PRESETS) + ["ppo"]  # default: `python -m minigrpo.grpo` with no preset
 
@@ -37,29 +43,69 @@ ALGOS = ["default"] + sorted(PRESETS) + ["ppo"]  # default: `python -m minigrpo.
 class CompareConfig:
     algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo",
                        metadata={"help": f"comma-separated, of {','.join(ALGOS)} (default = minigrpo.grpo without a preset)"})
-    seeds: int = field(default=3, metadata={"help": "seeds per algorithm (0, 1, ...)"})
+    seeds: int = field(default=5, metadata={"help": "seeds per algorithm (0, 1, ...)"})
+    budget: str = field(default="fixed", metadata={"help": "fixed: every run takes --steps steps (equal work); "
+                                                          "goal: each run stops at its goal", "choices": ["fixed", "goal"]})
+    steps: int | None = field(default=None, metadata={"help": "steps per run (default: 60 on food with --budget fixed, "
+                                                             "else the trainers' own cap)"})
     reward: str | None = field(default=None, metadata={"help": "reward spec passed to every run (default: the task's, food: pizza)"})
     out: str | None = field(default=None, metadata={"help": "output folder (default runs/compare-<reward>, or runs/compare-<task>)"})
     jobs: int = field(default=0, metadata={"help": "runs at a time (0 = the number of cores)"})
 
 
-def command(algo: str, seed: int, cfg: CompareConfig, folder: Path, passthrough: list[str], task: str) -> list[str]:
-    cli = {"ppo": ["minigrpo.ppo"], "default": ["minigrpo.grpo"]}.get(algo, ["minigrpo.grpo", "--preset", algo])
+def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str) -> list[str]:
+    """The trainer's flags for one run (without the module and --out)."""
+    preset = [] if algo in ("ppo", "default") else ["--preset", algo]
     reward = ["--reward", cfg.reward] if cfg.reward else []
-    every = ["--eval-every", "1"] if task == "food" else []  # food's exact evaluation is cheap enough for every step
-    return [sys.executable, "-m", *cli, *reward, "--seed", str(seed), "--out", str(folder), "--threads", "1",
-            "--quiet", *every, *passthrough]
+    steps = cfg.steps or (60 if cfg.budget == "fixed" and task == "food" else None)
+    budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + \
+        (["--steps", str(steps)] if steps else [])
+    return [*preset, *reward, "--seed", str(seed), "--threads", "1", "--quiet", *budget, *passthrough]
+
+
+def trainer_module(algo: str) -> str:
+    return "minigrpo.ppo" if algo == "ppo" else "minigrpo.grpo"
 
 
 def run_one(args) -> tuple[str, int, str | None]:
     algo, seed, cmd, folder = args
-    if (folder / "summary.json").exists():
-        return algo, seed, None  # finished in an earlier invocation
+    stamp = folder / "compare_command.json"
+    if (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == cmd[1:]:
+        return algo, seed, None  # the same run finished in an earlier invocation
+    if folder.exists():
+        shutil.rmtree(folder)  # a run of another command, or an unfinished one: this command reruns it
+    folder.mkdir(parents=True)
+    stamp.write_text(json.dumps(cmd[1:]))
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if p.returncode != 0:
+        (folder / "summary.json").unlink(missing_ok=True)
         lines = (p.stderr or p.stdout).strip().splitlines()
         return algo, seed, lines[-1] if lines else f"exit code {p.returncode}"
     return algo, seed, None
+
+
+def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> None:
+    """Parse every run's flags, build its reward and find its --init in this process, so a bad flag,
+    task, reward or checkpoint is one line before any run starts."""
+    from minigrpo.grpo import GRPOConfig
+    from minigrpo.ppo import PPOConfig
+    from minigrpo.rewards import RewardError, make_reward
+    from minigrpo.rl_config import check_rl_config, parse_rl_config
+    from toy_tasks import get_task
+
+    for algo in algos:
+        cls = PPOConfig if algo == "ppo" else GRPOConfig
+        rc = parse_rl_config(cls, trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"], "", algo,
+                             PRESETS if algo != "ppo" else None)
+        check_rl_config(rc)
+        try:
+            t = get_task(rc.task)
+            make_reward(rc.reward, t.REWARDS, t.REWARD_HELP)
+        except (ValueError, RewardError) as e:
+            raise UsageError(str(e)) from None
+        if not Path(rc.init).is_file():
+            raise UsageError(f"--init {rc.init!r} does not exist (run `python -m minigrpo.pretrain"
+                             f"{'' if rc.task == 'food' else ' --task ' + rc.task}` first)")
 
 
 def curves(folder: Path) -> dict:
@@ -73,16 +119,11 @@ def curves(folder: Path) -> dict:
             out["secs"].append(secs), out["tokens"].append(toks), out["target"].append(r["target_rate"])
             out["steps"].append(r["step"])
     # the last value of each metric (a step that skipped its update, e.g. DAPO's, logs no KL)
-    out["final"] = {k: next((r[k] for r in reversed(rows) if k in r), float("nan"))
-                    for k in ("target_rate", "kl_exact", "worst_drift", "malformed", "reward_mean")}
+    out["final"] = {k: next((r[k] for r in reversed(rows) if r.get(k) is not None), float("nan"))
+                    for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift", "malformed",
+                              "peak_worst_drift", "peak_malformed")}
+    out["final"]["steps"] = rows[-1]["step"] if rows else float("nan")
     return out
-
-
-def final_reward(c: dict) -> float:
-    """The exact target rate where the task has one (for a 0/1 food reward it IS the expected reward,
-    without sampling noise); else the last step's mean sampled reward."""
-    t = c["final"]["target_rate"]
-    return t if t == t else c["final"]["reward_mean"]
 
 
 def first_reaching(c: dict, level: float, key: str):
@@ -99,16 +140,19 @@ def summarise(values: list) -> str:
     return f"{med:.3g}{spread}{missing}"
 
 
-def write_outputs(out: Path, results: dict, errors: dict) -> None:
+def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    lines = ["| algorithm | runs | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 | final target | exact KL/token | worst drift | malformed |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| algorithm | runs | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 | final target "
+             "| final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     fig2, axes2 = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig.suptitle(f"{title}: exact target rate, mean and min–max over seeds")
+    fig2.suptitle(f"{title}: where each run ended")
     for i, (algo, runs) in enumerate(results.items()):
         color = f"C{i % 10}"
         if runs:
@@ -120,24 +164,27 @@ def write_outputs(out: Path, results: dict, errors: dict) -> None:
                 ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
                 ax.set_xlabel(label)
             for ax, key in ((axes2[0], "kl_exact"), (axes2[1], "worst_drift")):
-                ax.scatter([c["final"][key] for c in runs], [final_reward(c) for c in runs], color=color, label=algo)
+                ax.scatter([c["final"][key] for c in runs], [c["final"]["exact_reward"] for c in runs], color=color,
+                           label=algo)
         f = [c["final"] for c in runs]
         row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
-               summarise([first_reaching(c, 0.9, "steps") for c in runs]), summarise([first_reaching(c, 0.9, "secs") for c in runs]),
+               summarise([x["steps"] for x in f]), summarise([first_reaching(c, 0.9, "steps") for c in runs]), summarise([first_reaching(c, 0.9, "secs") for c in runs]),
                summarise([first_reaching(c, 0.95, "steps") for c in runs]), summarise([first_reaching(c, 0.95, "secs") for c in runs]),
-               summarise([x["target_rate"] for x in f]), summarise([x["kl_exact"] for x in f]),
-               summarise([x["worst_drift"] for x in f]), summarise([x["malformed"] for x in f])]
+               *[summarise([x[k] for x in f]) for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
+                                                        "peak_worst_drift", "malformed", "peak_malformed")]]
         lines.append("| " + " | ".join(row) + " |")
     for ax in axes:
         ax.set_ylabel("exact target rate (higher is better)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     axes2[0].set_xlabel("exact KL to π_ref per token (lower = closer)")
     axes2[1].set_xlabel("worst other-person drift, TV (lower is better)")
     for ax in axes2:
-        ax.set_ylabel("final expected reward (higher is better)")
+        ax.set_ylabel("final exact expected reward (higher is better)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     for f, name in ((fig, "curves.png"), (fig2, "frontier.png")):
         f.tight_layout()
         f.savefig(out / name, dpi=90)
@@ -145,14 +192,14 @@ def write_outputs(out: Path, results: dict, errors: dict) -> None:
     for algo, errs in errors.items():
         for seed, err in errs:
             lines.append(f"\nfailed: {algo} seed {seed}: {err}")
-    (out / "table.md").write_text("Medians over seeds (min–max).\n\n" + "\n".join(lines) + "\n")
+    (out / "table.md").write_text(f"{title}. Medians over seeds (min–max).\n\n" + "\n".join(lines) + "\n")
 
 
 @main_guard
 def main(argv=None):
     # our own flags are parsed here; every other flag passes through to the trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs"):
+    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps"):
         pre.add_argument(name)
     ours, passthrough = pre.parse_known_args(list(argv or []))
     pre_task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -167,14 +214,18 @@ def main(argv=None):
         raise UsageError(f"unknown algorithm(s) {', '.join(bad) or '(none given)'} (available: {', '.join(ALGOS)})")
     if cfg.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {cfg.seeds}")
-    if any(p in ("--seed", "--out", "--preset", "--resume") for p in passthrough):
-        raise UsageError("--seed, --out, --preset and --resume are set by compare itself; use --seeds, --out, --algos")
+    if cfg.jobs < 0:
+        raise UsageError(f"--jobs must be >= 0 (0 = the number of cores), got {cfg.jobs}")
+    if any(p in ("--seed", "--out", "--preset", "--resume", "--goal", "--plateau") for p in passthrough):
+        raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
+                         "use --seeds, --out, --algos and --budget")
     task = pre_task.parse_known_args(passthrough)[0].task
+    check_all(algos, cfg, passthrough, task)
     out = prepare_out(cfg.out or (default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare")
                                   if cfg.reward else f"runs/compare-{task}"))
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    tasks = [(a, s, command(a, s, cfg, out / f"{a}-s{s}", passthrough, task), out / f"{a}-s{s}")
-             for a in algos for s in range(cfg.seeds)]
+    tasks = [(a, s, [sys.executable, "-m", trainer_module(a), *trainer_args(a, s, cfg, passthrough, task), "--out",
+                     str(out / f"{a}-s{s}")], out / f"{a}-s{s}") for a in algos for s in range(cfg.seeds)]
     print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds, {jobs} at a time -> {out}", flush=True)
     errors, results = {}, {a: [] for a in algos}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -184,9 +235,12 @@ def main(argv=None):
                 results[algo].append(curves(out / f"{algo}-s{seed}"))
             else:
                 errors.setdefault(algo, []).append((seed, err))
-    write_outputs(out, results, errors)
+    budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
+    write_outputs(out, results, errors, f"{', '.join(algos)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}")
     print((out / "table.md").read_text())
     print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'}")
+    if errors:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ import torch
 from minigrpo.advantages import group_advantages, rloo_advantages, whiten
 from minigrpo.cli import UsageError, main_guard
 from minigrpo.kl import ESTIMATORS, exact
-from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, surrogate_stats
-from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, RLConfig, parse_rl_config, run
+from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
+from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
+from minigrpo.rl_config import RLConfig, parse_rl_config
 from minigrpo.rollout import RolloutBatch, completion_logprobs
 
 PRESETS = {
@@ -74,6 +75,7 @@ class GRPOConfig(RLConfig):
     loss_agg: str = field(default="seq-mean-token-mean", metadata={"help": "loss aggregation over tokens and sequences", "choices": list(AGG_MODES)})
     ratio: str = field(default="token", metadata={"help": "importance ratio per token, or per sequence (GSPO)", "choices": ["token", "sequence"]})
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
+    forking_share: float = field(default=1.0, metadata={"help": "share of highest-entropy tokens (under π_old) that carry the policy loss (1 = all; 2506.01939 uses 0.2)"})
     skip_equal_groups: bool = field(default=False, metadata={"help": "drop groups whose rewards are all equal (they carry no signal)"})
 
 
@@ -138,19 +140,21 @@ class GRPO:
                     stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
                 return {**stats, "skipped": 1.0}
             batch, adv = batch.select(keep), adv[keep]
-        mask, totals = batch.mask, {}
+        mask, totals, fork = batch.mask, {}, None
         for _ in range(cfg.updates):
             logp, logits = completion_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
                 batch.old_logp = logp.detach()
-            per_token = clipped_surrogate(logp, batch.old_logp, adv[:, None], mask, cfg.clip_low, cfg.clip_high,
+            ent = entropy(logits)
+            if fork is None:  # chosen once per rollout, from π_old's entropies (first update)
+                fork = forking_token_mask(ent.detach(), mask, cfg.forking_share)
+            per_token = clipped_surrogate(logp, batch.old_logp, adv[:, None], fork, cfg.clip_low, cfg.clip_high,
                                           cfg.dual_clip, cfg.ratio)
             policy_loss = aggregate(per_token, mask, cfg.loss_agg, cfg.max_new_tokens)
             kl_tok = kl_per_token(logp, batch.ref_logp, logits, batch.ref_logits, cfg.kl)
             loss = policy_loss
             if cfg.beta > 0 and cfg.kl_in == "loss":
                 loss = loss + cfg.beta * aggregate(kl_tok, mask, cfg.loss_agg, cfg.max_new_tokens)
-            ent = entropy(logits)
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.loss_agg, cfg.max_new_tokens)
             anchor = self.run.anchor_term()

@@ -181,3 +181,24 @@ def value_loss(values, old_values, returns, mask, clip=None) -> torch.Tensor:
         v_clipped = v_old + (v - v_old).clamp(-clip, clip)  # = clip(V, V_old − c, V_old + c)
         loss = torch.maximum(loss_unclipped, (v_clipped - ret) ** 2)
     return torch.where(mask, 0.5 * loss, zero)
+
+
+def forking_token_mask(ent: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
+    """The "forking tokens": the `share` of valid tokens with the highest entropy (Wang et al. 2025,
+    "Beyond the 80/20 rule", 2506.01939, §4: only the top 20 % carry the policy gradient).
+
+    ent (N, T) entropy of the next-token distribution at each position (detached), mask (N, T) bool
+    -> (N, T) bool: valid tokens whose entropy is at or above the batch's (1 − share) quantile over
+    valid tokens. share >= 1 keeps every valid token; ties at the threshold are kept.
+    Why it matters here: a failing completion gets a negative advantage at EVERY token, including the
+    forced ones (the "y" of "curr|y"); pushing those down frees mass that lands on malformed lines
+    ("curram"). Forced tokens have near-zero entropy, so the mask leaves them to the KL term alone.
+    """
+    if share >= 1:
+        return mask.clone()
+    valid = ent[mask]
+    if valid.numel() == 0:
+        return mask.clone()
+    k = max(1, int(round(share * valid.numel())))
+    threshold = valid.topk(k).values[-1]
+    return mask & (ent >= threshold)

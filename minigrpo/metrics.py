@@ -23,11 +23,16 @@ class JsonlLogger:
         self._f = open(self.path, "a")
 
     def log(self, row: dict) -> None:
-        self._f.write(json.dumps(row) + "\n")
+        self._f.write(json.dumps(strict_json(row), allow_nan=False) + "\n")
         self._f.flush()
 
     def close(self) -> None:
         self._f.close()
+
+
+def strict_json(row: dict) -> dict:
+    """NaN and ±inf are not JSON: write them as null, so every line parses with a strict parser."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
 def read_jsonl(path) -> list[dict]:

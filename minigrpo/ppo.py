@@ -31,7 +31,8 @@ from minigrpo.advantages import explained_variance, gae, whiten
 from minigrpo.cli import UsageError, main_guard
 from minigrpo.kl import exact, k1
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
-from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, RLConfig, parse_rl_config, run
+from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
+from minigrpo.rl_config import RLConfig, parse_rl_config
 from minigrpo.rollout import RolloutBatch, completion_logprobs
 
 
@@ -114,7 +115,7 @@ class PPO:
         N = mask.size(0)
         sums, count = {}, 0
         for _ in range(cfg.epochs):
-            order = torch.randperm(N, generator=self.run.generator).to(mask.device)
+            order = torch.randperm(N, generator=self.run.gens["shuffle"]).to(mask.device)
             for rows in order.chunk(cfg.minibatches):
                 sub = batch.select(rows)
                 logp, logits, values = self.forward(sub.gen)

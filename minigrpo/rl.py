@@ -1,12 +1,16 @@
 """The RL run shared by every algorithm (GRPO and its variants, PPO): set-up, the outer loop, exact
-evaluation, metrics, checkpoints, resume and Ctrl-C. An algorithm only supplies `update(batch)`.
+evaluation, the stop rule, metrics, checkpoints, resume and Ctrl-C. An algorithm supplies `update`.
 
-Each step:  collect a rollout (rollout.py)  ->  algorithm.update (μ inner updates)  ->  metrics
-Every --eval-every steps and at the end: the task's exact evaluation (target rate, each other
-person's drift from the pretrained model, malformed mass). Checkpoints (every --ckpt-every steps, at
-the end, and on Ctrl-C) hold the policy, the reference, the optimiser, the algorithm's own state (e.g.
-PPO's critic), the sampling generator's state, the anchor set and the baseline, so `--resume` gives the
-same metrics on CPU as an uninterrupted run.
+Each step:  collect a rollout (rollout.py)  ->  algorithm.update (its inner updates)  ->  exact
+evaluation (every --eval-every steps, default every step: one batched forward for all people)  ->
+the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap).
+Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C) hold the policy, the reference, the
+optimiser, the algorithm's own state (e.g. PPO's critic), every random generator's state, the anchor
+set, the baseline and the stop rule, so `--resume` gives the same metrics on CPU as an uninterrupted run.
+
+One random generator per purpose (rollout sampling, prompt draws, the anchor's construction, the
+anchor's minibatches, PPO's shuffles), each seeded from (seed, purpose): turning preservation off or
+changing μ leaves the sampled completions of a step unchanged, so A/B comparisons are paired.
 
 Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's
 first update moves every weight by about lr whatever its gradient, and on the food task that first
@@ -16,81 +20,55 @@ the whole run stayed below 0.04 (seeds 0 and 1), at the same number of steps to 
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import signal
-import threading
+import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from minigrpo.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from minigrpo.cli import UsageError, check_positive, parse_config, prepare_out, setup_runtime, write_json
+from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.optim import AdamW
 from minigrpo.preserve import Anchor, anchor_loss, build_anchor
 from minigrpo.rewards import RewardError, make_reward
-from minigrpo.rollout import RolloutBatch, collect
-from toy_tasks import get_task, task_defaults
-
-
-@dataclass
-class RLConfig:
-    """Fields every RL command shares (GRPO and PPO add their own)."""
-    task: str = field(default="food", metadata={"help": "toy task (food, arithmetic)"})
-    init: str = field(default="runs/pretrain/model.pt", metadata={"help": "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for other tasks)"})
-    out: str | None = field(default=None, metadata={"help": "output folder (default runs/<algo>-<reward>)"})
-    resume: str | None = field(default=None, metadata={"help": "continue the run in this folder from its last checkpoint"})
-    reward: str = field(default="pizza", metadata={"help": "reward spec: a name, NAME=W,... or file.py:function (see rewards.py)"})
-    person: str = field(default="ravin", metadata={"help": "food task: whose prompt RL trains on"})
-    unfinished_reward: float | None = field(default=None, metadata={"help": "reward for completions cut off before their end token (default: score them like the rest)"})
-    steps: int = field(default=40, metadata={"help": "RL steps (one rollout each)"})
-    prompts_per_step: int = field(default=4, metadata={"help": "prompts drawn per step (with replacement from the task's RL prompts)"})
-    group_size: int = field(default=8, metadata={"help": "completions sampled per prompt (G)"})
-    max_new_tokens: int = field(default=14, metadata={"help": "longest completion"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (log-probs use the same)"})
-    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate"})
-    warmup: int = field(default=5, metadata={"help": "linear learning-rate warm-up over the first N steps (0 = off; see rl.py)"})
-    grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip (0 = off)"})
-    preserve: bool = field(default=True, metadata={"help": "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"})
-    preserve_coef: float = field(default=20.0, metadata={"help": "weight of the preservation KL"})
-    preserve_kl: str = field(default="forward", metadata={"help": "preservation KL direction: forward KL(π_ref‖π) or reverse KL(π‖π_ref)", "choices": ["forward", "reverse"]})
-    preserve_per_prompt: int = field(default=64, metadata={"help": "anchor sequences sampled once from π_ref per off-target prompt"})
-    preserve_batch: int = field(default=56, metadata={"help": "anchor sequences used per update"})
-    ref_update_every: int = field(default=0, metadata={"help": "π_ref <- π_θ every N steps (0 = never: the reference stays the pretrained model)"})
-    eval_every: int = field(default=5, metadata={"help": "exact evaluation every N steps (and at the end)"})
-    ckpt_every: int = field(default=50, metadata={"help": "checkpoint every N steps (and at the end)"})
-    seed: int = field(default=0, metadata={"help": "random seed"})
-    threads: int = field(default=1, metadata={"help": "torch CPU threads (1 is fastest for models this small)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
-    quiet: bool = field(default=False, metadata={"help": "no progress lines"})
-
+from minigrpo.rl_config import RLConfig, check_rl_config
+from minigrpo.rl_report import StopOnCtrlC, flat, progress_line, write_samples
+from minigrpo.rollout import collect
+from minigrpo.stopping import Peaks, StopRule
+from minigrpo.trust_region import StepGuard
+from toy_tasks import get_task
+from toy_tasks.support import reward_table
 
 # Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost (last).
 OUTCOME_PANELS = [
-    ("reward (higher is better)", ["reward_mean", "reward_rolling"]),
-    ("exact target rate (higher is better)", ["target_rate"]),
-    ("worst other-person drift, TV (lower is better)", ["worst_drift"]),
-    ("malformed mass (lower is better)", ["malformed"]),
+    ("reward (higher is better)", ["reward_mean", "reward_rolling", "exact_reward"]),
+    ("exact target rate (higher is better)", ["target_rate", "heldout_rate"]),
+    ("worst other-person drift, TV (lower is better)", ["worst_drift", "peak_worst_drift"]),
+    ("malformed mass (lower is better)", ["malformed", "peak_malformed"]),
     ("policy loss", ["policy_loss"]),
 ]
 COST_PANELS = [
     ("step time, s (lower is better)", ["step_time"]),
     ("preservation loss", ["preserve_loss"]),
 ]
+# where each generator lives: sampling happens on the run's device, index draws on the CPU
+GENERATORS = {"rollout": "device", "prompts": "cpu", "anchor": "device", "anchor_rows": "cpu", "shuffle": "cpu"}
+
+
+def purpose_seed(seed: int, purpose: str) -> int:
+    """A seed for one purpose's generator: different purposes never share a stream."""
+    return (seed * 1_000_003 + zlib.crc32(purpose.encode())) % (2 ** 63)
 
 
 class Run:
-    """Everything a running RL job holds; algorithms read policy, ref, anchor and cfg from it."""
+    """Everything a running RL job holds; algorithms read policy, ref, anchor, gens and cfg from it."""
 
     def __init__(self, cfg: RLConfig, algo_name: str, log=print):
-        check_positive(cfg, "steps", "prompts_per_step", "max_new_tokens", "temperature", "lr", "eval_every",
-                       "ckpt_every", "preserve_per_prompt", "preserve_batch")
-        if cfg.group_size < 2:
-            raise UsageError(f"--group-size must be >= 2 (group baselines need two samples), got {cfg.group_size}")
+        check_rl_config(cfg)
         self.cfg, self.algo_name, self.log = cfg, algo_name, (lambda *a: None) if cfg.quiet else log
         try:
             self.task = get_task(cfg.task)
@@ -110,42 +88,59 @@ class Run:
             self.prompts = self.task.rl_prompts(cfg)
             for p in self.prompts:
                 self.tok.check(p)
+            self.rewards = reward_table(self.reward, self.prompts, self.task.support)  # exact E[r] needs it
         except (RewardError, ValueError) as e:
             raise UsageError(str(e)) from None
         self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.policy.train()
         self.out = prepare_out(cfg.out)
-        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
+        self.gens = {name: torch.Generator(device=self.device if where == "device" else "cpu")
+                     .manual_seed(purpose_seed(cfg.seed, name)) for name, where in GENERATORS.items()}
         self.step, self.anchor, self.baseline = 0, None, None
         self.rewards_window: list[float] = []  # the last 10 steps' mean rewards (for reward_rolling)
-        if self.resume_state is None:  # on resume, `restore` brings all three back from the checkpoint
+        self.stop_rule = StopRule(cfg.goal, cfg.goal_patience, cfg.plateau)
+        self.peaks = Peaks()
+        self.stop_reason: str | None = None
+        if self.resume_state is None:  # on resume, `restore` brings these back from the checkpoint
             anchor_prompts = self.task.anchor_prompts(cfg) if cfg.preserve else []
             if anchor_prompts:
                 self.anchor = build_anchor(self.ref, self.tok, anchor_prompts, cfg.preserve_per_prompt,
-                                           cfg.max_new_tokens, self.generator)
+                                           cfg.max_new_tokens, self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)
 
     def _read_resume(self) -> dict:
         path = Path(self.cfg.resume) / "model.pt"
         if not Path(self.cfg.resume).is_dir():
-            raise UsageError(f"--resume {self.cfg.resume!r} is not a folder")
+            raise UsageError(f"--resume {self.cfg.resume!r}: no such folder")
         try:
             state = read_checkpoint(path)
         except CheckpointError as e:
             raise UsageError(f"--resume {self.cfg.resume!r} has no usable checkpoint: {e}") from None
-        if "rl" not in state.get("extra", {}):
-            raise UsageError(f"--resume {self.cfg.resume!r}: {path} is not an RL checkpoint")
+        if "rl" not in state.get("extra", {}) or "gens" not in state["extra"]["rl"]:
+            raise UsageError(f"--resume {self.cfg.resume!r}: {path} is not an RL checkpoint of this version")
         return state
+
+    def evaluate(self) -> dict:
+        """The task's exact evaluation now, with the running peaks of what must never break."""
+        ev = self.task.rl_evaluate(self.policy, self.tok, self.baseline, self.cfg, self.rewards)
+        return {**ev, **self.peaks.update(ev)}
+
+    def probes(self, batch) -> list:
+        """What the step's trust region measures (trust_region.py): the rollout, the anchor set."""
+        out = [("rollout", batch.gen, self.cfg.trust_region)] if self.cfg.trust_region > 0 else []
+        if self.anchor is not None and self.cfg.trust_region_anchor > 0:
+            out.append(("anchor", self.anchor.gen, self.cfg.trust_region_anchor))
+        return out
 
     def anchor_term(self) -> torch.Tensor | None:
         """The preservation loss on a fresh minibatch of anchor rows (None when off)."""
         if self.anchor is None:
             return None
         m = self.anchor.gen.ids.size(0)
-        rows = torch.randperm(m, generator=self.generator)[: self.cfg.preserve_batch].to(self.device)
+        rows = torch.randperm(m, generator=self.gens["anchor_rows"])[: self.cfg.preserve_batch].to(self.device)
         return self.cfg.preserve_coef * anchor_loss(self.policy, self.anchor, rows, self.cfg.preserve_kl)
 
-    def clip_and_step(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params) -> float:
+    def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
@@ -159,9 +154,10 @@ class Run:
         rl_state = {
             "algo": self.algo_name, "config": asdict(self.cfg),
             "ref": {k: v.detach().cpu() for k, v in self.ref.state_dict().items()},
-            "algo_state": algo.state_dict(), "generator": self.generator.get_state(),
+            "algo_state": algo.state_dict(), "gens": {k: g.get_state() for k, g in self.gens.items()},
             "anchor": self.anchor.state_dict() if self.anchor is not None else None,
             "baseline": self.baseline, "rewards_window": self.rewards_window,
+            "stop_rule": self.stop_rule.state_dict(), "peaks": self.peaks.values, "stop_reason": self.stop_reason,
         }
         save_checkpoint(self.out / "model.pt", self.policy, self.tok, self.cfg.task, self.step, optimizer=opt,
                         extra={"rl": rl_state})
@@ -175,11 +171,27 @@ class Run:
         self.ref.load_state_dict(rl["ref"])
         opt.load_state_dict(state["optimizer"])
         algo.load_state_dict(rl["algo_state"])
-        self.generator.set_state(rl["generator"])
+        for k, g in self.gens.items():
+            g.set_state(rl["gens"][k])
         self.anchor = Anchor.from_state_dict(rl["anchor"], self.device) if rl["anchor"] is not None else None
         self.baseline = rl["baseline"]
         self.rewards_window = list(rl["rewards_window"])
+        self.stop_rule.load_state_dict({k: v for k, v in rl["stop_rule"].items()
+                                        if k not in ("goal", "patience", "plateau")})  # new flags win
+        self.peaks = Peaks(rl["peaks"])
         self.step = state["step"]
+        ended = rl["stop_reason"]
+        if self.step >= self.cfg.steps:
+            raise UsageError(f"--resume {self.cfg.resume!r}: the run already took {self.step} steps; "
+                             f"pass --steps N with N > {self.step} (the new cap, counted from step 0)")
+        if ended and not ended.startswith("cap"):
+            rule = self.stop_rule
+            again = (rule.goal > 0 and rule.streak >= rule.patience) or \
+                    (rule.plateau and self.step - rule.best_step >= rule.plateau)
+            if again:
+                raise UsageError(f"--resume {self.cfg.resume!r}: the run stopped at step {self.step} ({ended}); "
+                                 f"to train on, pass --goal 0 --plateau 0 (or a higher --goal) with --steps N")
+            self.log(f"resuming a run that had stopped ({ended}): the new --goal/--plateau let it continue")
 
 
 def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
@@ -193,43 +205,55 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
     logger = JsonlLogger(r.out / "metrics.jsonl", truncate_after_step=r.step if r.resume_state else None)
     r.log(f"{algo_name} on {cfg.task} | reward {cfg.reward} | {len(r.prompts)} RL prompt(s) | G={cfg.group_size} "
           f"x {cfg.prompts_per_step} prompts | preservation {'on' if r.anchor is not None else 'off'} | "
-          f"{'resuming at step ' + str(r.step) if r.resume_state else 'from ' + cfg.init}")
-    last_eval = r.task.rl_evaluate(r.policy, r.tok, r.baseline, cfg)
+          f"{'resuming at step ' + str(r.step) if r.resume_state else 'from ' + cfg.init} | at most {cfg.steps} "
+          f"steps" + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else ""))
+    last_eval = r.evaluate()
     if not r.resume_state:
-        logger.log({"step": 0, **_flat(last_eval)})
-    last_batch = None
+        logger.log({"step": 0, **flat(last_eval)})
+    r.stop_reason, last_batch = None, None
     try:
         with StopOnCtrlC() as stop:
-            while r.step < cfg.steps and not stop.requested:
+            while r.step < cfg.steps and not stop.requested and r.stop_reason is None:
                 t0 = time.perf_counter()
                 opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (r.step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
-                idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.generator).tolist()
+                idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.gens["prompts"]).tolist()
                 batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
-                                r.generator, cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
+                                r.gens["rollout"], cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
                                 keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp)
+                guard = StepGuard(r.policy, r.probes(batch)) if r.probes(batch) else None
                 stats = algo.update(batch, opt)
+                if guard is not None:
+                    stats.update(guard.enforce(r.policy))
+                if not all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss")):
+                    raise UsageError(f"the loss became non-finite at step {r.step + 1} (lr {cfg.lr:g}): "
+                                     f"the run stopped; checkpoints already written are intact")
                 step_time = time.perf_counter() - t0
                 r.step += 1
                 if cfg.ref_update_every and r.step % cfg.ref_update_every == 0:  # iterative GRPO
                     r.ref.load_state_dict(r.policy.state_dict())
                 last_batch = batch
                 r.rewards_window = (r.rewards_window + [batch.rewards.mean().item()])[-10:]
-                row = {"step": r.step, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
+                row = {"step": r.step, "reward_mean": batch.rewards.mean().item(),
+                       "reward_std": batch.rewards.std().item(),
                        "reward_rolling": sum(r.rewards_window) / len(r.rewards_window), **stats,
                        "completion_len": batch.mask.sum(1).float().mean().item(),
                        "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
-                if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
-                    last_eval = r.task.rl_evaluate(r.policy, r.tok, r.baseline, cfg)
-                    row.update(_flat(last_eval))
+                evaluated = r.step % cfg.eval_every == 0 or r.step == cfg.steps
+                if evaluated:
+                    last_eval = r.evaluate()
+                    row.update(flat(last_eval))
+                    r.stop_reason = r.stop_rule.update(r.step, last_eval["target_rate"])
+                if r.stop_reason is None and r.step == cfg.steps:
+                    r.stop_reason = f"cap: --steps {cfg.steps} reached"
                 logger.log(row)
-                r.log(_progress(r.step, cfg.steps, row, last_eval))
-                if r.step % cfg.ckpt_every == 0 or r.step == cfg.steps:
+                r.log(progress_line(r.step, cfg.steps, row, evaluated))
+                if r.step % cfg.ckpt_every == 0 or r.stop_reason is not None:
                     r.save(algo, opt)
     except RewardError as e:  # a user reward raised or returned a non-finite value: one line, no traceback
-        logger.close()
         raise UsageError(f"{e} (stopped at step {r.step}; checkpoints already written are intact)") from None
-    logger.close()
-    if stop.requested and r.step < cfg.steps:  # Ctrl-C: the step in flight was finished: a consistent checkpoint
+    finally:
+        logger.close()
+    if stop.requested and r.stop_reason is None:  # Ctrl-C: the step in flight was finished: a consistent checkpoint
         r.save(algo, opt)
         print(f"\ninterrupted: checkpoint at step {r.step} written to {r.out / 'model.pt'}; "
               f"continue with --resume {r.out}", flush=True)
@@ -237,94 +261,11 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
     rows = read_jsonl(r.out / "metrics.jsonl")
     plot_panels(rows, panels, r.out / "metrics.png", title=f"{algo_name}: {cfg.task}, reward {cfg.reward}")
     if last_batch is not None:
-        _write_samples(r.out / "samples.txt", last_batch)
+        write_samples(r.out / "samples.txt", last_batch)
+    r.log(f"stopped at step {r.step}: {r.stop_reason}")
     r.log(r.task.format_rl_eval(last_eval, cfg))
-    summary = {"step": r.step, **_flat(last_eval)}
-    write_json(r.out / "summary.json", {**summary, "pizza_shares": last_eval.get("pizza_shares"),
-                                        "baseline_pizza_shares": _pizza_shares(r.baseline)})
+    summary = {"step": r.step, "stop_reason": r.stop_reason, **flat(last_eval)}
+    write_json(r.out / "summary.json", summary)
+    r.log(f"wrote {r.out}/ (metrics.jsonl, metrics.png, summary.json, samples.txt, model.pt); look at it with:\n"
+          f"  python -m minigrpo.sample --checkpoint {r.out / 'model.pt'} --prompt {r.prompts[0]!r} --num 1000")
     return summary
-
-
-class StopOnCtrlC:
-    """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one stops
-    at once), so the checkpoint written on the way out never holds a half-applied update."""
-
-    def __enter__(self):
-        self.requested, self.previous = False, None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-
-def _flat(ev: dict) -> dict:
-    return {k: v for k, v in ev.items() if isinstance(v, (int, float))}
-
-
-def _pizza_shares(baseline):
-    if isinstance(baseline, dict) and all(isinstance(v, dict) and "pizza" in v for v in baseline.values()):
-        return {p: d["pizza"] for p, d in baseline.items()}
-    return None
-
-
-def _progress(step, steps, row, ev) -> str:
-    target = ev.get("target_rate", float("nan"))
-    line = f"step {step:4d}/{steps} | reward {row['reward_mean']:.3f} (avg10 {row['reward_rolling']:.3f}) | exact target {target:.3f}"
-    if any(k.startswith("drift_") for k in ev):  # tasks with off-target prompts (food: the other people)
-        line += f" | worst drift {ev['worst_drift']:.3f}"
-    if "heldout_rate" in ev:  # tasks with held-out prompts (arithmetic)
-        line += f" | held-out {ev['heldout_rate']:.3f}"
-    line += f" | loss {row.get('policy_loss', float('nan')):+.4f}"
-    if "kl_exact" in row:
-        line += f" | KL {row['kl_exact']:.4f}"
-    if "clip_frac_low" in row:
-        line += f" | clip {row['clip_frac_low'] + row['clip_frac_high']:.3f}"
-    return line + f" | {1000 * row['step_time']:.0f} ms"
-
-
-def _write_samples(path: Path, batch: RolloutBatch) -> None:
-    lines = [f"{r:+.3f}\t{p!r} -> {c!r}{'' if f else ' (unfinished)'}"
-             for p, c, r, f in zip(batch.prompts, batch.completions, batch.rewards.tolist(), batch.gen.finished.tolist())]
-    path.write_text("reward\tprompt -> completion (last step's rollout)\n" + "\n".join(lines) + "\n")
-
-
-def default_out(cfg: RLConfig, algo_name: str) -> str:
-    """runs/<preset or algo>-<reward>, e.g. runs/grpo-pizza, runs/dapo-food-sushi."""
-    slug = "".join(c if c.isalnum() else "-" for c in cfg.reward.split("/")[-1]).strip("-")[:40]
-    return f"runs/{getattr(cfg, 'preset', None) or algo_name}-{slug}"
-
-
-def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict | None = None):
-    """Parse argv into `cls`. Defaults come from, in rising priority: the dataclass, the task
-    (toy_tasks' RL_DEFAULTS), the --preset, the saved config of a --resume folder; explicit flags
-    override all of them."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--preset")
-    pre.add_argument("--resume")
-    known, _ = pre.parse_known_args(argv)
-    defaults = task_defaults(argv, "RL")  # e.g. arithmetic: 64 prompts per step, 300 steps
-    if known.preset is not None:
-        if known.preset not in (presets or {}):
-            raise UsageError(f"unknown --preset {known.preset!r} (available: {', '.join(sorted(presets or {}))})")
-        defaults.update(presets[known.preset])
-    if known.resume is not None:
-        saved = Path(known.resume) / "config.json"
-        if not saved.is_file():
-            raise UsageError(f"--resume {known.resume!r} has no config.json (not a {algo_name} run folder)")
-        names = {f.name for f in fields(cls)}
-        defaults.update({k: v for k, v in json.loads(saved.read_text()).items() if k in names})
-    cfg, _ = parse_config(cls, argv, description, defaults)
-    if cfg.resume is not None:
-        cfg.out = cfg.resume
-    elif cfg.out is None:
-        cfg.out = default_out(cfg, algo_name)
-    return cfg
-

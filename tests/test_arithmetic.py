@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from minigrpo.rewards import make_reward
 from toy_tasks import arithmetic as ar
 from toy_tasks import get_task
+from toy_tasks.support import reward_table
 
 N = len(ar.EXPRESSIONS)
 
@@ -180,9 +181,17 @@ def test_exact_figures_are_consistent(tiny_arith):
     assert probs.shape == (4, len(ar.KINDS)) and (probs.sum(1) <= 1 + 1e-5).all()
     assert torch.allclose(probs[:, ar.KINDS.index("right/ok")], torch.tensor(alone), atol=1e-5)
     cfg = SimpleNamespace(reward="correct+format", person="ravin")
-    ev = ar.rl_evaluate(model, tok, ar.rl_baseline(model, tok, cfg), cfg)
-    assert ev["worst_drift"] == 0.0 and abs(ev["malformed"] + ev["format_rate"] - 1) < 1e-6
+    rewards = reward_table(make_reward("correct+format", ar.REWARDS), ar.PROMPTS, ar.support)
+    ev = ar.rl_evaluate(model, tok, ar.rl_baseline(model, tok, cfg), cfg, rewards)
+    assert "worst_drift" not in ev, "a task without off-target prompts has no drift to report"
+    assert abs(ev["malformed"] + ev["format_rate"] - 1) < 1e-6
     assert 0 <= ev["target_rate"] <= min(ev["correct_rate"], ev["format_rate"])
+    assert ev["best_reward"] == 2.0  # "v." is right and well-formed
+    # exact E[r] over the declared support = 2·P(v.) + P(right number, a slip) + P(v±1 well-formed)
+    kinds = ar.exact_outcomes(model, tok, ar.PROMPTS).mean(0)
+    by_kind = dict(zip(ar.KINDS, kinds.tolist()))
+    by_hand = sum((("right/" in k) + k.endswith("/ok")) * q for k, q in by_kind.items())
+    assert abs(ev["exact_reward"] - by_hand) < 1e-5, (ev["exact_reward"], by_hand)
     assert "heldout" in ar.format_rl_eval(ev, cfg)
     report = ar.pretrain_report(model, tok)
     assert isinstance(report["ok"], bool) and "declared" in ar.format_report(report)

@@ -25,8 +25,9 @@ import re
 import torch
 
 from minigrpo.logprobs import completion_logprobs
-from toy_tasks import largest_remainder
 from minigrpo.sampling import decode_completions, encode_prompts, generate
+from toy_tasks import largest_remainder
+from toy_tasks.support import reward_figures
 
 NAME = "arithmetic"
 # Flags that differ from the CLIs' food-tuned defaults (measured: see README "A second world").
@@ -229,10 +230,11 @@ def sampled_accuracy(model, tok, prompts: list[str], n_per_prompt: int, generato
     return hits / len(rows)
 
 
-def _figures(model, tok, prompts: list[str]) -> dict:
+def _figures(model, tok, prompts: list[str], probs: torch.Tensor | None = None) -> dict:
     """Means over prompts of exact figures: P(right answer "v."), P(right number, any declared writing),
-    P(well-formed, any declared number), mass off the 12 declared completions, and the TV to the model."""
-    probs = exact_outcomes(model, tok, prompts)  # (P, K)
+    P(well-formed, any declared number), mass off the 12 declared completions, and the TV to the model.
+    `probs` (P, K): exact_outcomes of `prompts`, when already computed."""
+    probs = exact_outcomes(model, tok, prompts) if probs is None else probs  # (P, K)
     declared = torch.tensor([q for _, q, _, _ in OUTCOMES])
     off = (1 - probs.sum(1)).clamp(min=0)
     tv = 0.5 * ((probs - declared).abs().sum(1) + off)
@@ -276,22 +278,34 @@ def anchor_prompts(cfg) -> list[str]:
     return []
 
 
-def rl_evaluate(model, tokenizer, baseline: dict | None, cfg) -> dict:
-    """Exact metrics on PROMPTS (heldout_rate: on HELDOUT): target_rate = mean P(right, well-formed
-    answer "v."); correct_rate = P(the right number in a declared writing, a lower bound); format_rate =
-    P(a well-formed answer v-1, v or v+1: a lower bound on the well-formed mass); malformed = 1 - format_rate
-    (the declared slips, and anything else off the declared support)."""
-    f = _figures(model, tokenizer, PROMPTS)
-    return {"target_rate": f["right"], "heldout_rate": exact_accuracy(model, tokenizer, HELDOUT),
+def support(prompt: str) -> list[str]:
+    """The 12 declared completions of a prompt (v-1, v, v+1 in four writings); exact_reward is exact on
+    them, and best_reward is a lower bound of the best over ALL completions (a reward such as `length`
+    pays more for strings the task never declares)."""
+    return completions(prompt)
+
+
+def rl_evaluate(model, tokenizer, baseline: dict | None, cfg, rewards: torch.Tensor) -> dict:
+    """Exact metrics on PROMPTS (heldout_rate: on HELDOUT), one batched forward: under `rewards` (P, 12)
+    the exact expected reward on the declared support, the best reward there, and target_rate = P(a best
+    declared completion) (toy_tasks/support.py; for correct+format, P(right, well-formed "v."));
+    correct_rate = P(the right number in a declared writing, a lower bound); format_rate = P(a
+    well-formed answer v-1, v or v+1: a lower bound on the well-formed mass); malformed = 1 - format_rate
+    (the declared slips, and anything else off the declared support: an upper bound). No drift: this
+    task has no off-target prompts."""
+    probs = exact_outcomes(model, tokenizer, PROMPTS)
+    f = _figures(model, tokenizer, PROMPTS, probs)
+    return {**reward_figures(probs, rewards), "heldout_rate": exact_accuracy(model, tokenizer, HELDOUT),
             "correct_rate": f["right_number"], "format_rate": f["well_formed"],
-            "malformed": max(0.0, 1 - f["well_formed"]), "off_support": f["off_support"], "worst_drift": 0.0}
+            "malformed": max(0.0, 1 - f["well_formed"])}
 
 
-def rl_baseline(model, tokenizer, cfg) -> dict:
-    """The pretrained model's exact figures (rl_evaluate's numbers before RL)."""
-    return rl_evaluate(model, tokenizer, None, cfg)
+def rl_baseline(model, tokenizer, cfg) -> None:
+    """Nothing to remember: without off-target prompts there is no drift to measure."""
+    return None
 
 
 def format_rl_eval(ev: dict, cfg) -> str:
-    return (f"exact P(right answer) prompts {ev['target_rate']:.3f} | heldout {ev['heldout_rate']:.3f} | right "
+    return (f"exact P(best declared answer) prompts {ev['target_rate']:.3f} | exact E[r] {ev['exact_reward']:.3f} "
+            f"(best {ev['best_reward']:.3g}) | heldout {ev['heldout_rate']:.3f} | right "
             f"number {ev['correct_rate']:.3f} | well-formed {ev['format_rate']:.3f} | malformed {ev['malformed']:.3f}")

@@ -18,6 +18,7 @@ import torch
 
 from minigrpo.logprobs import completion_logprobs
 from toy_tasks import largest_remainder
+from toy_tasks.support import reward_figures
 
 NAME = "food"
 BLOCK_SIZE = 32  # BOS + longest line (23 characters) + EOS fits with room to spare
@@ -166,18 +167,6 @@ REWARD_HELP = {
 }
 
 
-def target_food(reward_spec: str) -> str | None:
-    """The food a reward spec pushes towards (for the target-rate metric), or None."""
-    for term in reward_spec.split(","):
-        name = term.partition("=")[0].strip()
-        if name in ("pizza", "graded"):
-            return "pizza"
-        for prefix in ("food:", "graded:"):
-            if name.startswith(prefix) and name[len(prefix):] in FOODS:
-                return name[len(prefix):]
-    return None
-
-
 def rl_prompts(cfg) -> list[str]:
     """RL trains on the target person's prompt only."""
     _check_person(cfg.person)
@@ -194,12 +183,20 @@ def rl_baseline(model, tokenizer, cfg) -> dict:
     return exact_distributions(model, tokenizer)
 
 
-def rl_evaluate(model, tokenizer, baseline: dict, cfg) -> dict:
-    """Exact metrics: target rate, each other person's drift (TV to the pretrained distribution),
-    the worst drift and the largest malformed mass over all people."""
+def support(prompt_text: str) -> list[str]:
+    """Every well-formed completion of a prompt: the 12 foods (anything else is malformed)."""
+    return list(FOODS)
+
+
+def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards: torch.Tensor) -> dict:
+    """Exact metrics in one batched forward pass for all people: on the target person's prompt the
+    exact expected reward, the best reward and P(a best food) (`target_rate`, toy_tasks/support.py)
+    under `rewards` (1, 12), the reward of each food; each other person's drift (TV to the pretrained
+    distribution), the worst drift, and the largest malformed mass over all people."""
     dists = exact_distributions(model, tokenizer)
-    target = target_food(cfg.reward)
-    out = {"target_rate": dists[cfg.person][target] if target else float("nan")}
+    probs = torch.tensor([[dists[cfg.person][f] for f in FOODS]])
+    out = reward_figures(probs, rewards)
+    out["best_completions"] = [f for f, r in zip(FOODS, rewards[0].tolist()) if r >= out["best_reward"] - 1e-9]
     for p in PEOPLE:
         if p != cfg.person:
             out[f"drift_{p}"] = total_variation(dists[p], baseline[p])
@@ -210,6 +207,8 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg) -> dict:
 
 
 def format_rl_eval(ev: dict, cfg) -> str:
-    target = target_food(cfg.reward)
-    return (f"{cfg.person}'s exact P({target}) {ev['target_rate']:.3f} | worst other-person drift (TV) "
-            f"{ev['worst_drift']:.3f} | max malformed {ev['malformed']:.4f}")
+    best = ev.get("best_completions") or []
+    target = best[0] if len(best) == 1 else f"one of {len(best)} best foods"
+    return (f"{cfg.person}'s exact P({target}) {ev['target_rate']:.3f} | exact E[r] {ev['exact_reward']:.3f} "
+            f"(best {ev['best_reward']:.3g}) | worst other-person drift (TV) {ev['worst_drift']:.3f} | "
+            f"max malformed {ev['malformed']:.4f}")

@@ -1,0 +1,130 @@
+"""The configuration every RL command shares (GRPO and PPO add their own fields), how its defaults
+are layered, and the checks that refuse harmful values with one line before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from minigrpo.cli import UsageError, parse_config
+from toy_tasks import task_defaults
+
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+@dataclass
+class RLConfig:
+    """Fields every RL command shares (GRPO and PPO add their own)."""
+    task: str = field(default="food", metadata=_help("toy task (food, arithmetic)"))
+    init: str = field(default="runs/pretrain/model.pt", metadata=_help(
+        "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for other tasks)"))
+    out: str | None = field(default=None, metadata=_help("output folder (default runs/<algo>-<reward>)"))
+    resume: str | None = field(default=None, metadata=_help("continue the run in this folder from its last checkpoint"))
+    reward: str = field(default="pizza", metadata=_help(
+        "reward spec: a task reward (food: pizza, food:<food>, graded[:<food>]; arithmetic: correct, format, "
+        "correct+format, strict), exact:<text>, regex:<pattern>, length, NAME=W,... or file.py:function"))
+    person: str = field(default="ravin", metadata=_help("food task: whose prompt RL trains on"))
+    unfinished_reward: float | None = field(default=None, metadata=_help(
+        "reward for completions cut off before their end token (default: score them like the rest)"))
+    steps: int = field(default=200, metadata=_help(
+        "most RL steps (one rollout each); the run stops earlier at its goal or a plateau (see stopping.py)"))
+    goal: float = field(default=0.95, metadata=_help(
+        "stop once the exact target rate (P(a best completion)) is >= goal, stably (0 = run all --steps)"))
+    goal_patience: int = field(default=3, metadata=_help("consecutive evaluations at the goal that count as stable"))
+    plateau: int = field(default=60, metadata=_help(
+        "stop when the best exact target rate has not risen by 0.01 in this many steps (0 = never)"))
+    prompts_per_step: int = field(default=4, metadata=_help(
+        "prompts drawn per step (with replacement from the task's RL prompts)"))
+    group_size: int = field(default=8, metadata=_help("completions sampled per prompt (G)"))
+    max_new_tokens: int = field(default=14, metadata=_help("longest completion"))
+    temperature: float = field(default=1.0, metadata=_help("sampling temperature (log-probs use the same)"))
+    lr: float = field(default=1e-3, metadata=_help("AdamW learning rate"))
+    warmup: int = field(default=5, metadata=_help(
+        "linear learning-rate warm-up over the first N steps (0 = off; see rl.py)"))
+    grad_clip: float = field(default=1.0, metadata=_help("gradient norm clip (0 = off)"))
+    preserve: bool = field(default=True, metadata=_help(
+        "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"))
+    preserve_coef: float = field(default=20.0, metadata=_help(
+        "weight of the preservation KL, per optimiser step (see preserve.py)"))
+    preserve_kl: str = field(default="forward", metadata=_help(
+        "preservation KL direction: forward KL(π_ref‖π) or reverse KL(π‖π_ref)", choices=["forward", "reverse"]))
+    preserve_per_prompt: int = field(default=64, metadata=_help(
+        "anchor sequences sampled once from π_ref per off-target prompt"))
+    preserve_batch: int = field(default=56, metadata=_help("anchor sequences used per update"))
+    trust_region: float = field(default=0.0, metadata=_help(
+        "largest KL(π_old‖π_new) per completion a step may take on its own rollout, in nats; larger steps "
+        "are halved (0 = off; see trust_region.py)"))
+    trust_region_anchor: float = field(default=0.0, metadata=_help(
+        "the same limit on the anchor sequences of the off-target prompts (0 = off)"))
+    ref_update_every: int = field(default=0, metadata=_help(
+        "π_ref <- π_θ every N steps (0 = never: the reference stays the pretrained model)"))
+    eval_every: int = field(default=1, metadata=_help(
+        "exact evaluation every N steps (and at the end); the stop rule and the peaks see only these"))
+    ckpt_every: int = field(default=50, metadata=_help("checkpoint every N steps (and at the end)"))
+    seed: int = field(default=0, metadata=_help("random seed"))
+    threads: int = field(default=1, metadata=_help("torch CPU threads (1 is fastest for models this small)"))
+    device: str = field(default="auto", metadata=_help("auto, cpu or cuda", choices=["auto", "cpu", "cuda"]))
+    quiet: bool = field(default=False, metadata=_help("no progress lines"))
+
+
+def check_rl_config(cfg: RLConfig) -> None:
+    """Refuse values that would silently wreck a run, with one line naming the value and what is allowed."""
+    def need(ok: bool, name: str, allowed: str) -> None:
+        if not ok:
+            raise UsageError(f"--{name.replace('_', '-')} must be {allowed}, got {getattr(cfg, name)!r}")
+
+    finite = lambda x: x is not None and math.isfinite(x)
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "eval_every", "ckpt_every", "preserve_per_prompt",
+                 "preserve_batch", "goal_patience"):
+        need(getattr(cfg, name) > 0, name, "> 0")
+    for name in ("warmup", "plateau", "ref_update_every", "trust_region", "trust_region_anchor"):
+        need(getattr(cfg, name) >= 0, name, ">= 0")
+    need(finite(cfg.lr) and 0 < cfg.lr <= 1, "lr", "a number in (0, 1]")
+    need(finite(cfg.temperature) and cfg.temperature >= 1e-3, "temperature", "a finite number >= 0.001")
+    need(finite(cfg.grad_clip) and cfg.grad_clip >= 0, "grad_clip", "a finite number >= 0 (0 = off)")
+    need(finite(cfg.preserve_coef) and cfg.preserve_coef >= 0, "preserve_coef", "a finite number >= 0")
+    need(finite(cfg.goal) and 0 <= cfg.goal <= 1, "goal", "in [0, 1] (0 = no goal)")
+    need(cfg.unfinished_reward is None or finite(cfg.unfinished_reward), "unfinished_reward", "a finite number")
+    if cfg.group_size < 2:
+        raise UsageError(f"--group-size must be >= 2 (group baselines need two samples), got {cfg.group_size}")
+
+
+def default_out(cfg, algo_name: str) -> str:
+    """runs/<preset or algo>-<reward>, e.g. runs/grpo-pizza, runs/dapo-food-sushi."""
+    slug = "".join(c if c.isalnum() else "-" for c in cfg.reward.split("/")[-1]).strip("-")[:40]
+    return f"runs/{getattr(cfg, 'preset', None) or algo_name}-{slug}"
+
+
+def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict | None = None):
+    """Parse argv into `cls`. Defaults come from, in rising priority: the dataclass, the task
+    (toy_tasks' RL_DEFAULTS), the --preset, the saved config of a --resume folder; explicit flags
+    override all of them."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--preset")
+    pre.add_argument("--resume")
+    known, _ = pre.parse_known_args(argv)
+    defaults = task_defaults(argv, "RL")  # e.g. arithmetic: 64 prompts per step, 300 steps
+    if known.preset is not None:
+        if known.preset not in (presets or {}):
+            raise UsageError(f"unknown --preset {known.preset!r} (available: {', '.join(sorted(presets or {}))})")
+        defaults.update(presets[known.preset])
+    if known.resume is not None:
+        saved = Path(known.resume) / "config.json"
+        if not Path(known.resume).is_dir():
+            raise UsageError(f"--resume {known.resume!r}: no such folder")
+        if not saved.is_file():
+            raise UsageError(f"--resume {known.resume!r} has no config.json (not a {algo_name} run folder)")
+        names = {f.name for f in fields(cls)}
+        defaults.update({k: v for k, v in json.loads(saved.read_text()).items() if k in names})
+    cfg, _ = parse_config(cls, argv, description, defaults)
+    if cfg.resume is not None:
+        cfg.out = cfg.resume
+    elif cfg.out is None:
+        cfg.out = default_out(cfg, algo_name)
+    check_rl_config(cfg)
+    return cfg

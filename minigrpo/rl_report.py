@@ -1,0 +1,60 @@
+"""What an RL run shows the person watching it: the progress line, the last rollout's samples, and a
+Ctrl-C that stops cleanly at the end of the step in flight."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+
+class StopOnCtrlC:
+    """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one stops
+    at once), so the checkpoint written on the way out never holds a half-applied update."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True)
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def flat(ev: dict) -> dict:
+    """The numeric entries of an evaluation (what goes to metrics.jsonl)."""
+    return {k: v for k, v in ev.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def progress_line(step: int, steps: int, row: dict, evaluated: bool) -> str:
+    """One line per step. The exact figures appear only on the steps that evaluated them."""
+    line = f"step {step:4d}/{steps} | reward {row['reward_mean']:.3f} (avg10 {row['reward_rolling']:.3f})"
+    if evaluated:
+        line += f" | exact target {row['target_rate']:.3f} E[r] {row['exact_reward']:.3f}"
+        if "worst_drift" in row:  # tasks with off-target prompts (food: the other people)
+            line += f" | drift {row['worst_drift']:.3f} (peak {row['peak_worst_drift']:.3f})"
+        line += f" | malformed {row['malformed']:.4f} (peak {row['peak_malformed']:.4f})"
+        if "heldout_rate" in row:  # tasks with held-out prompts (arithmetic)
+            line += f" | held-out {row['heldout_rate']:.3f}"
+    if row.get("skipped"):
+        line += " | update skipped (every group had equal rewards)"
+    else:
+        line += f" | loss {row.get('policy_loss', float('nan')):+.4f}"
+    if "kl_exact" in row:
+        line += f" | KL {row['kl_exact']:.4f}"
+    return line + f" | {1000 * row['step_time']:.0f} ms"
+
+
+def write_samples(path: Path, batch) -> None:
+    lines = [f"{r:+.3f}\t{p!r} -> {c!r}{'' if f else ' (unfinished)'}"
+             for p, c, r, f in zip(batch.prompts, batch.completions, batch.rewards.tolist(),
+                                   batch.gen.finished.tolist())]
+    path.write_text("reward\tprompt -> completion (last step's rollout)\n" + "\n".join(lines) + "\n")

@@ -1,0 +1,67 @@
+"""When an RL run stops, and what it watched on the way: a pure rule, no model.
+
+`--steps` is a cap. After every exact evaluation the rule sees the exact target rate (the probability of
+a best completion, toy_tasks/support.py) and says whether to stop:
+
+  goal      the target rate is >= --goal at --goal-patience consecutive evaluations: met AND stable
+  plateau   the best target rate seen has not risen by --plateau-delta in the last --plateau steps
+  cap       --steps were taken (the loop's own condition)
+
+So one default command serves pizza (p = 0.15, goal after ~15 steps) and apple pie (p = 0.02, ~90
+steps) without a per-target step count. `--goal 0` and `--plateau 0` turn the rules off (compare does
+so by default: algorithms are compared on equal work).
+
+`Peaks` keeps the running maximum of what must never break during a run (malformed mass, the worst
+other person's drift): a run is judged on its worst step, not only its last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class StopRule:
+    goal: float  # target rate to reach (0 = no goal)
+    patience: int  # consecutive evaluations at or above the goal
+    plateau: int  # steps without improvement that end a run (0 = never)
+    delta: float = 0.01  # what counts as an improvement of the best target rate
+    streak: int = 0
+    best: float = float("-inf")
+    best_step: int = 0
+
+    def update(self, step: int, target_rate: float) -> str | None:
+        """Feed one evaluation; returns the reason to stop now, or None."""
+        self.streak = self.streak + 1 if self.goal > 0 and target_rate >= self.goal else 0
+        if target_rate > self.best + self.delta or self.best == float("-inf"):
+            self.best, self.best_step = target_rate, step
+        if self.goal > 0 and self.streak >= self.patience:
+            return (f"goal reached at step {step - self.patience + 1}: exact target rate >= {self.goal:g} "
+                    f"at {self.patience} consecutive evaluations")
+        if self.plateau and step - self.best_step >= self.plateau:
+            return (f"plateau: the exact target rate has not risen by {self.delta:g} since step "
+                    f"{self.best_step} ({self.best:.3f})")
+        return None
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+class Peaks:
+    """Running maxima of the watched quality metrics, e.g. {'malformed': 0.012, 'worst_drift': 0.03}."""
+
+    KEYS = ("malformed", "worst_drift")
+
+    def __init__(self, state: dict | None = None):
+        self.values: dict[str, float] = dict(state or {})
+
+    def update(self, ev: dict) -> dict:
+        """Fold one evaluation in; -> {'peak_malformed': ..., 'peak_worst_drift': ...} so far."""
+        for k in self.KEYS:
+            if k in ev:
+                self.values[k] = max(self.values.get(k, ev[k]), ev[k])
+        return {f"peak_{k}": v for k, v in self.values.items()}

@@ -1,0 +1,79 @@
+"""A per-step trust region: no RL step may move the policy further than δ, measured exactly.
+
+Why: a run is judged at every step, not only at its end. Measured over 4 hard targets x 2 seeds
+(see README "Never break the model"), plain GRPO steps now and then jump: one step took ravin's
+exact P(fried rice) from 0.98 to 0.01, another put 8 % of bob's mass on malformed lines and moved
+another person by TV 0.09; the run recovered a few steps later, but the model was broken in between.
+These jumps come from Adam meeting a rare large gradient after many small ones (a failure in an
+otherwise all-success batch), which no loss term sees coming.
+
+What: after the algorithm's update of a step (all μ inner updates), measure the exact sequence-level
+KL between the policy before and after the step on two probe sets a real trainer has too:
+
+    KL_rollout = mean over the step's sampled completions y of Σ_t KL(π_old(·|y_<t) ‖ π_new(·|y_<t))
+    KL_anchor  = the same on the anchor sequences of the off-target prompts (preserve.py)
+
+(sampled from π_old, the first is an unbiased estimate of KL(π_old ‖ π_new) over whole completions of
+the target prompt; by Pinsker, no event's probability, malformed mass included, moves by more than
+sqrt(KL/2)). If either exceeds its limit δ, the step is halved, θ = θ_old + ½(θ_new − θ_old), and
+measured again (backtracking line search, as in TRPO, Schulman et al. 2015, §6), at most
+`max_halvings` times; a step still too large is rejected (θ = θ_old). The optimiser's state keeps
+the update it computed. It uses no ground truth: only the policy's own distributions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minigrpo.kl import exact
+from minigrpo.rollout import completion_logprobs
+from minigrpo.sampling import Generation
+
+
+@torch.no_grad()
+def _logits(policy, gen: Generation) -> torch.Tensor:
+    _, logits = completion_logprobs(policy, gen, return_logits=True)
+    return logits
+
+
+@torch.no_grad()
+def sequence_kl(old_logits: torch.Tensor, new_logits: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over rows of Σ_t exact KL(old ‖ new) at each valid completion position: (N, T, V) x2, (N, T)."""
+    kl = torch.where(mask, exact(old_logits, new_logits), torch.zeros((), device=mask.device))
+    return kl.sum(1).mean().item()
+
+
+class StepGuard:
+    """Snapshot before a step (`StepGuard(policy, probes)`), then `enforce(policy)` after it.
+
+    probes: [(name, generation, limit)], each limit the largest allowed sequence-level KL in nats."""
+
+    def __init__(self, policy, probes: list[tuple[str, Generation, float]], max_halvings: int = 5):
+        self.params = [p.detach().clone() for p in policy.parameters()]
+        self.probes = [(name, gen, limit, _logits(policy, gen)) for name, gen, limit in probes]
+        self.max_halvings = max_halvings
+
+    def _kls(self, policy) -> dict[str, float]:
+        return {name: sequence_kl(old, _logits(policy, gen), gen.completion_mask)
+                for name, gen, _, old in self.probes}
+
+    @torch.no_grad()
+    def enforce(self, policy) -> dict:
+        """Shrink (or reject) the step just taken until every probe's KL is within its limit.
+        -> {'tr_scale': share of the step kept (1 = all, 0 = rejected), 'tr_kl_<probe>': KL kept}."""
+        params = list(policy.parameters())
+        new = [p.detach().clone() for p in params]
+        scale, kls = 1.0, self._kls(policy)
+        for _ in range(self.max_halvings):
+            if all(kls[name] <= limit for name, _, limit, _ in self.probes):
+                break
+            scale /= 2
+            for p, old, upd in zip(params, self.params, new):
+                p.copy_(old + scale * (upd - old))
+            kls = self._kls(policy)
+        else:
+            if not all(kls[name] <= limit for name, _, limit, _ in self.probes):
+                for p, old in zip(params, self.params):
+                    p.copy_(old)
+                scale, kls = 0.0, {name: 0.0 for name in kls}
+        return {"tr_scale": scale, **{f"tr_kl_{name}": v for name, v in kls.items()}}

@@ -1,0 +1,48 @@
+"""Exact expected reward of ANY reward spec over a task's enumerable support.
+
+A task that can list the completions it declares for a prompt (`support(prompt)`: food, the 12 foods;
+arithmetic, the 12 declared answers v-1, v, v+1 in four writings) knows, by teacher forcing, the exact
+probability π(y | x) of each of them. For any reward r(x, y), custom `file.py:function` included:
+
+    exact_reward  = mean_x Σ_{y ∈ S(x)} π(y|x) · r(x, y)        the expected reward ON the support, exact
+    off_support   = mean_x (1 − Σ_{y ∈ S(x)} π(y|x))            the mass outside it (food: malformed lines)
+    best_reward   = mean_x max_{y ∈ S(x)} r(x, y)               the best reward reachable on the support
+    target_rate   = mean_x Σ_{y ∈ S(x): r(x,y) = best(x)} π(y|x)  the exact probability of a best completion
+
+E[r] over all completions is exact_reward + off_support · r̄_off, where r̄_off is the reward averaged over
+the off-support completions (π-weighted): known only where the reward is constant off the support (every
+food reward: 0 for pizza and food:<food>, −1 for graded). The reward is assumed deterministic: it is
+called once per (prompt, completion) pair when the run starts (`reward_table`).
+
+target_rate is what a run steers towards without being told what the reward wants: for `food:<f>`
+(or a custom reward that pays 1 for one food) it is exactly P(f); for arithmetic's correct+format it is
+P(the right, well-formed answer). Ties count together (a reward constant on the support makes every
+well-formed completion a best one).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minigrpo.rewards import score
+
+
+def reward_table(reward, prompts: list[str], support) -> torch.Tensor:
+    """(P, K) rewards of each prompt's K support completions; `support(prompt)` lists them. A reward
+    that raises or returns a non-finite value raises RewardError naming the prompt and completion."""
+    rows = [support(p) for p in prompts]
+    flat = score(reward, [p for p, ys in zip(prompts, rows) for _ in ys], [y for ys in rows for y in ys],
+                 [True] * sum(map(len, rows)))
+    return torch.tensor(flat, dtype=torch.float64).view(len(prompts), -1)
+
+
+def reward_figures(probs: torch.Tensor, rewards: torch.Tensor, atol: float = 1e-9) -> dict[str, float]:
+    """probs (P, K) exact π(y|x) over each prompt's support, rewards (P, K) -> the module's four figures
+    (means over the P prompts)."""
+    probs = probs.to(torch.float64)
+    best = rewards.max(dim=1, keepdim=True).values  # (P, 1)
+    is_best = rewards >= best - atol
+    return {"exact_reward": (probs * rewards).sum(1).mean().item(),
+            "off_support": (1 - probs.sum(1)).clamp(min=0).mean().item(),
+            "best_reward": best.mean().item(),
+            "target_rate": (probs * is_best).sum(1).mean().item()}
