@@ -6,18 +6,24 @@
 The file is a dict {"format": "minigrpo-checkpoint", "version", "model" (state_dict), "config"
 (GPTConfig as a dict), "tokenizer" (its chars), "task", "step", optional "optimizer" and "extra"}.
 It is written to a temporary file and renamed over the target, so an interrupted save never damages
-the last complete checkpoint. Loading uses `torch.load(weights_only=True)`: no pickled code runs.
-A missing, truncated or foreign file raises CheckpointError with one line naming the file and problem.
+the last complete checkpoint, and a full disk is a one-line UsageError that keeps the previous one.
+Loading uses `torch.load(weights_only=True)`: no pickled code runs. A missing, truncated or foreign
+file raises CheckpointError with one line naming the file and what it is instead (text, a pickle that
+would run code, random bytes ...); PyTorch's own multi-line messages and warnings never reach the user.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
-import os
+import io
+import pickletools
+import warnings
 from pathlib import Path
 
 import torch
 
+from minigrpo.cli import write_atomic
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.tokenizer import CharTokenizer
 
@@ -30,15 +36,11 @@ class CheckpointError(ValueError):
 
 
 def atomic_save(obj, path) -> None:
-    """torch.save to a temp file in the same folder, then rename over `path` (atomic on POSIX)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """torch.save into memory, then `cli.write_atomic`: a temp file `.<name>.tmp<pid>` in the same folder,
+    renamed over `path`. A full disk is a one-line UsageError and the previous checkpoint is kept."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_atomic(path, buf.getbuffer(), what="checkpoint")
 
 
 def save_checkpoint(path, model: GPT, tokenizer: CharTokenizer, task: str, step: int,
@@ -65,17 +67,54 @@ def read_checkpoint(path) -> dict:
     if path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} is a folder, not a checkpoint file")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated zip, random bytes, pickled code ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {str(path)!r} is unreadable (truncated or not a torch file): "
-                              f"{first[:160]}") from None
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": several lines, no use to anyone
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {e.strerror or e}") from None
+    except Exception as e:  # truncated zip, random bytes, pickled code ... (messages of many lines)
+        raise CheckpointError(f"checkpoint {str(path)!r} {what_it_is(path, str(e))}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a minigrpo checkpoint")
     if state.get("version") != VERSION:
         raise CheckpointError(f"checkpoint {str(path)!r} has version {state.get('version')}, "
                               f"this minigrpo reads version {VERSION}")
     return state
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
+CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
+
+
+def what_it_is(path: Path, error: str) -> str:
+    """Why torch.load(weights_only=True) refused `path`, as the end of one sentence about the file."""
+    if "GLOBAL" in error:  # torch's weights-only unpickler met a class or function to import and call
+        return "is not a weights-only checkpoint (it would run code); refused"
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head:
+        return "is an empty file, not a checkpoint"
+    if head.startswith(ZIP_MAGIC):
+        return "is unreadable: a torch file that is truncated or damaged (was its writing interrupted?)"
+    if head.startswith(b"\x80"):  # a pickle that is not torch's: see whether loading it would call code
+        if pickle_calls_code(path):
+            return "is not a weights-only checkpoint (it would run code); refused"
+        return "is unreadable: a plain Python pickle, not a torch checkpoint"
+    try:  # text: valid UTF-8 without NUL bytes (the last character may be cut at the end of `head`)
+        if b"\0" not in head and codecs.getincrementaldecoder("utf-8")().decode(head, final=False) is not None:
+            return "is unreadable: a text file, not a checkpoint"
+    except UnicodeDecodeError:
+        pass
+    return "is unreadable: not a torch checkpoint (unrecognised binary data)"
+
+
+def pickle_calls_code(path: Path) -> bool:
+    """Whether a pickle would import or call anything when loaded (read by opcode only, never run)."""
+    try:
+        with open(path, "rb") as f:
+            return any(op.name in CODE_OPCODES for op, _, _ in pickletools.genops(f))
+    except Exception:  # damaged part-way: whatever came before decides
+        return False
 
 
 def model_from_state(state: dict, device="cpu") -> tuple[GPT, CharTokenizer]:

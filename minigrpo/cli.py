@@ -9,14 +9,21 @@ A config is a dataclass whose fields carry `help` (and optionally `choices`) in 
 
 `parse_config(Config, argv)` gives `--steps` (underscores become dashes; bools get --x/--no-x).
 Bad input raises `UsageError`; `main_guard` prints it as ONE line and exits with code 2.
+
+`prepare_out(out, overwrite=..., resume=...)` claims the output folder: it refuses to mix a new run into
+an old one, locks the folder against a second writer, and sweeps temp files a killed process left.
+`write_json` and `write_atomic` never leave half a file, and a full disk keeps the previous version.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import fcntl
 import json
 import os
+import signal
 import sys
 import types
 import typing
@@ -36,9 +43,20 @@ def _base_type(tp):
     return tp
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to a flag's help, except where the help already speaks of its default
+    and where there is no default (None) to show."""
+
+    def _get_help_string(self, action):
+        help_ = action.help or ""
+        if action.default is None or action.default is argparse.SUPPRESS or "default" in help_.lower():
+            return help_
+        return super()._get_help_string(action)
+
+
 def build_parser(cls, description: str, defaults: dict | None = None) -> argparse.ArgumentParser:
     hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=DefaultsHelpFormatter)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         help_ = f.metadata.get("help", "")
@@ -72,8 +90,14 @@ def check_positive(cfg, *names: str) -> None:
 
 
 def main_guard(main):
-    """Run `main(argv)`; a UsageError -> one line on stderr and exit code 2; Ctrl-C -> exit code 130."""
+    """Run `main(argv)`; a UsageError or a full disk -> one line on stderr and exit code 2; Ctrl-C -> 130.
+
+    Under `python -m minigrpo.<cli>` the package installs a start-up Ctrl-C handler (see __init__.py);
+    from here on Ctrl-C is Python's KeyboardInterrupt again, which the training loops handle themselves."""
     def wrapped(argv=None):
+        from minigrpo import _interrupted_at_startup
+        if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return main(argv)
         except UsageError as e:
@@ -82,6 +106,12 @@ def main_guard(main):
         except KeyboardInterrupt:  # Ctrl-C outside a training loop (which handles its own)
             print("\ninterrupted", file=sys.stderr)
             raise SystemExit(130)
+        except OSError as e:  # a full disk under a writer without its own check (metrics, plots)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" while writing {e.filename}" if e.filename else ""
+            print(f"error: the disk is full{where}; files already written are kept", file=sys.stderr)
+            raise SystemExit(2)
     return wrapped
 
 
@@ -113,17 +143,99 @@ def setup_runtime(threads: int, device: str, seed: int | None = None) -> torch.d
     return torch.device(device)
 
 
-def prepare_out(out: str, resume: bool = False) -> Path:
-    """Create the output folder; an --out that is an existing file is a UsageError."""
+RUN_FILES = ("model.pt", "metrics.jsonl", "summary.json", "config.json")  # any of these: a run lives here
+OLD_RUN_GLOBS = (*RUN_FILES, "*.png", "samples.txt")  # what --overwrite removes
+STALE_TEMP_GLOBS = (".*.pt.tmp[0-9]*", ".*.json.tmp[0-9]*", "*.json.tmp")  # write_atomic's (and older) temp names
+_LOCKS: dict[str, typing.IO] = {}  # folder -> its open, flock-ed .lock file, held for the life of the process
+
+
+def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path:
+    """Claim the output folder `out` for this process and return it as a Path.
+
+    Creates it; refuses '' and paths that cannot be folders; takes an exclusive lock on `<out>/.lock`
+    (held until the process ends, so a killed process never leaves it stuck); refuses a folder that
+    already holds a run unless `overwrite` (its files are then removed first) or `resume` (kept);
+    deletes temp files a killed write left behind. Every refusal is a one-line UsageError."""
+    out = str(out)
+    if not out.strip():
+        raise UsageError("--out is empty; give a folder path such as runs/my-run")
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out!r} is an existing file; give a folder path")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--out {out!r} is an existing file; give a folder path")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out!r} cannot be created: {e.strerror or e}; give a writable folder") from None
+    lock_out(path)
+    old = [name for name in RUN_FILES if (path / name).exists()]
+    if old and not (overwrite or resume):
+        release_out(path)
+        raise UsageError(f"--out {out!r} already holds a run ({', '.join(old)}); pass --overwrite to replace it "
+                         f"(or --resume to continue it, in the RL commands), or another --out")
+    remove_matching(path, STALE_TEMP_GLOBS)  # we hold the lock: no live writer owns these
+    if old and overwrite and not resume:
+        remove_matching(path, OLD_RUN_GLOBS)
     return path
+
+
+def lock_out(path: Path) -> None:
+    """flock `<path>/.lock` (non-blocking); another live process holding it is a UsageError."""
+    key = os.path.realpath(path)
+    lock_path = path / ".lock"
+    held = _LOCKS.get(key)
+    if held is not None:  # this process already writes here (a library caller running twice)
+        if lock_path.exists() and os.path.samestat(os.fstat(held.fileno()), lock_path.stat()):
+            return
+        release_out(path)  # the folder was deleted and made again: lock the new file
+    try:
+        f = open(lock_path, "a")
+    except OSError as e:
+        raise UsageError(f"--out {str(path)!r} is not writable: {e.strerror or e}; give a writable folder") from None
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise UsageError(f"another process is writing to {path}; wait for it, stop it, or give another --out") from None
+    _LOCKS[key] = f
+
+
+def release_out(path) -> None:
+    """Give up this process's lock on the folder `path` (it is also released when the process ends)."""
+    f = _LOCKS.pop(os.path.realpath(path), None)
+    if f is not None:
+        f.close()
+
+
+def remove_matching(folder: Path, patterns) -> None:
+    for pattern in patterns:
+        for p in folder.glob(pattern):
+            if p.is_file() or p.is_symlink():
+                p.unlink()
+
+
+def write_atomic(path, data: bytes, what: str = "file") -> None:
+    """Write `data` to a temp file beside `path`, fsync it, and rename it over `path` (atomic on POSIX).
+
+    An OSError (a full disk, a read-only folder) becomes a one-line UsageError; the temp file is removed
+    and the previous `path`, if any, is left as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        kept = f"; the previous {what} is kept" if path.exists() else ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UsageError(f"the disk is full while writing {path}{kept}") from None
+        raise UsageError(f"cannot write {path}: {e.strerror or e}{kept}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def write_json(path: Path, obj) -> None:
     """Write JSON atomically (temp file + rename), so a crash never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode(), what="file")

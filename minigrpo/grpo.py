@@ -75,7 +75,8 @@ class GRPOConfig(RLConfig):
     loss_agg: str = field(default="seq-mean-token-mean", metadata={"help": "loss aggregation over tokens and sequences", "choices": list(AGG_MODES)})
     ratio: str = field(default="token", metadata={"help": "importance ratio per token, or per sequence (GSPO)", "choices": ["token", "sequence"]})
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
-    forking_share: float = field(default=1.0, metadata={"help": "share of highest-entropy tokens (under π_old) that carry the policy loss (1 = all; 2506.01939 uses 0.2)"})
+    fork_entropy: float = field(default=0.0, metadata={"help": "only tokens where π_ref's entropy is >= this (nats) carry the policy loss (0 = all; losses.forking_token_mask)"})
+    negative_weight: float = field(default=1.0, metadata={"help": "weight of negative advantages (1 = unbiased; 0 = positive samples only)"})
     skip_equal_groups: bool = field(default=False, metadata={"help": "drop groups whose rewards are all equal (they carry no signal)"})
 
 
@@ -130,6 +131,8 @@ class GRPO:
         equal = (rewards.view(-1, G) == rewards.view(-1, G)[:, :1]).all(dim=1)  # (prompts,)
         stats["equal_groups"] = equal.float().mean().item()
         adv = advantages(rewards, cfg)
+        if cfg.negative_weight != 1.0:
+            adv = torch.where(adv < 0, cfg.negative_weight * adv, adv)
         stats.update(adv_mean=adv.mean().item(), adv_std=adv.std().item())
         if cfg.skip_equal_groups:
             keep = (~equal).repeat_interleave(G).nonzero().flatten()
@@ -146,8 +149,8 @@ class GRPO:
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
                 batch.old_logp = logp.detach()
             ent = entropy(logits)
-            if fork is None:  # chosen once per rollout, from π_old's entropies (first update)
-                fork = forking_token_mask(ent.detach(), mask, cfg.forking_share)
+            if fork is None:  # once per rollout, from π_ref's entropies
+                fork = forking_token_mask(entropy(batch.ref_logits), mask, cfg.fork_entropy) if cfg.fork_entropy else mask
             per_token = clipped_surrogate(logp, batch.old_logp, adv[:, None], fork, cfg.clip_low, cfg.clip_high,
                                           cfg.dual_clip, cfg.ratio)
             policy_loss = aggregate(per_token, mask, cfg.loss_agg, cfg.max_new_tokens)

@@ -10,7 +10,8 @@ declared distribution exactly and only an annealed model settles onto it (a cons
 exact TV swinging between 0.05 and 0.26).
 
 Writes to --out: model.pt (every --ckpt-every steps and at the end, atomically), config.json,
-metrics.jsonl, loss.png, and prints the task's exact quality report at the end.
+metrics.jsonl, loss.png, and prints the task's exact quality report at the end. An --out that already
+holds a run is refused unless --overwrite (which removes the old run's files first).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from minigrpo.checkpoint import save_checkpoint
+from minigrpo.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from minigrpo.cli import UsageError, check_positive, main_guard, parse_config, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.model import GPT, GPTConfig
@@ -35,18 +36,23 @@ from toy_tasks import get_task, task_defaults
 @dataclass
 class PretrainConfig:
     task: str = field(default="food", metadata={"help": "toy task whose corpus to learn (food, arithmetic)"})
-    out: str = field(default="runs/pretrain", metadata={"help": "output folder (default runs/pretrain; runs/pretrain-<task> for other tasks)"})
+    out: str = field(default="runs/pretrain", metadata={
+        "help": "output folder (default runs/pretrain; runs/pretrain-<task> for other tasks)"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace a run already in --out (by default it is refused)"})
     steps: int = field(default=600, metadata={"help": "optimiser steps"})
     batch_size: int = field(default=128, metadata={"help": "lines per step"})
     lr: float = field(default=2e-2, metadata={"help": "peak learning rate (AdamW)"})
     warmup: int = field(default=50, metadata={"help": "linear warm-up steps, then cosine decay to 0"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    n_lines: int = field(default=8000, metadata={"help": "corpus lines (food: a multiple of 800 matches PREFERENCES exactly)"})
+    n_lines: int = field(default=8000, metadata={
+        "help": "corpus lines (food: a multiple of 800 matches PREFERENCES exactly)"})
     n_layer: int = field(default=2, metadata={"help": "transformer blocks"})
     n_head: int = field(default=4, metadata={"help": "attention heads"})
     n_embd: int = field(default=64, metadata={"help": "embedding width"})
     seed: int = field(default=0, metadata={"help": "random seed (corpus order, init, batches)"})
-    threads: int = field(default=1, metadata={"help": "torch CPU threads (0 = auto: the idle cores; results then depend on the load, see bench)"})
+    threads: int = field(default=1, metadata={
+        "help": "torch CPU threads (0 = auto: the idle cores; results then depend on the load, see bench)"})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
     eval_every: int = field(default=100, metadata={"help": "validation loss and a progress line every N steps"})
     ckpt_every: int = field(default=200, metadata={"help": "checkpoint every N steps (and at the end)"})
@@ -93,9 +99,28 @@ def eval_loss(model: GPT, data: torch.Tensor, pad_id: int) -> float:
     return loss
 
 
+def check_config(cfg: PretrainConfig) -> None:
+    """One-line UsageErrors for values no run can use."""
+    check_positive(cfg, "steps", "batch_size", "n_lines", "n_layer", "n_head", "n_embd", "eval_every", "ckpt_every")
+    if not (math.isfinite(cfg.lr) and 0 < cfg.lr <= 1):
+        raise UsageError(f"--lr must be a number in (0, 1], got {cfg.lr}")
+    if cfg.warmup < 0:
+        raise UsageError(f"--warmup must be >= 0 (0 = no warm-up), got {cfg.warmup}")
+    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
+        raise UsageError(f"--weight-decay must be a number >= 0, got {cfg.weight_decay}")
+
+
+def last_checkpoint(path) -> str:
+    """What is really on disk at `path` now, for the message on the way out."""
+    try:
+        return f"{path} (step {read_checkpoint(path)['step']})"
+    except CheckpointError:
+        return "none written yet" if not path.exists() else f"none usable ({path} is damaged)"
+
+
 def train(cfg: PretrainConfig, log=print) -> dict:
     """Run pretraining; returns a summary (final losses, report, wall time)."""
-    check_positive(cfg, "steps", "batch_size", "lr", "n_lines", "n_layer", "n_head", "n_embd", "eval_every", "ckpt_every")
+    check_config(cfg)
     try:
         task = get_task(cfg.task)
     except ValueError as e:
@@ -103,7 +128,7 @@ def train(cfg: PretrainConfig, log=print) -> dict:
     if cfg.n_embd % cfg.n_head:
         raise UsageError(f"--n-embd ({cfg.n_embd}) must be divisible by --n-head ({cfg.n_head})")
     device = setup_runtime(cfg.threads, cfg.device, cfg.seed)
-    out = prepare_out(cfg.out)
+    out = prepare_out(cfg.out, overwrite=cfg.overwrite)
     t0 = time.time()
 
     tok = CharTokenizer(task.ALPHABET)
@@ -124,13 +149,16 @@ def train(cfg: PretrainConfig, log=print) -> dict:
     log(f"pretrain {cfg.task}: {model.num_params():,} parameters, {len(train_data)} lines, "
         f"floor {floor:.4f} nats/token, {cfg.steps} steps, device {device}, threads {torch.get_num_threads()}")
 
-    tokens_seen, t_train, last_saved, step = 0, time.time(), None, 0
+    tokens_seen, t_train, step = 0, time.time(), 0
     try:
         for step in range(1, cfg.steps + 1):
             for g in opt.param_groups:
                 g["lr"] = lr_at(step - 1, cfg)
             batch = train_data[next(batches)]
             loss = lm_loss(model, batch, tok.pad_id)
+            if not math.isfinite(loss.item()):  # before the update: the saved checkpoint stays sound
+                raise UsageError(f"the training loss became {loss.item()} at step {step} (try a lower --lr); "
+                                 f"last complete checkpoint: {last_checkpoint(ckpt_path)}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -147,13 +175,11 @@ def train(cfg: PretrainConfig, log=print) -> dict:
                     f"| ETA {eta:.0f}s")
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
                 save_checkpoint(ckpt_path, model, tok, cfg.task, step, extra={"config": asdict(cfg)})
-                last_saved = step
-    except KeyboardInterrupt:
-        where = f"{ckpt_path} (step {last_saved})" if last_saved else "none written yet"
-        log(f"\ninterrupted at step {step}; last complete checkpoint: {where}")
-        logger.close()
+    except KeyboardInterrupt:  # read back what is on disk: a Ctrl-C may land mid-save
+        log(f"\ninterrupted at step {step}; last complete checkpoint: {last_checkpoint(ckpt_path)}")
         raise SystemExit(130)
-    logger.close()
+    finally:
+        logger.close()
     train_seconds = time.time() - t_train
 
     model.eval()

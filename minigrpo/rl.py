@@ -93,12 +93,12 @@ class Run:
             raise UsageError(str(e)) from None
         self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.policy.train()
-        self.out = prepare_out(cfg.out)
+        self.out = prepare_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume is not None)
         self.gens = {name: torch.Generator(device=self.device if where == "device" else "cpu")
                      .manual_seed(purpose_seed(cfg.seed, name)) for name, where in GENERATORS.items()}
         self.step, self.anchor, self.baseline = 0, None, None
         self.rewards_window: list[float] = []  # the last 10 steps' mean rewards (for reward_rolling)
-        self.stop_rule = StopRule(cfg.goal, cfg.goal_patience, cfg.plateau)
+        self.stop_rule = StopRule(cfg.goal, cfg.goal_patience, cfg.plateau, cfg.goal_malformed, cfg.goal_drift)
         self.peaks = Peaks()
         self.stop_reason: str | None = None
         if self.resume_state is None:  # on resume, `restore` brings these back from the checkpoint
@@ -177,7 +177,7 @@ class Run:
         self.baseline = rl["baseline"]
         self.rewards_window = list(rl["rewards_window"])
         self.stop_rule.load_state_dict({k: v for k, v in rl["stop_rule"].items()
-                                        if k not in ("goal", "patience", "plateau")})  # new flags win
+                                        if k not in ("goal", "patience", "plateau", "max_malformed", "max_drift")})  # new flags win
         self.peaks = Peaks(rl["peaks"])
         self.step = state["step"]
         ended = rl["stop_reason"]
@@ -242,7 +242,7 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
                 if evaluated:
                     last_eval = r.evaluate()
                     row.update(flat(last_eval))
-                    r.stop_reason = r.stop_rule.update(r.step, last_eval["target_rate"])
+                    r.stop_reason = r.stop_rule.update(r.step, last_eval)
                 if r.stop_reason is None and r.step == cfg.steps:
                     r.stop_reason = f"cap: --steps {cfg.steps} reached"
                 logger.log(row)

@@ -25,6 +25,7 @@ class RLConfig:
         "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for other tasks)"))
     out: str | None = field(default=None, metadata=_help("output folder (default runs/<algo>-<reward>)"))
     resume: str | None = field(default=None, metadata=_help("continue the run in this folder from its last checkpoint"))
+    overwrite: bool = field(default=False, metadata=_help("replace a finished run already in --out (refused otherwise)"))
     reward: str = field(default="pizza", metadata=_help(
         "reward spec: a task reward (food: pizza, food:<food>, graded[:<food>]; arithmetic: correct, format, "
         "correct+format, strict), exact:<text>, regex:<pattern>, length, NAME=W,... or file.py:function"))
@@ -36,6 +37,8 @@ class RLConfig:
     goal: float = field(default=0.95, metadata=_help(
         "stop once the exact target rate (P(a best completion)) is >= goal, stably (0 = run all --steps)"))
     goal_patience: int = field(default=3, metadata=_help("consecutive evaluations at the goal that count as stable"))
+    goal_malformed: float = field(default=0.01, metadata=_help("the goal also needs malformed mass <= this"))
+    goal_drift: float = field(default=0.03, metadata=_help("... and every other person's drift <= this (food)"))
     plateau: int = field(default=60, metadata=_help(
         "stop when the best exact target rate has not risen by 0.01 in this many steps (0 = never)"))
     prompts_per_step: int = field(default=4, metadata=_help(
@@ -89,15 +92,21 @@ def check_rl_config(cfg: RLConfig) -> None:
     need(finite(cfg.grad_clip) and cfg.grad_clip >= 0, "grad_clip", "a finite number >= 0 (0 = off)")
     need(finite(cfg.preserve_coef) and cfg.preserve_coef >= 0, "preserve_coef", "a finite number >= 0")
     need(finite(cfg.goal) and 0 <= cfg.goal <= 1, "goal", "in [0, 1] (0 = no goal)")
+    for name in ("goal_malformed", "goal_drift"):
+        need(finite(getattr(cfg, name)) and 0 <= getattr(cfg, name) <= 1, name, "in [0, 1]")
     need(cfg.unfinished_reward is None or finite(cfg.unfinished_reward), "unfinished_reward", "a finite number")
     if cfg.group_size < 2:
         raise UsageError(f"--group-size must be >= 2 (group baselines need two samples), got {cfg.group_size}")
 
 
 def default_out(cfg, algo_name: str) -> str:
-    """runs/<preset or algo>-<reward>, e.g. runs/grpo-pizza, runs/dapo-food-sushi."""
+    """runs/<preset or algo>-<reward>[-<person>][-no-preserve]: different experiments get different
+    folders, e.g. runs/grpo-pizza, runs/dapo-food-sushi-bob, runs/grpo-pizza-no-preserve."""
     slug = "".join(c if c.isalnum() else "-" for c in cfg.reward.split("/")[-1]).strip("-")[:40]
-    return f"runs/{getattr(cfg, 'preset', None) or algo_name}-{slug}"
+    person = getattr(cfg, "person", "ravin")
+    tail = (f"-{person}" if person != "ravin" and getattr(cfg, "task", "food") == "food" else "") + \
+        ("" if getattr(cfg, "preserve", True) else "-no-preserve")
+    return f"runs/{getattr(cfg, 'preset', None) or algo_name}-{slug}{tail}"
 
 
 def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict | None = None):

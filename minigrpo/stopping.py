@@ -3,7 +3,10 @@
 `--steps` is a cap. After every exact evaluation the rule sees the exact target rate (the probability of
 a best completion, toy_tasks/support.py) and says whether to stop:
 
-  goal      the target rate is >= --goal at --goal-patience consecutive evaluations: met AND stable
+  goal      at --goal-patience consecutive evaluations the target rate is >= --goal AND the model is
+            whole: malformed mass <= --goal-malformed and every other person's drift <= --goal-drift
+            (steered, not broken: right after the target is reached the malformed mass is often still
+            up, and a few more steps of the KL terms bring it back down)
   plateau   the best target rate seen has not risen by --plateau-delta in the last --plateau steps
   cap       --steps were taken (the loop's own condition)
 
@@ -25,19 +28,24 @@ class StopRule:
     goal: float  # target rate to reach (0 = no goal)
     patience: int  # consecutive evaluations at or above the goal
     plateau: int  # steps without improvement that end a run (0 = never)
+    max_malformed: float = 1.0  # the goal also needs malformed mass at or below this
+    max_drift: float = 1.0  # ... and the worst other-person drift at or below this (where the task has one)
     delta: float = 0.01  # what counts as an improvement of the best target rate
     streak: int = 0
     best: float = float("-inf")
     best_step: int = 0
 
-    def update(self, step: int, target_rate: float) -> str | None:
-        """Feed one evaluation; returns the reason to stop now, or None."""
-        self.streak = self.streak + 1 if self.goal > 0 and target_rate >= self.goal else 0
+    def update(self, step: int, ev: dict) -> str | None:
+        """Feed one evaluation (target_rate, malformed, worst_drift if any); the reason to stop now, or None."""
+        target_rate = ev["target_rate"]
+        whole = ev.get("malformed", 0.0) <= self.max_malformed and ev.get("worst_drift", 0.0) <= self.max_drift
+        self.streak = self.streak + 1 if self.goal > 0 and target_rate >= self.goal and whole else 0
         if target_rate > self.best + self.delta or self.best == float("-inf"):
             self.best, self.best_step = target_rate, step
         if self.goal > 0 and self.streak >= self.patience:
-            return (f"goal reached at step {step - self.patience + 1}: exact target rate >= {self.goal:g} "
-                    f"at {self.patience} consecutive evaluations")
+            return (f"goal reached at step {step - self.patience + 1}: exact target rate >= {self.goal:g}, "
+                    f"malformed <= {self.max_malformed:g}, drift <= {self.max_drift:g} at {self.patience} "
+                    f"consecutive evaluations")
         if self.plateau and step - self.best_step >= self.plateau:
             return (f"plateau: the exact target rate has not risen by {self.delta:g} since step "
                     f"{self.best_step} ({self.best:.3f})")

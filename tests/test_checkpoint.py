@@ -1,3 +1,6 @@
+import os
+import pickle
+
 import pytest
 import torch
 
@@ -57,3 +60,37 @@ def test_foreign_files_are_refused(tmp_path):
     text.write_text("hello")
     with pytest.raises(CheckpointError, match="unreadable"):
         load_checkpoint(text)
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo this must never run",))
+
+
+def refusal(path, capfd) -> str:
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "Weights only" not in msg, msg
+    assert capfd.readouterr().err == "", "no warning of PyTorch's may reach the user"
+    return msg
+
+
+def test_each_unreadable_file_says_what_it_is(tmp_path, capfd):
+    (tmp_path / "notes.pt").write_text("hello\nworld\n")
+    assert "a text file, not a checkpoint" in refusal(tmp_path / "notes.pt", capfd)
+    (tmp_path / "noise.pt").write_bytes(bytes(range(7, 256)) * 40)
+    assert "not a torch checkpoint (unrecognised binary data)" in refusal(tmp_path / "noise.pt", capfd)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    assert "empty file" in refusal(tmp_path / "empty.pt", capfd)
+    (tmp_path / "plain.pt").write_bytes(pickle.dumps({"a": [1, 2]}, protocol=4))
+    assert "a plain Python pickle" in refusal(tmp_path / "plain.pt", capfd)
+
+
+def test_a_pickle_that_would_run_code_is_refused_as_such(tmp_path, capfd):
+    torch.save({"model": RunsCode()}, tmp_path / "torch_code.pt")
+    (tmp_path / "raw_code.pt").write_bytes(pickle.dumps({"model": RunsCode()}, protocol=4))
+    for name in ("torch_code.pt", "raw_code.pt"):
+        msg = refusal(tmp_path / name, capfd)
+        assert "not a weights-only checkpoint (it would run code); refused" in msg and "truncated" not in msg
+    assert capfd.readouterr().out == "", "the pickled code did not run"

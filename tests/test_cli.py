@@ -16,6 +16,19 @@ def test_every_cli_has_help(module, capsys):
     assert e.value.code == 0 and "--" in capsys.readouterr().out
 
 
+def test_help_shows_each_default_once(capsys):
+    texts = {}
+    for module in (pretrain, grpo, ppo):
+        with pytest.raises(SystemExit):
+            module.main(["--help"])
+        texts[module] = text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+        assert "(default: None)" not in text, text
+        for flag_help in text.split(" --")[1:]:
+            assert flag_help.count("default") <= 1, flag_help
+    assert "optimiser steps (default: 600)" in texts[pretrain]
+    assert "(default runs/<algo>-<reward>) --" in texts[grpo]
+
+
 def one_line_error(main, argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -1,0 +1,238 @@
+"""Nothing a user types or does loses work or shows a traceback: the output folder (refusals, lock,
+stale temp files, --overwrite), a full disk, bad pretrain and sample flags, and Ctrl-C at start-up."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import minigrpo
+from minigrpo import pretrain, sample
+from minigrpo.checkpoint import read_checkpoint, save_checkpoint
+from minigrpo.cli import UsageError, main_guard, prepare_out, release_out, write_json
+from minigrpo.model import GPT, GPTConfig
+from minigrpo.tokenizer import CharTokenizer
+
+TINY = ["--steps", "2", "--n-lines", "200", "--n-embd", "8", "--n-head", "1", "--n-layer", "1", "--batch-size", "8",
+        "--eval-every", "1", "--ckpt-every", "1", "--warmup", "1"]
+
+
+def one_line_error(main, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def old_run(folder):
+    folder.mkdir()
+    for name in ("model.pt", "metrics.jsonl", "summary.json", "config.json", "loss.png", "samples.txt", "notes.txt"):
+        (folder / name).write_text("old " + name)
+    return folder
+
+
+# --- the output folder -------------------------------------------------------------------------------------------
+
+def test_an_existing_run_is_refused_and_kept(tmp_path):
+    run = old_run(tmp_path / "run")
+    with pytest.raises(UsageError, match="already holds a run") as e:
+        prepare_out(str(run))
+    assert str(run) in str(e.value) and "--overwrite" in str(e.value) and "\n" not in str(e.value)
+    assert (run / "model.pt").read_text() == "old model.pt", "a refusal touches nothing"
+    assert prepare_out(str(run), resume=True) == run and (run / "model.pt").exists()
+    release_out(run)
+
+
+def test_overwrite_removes_the_old_runs_files_only(tmp_path):
+    run = old_run(tmp_path / "run")
+    prepare_out(str(run), overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "notes.txt"]
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.png").write_text("no run here: nothing to overwrite")
+    prepare_out(tmp_path / "photos", overwrite=True)
+    assert (tmp_path / "photos" / "cat.png").exists()
+    release_out(run)
+
+
+def test_impossible_folders_are_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("keep me")
+    for bad in ("", "   ", "/proc/minigrpo/x", str(tmp_path / "file" / "sub")):
+        with pytest.raises(UsageError) as e:
+            prepare_out(bad)
+        assert "\n" not in str(e.value)
+    assert "cannot be created" in one_line_error(pretrain.main, ["--out", "/proc/minigrpo/x", *TINY], capsys)
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_stale_temp_files_of_a_killed_write_are_removed(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in (".model.pt.tmp12345", ".config.json.tmp999", "summary.json.tmp", "keep.txt", "other.tmp"):
+        (run / name).write_text("x")
+    prepare_out(str(run))
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "keep.txt", "other.tmp"], "only our temp files go"
+    release_out(run)
+
+
+def test_a_second_writer_is_refused_until_the_first_dies(tmp_path):
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from minigrpo.cli import prepare_out; "
+                               f"prepare_out({str(run)!r}); print('locked', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(UsageError, match="another process is writing to") as e:
+            prepare_out(str(run))
+        assert str(run) in str(e.value)
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs, yet the kernel drops the lock
+        holder.wait()
+    assert prepare_out(str(run)) == run
+    release_out(run)
+
+
+# --- a full disk -------------------------------------------------------------------------------------------------
+
+def no_space(*args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_json(tmp_path, monkeypatch):
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    ckpt, tok = tmp_path / "model.pt", CharTokenizer("abc")
+    save_checkpoint(ckpt, model, tok, task="food", step=1)
+    write_json(tmp_path / "config.json", {"a": 1})
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(UsageError, match="the disk is full while writing .*model.pt; the previous checkpoint is kept"):
+        save_checkpoint(ckpt, model, tok, task="food", step=2)
+    with pytest.raises(UsageError, match="the disk is full while writing .*config.json"):
+        write_json(tmp_path / "config.json", {"a": 2})
+    monkeypatch.undo()
+    assert read_checkpoint(ckpt)["step"] == 1 and json.loads((tmp_path / "config.json").read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.pt"], "no temp file left"
+
+
+# --- pretrain ----------------------------------------------------------------------------------------------------
+
+def test_pretrain_refuses_bad_lr_and_warmup(tmp_path, capsys):
+    for lr in ("nan", "inf", "0", "-1", "2"):
+        err = one_line_error(pretrain.main, ["--out", str(tmp_path / "a"), *TINY, "--lr", lr], capsys)
+        assert "--lr must be a number in (0, 1]" in err and lr in err
+    assert "--warmup must be >= 0" in one_line_error(pretrain.main, ["--out", str(tmp_path), *TINY, "--warmup", "-1"],
+                                                     capsys)
+
+
+def test_pretrain_refuses_to_mix_runs_unless_overwrite(tmp_path, capsys):
+    out = str(tmp_path / "p")
+    pretrain.main(["--out", out, *TINY])
+    before = (tmp_path / "p" / "model.pt").read_bytes()
+    assert "--overwrite" in one_line_error(pretrain.main, ["--out", out, *TINY], capsys)
+    assert (tmp_path / "p" / "model.pt").read_bytes() == before
+    pretrain.main(["--out", out, *TINY, "--overwrite", "--seed", "1"])
+    assert (tmp_path / "p" / "model.pt").read_bytes() != before
+
+
+def test_pretrain_stops_on_a_non_finite_loss_naming_the_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pretrain, "lm_loss", lambda *a: torch.tensor(float("nan"), requires_grad=True))
+    err = one_line_error(pretrain.main, ["--out", str(tmp_path / "n"), *TINY], capsys)
+    assert "loss became nan at step 1" in err and "none written yet" in err
+
+
+def test_ctrl_c_reports_the_checkpoint_really_on_disk(tmp_path, monkeypatch):
+    real_save = pretrain.save_checkpoint
+
+    def save_then_ctrl_c(path, model, tok, task, step, **kw):  # Ctrl-C right after the rename
+        real_save(path, model, tok, task, step, **kw)
+        if step == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain, "save_checkpoint", save_then_ctrl_c)
+    lines = []
+    cfg = pretrain.PretrainConfig(out=str(tmp_path / "c"), steps=3, n_lines=200, n_embd=8, n_head=1, n_layer=1,
+                                  batch_size=8, eval_every=1, ckpt_every=1, warmup=1)
+    with pytest.raises(SystemExit) as e:
+        pretrain.train(cfg, log=lines.append)
+    assert e.value.code == 130 and "last complete checkpoint" in lines[-1] and "(step 2)" in lines[-1], lines
+
+
+# --- sample ------------------------------------------------------------------------------------------------------
+
+def test_sample_generates_a_large_num_in_batches(tiny_pretrained, monkeypatch, capsys):
+    ckpt, _, _ = tiny_pretrained
+    sizes, real_generate = [], sample.generate
+
+    def recording_generate(model, ids, *a, **kw):
+        sizes.append(len(ids))
+        return real_generate(model, ids, *a, **kw)
+
+    monkeypatch.setattr(sample, "BATCH_SIZE", 3)
+    monkeypatch.setattr(sample, "generate", recording_generate)
+    sample.main(["--checkpoint", str(ckpt), "--num", "10", "--json"])
+    assert len(capsys.readouterr().out.splitlines()) == 10 and sizes == [3, 3, 3, 1]
+    sample.main(["--checkpoint", str(ckpt), "--num", "10"])
+    table = capsys.readouterr().out.split("share\n")[1].splitlines()
+    assert sum(int(line.split()[-2]) for line in table) == 10
+
+
+def test_sample_bad_prompt_temperature_and_length(tiny_pretrained, capsys):
+    ckpt, model, _ = tiny_pretrained
+    block = model.cfg.block_size
+    long = "ravin likes " * (block // 12 + 1)
+    err = one_line_error(sample.main, ["--checkpoint", str(ckpt), "--prompt", long], capsys)
+    assert f"{len(long)} characters" in err and f"at most {block - 2}" in err
+    for t in ("1e-4", "0", "nan", "inf", "-1"):
+        err = one_line_error(sample.main, ["--checkpoint", str(ckpt), "--temperature", t], capsys)
+        assert "--temperature must be a finite number >= 0.001" in err
+    sample.main(["--checkpoint", str(ckpt), "--num", "5", "--json", "--max-new-tokens", "1000"])
+    captured = capsys.readouterr()
+    room = block - len("ravin likes ") - 1
+    assert captured.err.count("\n") == 1 and f"--max-new-tokens 1000 is cut to {room}" in captured.err
+    assert len(captured.out.splitlines()) == 5
+
+
+# --- Ctrl-C while a command is still starting --------------------------------------------------------------------
+
+def test_ctrl_c_while_importing_torch_is_one_line_and_130(tmp_path):
+    # a stand-in torch that announces it is importing and then takes its time, as the real one does
+    (tmp_path / "torch.py").write_text("import pathlib, time\npathlib.Path('importing').touch()\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-m", "minigrpo.pretrain", "--steps", "1"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "importing").exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip() == "interrupted" and out == "", err
+
+
+def test_library_use_keeps_pythons_ctrl_c():
+    code = "import signal, minigrpo.cli; assert signal.getsignal(signal.SIGINT) is signal.default_int_handler"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_main_guard_hands_ctrl_c_back_to_python(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["-m"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-X", "utf8", "-m", "minigrpo.grpo", "--steps", "3"])
+    assert minigrpo._started_as_cli()
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"])
+    assert not minigrpo._started_as_cli()
+    previous = signal.signal(signal.SIGINT, minigrpo._interrupted_at_startup)
+    try:
+        assert main_guard(lambda argv: signal.getsignal(signal.SIGINT))() is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_full_disk_anywhere_else_is_one_line(capsys):
+    def writes_metrics(argv):
+        raise OSError(errno.ENOSPC, "No space left on device", "runs/x/metrics.jsonl")
+
+    err = one_line_error(main_guard(writes_metrics), [], capsys)
+    assert "the disk is full while writing runs/x/metrics.jsonl" in err
