@@ -6,10 +6,10 @@
 
 Sections: machine; sampling (KV cache vs the slow full-recompute path at batch 8/64/512, 16 new
 tokens, and their log-prob agreement); threads (one pretraining step at 1 and 2 threads); pretrain
-(the default command, timed, with its exact quality report); grpo (the default command and a rare
-target as whole processes, timed; the per-step time on a 4-layer 128-wide model); presets (every
---preset: steps and seconds to 0.9, final target rate, exact KL, worst drift, malformed mass).
-Subprocess runs write under --out (default runs/bench).
+(the default command, timed, with its exact quality report); then the RL sections of bench_rl.py
+(grpo, presets, targets, rarest, custom), each a median (min–max) over --seeds and checked against
+the bars written there; grpo adds the spill-over figure and the per-step time of a 4-layer model.
+Subprocess runs write under --out (default runs/bench), --jobs at a time.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.cli import UsageError, main_guard, parse_config, setup_runtime
+from minigrpo.cli import UsageError, main_guard, meta, parse_config, setup_runtime
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
+from minigrpo.bench_rl import ROW_HEADER, rarest_foods, run_all, seed_row, write_rare_reward
 from minigrpo.sampling import generate
 from toy_tasks import default_pretrain_dir, get_task
 
-SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets"]
+SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets", "targets", "rarest", "custom"]
 
 
 @dataclass
@@ -41,6 +42,9 @@ class BenchConfig:
     task: str = field(default="food", metadata={"help": "toy task for the pretrain, grpo and presets sections"})
     only: str | None = field(default=None, metadata={"help": f"comma-separated sections of {','.join(SECTIONS)}"})
     out: str = field(default="runs/bench", metadata={"help": "folder for the runs the bench starts"})
+    seeds: int = field(default=5, metadata=meta(
+        "seeds per configuration in the grpo, presets, rarest, custom sections"))
+    jobs: int = field(default=0, metadata={"help": "runs at a time in the RL sections (0 = the number of cores)"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads for the in-process sections"})
     device: str = field(default="cpu", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
 
@@ -70,8 +74,8 @@ def bench_sampling(device) -> str:
     for batch in (8, 64, 512):
         prompt = torch.randint(3, 26, (batch, 8), device=device)
         def run(cache, seed=0):
-            return generate(model, prompt, max_new_tokens=new, generator=torch.Generator(device=device).manual_seed(seed),
-                            use_cache=cache)
+            gen = torch.Generator(device=device).manual_seed(seed)
+            return generate(model, prompt, max_new_tokens=new, generator=gen, use_cache=cache)
         fast, slow = run(True), run(False)
         same = torch.equal(fast.ids, slow.ids)
         diff = (fast.logprobs - slow.logprobs).abs().max().item() if same else float("nan")
@@ -113,13 +117,14 @@ def _run_cli(args: list[str]) -> tuple[float, str]:
                        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     wall = time.perf_counter() - t
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode
+        raise RuntimeError(f"{' '.join(args)} failed: {last}")
     return wall, p.stdout
 
 
 def bench_pretrain(out: Path, task: str) -> str:
     folder = out / default_pretrain_dir(task).split("/")[-1]
-    wall, _ = _run_cli(["minigrpo.pretrain", "--task", task, "--out", str(folder)])
+    wall, _ = _run_cli(["minigrpo.pretrain", "--task", task, "--out", str(folder), "--overwrite"])
     s = json.loads((folder / "summary.json").read_text())
     return table(f"pretrain: `python -m minigrpo.pretrain --task {task}` (defaults, seed 0)",
                  ["whole process s", "training s", "val loss / floor", "quality bar"],
@@ -138,46 +143,42 @@ def _task_init(out: Path, task: str) -> Path:
     return _ensure_pretrained(out, default_pretrain_dir(task).split("/")[-1], ["--task", task])
 
 
-RARE_TARGET = ["--reward", "food:apple pie", "--steps", "80", "--lr", "1.5e-3", "--group-size", "16", "--prompts-per-step", "2"]
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label).strip("-")
 
 
-def _grpo_row(label, args, out: Path, init: Path, cli: str = "minigrpo.grpo") -> list:
-    folder = out / label
-    wall, _ = _run_cli([cli, "--init", str(init), "--out", str(folder), "--quiet", *args])
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in rows if "target_rate" in r]
-    first = next((r for r in evals if r["target_rate"] >= 0.9), None)
-    steps_to = first["step"] if first else "-"
-    secs_to = f"{sum(r.get('step_time', 0) for r in rows if r['step'] <= first['step']):.2f}" if first else "-"
-    last = evals[-1]
-    kl = next((r["kl_exact"] for r in reversed(rows) if "kl_exact" in r), float("nan"))
-    heldout = f"{last['heldout_rate']:.3f}" if "heldout_rate" in last else "-"
-    return [label, f"{wall:.1f}", steps_to, secs_to, f"{last['target_rate']:.3f}", heldout, f"{kl:.4f}",
-            f"{last['worst_drift']:.3f}", f"{last['malformed']:.4f}"]
+def _seed_table(title: str, configs: list[tuple[str, list[str]]], out: Path, init: Path, seeds: int,
+                jobs: int) -> tuple[str, dict]:
+    """Run every (label, args) over seeds 0..seeds-1; -> (a table of medians over seeds, {label: [figures]})."""
+    runs = [(f"{label}|{s}", [*args, "--init", str(init), "--seed", str(s)], out / _slug(label) / f"s{s}")
+            for label, args in configs for s in range(seeds)]
+    res = run_all(runs, jobs)
+    by_label = {label: [res[f"{label}|{s}"] for s in range(seeds)] for label, _ in configs}
+    errors = [f"  {k}: {v['error']}" for k, v in res.items() if "error" in v]
+    return table(title, ROW_HEADER, [seed_row(label, figs) for label, figs in by_label.items()]) + \
+        ("\nfailed:\n" + "\n".join(errors) if errors else ""), by_label
 
 
-GRPO_HEADER = ["run", "whole process s", "steps to 0.9", "train s to 0.9", "final exact target", "held-out", "exact KL/token",
-               "worst drift (bar 0.05)", "malformed (bar 0.01)"]
-
-
-def bench_grpo(out: Path, task: str) -> str:
+def bench_grpo(out: Path, task: str, seeds: int, jobs: int) -> str:
     init = _task_init(out, task)
     if task != "food":  # the task's own defaults (RL_DEFAULTS), GRPO and PPO
-        rows = [_grpo_row(f"{cli}-{task} (default)", ["--task", task], out, init, f"minigrpo.{cli}") for cli in ("grpo", "ppo")]
-        return table(f"grpo and ppo on {task}: whole processes (imports, training, final evaluation)", GRPO_HEADER, rows)
-    rows = [_grpo_row("grpo-pizza (default)", ["--reward", "pizza", "--eval-every", "1"], out, init),
-            _grpo_row("grpo-apple-pie (rare, p=0.02)", RARE_TARGET + ["--eval-every", "1"], out, init),
-            _grpo_row("grpo-pizza --no-preserve", ["--reward", "pizza", "--eval-every", "1", "--no-preserve"], out, init),
-            _grpo_row("ppo-pizza (default)", ["--reward", "pizza", "--eval-every", "1"], out, init, "minigrpo.ppo"),
-            _grpo_row("ppo-pizza --critic head", ["--reward", "pizza", "--eval-every", "1", "--critic", "head"], out, init,
-                      "minigrpo.ppo")]
-    text = table("grpo and ppo: whole processes (imports, training, final evaluation)", GRPO_HEADER, rows)
-    text += spillover(out / "grpo-pizza (default)", out / "grpo-pizza --no-preserve", out / "spillover.png")
-    big = _ensure_pretrained(out, "pretrain-4x128", ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--steps", "300"])
+        configs = [(f"{cli} --task {task} (default)", [f"minigrpo.{cli}", "--task", task]) for cli in ("grpo", "ppo")]
+        return _seed_table(f"grpo and ppo on {task}: whole processes, medians (min–max) over {seeds} seeds",
+                           configs, out, init, seeds, jobs)[0]
+    configs = [("grpo --reward pizza (default)", ["minigrpo.grpo", "--reward", "pizza"]),
+               ("grpo --reward 'food:apple pie' (p=0.02)", ["minigrpo.grpo", "--reward", "food:apple pie"]),
+               ("grpo --reward pizza --no-preserve", ["minigrpo.grpo", "--reward", "pizza", "--no-preserve"]),
+               ("ppo --reward pizza (default)", ["minigrpo.ppo", "--reward", "pizza"]),
+               ("ppo --reward pizza --critic head", ["minigrpo.ppo", "--reward", "pizza", "--critic", "head"])]
+    text, _ = _seed_table(f"grpo and ppo: whole processes, medians (min–max) over {seeds} seeds", configs, out, init,
+                          seeds, jobs)
+    text += spillover(out / _slug(configs[0][0]) / "s0", out / _slug(configs[2][0]) / "s0", out / "spillover.png")
+    big = _ensure_pretrained(out, "pretrain-4x128",
+                             ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--steps", "300"])
     folder = out / "grpo-step-time"
     _run_cli(["minigrpo.grpo", "--init", str(big), "--out", str(folder), "--quiet", "--prompts-per-step", "1",
               "--group-size", "8", "--max-new-tokens", "12", "--updates", "1", "--no-preserve", "--threads", "1",
-              "--steps", "40", "--eval-every", "1000"])
+              "--steps", "40", "--eval-every", "1000", "--goal", "0", "--overwrite"])
     times = [json.loads(line)["step_time"] for line in (folder / "metrics.jsonl").read_text().splitlines()
              if "step_time" in json.loads(line)]
     text += table("grpo per-step time: 4-layer 128-wide model, 1 prompt x 8 completions, 12 new tokens, μ=1, "
@@ -187,26 +188,57 @@ def bench_grpo(out: Path, task: str) -> str:
     return text
 
 
+def bench_targets(out: Path, jobs: int) -> str:
+    """The default command for every (person, food) pair at seed 0, and the worst of them."""
+    from toy_tasks.food import FOODS, PEOPLE
+    init = _task_init(out, "food")
+    runs = [(f"{p}|{f}", ["minigrpo.grpo", "--person", p, "--reward", f"food:{f}", "--init", str(init)],
+             out / "targets" / _slug(f"{p}-{f}")) for p in PEOPLE for f in FOODS]
+    res = run_all(runs, jobs)
+    figs = list(res.values())
+    fails = [f"  {k.replace('|', ': ')}: " + (v["error"] if "error" in v else
+             f"final {v['final']:.3f}, peak malformed {v['peak_malformed']:.4f}, end {v['malformed']:.4f}, "
+             f"peak drift {v['peak_worst_drift']:.3f}, end {v['worst_drift']:.3f}, {v['wall']:.1f} s")
+             for k, v in res.items() if not passes(v)]
+    return table(f"targets: the default command for all {len(runs)} (person, food) pairs, seed 0", ROW_HEADER,
+                 [seed_row("every pair", figs)]) + ("\npairs missing a bar:\n" + "\n".join(fails) if fails else "")
+
+
+def bench_rarest(out: Path, seeds: int, jobs: int, custom: bool = False) -> str:
+    """Each person's rarest food over seeds, named (food:<food>) or through a user reward file."""
+    init = _task_init(out, "food")
+    configs = []
+    for person, food in rarest_foods().items():
+        reward = write_rare_reward(out / f"rare_{person}.py", food) if custom else f"food:{food}"
+        configs.append((f"{person}: {food}" + (" (custom file)" if custom else ""),
+                        ["minigrpo.grpo", "--person", person, "--reward", reward]))
+    kind = "a user reward file paying 1 for it (the run is not told the food)" if custom else "food:<food>"
+    return _seed_table(f"each person's rarest food, {kind}: medians (min–max) over {seeds} seeds", configs,
+                       out / ("custom" if custom else "rarest"), init, seeds, jobs)[0]
+
+
 def spillover(with_preserve: Path, without: Path, png: Path) -> str:
     """Each person's exact pizza share before RL and after it, with and without preservation:
     a table, and the same as a grouped bar chart in `png`."""
     a = json.loads((with_preserve / "summary.json").read_text())
     b = json.loads((without / "summary.json").read_text())
-    people = list(a["baseline_pizza_shares"])
-    rows = [[p, f"{a['baseline_pizza_shares'][p]:.3f}", f"{a['pizza_shares'][p]:.3f}", f"{b['pizza_shares'][p]:.3f}"]
-            for p in people]
+    pizza = lambda dists: {p: d["pizza"] for p, d in dists.items()}
+    before, on, off = pizza(a["baseline"]), pizza(a["shares"]), pizza(b["shares"])
+    people = list(before)
+    rows = [[p, f"{before[p]:.3f}", f"{on[p]:.3f}", f"{off[p]:.3f}"] for p in people]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 3.2))
     x = range(len(people))
-    for i, (label, shares) in enumerate([("pretrained", a["baseline_pizza_shares"]), ("GRPO, preservation on", a["pizza_shares"]),
-                                         ("GRPO --no-preserve", b["pizza_shares"])]):
+    for i, (label, shares) in enumerate([("pretrained", before), ("GRPO, preservation on", on),
+                                         ("GRPO --no-preserve", off)]):
         ax.bar([j + (i - 1) * 0.27 for j in x], [shares[p] for p in people], width=0.27, label=label)
     ax.set_xticks(list(x), people)
     ax.set_ylabel("exact P(pizza)")
     ax.set_title("GRPO on 'ravin likes ' only: everyone's pizza share (spill-over when unpreserved)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.25)
+    ax.legend(fontsize=8, ncol=3, loc="upper left")
     fig.tight_layout()
     fig.savefig(png, dpi=90)
     plt.close(fig)
@@ -214,13 +246,12 @@ def spillover(with_preserve: Path, without: Path, png: Path) -> str:
                  ["person", "pretrained", "after GRPO (preservation on)", "after GRPO --no-preserve"], rows)
 
 
-def bench_presets(out: Path, task: str) -> str:
+def bench_presets(out: Path, task: str, seeds: int, jobs: int) -> str:
     from minigrpo.grpo import PRESETS
     init = _task_init(out, task)
-    every = ["--eval-every", "1"] if task == "food" else []  # food's exact evaluation is cheap enough for every step
-    rows = [_grpo_row(f"{name}-{task}" if task != "food" else name, ["--preset", name, "--task", task, *every],
-                      out, init) for name in PRESETS]
-    return table(f"presets on {task} (the task's default reward), seed 0", GRPO_HEADER, rows)
+    configs = [(f"--preset {name}", ["minigrpo.grpo", "--preset", name, "--task", task]) for name in PRESETS]
+    return _seed_table(f"presets on {task} (the task's default reward): medians (min–max) over {seeds} seeds",
+                       configs, out / "presets", init, seeds, jobs)[0]
 
 
 @main_guard
@@ -236,6 +267,11 @@ def main(argv=None):
         get_task(cfg.task)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if cfg.seeds < 1 or cfg.jobs < 0:
+        raise UsageError(f"--seeds must be >= 1 and --jobs >= 0, got {cfg.seeds} and {cfg.jobs}")
+    if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom")):
+        raise UsageError("the targets, rarest and custom sections are food's (people and foods): use --task food")
+    jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     device = setup_runtime(cfg.threads, cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,8 +279,11 @@ def main(argv=None):
     print(f"machine: {platform.machine()} {cores} cores | torch {torch.__version__} | device {device} | "
           f"threads {torch.get_num_threads()} | python {platform.python_version()}", flush=True)
     runners = {"sampling": lambda: bench_sampling(device), "threads": lambda: bench_threads(device),
-               "pretrain": lambda: bench_pretrain(out, cfg.task), "grpo": lambda: bench_grpo(out, cfg.task),
-               "presets": lambda: bench_presets(out, cfg.task)}
+               "pretrain": lambda: bench_pretrain(out, cfg.task),
+               "grpo": lambda: bench_grpo(out, cfg.task, cfg.seeds, jobs),
+               "presets": lambda: bench_presets(out, cfg.task, cfg.seeds, jobs),
+               "targets": lambda: bench_targets(out, jobs), "rarest": lambda: bench_rarest(out, cfg.seeds, jobs),
+               "custom": lambda: bench_rarest(out, cfg.seeds, jobs, custom=True)}
     for s in sections:
         print(runners[s](), flush=True)
 

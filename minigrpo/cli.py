@@ -32,6 +32,11 @@ from pathlib import Path
 import torch
 
 
+def meta(help_text: str, **extra) -> dict:
+    """A config field's metadata: its --help line (and e.g. choices=[...])."""
+    return {"help": help_text, **extra}
+
+
 class UsageError(ValueError):
     """Bad input from the user: printed as one line, exit code 2, no traceback."""
 
@@ -41,6 +46,23 @@ def _base_type(tp):
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return next(a for a in typing.get_args(tp) if a is not type(None))
     return tp
+
+
+def _accepts_none(tp) -> bool:
+    """True for `X | None` (and Optional[X])."""
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _none_or(tp):
+    """An argparse `type` for an `int | None` or `float | None` flag: 'none' (any case) -> None, else tp(text).
+
+    Without it such a flag could never be set back to None from the command line (`--vf-clip none`
+    was refused as an invalid float). The wrapper keeps tp's name, so argparse's error still reads
+    "invalid float value: 'x'"."""
+    def parse(text: str):
+        return None if text.strip().lower() == "none" else tp(text)
+    parse.__name__ = tp.__name__
+    return parse
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -59,12 +81,14 @@ def build_parser(cls, description: str, defaults: dict | None = None) -> argpars
     parser = argparse.ArgumentParser(description=description, formatter_class=DefaultsHelpFormatter)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        help_ = f.metadata.get("help", "")
+        help_ = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
         default = (defaults or {}).get(f.name, f.default if f.default is not dataclasses.MISSING else None)
         tp = _base_type(hints[f.name])
         if tp is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
+            if tp in (int, float) and _accepts_none(hints[f.name]):
+                tp = _none_or(tp)  # `--flag none` sets it back to None (e.g. PPO's --vf-clip none)
             parser.add_argument(flag, type=tp, default=default, help=help_, choices=f.metadata.get("choices"),
                                 metavar=f.metadata.get("metavar"))
     return parser

@@ -1,7 +1,7 @@
 """Run several algorithms × seeds side by side and compare them on the task's exact metrics.
 
     python -m minigrpo.compare --algos default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo --seeds 3 --reward pizza
-    python -m minigrpo.compare --algos grpo,dr_grpo --seeds 3 --reward pizza --group-size 4   # any trainer flag passes through
+    python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags pass through
 
 Each run is its own process with one thread (--jobs at a time, default: the cores), writing to
 <out>/<algo>-s<seed>/. Budgets are fixed by default (--budget fixed: every run takes the same --steps,
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.cli import UsageError, main_guard, parse_config, prepare_out
+from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
 from minigrpo.rl_config import default_out
@@ -42,14 +42,18 @@ ALGOS = ["default"] + sorted(PRESETS) + ["ppo"]  # default: `python -m minigrpo.
 @dataclass
 class CompareConfig:
     algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo",
-                       metadata={"help": f"comma-separated, of {','.join(ALGOS)} (default = minigrpo.grpo without a preset)"})
-    seeds: int = field(default=5, metadata={"help": "seeds per algorithm (0, 1, ...)"})
-    budget: str = field(default="fixed", metadata={"help": "fixed: every run takes --steps steps (equal work); "
-                                                          "goal: each run stops at its goal", "choices": ["fixed", "goal"]})
-    steps: int | None = field(default=None, metadata={"help": "steps per run (default: 60 on food with --budget fixed, "
-                                                             "else the trainers' own cap)"})
-    reward: str | None = field(default=None, metadata={"help": "reward spec passed to every run (default: the task's, food: pizza)"})
-    out: str | None = field(default=None, metadata={"help": "output folder (default runs/compare-<reward>, or runs/compare-<task>)"})
+                       metadata=meta(f"comma-separated, of {','.join(ALGOS)} "
+                                     f"(default = minigrpo.grpo without a preset)"))
+    seeds: int = field(default=5, metadata=meta("seeds per algorithm (0, 1, ...)"))
+    budget: str = field(default="fixed", metadata=meta(
+        "fixed: every run takes --steps steps (equal work); goal: each run stops at its goal",
+        choices=["fixed", "goal"]))
+    steps: int | None = field(default=None, metadata=meta(
+        "steps per run (default: 60 on food with --budget fixed, else the trainers' own cap)"))
+    reward: str | None = field(default=None, metadata=meta(
+        "reward spec passed to every run (default: the task's, food: pizza)"))
+    out: str | None = field(default=None, metadata=meta(
+        "output folder (default runs/compare-<reward>, or runs/compare-<task>)"))
     jobs: int = field(default=0, metadata={"help": "runs at a time (0 = the number of cores)"})
 
 
@@ -156,7 +160,8 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
     for i, (algo, runs) in enumerate(results.items()):
         color = f"C{i % 10}"
         if runs:
-            for ax, key, label in ((axes[0], "secs", "wall seconds (sum of step times)"), (axes[1], "tokens", "sampled tokens")):
+            for ax, key, label in ((axes[0], "secs", "wall seconds (sum of step times)"),
+                                   (axes[1], "tokens", "sampled tokens")):
                 n = min(len(c["target"]) for c in runs)
                 xs = np.mean([c[key][:n] for c in runs], axis=0)
                 ys = np.array([c["target"][:n] for c in runs])
@@ -168,8 +173,9 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
                            label=algo)
         f = [c["final"] for c in runs]
         row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
-               summarise([x["steps"] for x in f]), summarise([first_reaching(c, 0.9, "steps") for c in runs]), summarise([first_reaching(c, 0.9, "secs") for c in runs]),
-               summarise([first_reaching(c, 0.95, "steps") for c in runs]), summarise([first_reaching(c, 0.95, "secs") for c in runs]),
+               summarise([x["steps"] for x in f]),
+               *[summarise([first_reaching(c, level, key) for c in runs])
+                 for level in (0.9, 0.95) for key in ("steps", "secs")],
                *[summarise([x[k] for x in f]) for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
                                                         "peak_worst_drift", "malformed", "peak_malformed")]]
         lines.append("| " + " | ".join(row) + " |")
@@ -236,7 +242,8 @@ def main(argv=None):
             else:
                 errors.setdefault(algo, []).append((seed, err))
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
-    write_outputs(out, results, errors, f"{', '.join(algos)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}")
+    title = f"{', '.join(algos)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
+    write_outputs(out, results, errors, title)
     print((out / "table.md").read_text())
     print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'}")
     if errors:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.advantages import group_advantages, rloo_advantages, whiten
-from minigrpo.cli import UsageError, main_guard
+from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import ESTIMATORS, exact
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
@@ -49,35 +49,50 @@ from minigrpo.rl_config import RLConfig, parse_rl_config
 from minigrpo.rollout import RolloutBatch, completion_logprobs
 
 PRESETS = {
-    "grpo": {"kl": "k3"},
-    "dr_grpo": {"adv_scale": "none", "loss_agg": "seq-mean-token-sum-norm", "beta": 0.0, "steps": 80},
+    "grpo": {"kl": "k3", "beta": 0.04},
+    "dr_grpo": {"adv_scale": "none", "loss_agg": "seq-mean-token-sum-norm", "beta": 0.0},
     "dapo": {"clip_high": 0.28, "skip_equal_groups": True, "loss_agg": "token-mean", "beta": 0.0},
     "gspo": {"ratio": "sequence", "clip_low": 3e-4, "clip_high": 4e-4, "beta": 0.0},
-    "rloo": {"baseline": "rloo", "adv_scale": "none", "kl": "k1", "kl_in": "reward", "loss_agg": "token-mean"},
-    "reinforce": {"baseline": "batch", "adv_scale": "batch", "kl": "k1", "kl_in": "reward", "loss_agg": "token-mean"},
+    "rloo": {"baseline": "rloo", "adv_scale": "none", "kl": "k1", "kl_in": "reward", "loss_agg": "token-mean",
+             "beta": 0.04},
+    "reinforce": {"baseline": "batch", "adv_scale": "batch", "kl": "k1", "kl_in": "reward", "loss_agg": "token-mean",
+                  "beta": 0.04},
 }
 
 
 @dataclass
 class GRPOConfig(RLConfig):
-    preset: str | None = field(default=None, metadata={"help": "set several flags at once (explicit flags win)", "choices": sorted(PRESETS)})
-    updates: int = field(default=2, metadata={"help": "μ: inner updates per rollout (1 makes the ratio identically 1 and the clip dead)"})
+    preset: str | None = field(default=None, metadata=meta(
+        "set several flags at once (explicit flags win)", choices=sorted(PRESETS)))
+    updates: int = field(default=2, metadata=meta(
+        "μ: inner updates per rollout (1 makes the ratio identically 1 and the clip dead)"))
     clip_low: float = field(default=0.2, metadata={"help": "ε_low: ratio clipped below at 1−ε_low"})
-    clip_high: float | None = field(default=None, metadata={"help": "ε_high: ratio clipped above at 1+ε_high (default ε_low; DAPO 0.28)"})
-    dual_clip: float | None = field(default=None, metadata={"help": "dual-clip constant c > 1 bounding the loss for negative advantages"})
-    beta: float = field(default=0.04, metadata={"help": "β: KL(π‖π_ref) weight"})
-    kl: str = field(default="exact", metadata={"help": "KL estimator per token (exact: full vocabulary; the paper uses k3)", "choices": ["k1", "k2", "k3", "exact"]})
-    kl_in: str = field(default="loss", metadata={"help": "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)", "choices": ["loss", "reward"]})
-    baseline: str = field(default="group", metadata={"help": "reward baseline: group mean, leave-one-out (rloo), or batch mean", "choices": ["group", "rloo", "batch"]})
-    adv_scale: str = field(default="group", metadata={"help": "divide advantages by the group std, the batch std, or nothing", "choices": ["group", "batch", "none"]})
-    adv_std: str = field(default="unbiased", metadata={"help": "std with Bessel's correction (paper, TRL) or the population std", "choices": ["unbiased", "population"]})
+    clip_high: float | None = field(default=None, metadata=meta(
+        "ε_high: ratio clipped above at 1+ε_high (default ε_low; DAPO 0.28)"))
+    dual_clip: float | None = field(default=None, metadata=meta(
+        "dual-clip constant c > 1 bounding the loss for negative advantages"))
+    beta: float = field(default=0.3, metadata=meta("β: KL(π‖π_ref) weight (the paper: 0.04; see the docstring)"))
+    kl: str = field(default="exact", metadata=meta(
+        "KL estimator per token (exact: full vocabulary; the paper uses k3)", choices=["k1", "k2", "k3", "exact"]))
+    kl_in: str = field(default="loss", metadata=meta(
+        "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)", choices=["loss", "reward"]))
+    baseline: str = field(default="group", metadata=meta(
+        "reward baseline: group mean, leave-one-out (rloo), or batch mean", choices=["group", "rloo", "batch"]))
+    adv_scale: str = field(default="group", metadata=meta(
+        "divide advantages by the group std, the batch std, or nothing", choices=["group", "batch", "none"]))
+    adv_std: str = field(default="unbiased", metadata=meta(
+        "std with Bessel's correction (paper, TRL) or the population std", choices=["unbiased", "population"]))
     adv_eps: float = field(default=1e-4, metadata={"help": "ε added to the std"})
-    loss_agg: str = field(default="seq-mean-token-mean", metadata={"help": "loss aggregation over tokens and sequences", "choices": list(AGG_MODES)})
-    ratio: str = field(default="token", metadata={"help": "importance ratio per token, or per sequence (GSPO)", "choices": ["token", "sequence"]})
+    loss_agg: str = field(default="seq-mean-token-mean", metadata=meta(
+        "loss aggregation over tokens and sequences", choices=list(AGG_MODES)))
+    ratio: str = field(default="token", metadata=meta(
+        "importance ratio per token, or per sequence (GSPO)", choices=["token", "sequence"]))
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
-    fork_entropy: float = field(default=0.0, metadata={"help": "only tokens where π_ref's entropy is >= this (nats) carry the policy loss (0 = all; losses.forking_token_mask)"})
-    negative_weight: float = field(default=1.0, metadata={"help": "weight of negative advantages (1 = unbiased; 0 = positive samples only)"})
-    skip_equal_groups: bool = field(default=False, metadata={"help": "drop groups whose rewards are all equal (they carry no signal)"})
+    fork_entropy: float = field(default=0.0, metadata=meta(
+        "only tokens where π_ref's entropy is >= this (nats) carry the policy loss (0 = all; "
+        "losses.forking_token_mask)"))
+    skip_equal_groups: bool = field(default=False, metadata=meta(
+        "drop groups whose rewards are all equal (they carry no signal)"))
 
 
 def advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
@@ -131,8 +146,6 @@ class GRPO:
         equal = (rewards.view(-1, G) == rewards.view(-1, G)[:, :1]).all(dim=1)  # (prompts,)
         stats["equal_groups"] = equal.float().mean().item()
         adv = advantages(rewards, cfg)
-        if cfg.negative_weight != 1.0:
-            adv = torch.where(adv < 0, cfg.negative_weight * adv, adv)
         stats.update(adv_mean=adv.mean().item(), adv_std=adv.std().item())
         if cfg.skip_equal_groups:
             keep = (~equal).repeat_interleave(G).nonzero().flatten()
@@ -143,14 +156,15 @@ class GRPO:
                     stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
                 return {**stats, "skipped": 1.0}
             batch, adv = batch.select(keep), adv[keep]
-        mask, totals, fork = batch.mask, {}, None
-        for _ in range(cfg.updates):
+        mask, totals, ratio_stats, fork = batch.mask, {}, [], None
+        for i in range(cfg.updates):
             logp, logits = completion_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
                 batch.old_logp = logp.detach()
             ent = entropy(logits)
             if fork is None:  # once per rollout, from π_ref's entropies
-                fork = forking_token_mask(entropy(batch.ref_logits), mask, cfg.fork_entropy) if cfg.fork_entropy else mask
+                fork = forking_token_mask(entropy(batch.ref_logits), mask, cfg.fork_entropy) \
+                    if cfg.fork_entropy else mask
             per_token = clipped_surrogate(logp, batch.old_logp, adv[:, None], fork, cfg.clip_low, cfg.clip_high,
                                           cfg.dual_clip, cfg.ratio)
             policy_loss = aggregate(per_token, mask, cfg.loss_agg, cfg.max_new_tokens)
@@ -172,11 +186,15 @@ class GRPO:
                                           "token-mean").item(),
                     "entropy": aggregate(ent, mask, "token-mean").item(),
                     "preserve_loss": anchor.item() if anchor is not None else 0.0,
-                    **{k: v.item() for k, v in s.items()},
                 }
+            if i > 0 or cfg.updates == 1:  # the first of μ > 1 updates has ρ ≡ 1: it would halve what the clip saw
+                ratio_stats.append({k: v.item() for k, v in s.items()})
             step_stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
-            for k, v in step_stats.items():  # mean over the μ updates; the max ratio is the max
-                totals[k] = max(totals.get(k, v), v) if k == "ratio_max" else totals.get(k, 0.0) + v / cfg.updates
+            for k, v in step_stats.items():  # losses: the mean over the μ updates
+                totals[k] = totals.get(k, 0.0) + v / cfg.updates
+        for k in ratio_stats[0]:  # ratio and clip statistics: the mean over updates 2..μ; the max ratio is the max
+            values = [r[k] for r in ratio_stats]
+            totals[k] = max(values) if k == "ratio_max" else sum(values) / len(values)
         return {**stats, **totals}
 
 
@@ -199,7 +217,8 @@ def train(cfg: GRPOConfig, log=print) -> dict:
     if cfg.kl == "exact" and cfg.kl_in == "reward" and cfg.beta > 0:
         raise UsageError("--kl exact works only with --kl-in loss (the reward penalty uses k1, k2 or k3)")
     if cfg.adv_scale == "group" and cfg.baseline != "group":
-        raise UsageError(f"--adv-scale group needs --baseline group (got {cfg.baseline}); use --adv-scale batch or none")
+        raise UsageError(f"--adv-scale group needs --baseline group (got {cfg.baseline}); "
+                         f"use --adv-scale batch or none")
     return run(cfg, GRPO, "grpo", PANELS, log)
 
 

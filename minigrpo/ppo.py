@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from minigrpo.advantages import explained_variance, gae, whiten
-from minigrpo.cli import UsageError, main_guard
+from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import exact, k1
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
@@ -38,10 +38,12 @@ from minigrpo.rollout import RolloutBatch, completion_logprobs
 
 @dataclass
 class PPOConfig(RLConfig):
-    steps: int = field(default=25, metadata={"help": "RL steps (one rollout each; PPO reaches the target in fewer than GRPO)"})
-    critic: str = field(default="separate", metadata={"help": "value model: a separate copy of the trunk, or a head on the policy", "choices": ["separate", "head"]})
-    beta: float = field(default=0.05, metadata={"help": "β: per-token KL penalty in the reward"})
-    kl_target: float | None = field(default=None, metadata={"help": "adapt β towards this KL per sequence (off: fixed β)"})
+    critic: str = field(default="separate", metadata=meta(
+        "value model: a separate copy of the trunk, or a head on the policy", choices=["separate", "head"]))
+    beta: float = field(default=0.2, metadata=meta(
+        "β: per-token KL penalty in the reward (InstructGPT-style runs use 0.02–0.05; see the docstring)"))
+    kl_target: float | None = field(default=None, metadata=meta(
+        "adapt β towards this KL per sequence (off: fixed β)"))
     gamma: float = field(default=1.0, metadata={"help": "γ: discount"})
     lam: float = field(default=0.95, metadata={"help": "λ: GAE parameter"})
     epochs: int = field(default=2, metadata={"help": "passes over each rollout"})
@@ -129,22 +131,26 @@ class PPO:
                     loss = loss + anchor
                 s = surrogate_stats(logp, sub.old_logp, adv[rows], m, cfg.clip)
                 with torch.no_grad():
-                    v_clipped = (values - old_values[rows]).abs() > (cfg.vf_clip or float("inf"))
-                    stats = {"policy_loss": pg.item(), "value_loss": vl.item(), "loss": loss.item(), "entropy": ent.item(),
+                    limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
+                    v_clipped = (values - old_values[rows]).abs() > limit
+                    stats = {"policy_loss": pg.item(), "value_loss": vl.item(), "loss": loss.item(),
+                             "entropy": ent.item(),
                              "kl_exact": aggregate(exact(logits, sub.ref_logits), m, "token-mean").item(),
                              "value_clip_frac": (v_clipped & m).sum().item() / max(int(m.sum()), 1),
                              "preserve_loss": anchor.item() if anchor is not None else 0.0,
                              **{k: v.item() for k, v in s.items()}}
                 stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
                 for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                    sums[k] = max(sums.get(k, v), v) if k == "ratio_max" else sums.get(k, 0.0) + v
                 count += 1
-        out = {k: v / count for k, v in sums.items()}
+        out = {k: v if k == "ratio_max" else v / count for k, v in sums.items()}  # means; the max ratio is the max
         kl_mean = kl_seq.mean().item()
         if cfg.kl_target is not None:  # adaptive β (Ziegler et al. 2019): proportional control, error clipped to ±0.2
             error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1))
             self.beta *= 1 + error * N / 1000
-        out.update(kl_k1_seq=kl_mean, beta=self.beta, value_mean=torch.where(mask, old_values, 0.0).sum().item() / max(int(mask.sum()), 1),
+        n_valid = max(int(mask.sum()), 1)
+        out.update(kl_k1_seq=kl_mean, beta=self.beta,
+                   value_mean=torch.where(mask, old_values, 0.0).sum().item() / n_valid,
                    explained_variance=explained_variance(old_values, returns, mask).item(),
                    adv_mean=adv[mask].mean().item(), adv_std=adv[mask].std().item() if mask.sum() > 1 else 0.0)
         return out
@@ -167,7 +173,8 @@ def train(cfg: PPOConfig, log=print) -> dict:
         if getattr(cfg, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name)}")
     if cfg.minibatches > cfg.group_size * cfg.prompts_per_step:
-        raise UsageError(f"--minibatches ({cfg.minibatches}) exceeds the rollout's {cfg.group_size * cfg.prompts_per_step} completions")
+        n = cfg.group_size * cfg.prompts_per_step
+        raise UsageError(f"--minibatches ({cfg.minibatches}) exceeds the rollout's {n} completions")
     return run(cfg, PPO, "ppo", PANELS, log)
 
 

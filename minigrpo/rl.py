@@ -127,9 +127,12 @@ class Run:
 
     def probes(self, batch) -> list:
         """What the step's trust region measures (trust_region.py): the rollout, the anchor set."""
-        out = [("rollout", batch.gen, self.cfg.trust_region)] if self.cfg.trust_region > 0 else []
-        if self.anchor is not None and self.cfg.trust_region_anchor > 0:
-            out.append(("anchor", self.anchor.gen, self.cfg.trust_region_anchor))
+        out = [("rollout", batch.gen, self.cfg.trust_region, 1)] if self.cfg.trust_region > 0 else []
+        if self.anchor is not None and self.cfg.trust_region_anchor > 0:  # a quarter of each person's rows
+            people, per = len(self.task.anchor_prompts(self.cfg)), self.cfg.preserve_per_prompt
+            rows = torch.tensor([i * per + j for i in range(people) for j in range(max(1, per // 4))],
+                                device=self.device)
+            out.append(("anchor", self.anchor.gen.select(rows), self.cfg.trust_region_anchor, people))
         return out
 
     def anchor_term(self) -> torch.Tensor | None:
@@ -176,8 +179,8 @@ class Run:
         self.anchor = Anchor.from_state_dict(rl["anchor"], self.device) if rl["anchor"] is not None else None
         self.baseline = rl["baseline"]
         self.rewards_window = list(rl["rewards_window"])
-        self.stop_rule.load_state_dict({k: v for k, v in rl["stop_rule"].items()
-                                        if k not in ("goal", "patience", "plateau", "max_malformed", "max_drift")})  # new flags win
+        settings = ("goal", "patience", "plateau", "max_malformed", "max_drift")  # the new flags win
+        self.stop_rule.load_state_dict({k: v for k, v in rl["stop_rule"].items() if k not in settings})
         self.peaks = Peaks(rl["peaks"])
         self.step = state["step"]
         ended = rl["stop_reason"]
@@ -264,7 +267,8 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
         write_samples(r.out / "samples.txt", last_batch)
     r.log(f"stopped at step {r.step}: {r.stop_reason}")
     r.log(r.task.format_rl_eval(last_eval, cfg))
-    summary = {"step": r.step, "stop_reason": r.stop_reason, **flat(last_eval)}
+    details = {k: v for k, v in last_eval.items() if k not in flat(last_eval)}  # e.g. food: every person's shares
+    summary = {"step": r.step, "stop_reason": r.stop_reason, **flat(last_eval), **details, "baseline": r.baseline}
     write_json(r.out / "summary.json", summary)
     r.log(f"wrote {r.out}/ (metrics.jsonl, metrics.png, summary.json, samples.txt, model.pt); look at it with:\n"
           f"  python -m minigrpo.sample --checkpoint {r.out / 'model.pt'} --prompt {r.prompts[0]!r} --num 1000")

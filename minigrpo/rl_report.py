@@ -50,6 +50,8 @@ def progress_line(step: int, steps: int, row: dict, evaluated: bool) -> str:
         line += f" | loss {row.get('policy_loss', float('nan')):+.4f}"
     if "kl_exact" in row:
         line += f" | KL {row['kl_exact']:.4f}"
+    if row.get("tr_scale", 1.0) < 1.0:  # the trust region shrank (or, at 0, rejected) this step
+        line += f" | step x{row['tr_scale']:.3g}"
     return line + f" | {1000 * row['step_time']:.0f} ms"
 
 

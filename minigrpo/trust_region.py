@@ -11,7 +11,8 @@ What: after the algorithm's update of a step (all μ inner updates), measure the
 KL between the policy before and after the step on two probe sets a real trainer has too:
 
     KL_rollout = mean over the step's sampled completions y of Σ_t KL(π_old(·|y_<t) ‖ π_new(·|y_<t))
-    KL_anchor  = the same on the anchor sequences of the off-target prompts (preserve.py)
+    KL_anchor  = the same on the anchor sequences of each off-target prompt (preserve.py), the largest
+                 over the prompts (every other person, not their average, must stay put)
 
 (sampled from π_old, the first is an unbiased estimate of KL(π_old ‖ π_new) over whole completions of
 the target prompt; by Pinsker, no event's probability, malformed mass included, moves by more than
@@ -37,25 +38,28 @@ def _logits(policy, gen: Generation) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sequence_kl(old_logits: torch.Tensor, new_logits: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean over rows of Σ_t exact KL(old ‖ new) at each valid completion position: (N, T, V) x2, (N, T)."""
+def sequence_kl(old_logits: torch.Tensor, new_logits: torch.Tensor, mask: torch.Tensor, groups: int = 1) -> float:
+    """Σ_t exact KL(old ‖ new) over each row's valid completion positions, averaged over the rows of each
+    of `groups` equal contiguous groups (e.g. one per off-target person), and the largest group mean
+    returned: (N, T, V) x2, (N, T) -> float."""
     kl = torch.where(mask, exact(old_logits, new_logits), torch.zeros((), device=mask.device))
-    return kl.sum(1).mean().item()
+    return kl.sum(1).view(groups, -1).mean(1).max().item()
 
 
 class StepGuard:
     """Snapshot before a step (`StepGuard(policy, probes)`), then `enforce(policy)` after it.
 
-    probes: [(name, generation, limit)], each limit the largest allowed sequence-level KL in nats."""
+    probes: [(name, generation, limit, groups)]: each limit the largest allowed sequence-level KL in nats,
+    checked on the worst of `groups` equal contiguous groups of rows (the anchor: one group per person)."""
 
-    def __init__(self, policy, probes: list[tuple[str, Generation, float]], max_halvings: int = 5):
+    def __init__(self, policy, probes: list[tuple[str, Generation, float, int]], max_halvings: int = 5):
         self.params = [p.detach().clone() for p in policy.parameters()]
-        self.probes = [(name, gen, limit, _logits(policy, gen)) for name, gen, limit in probes]
+        self.probes = [(name, gen, limit, _logits(policy, gen), groups) for name, gen, limit, groups in probes]
         self.max_halvings = max_halvings
 
     def _kls(self, policy) -> dict[str, float]:
-        return {name: sequence_kl(old, _logits(policy, gen), gen.completion_mask)
-                for name, gen, _, old in self.probes}
+        return {name: sequence_kl(old, _logits(policy, gen), gen.completion_mask, groups)
+                for name, gen, _, old, groups in self.probes}
 
     @torch.no_grad()
     def enforce(self, policy) -> dict:
@@ -65,14 +69,14 @@ class StepGuard:
         new = [p.detach().clone() for p in params]
         scale, kls = 1.0, self._kls(policy)
         for _ in range(self.max_halvings):
-            if all(kls[name] <= limit for name, _, limit, _ in self.probes):
+            if all(kls[name] <= limit for name, _, limit, _, _ in self.probes):
                 break
             scale /= 2
             for p, old, upd in zip(params, self.params, new):
                 p.copy_(old + scale * (upd - old))
             kls = self._kls(policy)
         else:
-            if not all(kls[name] <= limit for name, _, limit, _ in self.probes):
+            if not all(kls[name] <= limit for name, _, limit, _, _ in self.probes):
                 for p, old in zip(params, self.params):
                     p.copy_(old)
                 scale, kls = 0.0, {name: 0.0 for name in kls}

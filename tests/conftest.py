@@ -1,9 +1,15 @@
-"""Shared fixtures. Tests run on one thread with tiny models so the default run stays fast."""
+"""Shared fixtures and the helpers several test files use. Tests run on one thread with tiny models so
+the default run stays fast. Test files import the helpers with `from conftest import ...` (pytest puts
+tests/ on sys.path: the folder has no __init__.py)."""
 
 import pytest
 import torch
+from hypothesis import settings
 
 torch.set_num_threads(1)
+
+SET = settings(deadline=None, max_examples=40, derandomize=True)  # the property tests' hypothesis budget
+NAN = float("nan")
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +23,44 @@ def tiny_pretrained(tmp_path_factory):
                          n_lines=1600, eval_every=250, ckpt_every=250), log=lambda *a: None)
     model, tok, _ = load_checkpoint(out / "model.pt")
     return out / "model.pt", model, tok
+
+
+def T(x, grad=False):
+    """A float64 tensor (a leaf that requires grad with grad=True)."""
+    return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
+
+
+def call(fn, *args, shape=None, **kw):
+    """Call fn and check it returned a tensor (of the expected shape, when given): a deleted body returns None."""
+    out = fn(*args, **kw)
+    want = "" if shape is None else f" of shape {tuple(shape)}"
+    assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor{want}, got {out!r}"
+    if shape is not None:
+        assert out.shape == tuple(shape), f"{fn.__name__} returned shape {tuple(out.shape)}, expected {tuple(shape)}"
+    return out
+
+
+def right_padded(lengths, width):
+    """(B, width) bool mask: row b valid in its first lengths[b] slots."""
+    return torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def garbage(x, mask):
+    """x with NaN, +1e4 and −1e4 cycling through its masked slots (in x's dtype)."""
+    junk = torch.tensor([NAN, 1e4, -1e4], dtype=x.dtype).repeat(x.numel())[: x.numel()].view_as(x)
+    return torch.where(mask, x, junk)
+
+
+def naive_gae(rewards, values, lengths, gamma, lam):
+    """A_t = Σ_k (γλ)^(k−t) δ_k, δ_k = r_k + γ V_(k+1) − V_k, with V = 0 after the last valid token.
+
+    A double loop in float64 over plain floats; rows are valid in their first lengths[b] slots."""
+    B, width = rewards.shape
+    out = torch.zeros(B, width, dtype=torch.float64)
+    for b in range(B):
+        n = int(lengths[b])
+        for t in range(n):
+            for k in range(t, n):
+                v_next = float(values[b, k + 1]) if k + 1 < n else 0.0
+                out[b, t] += (gamma * lam) ** (k - t) * (float(rewards[b, k]) + gamma * v_next - float(values[b, k]))
+    return out

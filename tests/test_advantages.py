@@ -5,24 +5,16 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
+from conftest import SET, call, garbage, naive_gae, right_padded
 from minigrpo.advantages import explained_variance, gae, group_advantages, rloo_advantages, whiten
 
-SET = settings(deadline=None, max_examples=40, derandomize=True)
 SCALES = ["group", "batch", "none"]
 
 
 def R(rows):
     return torch.tensor(rows, dtype=torch.float64)
-
-
-def call(fn, *args, shape, **kw):
-    """Call fn and check it returned a tensor of the expected shape (a deleted body returns None)."""
-    out = fn(*args, **kw)
-    assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor of shape {tuple(shape)}, got {out!r}"
-    assert out.shape == tuple(shape), f"{fn.__name__} returned shape {tuple(out.shape)}, expected {tuple(shape)}"
-    return out
 
 
 def adv(r, **kw):
@@ -186,27 +178,10 @@ def test_unknown_scale_raises_value_error_listing_the_choices():
 
 # ---- GAE ---------------------------------------------------------------------------------------
 
-def naive_gae(rewards, values, lengths, gamma, lam):
-    """A_t = Σ_k (γλ)^(k−t) δ_k, δ_k = r_k + γ V_(k+1) − V_k, with V = 0 after the last valid token."""
-    B, T = rewards.shape
-    out = torch.zeros(B, T, dtype=torch.float64)
-    for b in range(B):
-        n = lengths[b]
-        for t in range(n):
-            for k in range(t, n):
-                v_next = values[b, k + 1] if k + 1 < n else 0.0
-                out[b, t] += (gamma * lam) ** (k - t) * (rewards[b, k] + gamma * v_next - values[b, k])
-    return out
-
-
 gae_case = st.integers(1, 3).flatmap(lambda B: st.integers(1, 6).flatmap(lambda T: st.tuples(
     st.lists(st.lists(st.floats(-3, 3), min_size=T, max_size=T), min_size=B, max_size=B),
     st.lists(st.lists(st.floats(-3, 3), min_size=T, max_size=T), min_size=B, max_size=B),
     st.lists(st.integers(0, T), min_size=B, max_size=B))))
-
-
-def right_padded(lengths, T):
-    return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
 
 
 def run_gae(r, v, mask, gamma, lam):
@@ -216,18 +191,13 @@ def run_gae(r, v, mask, gamma, lam):
     return out
 
 
-def garbage_in_padding(x, mask):
-    return torch.where(mask, x, torch.tensor([float("nan"), 1e4, -1e4], dtype=x.dtype).repeat(x.numel())[: x.numel()]
-                       .view_as(x))
-
-
 @SET
 @given(gae_case, st.floats(0, 1), st.floats(0, 1))
 def test_gae_equals_a_naive_double_loop_and_returns_are_advantages_plus_values(case, gamma, lam):
     rw, vals, lengths = case
     r, v = R(rw), R(vals)
     mask = right_padded(lengths, r.size(1))
-    a, ret = run_gae(garbage_in_padding(r, mask), garbage_in_padding(v, mask), mask, gamma, lam)
+    a, ret = run_gae(garbage(r, mask), garbage(v, mask), mask, gamma, lam)
     want = naive_gae(r, v, lengths, gamma, lam)
     assert torch.allclose(a, want, atol=1e-9), f"GAE (γ={gamma}, λ={lam}) {a.tolist()} != naive {want.tolist()}"
     assert torch.allclose(ret, torch.where(mask, a + v, 0.0), atol=1e-12), "returns must be advantages + values"
@@ -296,7 +266,7 @@ def test_whiten_gives_masked_mean_zero_and_variance_one_and_ignores_masked_garba
     mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=x.size(1), max_size=x.size(1)),
                                            min_size=x.size(0), max_size=x.size(0))))
     mask[0, 0] = mask[0, -1] = True
-    w = call(whiten, garbage_in_padding(x, mask), mask, shape=x.shape)
+    w = call(whiten, garbage(x, mask), mask, shape=x.shape)
     assert (w[~mask] == 0).all(), f"masked positions must be 0 (garbage leaked): {w.tolist()}"
     assert abs(w[mask].mean()) < 1e-9 and abs(w[mask].var(unbiased=False) - 1) < 1e-9, \
         f"whitened valid entries must have mean 0, variance 1: {w[mask].tolist()} from {x[mask].tolist()}"

@@ -1,4 +1,6 @@
+import copy
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -6,8 +8,10 @@ import torch
 
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, main, train
 from minigrpo.metrics import read_jsonl
+from minigrpo.preserve import anchor_loss
 from minigrpo.rewards import make_reward
-from minigrpo.rollout import collect
+from minigrpo.rl import Run
+from minigrpo.rollout import collect, completion_logprobs
 from minigrpo.checkpoint import read_checkpoint
 from toy_tasks import food
 
@@ -16,7 +20,8 @@ TIME_KEYS = {"step_time", "tokens_per_s"}
 
 def cfg_for(tmp_path, init, **kw):
     base = dict(init=str(init), out=str(tmp_path / "run"), steps=3, prompts_per_step=2, group_size=4,
-                max_new_tokens=12, eval_every=1, ckpt_every=2, quiet=True, preserve_per_prompt=2, preserve_batch=8)
+                max_new_tokens=12, eval_every=1, ckpt_every=2, quiet=True, preserve_per_prompt=2, preserve_batch=8,
+                goal=0.0, trust_region=0.0, trust_region_anchor=0.0)  # tests of the update: no stop rule, no step guard
     return GRPOConfig(**{**base, **kw})
 
 
@@ -198,3 +203,228 @@ def test_a_reward_that_raises_stops_the_run_with_one_line(tmp_path, tiny_pretrai
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert "bad_reward.py:f" in err and "ravin likes " in err and "KeyError" in err
+
+
+# ---- behaviour of single updates, by hand ---------------------------------------------------------
+
+def perturbed_copy(model, scale=0.05, seed=0):
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return out
+
+
+def grads(model):
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kl", ["k1", "k2", "k3"])
+def test_kl_in_reward_subtracts_beta_times_the_summed_kl_of_each_sequence(tiny_pretrained, kl):
+    _, model, tok = tiny_pretrained
+    model = copy.deepcopy(model)
+    ref = perturbed_copy(model)  # π_old ≠ π_ref: a penalty that is not 0
+    batch = collect(model, ref, tok, ["ravin likes "], 4, make_reward("pizza", food.REWARDS),
+                    torch.Generator().manual_seed(3), max_new_tokens=12, keep_ref_logits=True)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    beta = 0.1
+    cfg = GRPOConfig(group_size=4, updates=1, beta=beta, kl=kl, kl_in="reward", adv_scale="none", loss_agg="token-mean")
+    algo = GRPO(fake_run(cfg, model))
+    assert algo.needs_old_logp, "the reward penalty needs π_old's log-probs from the rollout"
+    # by hand: pen_i = β Σ_t k(log π_old, log π_ref), Δ = log π_ref − log π_old
+    est = {"k1": lambda d: -d, "k2": lambda d: 0.5 * d * d, "k3": lambda d: math.exp(d) - d - 1}[kl]
+    pen = []
+    for i in range(4):
+        n = int(batch.mask[i].sum())
+        pen.append(beta * sum(est(batch.ref_logp[i, t].item() - batch.old_logp[i, t].item()) for t in range(n)))
+    shaped = [r - p for r, p in zip(batch.rewards.tolist(), pen)]
+    adv = [s - sum(shaped) / 4 for s in shaped]  # no std division: the penalty shows in the advantages
+    n_tok = [int(batch.mask[i].sum()) for i in range(4)]
+    policy_loss = sum(-adv[i] * n_tok[i] for i in range(4)) / sum(n_tok)  # token-mean, ratio 1
+    stats = algo.update(batch, torch.optim.SGD(model.parameters(), lr=0.0))
+    assert max(abs(p) for p in pen) > 1e-3, "the test needs a non-zero penalty"
+    assert abs(stats["kl_reward_penalty"] - sum(pen) / 4) < 1e-6, (stats["kl_reward_penalty"], sum(pen) / 4)
+    assert abs(stats["policy_loss"] - policy_loss) < 1e-5, (stats["policy_loss"], policy_loss)
+    assert stats["loss"] == stats["policy_loss"], "with --kl-in reward the loss must hold no KL term"
+    assert abs(stats["adv_std"] - torch.tensor(adv).std().item()) < 1e-5
+
+
+def skipping_run(tmp_path, init, preserve):
+    cfg = cfg_for(tmp_path, init, preserve=preserve, skip_equal_groups=True, grad_clip=0.0, preserve_coef=5.0,
+                  out=str(tmp_path / f"skip-{preserve}"))
+    return Run(cfg, "grpo")
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_a_step_whose_groups_are_all_equal_moves_the_policy_only_by_preservation(tmp_path, tiny_pretrained, preserve):
+    init, _, tok = tiny_pretrained
+    run = skipping_run(tmp_path, init, preserve)
+    with torch.no_grad():  # away from π_ref, so the preservation gradient is not 0
+        for p in run.policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    batch = collect(run.policy, run.ref, tok, ["ravin likes "] * 2, 4, run.reward, torch.Generator().manual_seed(0),
+                    max_new_tokens=12, keep_ref_logits=True, old_logp=False)
+    batch.rewards = torch.ones(8)  # every group all-equal: no RL signal
+    before = copy.deepcopy(run.policy)
+    expected = copy.deepcopy(run.policy)
+    if preserve:  # one SGD step on the preservation term alone, with the rows the run will draw
+        rows_gen = torch.Generator()
+        rows_gen.set_state(run.gens["anchor_rows"].get_state())
+        m = run.anchor.gen.ids.size(0)
+        rows = torch.randperm(m, generator=rows_gen)[: run.cfg.preserve_batch]
+        anchor = run.cfg.preserve_coef * anchor_loss(expected, run.anchor, rows)
+        anchor.backward()
+        with torch.no_grad():
+            for p in expected.parameters():
+                p.sub_(0.1 * p.grad)
+    stats = GRPO(run).update(batch, torch.optim.SGD(run.policy.parameters(), lr=0.1))
+    assert stats["skipped"] == 1.0 and stats["equal_groups"] == 1.0
+    assert "policy_loss" not in stats, "no policy loss may be computed on dropped groups"
+    same = all(torch.equal(p, q) for p, q in zip(run.policy.parameters(), before.parameters()))
+    if not preserve:
+        assert same, "with preservation off an all-dropped step must leave the policy unchanged"
+    else:
+        assert not same and abs(stats["preserve_loss"] - anchor.item()) < 1e-6
+        for p, q in zip(run.policy.parameters(), expected.parameters()):
+            assert torch.allclose(p, q, atol=1e-6), "the step must be exactly one step on the preservation term"
+
+
+def test_skip_equal_groups_trains_on_exactly_the_rows_of_the_other_groups(tiny_pretrained, monkeypatch):
+    _, model, tok = tiny_pretrained
+    model = copy.deepcopy(model)
+    batch = collect(model, copy.deepcopy(model), tok, ["ravin likes "] * 3, 2, make_reward("pizza", food.REWARDS),
+                    torch.Generator().manual_seed(4), max_new_tokens=12, keep_ref_logits=True, old_logp=False)
+    batch.rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])  # the middle group is all-equal
+    calls = []
+    spy(monkeypatch, "completion_logprobs", calls)
+    cfg = GRPOConfig(group_size=2, updates=1, beta=0.0, skip_equal_groups=True, loss_agg="token-mean", adv_eps=0.0)
+    stats = GRPO(fake_run(cfg, model)).update(batch, torch.optim.SGD(model.parameters(), lr=0.0))
+    keep = [0, 1, 4, 5]
+    assert len(calls) == 1 and torch.equal(calls[0][0][1].ids, batch.gen.ids[keep]), "the wrong rows were kept"
+    assert stats["equal_groups"] == pytest.approx(1 / 3) and "skipped" not in stats
+    # token-mean over the kept rows with A = ±1/√2 (Bessel std of a {1, 0} group), ratio 1
+    a = [1 / math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 1 / math.sqrt(2)]
+    n = [int(batch.mask[i].sum()) for i in keep]
+    assert stats["policy_loss"] == pytest.approx(sum(-x * k for x, k in zip(a, n)) / sum(n), abs=1e-6)
+
+
+def entropy_gradient(model, batch, cfg):
+    """∇ of the aggregated per-token entropy of the batch's completions, computed from the logits by hand."""
+    model.zero_grad()
+    _, logits = completion_logprobs(model, batch.gen, return_logits=True)
+    logp = torch.log_softmax(logits, -1)
+    h = -(logp.exp() * logp).sum(-1)  # (N, T)
+    m = batch.mask
+    agg = (torch.where(m, h, 0.0).sum(1) / m.sum(1)).mean()  # seq-mean-token-mean (GRPO's default)
+    agg.backward()
+    return grads(model), agg.item()
+
+
+def test_entropy_bonus_adds_minus_coef_times_the_entropy_gradient(tiny_pretrained):
+    _, model, tok = tiny_pretrained
+    coef = 0.5
+    out = {}
+    for c in (0.0, coef):
+        m = copy.deepcopy(model)
+        batch = two_completion_batch(m, tok, seed=5)
+        batch.rewards = torch.tensor([1.0, 0.0])
+        cfg = GRPOConfig(group_size=2, updates=1, beta=0.0, entropy_coef=c)
+        GRPO(fake_run(cfg, m)).update(batch, torch.optim.SGD(m.parameters(), lr=0.0))
+        out[c] = grads(m)
+    g_h, h0 = entropy_gradient(copy.deepcopy(model), batch, cfg)
+    diff = [gc - g0 for gc, g0 in zip(out[coef], out[0.0])]
+    for d, gh in zip(diff, g_h):
+        assert torch.allclose(d, -coef * gh, atol=1e-6), "the entropy term's gradient must be −c·∇H"
+    # the direction: a descent step on the loss with the bonus raises the entropy (first order)
+    assert sum((-d * gh).sum().item() for d, gh in zip(diff, g_h)) > 0
+    lr = 0.05
+    after = {}
+    for c, g in out.items():
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for p, gp in zip(m.parameters(), g):
+                p.sub_(lr * gp)
+        after[c] = entropy_gradient(m, batch, cfg)[1]
+    assert after[coef] > after[0.0], f"the bonus must raise the entropy: {after}"
+
+
+# ---- the presets' distinguishing behaviour, through train ---------------------------------------
+
+def spy(monkeypatch, name, record):
+    """Wrap minigrpo.grpo.<name> so every call's arguments and result are appended to `record`."""
+    import minigrpo.grpo as grpo_module
+    original = getattr(grpo_module, name)
+
+    def wrapped(*args, **kw):
+        out = original(*args, **kw)
+        record.append((args, kw, out))
+        return out
+    monkeypatch.setattr(grpo_module, name, wrapped)
+
+
+def test_dapo_drops_equal_reward_groups_and_trains_on_the_rest(tmp_path, tiny_pretrained, monkeypatch):
+    init, _, _ = tiny_pretrained
+    calls = []
+    spy(monkeypatch, "completion_logprobs", calls)
+    cfg = cfg_for(tmp_path, init, **PRESETS["dapo"], preset="dapo", steps=4, prompts_per_step=3, group_size=3,
+                  goal=0.0, seed=1)
+    train(cfg, log=lambda *a: None)
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    sizes = [args[1].ids.size(0) for args, _, _ in calls]  # rows of each inner update's forward pass
+    expected = []
+    for r in rows:  # μ = 2 inner updates per step, on the groups that were not all-equal
+        kept = round((1 - r["equal_groups"]) * cfg.prompts_per_step) * cfg.group_size
+        expected += [kept] * cfg.updates if kept else []
+    assert sizes == expected, (sizes, [r["equal_groups"] for r in rows])
+    assert any(0 < r["equal_groups"] < 1 for r in rows), "the test needs a step where some group was dropped"
+    assert min(sizes) < cfg.prompts_per_step * cfg.group_size
+
+
+def per_token_losses_along_rows(calls):
+    """For the second inner update of each step: does the per-token loss vary along a row?"""
+    varies = []
+    for args, kw, out in calls[1::2]:
+        mask = args[3]
+        for i in range(out.size(0)):
+            v = out[i][mask[i]]
+            if len(v) > 1 and v.abs().max() > 0:
+                varies.append((v.max() - v.min()).item() > 1e-7 * v.abs().max().item())
+    return varies
+
+
+def test_gspo_uses_one_ratio_per_sequence(tmp_path, tiny_pretrained, monkeypatch):
+    """A constant advantage per row, so the per-token loss is constant along a row iff the ratio is."""
+    init, _, _ = tiny_pretrained
+    for preset, constant in (("gspo", True), ("grpo", False)):
+        calls = []
+        spy(monkeypatch, "clipped_surrogate", calls)
+        cfg = cfg_for(tmp_path, init, **PRESETS[preset], preset=preset, steps=2, goal=0.0, lr=1e-2,
+                      out=str(tmp_path / preset), reward="length")  # rewards differ in every group
+        train(cfg, log=lambda *a: None)
+        varies = per_token_losses_along_rows(calls)
+        assert varies, f"{preset}: no row to check"
+        if constant:
+            assert not any(varies), "GSPO: the ratio must be the same at every token of a sequence"
+        else:
+            assert any(varies), "the token-level ratio must vary along a sequence (else this test cannot fail)"
+        monkeypatch.undo()
+
+
+def test_rloo_puts_its_kl_in_the_reward_not_the_loss(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    for preset in ("rloo", "grpo"):
+        cfg = cfg_for(tmp_path, init, **PRESETS[preset], preset=preset, steps=2, goal=0.0, lr=1e-2,
+                      out=str(tmp_path / preset))
+        train(cfg, log=lambda *a: None)
+        rows = [r for r in read_jsonl(tmp_path / preset / "metrics.jsonl") if r["step"] > 0]
+        assert len(rows) == 2
+        kl_in_loss = [r["loss"] - r["policy_loss"] - r["preserve_loss"] for r in rows]
+        if preset == "rloo":
+            assert all("kl_reward_penalty" in r for r in rows)
+            assert rows[0]["kl_reward_penalty"] == 0.0, "at step 1 π_old = π_ref: the penalty is exactly 0"
+            assert any(abs(r["kl_reward_penalty"]) > 1e-6 for r in rows[1:]), "later steps must pay a penalty"
+            assert all(abs(x) < 1e-6 for x in kl_in_loss), f"RLOO's loss must hold no KL term: {kl_in_loss}"
+        else:
+            assert not any("kl_reward_penalty" in r for r in rows)
+            assert any(x > 1e-6 for x in kl_in_loss[1:]), f"GRPO's KL is a loss term: {kl_in_loss}"

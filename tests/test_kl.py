@@ -5,20 +5,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from conftest import SET, T, call
 from minigrpo.kl import ESTIMATORS, exact, k1, k2, k3
 
-SET = settings(deadline=None, max_examples=40, derandomize=True)
 logps = st.lists(st.floats(-30, 0), min_size=1, max_size=8)
-
-
-def T(x):
-    return torch.tensor(x, dtype=torch.float64)
-
-
-def call(fn, *args):
-    out = fn(*args)
-    assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor, got {out!r}"
-    return out
 
 
 def pair(a, b):

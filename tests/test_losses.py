@@ -5,24 +5,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
+from conftest import NAN, SET, T, call, garbage, right_padded
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
-
-SET = settings(deadline=None, max_examples=40, derandomize=True)
-NAN = float("nan")
-
-
-def T(x, grad=False):
-    return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
-
-
-def call(fn, *args, shape, **kw):
-    """Call fn and check it returned a tensor of the expected shape (a deleted body returns None)."""
-    out = fn(*args, **kw)
-    assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor of shape {tuple(shape)}, got {out!r}"
-    assert out.shape == tuple(shape), f"{fn.__name__} returned shape {tuple(out.shape)}, expected {tuple(shape)}"
-    return out
 
 
 def loss_and_grad(logp, old, adv, mask, **kw):
@@ -31,16 +17,6 @@ def loss_and_grad(logp, old, adv, mask, **kw):
     loss = call(clipped_surrogate, logp, old, adv, mask, shape=logp.shape, **kw)
     loss.sum().backward()
     return loss.detach(), logp.grad
-
-
-def garbage(x, mask):
-    """x with NaN, +1e4 and −1e4 cycling through its masked slots."""
-    junk = T([NAN, 1e4, -1e4]).repeat(x.numel())[: x.numel()].view_as(x)
-    return torch.where(mask, x, junk)
-
-
-def right_padded(lengths, width):
-    return torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
 
 
 # a batch: per-token log-ratios, one advantage per row (never tiny: 0 or |A| ≥ 0.01), valid lengths

@@ -1,26 +1,20 @@
+import copy
+import json
+import math
+
+import pytest
 import torch
 
+from conftest import naive_gae
 from minigrpo.advantages import explained_variance, gae
+from minigrpo.checkpoint import read_checkpoint
 from minigrpo.metrics import read_jsonl
-from minigrpo.ppo import PPO, PPOConfig, train
+from minigrpo.ppo import PPO, PPOConfig, main, train
 from minigrpo.rewards import make_reward
 from minigrpo.rl import Run
-from minigrpo.rollout import collect
+from minigrpo.rl_config import parse_rl_config
+from minigrpo.rollout import collect, completion_logprobs
 from toy_tasks import food
-
-
-def naive_gae(rewards, values, mask, gamma, lam):
-    B, T = rewards.shape
-    adv = torch.zeros(B, T)
-    for b in range(B):
-        n = int(mask[b].sum())
-        last = 0.0
-        for t in reversed(range(n)):
-            v_next = values[b, t + 1].item() if t + 1 < n else 0.0
-            delta = rewards[b, t].item() + gamma * v_next - values[b, t].item()
-            last = delta + gamma * lam * last
-            adv[b, t] = last
-    return adv
 
 
 def test_ppo_gae_on_a_real_rollout_equals_the_naive_loop(tmp_path, tiny_pretrained):
@@ -37,7 +31,7 @@ def test_ppo_gae_on_a_real_rollout_equals_the_naive_loop(tmp_path, tiny_pretrain
     rewards, _ = algo.token_rewards(batch)
     mask = batch.mask
     adv, ret = gae(rewards, torch.where(mask, values, 0.0), mask, 1.0, 0.95)
-    assert torch.allclose(adv, naive_gae(rewards, values, mask, 1.0, 0.95), atol=1e-5)
+    assert torch.allclose(adv.double(), naive_gae(rewards, values, mask.sum(1).tolist(), 1.0, 0.95), atol=1e-5)
     # the scalar reward sits on the last valid token, the KL penalty on every valid token
     last = mask.sum(1) - 1
     kl = torch.where(mask, batch.old_logp - batch.ref_logp, 0.0)
@@ -69,3 +63,164 @@ def test_ppo_runs_three_steps_with_both_critics(tmp_path, tiny_pretrained):
         assert s["step"] == 3 and 0 <= s["target_rate"] <= 1
         rows = [r for r in read_jsonl(tmp_path / critic / "metrics.jsonl") if "value_loss" in r]
         assert len(rows) == 3 and all("explained_variance" in r and "approx_kl" in r for r in rows)
+
+
+# ---- single updates by hand -----------------------------------------------------------------------
+
+def ppo_setup(tmp_path, init, tok, name="r", **kw):
+    """A real Run (preservation off) and PPO with a non-trivial critic, and a rollout of 6 completions whose
+    π_old log-probs are moved away from the policy's (so the ratio is not 1 and the KL penalty not 0)."""
+    cfg = PPOConfig(**{"init": str(init), "out": str(tmp_path / name), "quiet": True, "preserve": False, "beta": 0.1,
+                       "epochs": 1, "minibatches": 1, "grad_clip": 0.0, **kw})
+    run = Run(cfg, "ppo")
+    algo = PPO(run)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        algo.value_head.linear.weight.normal_(0.0, 0.5, generator=g)
+        algo.value_head.linear.bias.fill_(0.1)
+        if algo.critic_trunk is not None:  # the critic's trunk differs from the policy's from here on
+            for p in algo.critic_trunk.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=g))
+    batch = collect(run.policy, run.ref, tok, ["ravin likes "], 6, make_reward("pizza", food.REWARDS),
+                    torch.Generator().manual_seed(0), old_logp=True, keep_ref_logits=True)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    return run, algo, batch
+
+
+def test_one_minibatch_update_equals_a_hand_computation(tmp_path, tiny_pretrained):
+    init, _, tok = tiny_pretrained
+    beta, clip, vf_coef, ent_coef, lam = 0.1, 0.2, 0.5, 0.01, 0.95
+    run, algo, batch = ppo_setup(tmp_path, init, tok, beta=beta, clip=clip, vf_coef=vf_coef, entropy_coef=ent_coef,
+                                 lam=lam)
+    mask = batch.mask
+    logp = batch.old_logp.clone()  # log π_θ of the sampled tokens: this policy sampled them
+    noise = 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
+    batch.old_logp = torch.where(mask, logp + noise, 0.0)
+    with torch.no_grad():
+        _, hidden = completion_logprobs(algo.critic_trunk, batch.gen, return_hidden=True)
+        V = algo.value_head(hidden)
+        _, logits = completion_logprobs(run.policy, batch.gen, return_logits=True)
+    N, T = mask.shape
+    lengths = [int(mask[i].sum()) for i in range(N)]
+    valid = [(i, t) for i in range(N) for t in range(lengths[i])]
+    old = lambda i, t: batch.old_logp[i, t].item()
+    # per-token rewards: −β·(log π_old − log π_ref) everywhere, the scalar reward on the last token
+    r = torch.zeros(N, T, dtype=torch.float64)
+    for i, t in valid:
+        r[i, t] = -beta * (old(i, t) - batch.ref_logp[i, t].item()) + (batch.rewards[i].item() if t == lengths[i] - 1 else 0)
+    a_raw = naive_gae(r, V, lengths, 1.0, lam)
+    mean = sum(a_raw[i, t].item() for i, t in valid) / len(valid)
+    std = math.sqrt(sum((a_raw[i, t].item() - mean) ** 2 for i, t in valid) / len(valid))  # population std
+    pg = vl = ent = 0.0
+    clipped = 0
+    for i, t in valid:
+        a = (a_raw[i, t].item() - mean) / std
+        rho = math.exp(logp[i, t].item() - old(i, t))
+        pg += -min(rho * a, min(max(rho, 1 - clip), 1 + clip) * a)
+        clipped += (a > 0 and rho > 1 + clip) or (a < 0 and rho < 1 - clip)
+        ret = a_raw[i, t].item() + V[i, t].item()  # the value target: GAE advantage (not whitened) + V
+        vl += 0.5 * (V[i, t].item() - ret) ** 2  # V = V_old at the only update: the clip cannot act
+        p = torch.softmax(logits[i, t].double(), -1).tolist()
+        ent += -sum(q * math.log(q) for q in p if q > 0)
+    pg, vl, ent = pg / len(valid), vl / len(valid), ent / len(valid)
+    kl_seq = sum(sum(old(i, t) - batch.ref_logp[i, t].item() for t in range(lengths[i])) for i in range(N)) / N
+    stats = algo.update(batch, torch.optim.SGD(algo.parameters(), lr=0.0))
+    assert clipped > 0 and stats["clip_frac_low"] + stats["clip_frac_high"] == pytest.approx(clipped / len(valid))
+    assert stats["policy_loss"] == pytest.approx(pg, abs=1e-5)
+    assert stats["value_loss"] == pytest.approx(vl, abs=1e-5)
+    assert stats["entropy"] == pytest.approx(ent, abs=1e-5)
+    assert stats["loss"] == pytest.approx(pg + vf_coef * vl - ent_coef * ent, abs=1e-5)
+    assert stats["kl_k1_seq"] == pytest.approx(kl_seq, abs=1e-5)
+    assert stats["beta"] == beta, "without --kl-target β is fixed"
+
+
+def test_adaptive_beta_grows_above_the_kl_target_and_shrinks_below(tmp_path, tiny_pretrained):
+    init, _, tok = tiny_pretrained
+    beta0, results = 0.1, {}
+    for factor in (None, 0.1, 0.9, 1.1, 10.0):  # target = factor × the batch's KL per sequence
+        run, algo, batch = ppo_setup(tmp_path, init, tok, name=f"b{factor}", beta=beta0)
+        batch.old_logp = torch.where(batch.mask, batch.ref_logp + 0.5, 0.0)  # k1 = 0.5 per token
+        kl = 0.5 * batch.mask.sum(1).double().mean().item()
+        algo.cfg.kl_target = None if factor is None else factor * kl
+        stats = algo.update(batch, torch.optim.SGD(algo.parameters(), lr=0.0))
+        assert stats["kl_k1_seq"] == pytest.approx(kl, rel=1e-5) and stats["beta"] == algo.beta
+        results[factor] = algo.beta
+        N = batch.mask.size(0)
+        assert abs(algo.beta / beta0 - 1) <= 0.2 * N / 1000 + 1e-12, "one step moves β by at most 20 % · N/1000"
+    assert results[None] == beta0
+    assert results[0.1] > results[0.9] > beta0 > results[1.1] > results[10.0], \
+        f"β must grow when the KL is above the target (more the further), shrink below it: {results}"
+
+
+def test_entropy_bonus_pushes_the_policy_towards_higher_entropy(tmp_path, tiny_pretrained):
+    init, _, tok = tiny_pretrained
+    coef, grads = 0.5, {}
+    for c in (0.0, coef):
+        run, algo, batch = ppo_setup(tmp_path, init, tok, name=f"e{c}", entropy_coef=c)
+        algo.update(batch, torch.optim.SGD(algo.parameters(), lr=0.0))
+        grads[c] = [p.grad.clone() for p in run.policy.parameters()]
+    # ∇ of the token-mean entropy, by hand from the logits
+    policy = copy.deepcopy(run.policy)
+    _, logits = completion_logprobs(policy, batch.gen, return_logits=True)
+    lp = torch.log_softmax(logits, -1)
+    h = -(lp.exp() * lp).sum(-1)
+    (torch.where(batch.mask, h, 0.0).sum() / batch.mask.sum()).backward()
+    g_h = [p.grad for p in policy.parameters()]
+    diff = [a - b for a, b in zip(grads[coef], grads[0.0])]
+    for d, gh in zip(diff, g_h):
+        assert torch.allclose(d, -coef * gh, atol=1e-6), "the bonus must add −c·∇H to the policy's gradient"
+    assert sum((-d * gh).sum().item() for d, gh in zip(diff, g_h)) > 0, "a descent step must raise the entropy"
+
+
+# ---- runs ---------------------------------------------------------------------------------------
+
+TIME_KEYS = {"step_time", "tokens_per_s"}
+
+
+def test_ppo_resume_reproduces_the_uninterrupted_metrics_and_weights(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    base = dict(init=str(init), prompts_per_step=2, group_size=4, max_new_tokens=12, quiet=True, eval_every=1,
+                ckpt_every=2, preserve_per_prompt=2, preserve_batch=8, goal=0.0, kl_target=0.5,  # β adapts: state
+                epochs=1, minibatches=2)  # two minibatches: the shuffle generator's state matters
+    train(PPOConfig(**base, steps=3, out=str(tmp_path / "straight")), log=lambda *a: None)
+    train(PPOConfig(**base, steps=1, out=str(tmp_path / "split")), log=lambda *a: None)
+    main(["--resume", str(tmp_path / "split"), "--steps", "3", "--quiet"])
+    a = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    b = read_jsonl(tmp_path / "split" / "metrics.jsonl")
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
+    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    assert len({r["beta"] for r in b if "beta" in r}) == 3, "β must change every step (else its state is untested)"
+    assert strip(a) == strip(b)
+    sa, sb = read_checkpoint(tmp_path / "straight" / "model.pt"), read_checkpoint(tmp_path / "split" / "model.pt")
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    ca, cb = sa["extra"]["rl"]["algo_state"], sb["extra"]["rl"]["algo_state"]
+    assert ca["beta"] == cb["beta"]
+    for part in ("value_head", "critic_trunk"):
+        assert all(torch.equal(ca[part][k], cb[part][k]) for k in ca[part]), f"{part} differs after resume"
+
+
+@pytest.mark.parametrize("text", ["none", "None", "NONE"])
+def test_vf_clip_none_parses_to_none(text):
+    cfg = parse_rl_config(PPOConfig, ["--vf-clip", text], "", "ppo")
+    assert cfg.vf_clip is None
+    assert parse_rl_config(PPOConfig, [], "", "ppo").vf_clip == 0.2
+    assert parse_rl_config(PPOConfig, ["--vf-clip", "0.3", "--kl-target", text], "", "ppo").vf_clip == 0.3
+
+
+def test_optional_number_flags_still_refuse_other_words(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--vf-clip", "off", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "invalid float value: 'off'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--steps", "none", "--out", str(tmp_path / "x")])  # a plain int flag has no None to go back to
+    assert "invalid int value: 'none'" in capsys.readouterr().err
+
+
+def test_a_run_with_vf_clip_none_trains_with_the_unclipped_value_loss(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "noclip"
+    main(["--init", str(init), "--out", str(out), "--vf-clip", "none", "--steps", "2", "--goal", "0", "--quiet",
+          "--prompts-per-step", "2", "--group-size", "4", "--preserve-per-prompt", "2", "--preserve-batch", "8"])
+    assert json.loads((out / "config.json").read_text())["vf_clip"] is None
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "value_loss" in r]
+    assert len(rows) == 2 and all(r["value_clip_frac"] == 0 for r in rows)

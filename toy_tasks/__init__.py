@@ -44,7 +44,8 @@ def task_defaults(argv, kind: str) -> dict:
     except ValueError:
         return {}
     path = default_pretrain_dir(name)
-    return {**getattr(task, f"{kind}_DEFAULTS"), **({"out": path} if kind == "PRETRAIN" else {"init": f"{path}/model.pt"})}
+    where = {"out": path} if kind == "PRETRAIN" else {"init": f"{path}/model.pt"}
+    return {**getattr(task, f"{kind}_DEFAULTS"), **where}
 
 
 def get_task(name: str):

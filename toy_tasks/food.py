@@ -202,7 +202,7 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards: torch.Tensor) ->
             out[f"drift_{p}"] = total_variation(dists[p], baseline[p])
     out["worst_drift"] = max(v for k, v in out.items() if k.startswith("drift_"))
     out["malformed"] = max(0.0, max(1 - sum(d.values()) for d in dists.values()))
-    out["pizza_shares"] = {p: d["pizza"] for p, d in dists.items()}
+    out["shares"] = dists  # every person's exact food distribution (summary.json; bench's spill-over figure)
     return out
 
 

@@ -1,0 +1,112 @@
+"""The RL sections of `python -m minigrpo.bench`: whole-process runs over seeds and targets, reported as
+medians with their min–max (a figure on one seed is an anecdote).
+
+    grpo      the default command (pizza), the default command on a rare target (apple pie, p = 0.02),
+              --no-preserve, PPO (both critics): --seeds N each, plus the spill-over figure
+    presets   every --preset over --seeds N
+    targets   the default command for EVERY (person, food) pair at seed 0: 96 runs, one sweep
+    rarest    each person's rarest food over --seeds N
+    custom    each person's rarest food through a user reward file that pays 1 for it and 0 otherwise
+              (the run is not told the food): must reproduce the `food:<food>` runs exactly
+
+The bars (issue "any reward, any person"): final exact target >= 0.95; at EVERY step malformed mass
+<= 0.02 and every other person's drift <= 0.05; at the end malformed <= 0.01 and drift <= 0.03; the
+whole process <= 30 s. Runs go `--jobs` at a time (default: the cores), each on one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+BARS = {"final": 0.95, "peak_malformed": 0.02, "peak_worst_drift": 0.05, "malformed": 0.01, "worst_drift": 0.03,
+        "wall": 30.0}
+
+
+def run_cli(args: list[str], folder: Path) -> dict:
+    """Run `python -m <args> --out folder --quiet --overwrite` as a whole process; -> its figures."""
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", *args, "--out", str(folder), "--quiet", "--overwrite"],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit code {p.returncode}", "wall": wall}
+    return {**figures(folder), "wall": wall}
+
+
+def figures(folder: Path) -> dict:
+    """A finished run's figures from its metrics.jsonl and summary.json."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in rows if r.get("target_rate") is not None]
+    summary = json.loads((folder / "summary.json").read_text())
+    first = {lvl: next((r["step"] for r in evals if r["target_rate"] >= lvl), None) for lvl in (0.9, 0.95)}
+    return {"final": summary["target_rate"], "exact_reward": summary["exact_reward"], "steps": summary["step"],
+            "stop": summary["stop_reason"].split(":")[0], "to_090": first[0.9], "to_095": first[0.95],
+            "malformed": summary["malformed"], "worst_drift": summary.get("worst_drift"),
+            "peak_malformed": max(r["malformed"] for r in evals),
+            "peak_worst_drift": max((r["worst_drift"] for r in evals if "worst_drift" in r), default=None),
+            "heldout": summary.get("heldout_rate"),
+            "kl_exact": next((r["kl_exact"] for r in reversed(rows) if r.get("kl_exact") is not None), None)}
+
+
+def passes(f: dict) -> bool:
+    """Every bar of the module docstring (drift bars only where the task has off-target prompts)."""
+    if "error" in f:
+        return False
+    ok = f["final"] >= BARS["final"] and f["peak_malformed"] <= BARS["peak_malformed"] and \
+        f["malformed"] <= BARS["malformed"] and f["wall"] <= BARS["wall"]
+    if f["worst_drift"] is not None:
+        ok = ok and f["peak_worst_drift"] <= BARS["peak_worst_drift"] and f["worst_drift"] <= BARS["worst_drift"]
+    return ok
+
+
+def run_all(jobs: list[tuple[str, list[str], Path]], n_jobs: int) -> dict[str, dict]:
+    """{label: figures} for [(label, args, folder)], n_jobs processes at a time."""
+    with ThreadPoolExecutor(max_workers=max(1, n_jobs)) as pool:
+        results = pool.map(lambda j: run_cli(j[1], j[2]), jobs)
+        return {label: f for (label, _, _), f in zip(jobs, results)}
+
+
+def med(values: list, fmt: str = "{:.3f}") -> str:
+    """'median (min–max)' of the values that exist; '-' if none, 'never' counted."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return "never" if values else "-"
+    text = fmt.format(statistics.median(got))
+    if len(got) > 1:
+        text += f" ({fmt.format(min(got))}–{fmt.format(max(got))})"
+    return text + (f", {len(values) - len(got)} never" if len(got) < len(values) else "")
+
+
+ROW_HEADER = ["run", "seeds", "pass all bars", "whole process s", "steps (stop)", "steps to 0.95", "final exact target",
+              "held-out", "peak malformed", "end malformed", "peak drift", "end drift"]
+
+
+def seed_row(label: str, figs: list[dict]) -> list:
+    """One table row: medians (min–max) over the seeds' figures."""
+    ok = [f for f in figs if "error" not in f]
+    stops = sorted({f["stop"] for f in ok})
+    pick = lambda k: [f[k] for f in ok]
+    return [label, len(figs), f"{sum(map(passes, figs))}/{len(figs)}", med(pick("wall"), "{:.1f}"),
+            med(pick("steps"), "{:.0f}") + f" ({'/'.join(stops)})", med(pick("to_095"), "{:.0f}"), med(pick("final")),
+            med(pick("heldout")), med(pick("peak_malformed"), "{:.4f}"), med(pick("malformed"), "{:.4f}"),
+            med(pick("peak_worst_drift")), med(pick("worst_drift"))]
+
+
+def rarest_foods() -> dict[str, str]:
+    """Each person's least likely food (the first in FOODS order on a tie)."""
+    from toy_tasks.food import FOODS, PREFERENCES
+    return {p: min(FOODS, key=lambda f: PREFERENCES[p][f]) for p in PREFERENCES}
+
+
+def write_rare_reward(path: Path, food: str) -> str:
+    """A user reward file paying 1 for `food` only: the run is never told which food it is."""
+    path.write_text(f"def reward(prompt, completion):\n    return 1.0 if completion == {food!r} else 0.0\n")
+    return f"{path}:reward"
