@@ -13,24 +13,38 @@ the only update, so clipping never acts; the default μ = 2 makes the second upd
 step against π_old.
 
 Defaults follow the DeepSeekMath GRPO recipe (group-normalised advantages with the Bessel std, ε 0.2,
-β 0.04 in the loss, per-sequence token mean) except where we measured better for this task:
+KL in the loss, per-sequence token mean) except where we measured better for this task (median
+figures and the commands: README "Never break the model"):
   μ = 2        the paper's setting of one update per batch leaves the ratio at 1 and the clip dead
-  lr 1e-3      a tiny model; papers use ~1e-6 on billion-parameter models; G = 8 × 4 prompts
   --kl exact   the full-vocabulary KL(π‖π_ref) per position instead of the paper's sampled k3. At the
                character level it costs nothing, and its gradient is the true reverse-KL gradient (k3's
-               is the forward KL's, see kl.py). Measured, seeds 0-2: final exact pizza 0.992-0.997 and
-               malformed mass <= 0.006 with exact; 0.935-0.979 and up to 0.017 with k3, whose gradient on
-               an all-pizza batch only pushes the sampled token down, leaking mass into malformed lines.
-Presets (REFERENCE.md §3), each only the flags it names; explicit flags override a preset:
-  grpo       the paper's recipe exactly: the defaults above with the k3 estimator
-  dr_grpo    no std division, Σ over tokens / (B·max_len), β 0           (Dr. GRPO, 2503.20783); 80 steps:
-             without the std and with the constant normaliser its updates are ~3x smaller at the same lr,
-             and measured here it needed ~2x the steps (a larger lr, 3e-3, raised the malformed mass)
+               is the forward KL's, see kl.py); k3's gradient on an all-pizza batch only pushes the
+               sampled token down, leaking mass into malformed lines (final malformed up to 0.017).
+  β 0.3        (paper 0.04) with lr 6e-4 (papers use ~1e-6 on billion-parameter models) and G = 16 x 4
+               prompts (rl_config.py). Judged at EVERY step on 4 hard targets x 2 seeds (ravin's apple
+               pie and fried rice, bob's and jo's salad, p = 0.02-0.04) plus pizza: β 0.04, lr 1e-3, G 8
+               passed 0 of 8 (peak malformed mass median 0.077, max 0.096: GRPO gives a failing
+               completion a negative advantage at every token, forced ones included, and pushing down
+               the "y" of "curr|y" put 7 % of ravin's mass on "curram"); β 0.2 0/8; lr 5e-4 4/10;
+               lr 5e-4 with β 0.2 6/10 (peak malformed max 0.026); the default 14 of 16 over 8 hard
+               pairs (peak malformed max 0.020). The KL-regularised optimum still reaches any food:
+               π*(f) ∝ π_ref(f)·e^{1/β_seq}, and with the token mean β_seq ≈ β/|o| ≈ 0.04.
+  --fork-entropy h (off) lets only tokens where π_ref's entropy is >= h carry the policy loss
+               (losses.forking_token_mask); measured, it did not lower the malformed peaks (0/10).
+The per-step trust region (trust_region.py, on for every algorithm) and the stop rule (stopping.py)
+belong to the run, not to the loss.
+Presets, each only the flags it names (the run's lr, G, trust region and preservation stay);
+explicit flags override a preset:
+  grpo       the paper's loss, β 0.04 and k3 estimator (μ = 2, ε 1e-4 in the std, warm-up, gradient
+             clip and trust region as everywhere here)
+  dr_grpo    no std division, Σ over tokens / (B·max_len), β 0           (Dr. GRPO, 2503.20783)
   dapo       ε_high 0.28, equal-reward groups dropped, token-mean, β 0   (DAPO, 2503.14476; dropped, not
              re-sampled, and no overlong shaping: completions here are far below the length limit)
   gspo       sequence-level ratio, ε 3e-4 / 4e-4, β 0                  (GSPO, 2507.18071)
-  rloo       leave-one-out baseline, no std, k1 KL folded into the reward (RLOO, 2402.14740)
-  reinforce  REINFORCE++: batch-mean baseline and batch std, k1 KL in the reward, token-mean (2501.03262)
+  rloo       RLOO-style: leave-one-out baseline, no std, k1 KL (β 0.04) folded into the reward (RLOO, 2402.14740;
+             departure: μ = 2 clipped updates, where RLOO takes one REINFORCE step)
+  reinforce  REINFORCE++-style: batch-mean baseline and batch std, token-mean, k1 KL (β 0.04) folded into
+             the reward as ONE scalar per sequence (2501.03262 puts it per token into token-level returns)
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import ESTIMATORS, exact
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
-from minigrpo.rl_config import RLConfig, parse_rl_config
+from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
 from minigrpo.rollout import RolloutBatch, completion_logprobs
 
 PRESETS = {
@@ -210,6 +224,8 @@ PANELS = OUTCOME_PANELS + [
 
 
 def train(cfg: GRPOConfig, log=print) -> dict:
+    check_ranges(cfg, {"clip_low": (0, 1), "clip_high": (0, None), "beta": (0, None), "adv_eps": (0, None),
+                       "entropy_coef": (None, None), "fork_entropy": (0, None)})
     if cfg.updates < 1:
         raise UsageError(f"--updates must be >= 1, got {cfg.updates}")
     if cfg.dual_clip is not None and cfg.dual_clip <= 1:

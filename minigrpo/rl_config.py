@@ -97,6 +97,20 @@ def check_rl_config(cfg: RLConfig) -> None:
         raise UsageError(f"--group-size must be >= 2 (group baselines need two samples), got {cfg.group_size}")
 
 
+def check_ranges(cfg, ranges: dict) -> None:
+    """{name: (low, high)} inclusive bounds on finite values (None: unbounded); one line for the first
+    field out of range, naming the value and what is allowed. None values (optional flags) pass."""
+    for name, (low, high) in ranges.items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        ok = math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
+        if not ok:
+            allowed = " and ".join(x for x in (f">= {low:g}" if low is not None else "",
+                                               f"<= {high:g}" if high is not None else "") if x)
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number {allowed}, got {value!r}")
+
+
 def default_out(cfg, algo_name: str) -> str:
     """runs/<preset or algo>-<reward>[-<person>][-no-preserve]: different experiments get different
     folders, e.g. runs/grpo-pizza, runs/dapo-food-sushi-bob, runs/grpo-pizza-no-preserve."""
@@ -129,6 +143,8 @@ def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict |
         names = {f.name for f in fields(cls)}
         defaults.update({k: v for k, v in json.loads(saved.read_text()).items() if k in names})
     cfg, _ = parse_config(cls, argv, description, defaults)
+    if any(a == "--person" or a.startswith("--person=") for a in argv or []) and cfg.task != "food":
+        raise UsageError(f"--person is the food task's (whose prompt RL trains on); task {cfg.task!r} has no people")
     if cfg.resume is not None:
         cfg.out = cfg.resume
     elif cfg.out is None:

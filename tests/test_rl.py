@@ -1,0 +1,92 @@
+"""The shared run loop (rl.py): evaluation, stop rule, generators, resume after a stop."""
+
+import json
+
+import pytest
+import torch
+
+from minigrpo.grpo import GRPOConfig, main, train
+from minigrpo.metrics import read_jsonl
+from minigrpo.rl import GENERATORS, Run
+
+TIME_KEYS = {"step_time", "tokens_per_s"}
+
+
+def cfg_for(tmp_path, init, name="run", **kw):
+    base = dict(init=str(init), out=str(tmp_path / name), steps=4, prompts_per_step=2, group_size=4,
+                max_new_tokens=12, eval_every=1, ckpt_every=2, quiet=True, preserve_per_prompt=4, preserve_batch=8,
+                goal=0.0)
+    return GRPOConfig(**{**base, **kw})
+
+
+def training_rows(folder):
+    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in read_jsonl(folder / "metrics.jsonl")]
+
+
+def test_evaluating_every_step_does_not_change_the_trajectory(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    train(cfg_for(tmp_path, init, "every1", eval_every=1))
+    train(cfg_for(tmp_path, init, "every3", eval_every=3))
+    a, b = training_rows(tmp_path / "every1"), training_rows(tmp_path / "every3")
+    assert len(a) == len(b) == 5
+    for ra, rb in zip(a, b):  # the training figures agree; the sparser run just has fewer evaluations
+        same = [k for k in rb if not k.startswith("peak_")]  # peaks are over the evaluations each run saw
+        assert {k: ra[k] for k in same} == {k: rb[k] for k in same}
+    assert "target_rate" in a[1] and "target_rate" not in b[1] and "target_rate" in b[3]
+
+
+def test_step_one_samples_the_same_completions_with_and_without_preservation(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    texts = {}
+    for preserve in (True, False):
+        train(cfg_for(tmp_path, init, f"p{preserve}", preserve=preserve, steps=1))
+        texts[preserve] = (tmp_path / f"p{preserve}" / "samples.txt").read_text()
+    assert texts[True] == texts[False]
+
+
+def test_generators_live_on_the_run_device_and_differ_by_purpose(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    run = Run(cfg_for(tmp_path, init, device="cpu"), "grpo")
+    assert set(run.gens) == set(GENERATORS)
+    for name, where in GENERATORS.items():
+        want = run.device if where == "device" else torch.device("cpu")
+        assert run.gens[name].device.type == want.type, name
+    firsts = {name: torch.randint(10 ** 9, (1,), generator=torch.Generator().set_state(g.get_state())).item()
+              for name, g in run.gens.items() if g.device.type == "cpu"}
+    assert len(set(firsts.values())) == len(firsts), "two purposes share one random stream"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_rl_runs_on_cuda(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    summary = train(cfg_for(tmp_path, init, device="cuda", steps=2))
+    assert summary["step"] == 2
+
+
+def test_a_run_stops_at_its_goal_and_says_why(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    summary = train(cfg_for(tmp_path, init, goal=0.01, goal_patience=2, goal_malformed=1.0, goal_drift=1.0,
+                            steps=50))
+    assert summary["step"] == 2 and summary["stop_reason"].startswith("goal reached at step 1")
+    summary = train(cfg_for(tmp_path, init, "capped", steps=3))
+    assert summary["step"] == 3 and summary["stop_reason"].startswith("cap")
+    rows = read_jsonl(tmp_path / "capped" / "metrics.jsonl")
+    peaks = [r["peak_malformed"] for r in rows]
+    assert peaks == sorted(peaks) and peaks[-1] == max(r["malformed"] for r in rows)
+
+
+def test_resume_after_an_early_stop_is_refused_unless_the_rule_changes(tmp_path, tiny_pretrained, capsys):
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "stopped"
+    args = ["--init", str(init), "--out", str(out), "--quiet", "--prompts-per-step", "2", "--group-size", "4",
+            "--preserve-per-prompt", "4", "--goal", "0.01", "--goal-patience", "1", "--goal-malformed", "1",
+            "--goal-drift", "1", "--steps", "20"]
+    main(args)
+    assert json.loads((out / "summary.json").read_text())["step"] == 1
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", str(out), "--steps", "20"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "stopped at step 1 (goal reached" in err and "--goal 0" in err
+    main(["--resume", str(out), "--goal", "0", "--steps", "3"])
+    assert json.loads((out / "summary.json").read_text())["step"] == 3
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2, 3]
