@@ -48,7 +48,7 @@ def figures(folder: Path) -> dict:
     summary = json.loads((folder / "summary.json").read_text())
     first = {lvl: next((r["step"] for r in evals if r["target_rate"] >= lvl), None) for lvl in (0.9, 0.95)}
     return {"final": summary["target_rate"], "exact_reward": summary["exact_reward"], "steps": summary["step"],
-            "stop": summary["stop_reason"].split(":")[0], "to_090": first[0.9], "to_095": first[0.95],
+            "stop": summary["stop_reason"].split()[0], "to_090": first[0.9], "to_095": first[0.95],
             "malformed": summary["malformed"], "worst_drift": summary.get("worst_drift"),
             "peak_malformed": max(r["malformed"] for r in evals),
             "peak_worst_drift": max((r["worst_drift"] for r in evals if "worst_drift" in r), default=None),
@@ -78,7 +78,7 @@ def med(values: list, fmt: str = "{:.3f}") -> str:
     """'median (min–max)' of the values that exist; '-' if none, 'never' counted."""
     got = [v for v in values if v is not None]
     if not got:
-        return "never" if values else "-"
+        return "-"
     text = fmt.format(statistics.median(got))
     if len(got) > 1:
         text += f" ({fmt.format(min(got))}–{fmt.format(max(got))})"
@@ -95,7 +95,8 @@ def seed_row(label: str, figs: list[dict]) -> list:
     stops = sorted({f["stop"] for f in ok})
     pick = lambda k: [f[k] for f in ok]
     return [label, len(figs), f"{sum(map(passes, figs))}/{len(figs)}", med(pick("wall"), "{:.1f}"),
-            med(pick("steps"), "{:.0f}") + f" ({'/'.join(stops)})", med(pick("to_095"), "{:.0f}"), med(pick("final")),
+            med(pick("steps"), "{:.0f}") + f" ({'/'.join(stops)})",
+            med(pick("to_095"), "{:.0f}") if any(pick("to_095")) else "never", med(pick("final")),
             med(pick("heldout")), med(pick("peak_malformed"), "{:.4f}"), med(pick("malformed"), "{:.4f}"),
             med(pick("peak_worst_drift")), med(pick("worst_drift"))]
 

@@ -143,7 +143,8 @@ def auto_threads() -> int:
     """Threads for --threads 0: the cores nobody else is using (1-minute load average), at least 1.
 
     On an idle 2-core machine two threads make a pretraining step ~1.6x faster; on a busy one two
-    OpenMP threads can make it many times SLOWER (REFERENCE.md §6), so we only take idle cores.
+    OpenMP threads can make it many times SLOWER (threads that spin-wait for a core another process
+    holds), so we only take idle cores.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else cores

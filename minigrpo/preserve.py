@@ -1,7 +1,7 @@
 """Preservation: keep the model's behaviour on OFF-TARGET prompts while RL changes the target one.
 
 RL on "ravin likes " alone moves the whole shared model: everybody else's food distribution drifts
-(REFERENCE.md §6: TV 0.46-0.93 measured by a prototype, whatever the β on ravin's own prompt). The
+(`--no-preserve`: every other person's pizza share goes to 0.81-0.99, README's spill-over table). The
 anchor here is an exact distillation term on the other people's prompts:
 
     L_anchor = mean over anchor sequences x of  Σ_t KL( π_ref(· | x_<t) ‖ π_θ(· | x_<t) )
@@ -17,6 +17,11 @@ Compared with PPO-ptx (mixing the pretraining loss on corpus lines), the targets
 reference's full next-token distributions rather than one sampled character: the same fixed point,
 much less noise. `--preserve-kl reverse` uses KL(π_θ ‖ π_ref) at the same positions instead (the
 prototype's choice); `--no-preserve` turns the anchor off so the spill-over can be seen.
+
+What --preserve-coef means: the anchor term, times the coefficient, is added to the loss of EVERY
+optimiser step, each on a fresh minibatch of --preserve-batch anchor rows: μ times per GRPO rollout,
+epochs × minibatches times per PPO rollout. Per step of the optimiser it is the same pull in every
+algorithm; per rollout, an algorithm that takes more optimiser steps also takes more anchor steps.
 """
 
 from __future__ import annotations

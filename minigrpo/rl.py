@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
+                                 save_checkpoint)
 from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.optim import AdamW
@@ -76,11 +77,15 @@ class Run:
             raise UsageError(str(e)) from None
         self.device = setup_runtime(cfg.threads, cfg.device, cfg.seed)
         self.resume_state = self._read_resume() if cfg.resume else None
-        try:
-            self.policy, self.tok, meta = load_checkpoint(cfg.init, self.device)
-        except CheckpointError as e:
-            hint = " (run `python -m minigrpo.pretrain` first)" if not Path(cfg.init).exists() else ""
-            raise UsageError(f"--init: {e}{hint}") from None
+        if self.resume_state is not None:  # the run's own checkpoint holds the model, π_ref and the tokenizer
+            self.policy, self.tok = model_from_state(self.resume_state, self.device)
+            meta = {"task": self.resume_state["task"]}
+        else:
+            try:
+                self.policy, self.tok, meta = load_checkpoint(cfg.init, self.device)
+            except CheckpointError as e:
+                hint = " (run `python -m minigrpo.pretrain` first)" if not Path(cfg.init).exists() else ""
+                raise UsageError(f"--init: {e}{hint}") from None
         if meta["task"] != cfg.task:
             raise UsageError(f"--init {cfg.init!r} was pretrained on task {meta['task']!r}, not {cfg.task!r}")
         try:
@@ -262,7 +267,9 @@ def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
               f"continue with --resume {r.out}", flush=True)
         raise SystemExit(130)
     rows = read_jsonl(r.out / "metrics.jsonl")
-    plot_panels(rows, panels, r.out / "metrics.png", title=f"{algo_name}: {cfg.task}, reward {cfg.reward}")
+    title = f"{getattr(cfg, 'preset', None) or algo_name}: {cfg.task}, reward {cfg.reward}" + \
+        ("" if cfg.preserve else ", --no-preserve") + (f", {cfg.person}" if cfg.task == "food" else "")
+    plot_panels(rows, panels, r.out / "metrics.png", title=title)
     if last_batch is not None:
         write_samples(r.out / "samples.txt", last_batch)
     r.log(f"stopped at step {r.step}: {r.stop_reason}")

@@ -97,6 +97,24 @@ def check_rl_config(cfg: RLConfig) -> None:
         raise UsageError(f"--group-size must be >= 2 (group baselines need two samples), got {cfg.group_size}")
 
 
+# flags a resumed run may change: how long it runs and how it reports, never what experiment it is
+RESUMABLE = {"steps", "goal", "goal_patience", "goal_malformed", "goal_drift", "plateau", "eval_every", "ckpt_every",
+             "quiet", "threads", "device", "resume", "out", "overwrite", "init"}
+
+
+def check_resume_flags(cfg, saved: dict, folder: str, argv) -> None:
+    """A resumed run is the same experiment: refuse a flag that would change it, and an --out elsewhere."""
+    out_given = any(a == "--out" or a.startswith("--out=") for a in argv or [])
+    if out_given and Path(cfg.out).resolve() != Path(folder).resolve():
+        raise UsageError(f"--resume {folder!r} writes into its own folder; drop --out {cfg.out!r} "
+                         f"(or copy the folder first)")
+    changed = [k for k, v in saved.items() if k not in RESUMABLE and getattr(cfg, k) != v]
+    if changed:
+        k = changed[0]
+        raise UsageError(f"--resume {folder!r} continues the same experiment: --{k.replace('_', '-')} was "
+                         f"{saved[k]!r} and cannot become {getattr(cfg, k)!r} (start a new run with --out)")
+
+
 def check_ranges(cfg, ranges: dict) -> None:
     """{name: (low, high)} inclusive bounds on finite values (None: unbounded); one line for the first
     field out of range, naming the value and what is allowed. None values (optional flags) pass."""
@@ -134,15 +152,19 @@ def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict |
         if known.preset not in (presets or {}):
             raise UsageError(f"unknown --preset {known.preset!r} (available: {', '.join(sorted(presets or {}))})")
         defaults.update(presets[known.preset])
+    saved_cfg = None
     if known.resume is not None:
         saved = Path(known.resume) / "config.json"
-        if not Path(known.resume).is_dir():
+        if not known.resume or not Path(known.resume).is_dir():
             raise UsageError(f"--resume {known.resume!r}: no such folder")
         if not saved.is_file():
             raise UsageError(f"--resume {known.resume!r} has no config.json (not a {algo_name} run folder)")
         names = {f.name for f in fields(cls)}
-        defaults.update({k: v for k, v in json.loads(saved.read_text()).items() if k in names})
+        saved_cfg = {k: v for k, v in json.loads(saved.read_text()).items() if k in names}
+        defaults.update(saved_cfg)
     cfg, _ = parse_config(cls, argv, description, defaults)
+    if saved_cfg is not None:
+        check_resume_flags(cfg, saved_cfg, known.resume, argv)
     if any(a == "--person" or a.startswith("--person=") for a in argv or []) and cfg.task != "food":
         raise UsageError(f"--person is the food task's (whose prompt RL trains on); task {cfg.task!r} has no people")
     if cfg.resume is not None:

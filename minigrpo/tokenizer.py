@@ -3,7 +3,8 @@
 Ids 0, 1, 2 are the special tokens BOS (begin), EOS (end) and PAD (padding). They are not characters,
 so no text can ever produce them: "<eos>" in a string is five ordinary characters. Text characters
 get ids 3.. in sorted order. PAD is distinct from EOS on purpose: a padding id equal to the end id
-silently drops the end token from completion masks (REFERENCE.md §6).
+silently drops the end token from completion masks (a known pitfall of TRL-style trainers that pad
+with EOS: the mask stops at the first pad, which is the end token itself).
 
 The tokenizer is saved inside checkpoints as plain data: {"chars": "..."}.
 """

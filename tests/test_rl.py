@@ -90,3 +90,25 @@ def test_resume_after_an_early_stop_is_refused_unless_the_rule_changes(tmp_path,
     main(["--resume", str(out), "--goal", "0", "--steps", "3"])
     assert json.loads((out / "summary.json").read_text())["step"] == 3
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_resume_refuses_a_new_experiment_and_survives_a_moved_init(tmp_path, tiny_pretrained, capsys):
+    init, _, _ = tiny_pretrained
+    moved = tmp_path / "init.pt"
+    moved.write_bytes(init.read_bytes())
+    out = tmp_path / "r"
+    main(["--init", str(moved), "--out", str(out), "--quiet", "--prompts-per-step", "2", "--group-size", "4",
+          "--preserve-per-prompt", "4", "--goal", "0", "--steps", "2"])
+    for argv, message in [(["--reward", "food:sushi"], "--reward was 'pizza' and cannot become 'food:sushi'"),
+                          (["--out", str(tmp_path / "elsewhere")], "writes into its own folder"),
+                          (["--steps", "2"], "already took 2 steps"),
+                          ([], "already took 2 steps")]:
+        with pytest.raises(SystemExit) as e:
+            main(["--resume", str(out), *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err, argv
+    moved.unlink()  # the checkpoint holds the model and π_ref: resuming needs no --init
+    main(["--resume", str(out), "--steps", "3"])
+    assert json.loads((out / "summary.json").read_text())["step"] == 3
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", ""])
+    assert e.value.code == 2 and "no such folder" in capsys.readouterr().err
