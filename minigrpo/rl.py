@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 import time
 import zlib
 from dataclasses import asdict
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from minigrpo.algorithm import Algorithm
 from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
                                  save_checkpoint)
 from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
@@ -202,8 +204,8 @@ class Run:
             self.log(f"resuming a run that had stopped ({ended}): the new --goal/--plateau let it continue")
 
 
-def run(cfg: RLConfig, algo_factory, algo_name: str, panels, log=print) -> dict:
-    """Train with the algorithm built by `algo_factory(run)`; returns the final summary."""
+def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str, panels, log=print) -> dict:
+    """Train with the algorithm built by `algo_factory(run)` (minigrpo/algorithm.py); returns the summary."""
     r = Run(cfg, algo_name, log)
     algo = algo_factory(r)
     opt = AdamW(algo.parameters(), lr=cfg.lr)

@@ -1,4 +1,5 @@
-"""Toy tasks with known ground truth. Each task module declares:
+"""Toy tasks with known ground truth (the contract, with return keys: toy_tasks/contract.py). Each
+task module declares:
 
     NAME, BLOCK_SIZE, ALPHABET            identity, longest sequence, characters it uses
     make_corpus(n_lines, seed)            pretraining lines drawn from the declared distribution
@@ -6,7 +7,8 @@
     pretrain_report(model, tok)           exact quality figures after pretraining, with `ok` for the bar
     format_report(report)                 the same as a printable table
     PRETRAIN_DEFAULTS, RL_DEFAULTS        flags whose defaults differ for this task (explicit flags win)
-and, for RL, rl_prompts, anchor_prompts, REWARDS, REWARD_HELP, rl_baseline, rl_evaluate, format_rl_eval.
+and, for RL, rl_prompts, anchor_prompts, support, REWARDS, REWARD_HELP, rl_baseline, rl_evaluate,
+format_rl_eval.
 """
 
 from __future__ import annotations

@@ -1,0 +1,22 @@
+import json
+import math
+
+from minigrpo.metrics import JsonlLogger, read_jsonl
+
+
+def test_every_line_is_strict_json_with_nan_and_inf_as_null(tmp_path):
+    log = JsonlLogger(tmp_path / "m.jsonl")
+    log.log({"step": 1, "a": float("nan"), "b": float("inf"), "c": 0.5})
+    log.close()
+    line = (tmp_path / "m.jsonl").read_text().splitlines()[0]
+    row = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))  # rejects NaN/Infinity
+    assert row == {"step": 1, "a": None, "b": None, "c": 0.5}
+
+
+def test_resume_keeps_rows_up_to_the_checkpoint_only(tmp_path):
+    log = JsonlLogger(tmp_path / "m.jsonl")
+    for s in range(5):
+        log.log({"step": s, "x": math.pi})
+    log.close()
+    JsonlLogger(tmp_path / "m.jsonl", truncate_after_step=2).close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "m.jsonl")] == [0, 1, 2]
