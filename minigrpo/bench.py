@@ -29,7 +29,7 @@ import torch
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, setup_runtime
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
-from minigrpo.bench_rl import ROW_HEADER, rarest_foods, run_all, seed_row, write_rare_reward
+from minigrpo.bench_rl import ROW_HEADER, passes, rarest_foods, run_all, seed_row, write_rare_reward
 from minigrpo.sampling import generate
 from toy_tasks import default_pretrain_dir, get_task
 

@@ -35,6 +35,8 @@ def run_cli(args: list[str], folder: Path) -> dict:
     p = subprocess.run([sys.executable, "-m", *args, "--out", str(folder), "--quiet", "--overwrite"],
                        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - t
+    if folder.is_dir():
+        (folder / "wall_seconds.txt").write_text(f"{wall:.2f}\n")  # so a table can be rebuilt from the folders
     if p.returncode != 0:
         lines = (p.stderr or p.stdout).strip().splitlines()
         return {"error": lines[-1] if lines else f"exit code {p.returncode}", "wall": wall}

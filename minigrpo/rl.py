@@ -57,6 +57,7 @@ OUTCOME_PANELS = [
 COST_PANELS = [
     ("step time, s (lower is better)", ["step_time"]),
     ("preservation loss", ["preserve_loss"]),
+    ("trust region: share of the step kept", ["tr_scale"]),
 ]
 # where each generator lives: sampling happens on the run's device, index draws on the CPU
 GENERATORS = {"rollout": "device", "prompts": "cpu", "anchor": "device", "anchor_rows": "cpu", "shuffle": "cpu"}

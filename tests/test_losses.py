@@ -326,3 +326,13 @@ def test_value_loss_hand_example():
     assert torch.allclose(value_loss(v, v_old, ret, mask), T([[0.5, 4.5, 0.0]]))
     # token 0: V clipped to 0.7 -> (0.7 − 2)² = 1.69 > 1 -> 0.845; token 1: clipped 1.2 -> 1.44 < 9 -> 4.5
     assert torch.allclose(value_loss(v, v_old, ret, mask, clip=0.2), T([[0.845, 4.5, 0.0]]))
+
+
+def test_forking_token_mask_keeps_exactly_the_valid_positions_where_the_reference_had_a_choice():
+    from minigrpo.losses import forking_token_mask
+    ent = torch.tensor([[2.3, 0.001, 0.7, 5.0], [0.05, 0.2, 0.0, 9.9]])
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    got = forking_token_mask(ent, mask, 0.1)
+    assert got.tolist() == [[True, False, True, False], [False, True, False, True]]
+    assert torch.equal(forking_token_mask(ent, mask, 0.0), mask), "threshold 0 keeps every valid token"
+    assert not (got & ~mask).any(), "a padded position never carries the loss"
