@@ -32,10 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
+from minigrpo.bench_rl import BARS
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
 from minigrpo.rl_config import default_out
 
+DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
+               "passes through to the trainers (see python -m minigrpo.grpo --help).")
 ALGOS = ["default"] + sorted(PRESETS) + ["ppo"]  # default: `python -m minigrpo.grpo` with no preset
 
 
@@ -130,6 +133,15 @@ def curves(folder: Path) -> dict:
     return out
 
 
+def within_bars(f: dict) -> bool:
+    """The quality bars of bench_rl.BARS on a run's final figures and peaks (drift where the task has it)."""
+    ok = f["target_rate"] >= BARS["final"] and f["peak_malformed"] <= BARS["peak_malformed"] and \
+        f["malformed"] <= BARS["malformed"]
+    if f["worst_drift"] == f["worst_drift"]:  # not NaN: the task has off-target prompts
+        ok = ok and f["peak_worst_drift"] <= BARS["peak_worst_drift"] and f["worst_drift"] <= BARS["worst_drift"]
+    return ok
+
+
 def first_reaching(c: dict, level: float, key: str):
     return next((x for x, t in zip(c[key], c["target"]) if t >= level), None)
 
@@ -150,13 +162,13 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    lines = ["| algorithm | runs | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 | final target "
+    lines = ["| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 | final target "
              "| final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     fig2, axes2 = plt.subplots(1, 2, figsize=(11, 3.8))
-    fig.suptitle(f"{title}: exact target rate, mean and min–max over seeds")
-    fig2.suptitle(f"{title}: where each run ended")
+    fig.suptitle(f"{title}\nexact target rate, mean and min–max over seeds", fontsize=9)
+    fig2.suptitle(f"{title}\nwhere each run ended", fontsize=9)
     for i, (algo, runs) in enumerate(results.items()):
         color = f"C{i % 10}"
         if runs:
@@ -173,7 +185,7 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
                            label=algo)
         f = [c["final"] for c in runs]
         row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
-               summarise([x["steps"] for x in f]),
+               f"{sum(map(within_bars, f))}/{len(f)}", summarise([x["steps"] for x in f]),
                *[summarise([first_reaching(c, level, key) for c in runs])
                  for level in (0.9, 0.95) for key in ("steps", "secs")],
                *[summarise([x[k] for x in f]) for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
@@ -203,7 +215,7 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
 
 @main_guard
 def main(argv=None):
-    # our own flags are parsed here; every other flag passes through to the trainers
+    # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps"):
         pre.add_argument(name)
@@ -211,9 +223,9 @@ def main(argv=None):
     pre_task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre_task.add_argument("--task", default="food")
     if "-h" in passthrough or "--help" in passthrough:
-        parse_config(CompareConfig, ["--help"], __doc__.split("\n\n")[0])
+        parse_config(CompareConfig, ["--help"], DESCRIPTION)
     own = [x for k, v in vars(ours).items() if v is not None for x in (f"--{k}", v)]
-    cfg, _ = parse_config(CompareConfig, own, __doc__.split("\n\n")[0])
+    cfg, _ = parse_config(CompareConfig, own, DESCRIPTION)
     algos = [a.strip() for a in cfg.algos.split(",") if a.strip()]
     bad = [a for a in algos if a not in ALGOS]
     if bad or not algos:

@@ -199,7 +199,7 @@ class GRPO:
                     "kl_exact": aggregate(kl_tok if cfg.kl == "exact" else exact(logits, batch.ref_logits), mask,
                                           "token-mean").item(),
                     "entropy": aggregate(ent, mask, "token-mean").item(),
-                    "preserve_loss": anchor.item() if anchor is not None else 0.0,
+                    **({"preserve_loss": anchor.item()} if anchor is not None else {}),
                 }
             if i > 0 or cfg.updates == 1:  # the first of μ > 1 updates has ρ ≡ 1: it would halve what the clip saw
                 ratio_stats.append({k: v.item() for k, v in s.items()})

@@ -141,7 +141,7 @@ class PPO:
                              "entropy": ent.item(),
                              "kl_exact": aggregate(exact(logits, sub.ref_logits), m, "token-mean").item(),
                              "value_clip_frac": (v_clipped & m).sum().item() / max(int(m.sum()), 1),
-                             "preserve_loss": anchor.item() if anchor is not None else 0.0,
+                             **({"preserve_loss": anchor.item()} if anchor is not None else {}),
                              **{k: v.item() for k, v in s.items()}}
                 stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
                 for k, v in stats.items():

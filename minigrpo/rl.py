@@ -99,6 +99,10 @@ class Run:
             self.rewards = reward_table(self.reward, self.prompts, self.task.support)  # exact E[r] needs it
         except (RewardError, ValueError) as e:
             raise UsageError(str(e)) from None
+        room = self.policy.cfg.block_size - 1 - max(len(self.tok.encode(p)) for p in self.prompts)
+        if cfg.max_new_tokens > room:
+            self.log(f"note: --max-new-tokens {cfg.max_new_tokens} is cut to {room}: the model's block "
+                     f"({self.policy.cfg.block_size} tokens) holds BOS, the prompt and the completion")
         self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.policy.train()
         self.out = prepare_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume is not None)

@@ -20,7 +20,8 @@ class RLConfig:
     init: str = field(default="runs/pretrain/model.pt", metadata=meta(
         "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for other tasks)"))
     out: str | None = field(default=None, metadata=meta("output folder (default runs/<algo>-<reward>)"))
-    resume: str | None = field(default=None, metadata=meta("continue the run in this folder from its last checkpoint"))
+    resume: str | None = field(default=None, metadata=meta(
+        "continue the run in this folder from its last checkpoint (--steps stays the total, counted from step 0)"))
     overwrite: bool = field(default=False, metadata=meta("replace a finished run already in --out (refused otherwise)"))
     reward: str = field(default="pizza", metadata=meta(
         "reward spec: a task reward (food: pizza, food:<food>, graded[:<food>]; arithmetic: correct, format, "
