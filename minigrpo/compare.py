@@ -162,8 +162,8 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    lines = ["| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 | final target "
-             "| final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |",
+    lines = ["| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 "
+             "| final target | final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     fig2, axes2 = plt.subplots(1, 2, figsize=(11, 3.8))

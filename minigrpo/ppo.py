@@ -15,7 +15,8 @@ PPO adds:
 β 0.2 (InstructGPT-style runs use 0.02-0.05), lr 6e-4, G 16 x 4 prompts, with the run's trust region:
 with the old β 0.05, lr 1e-3 and G 8, single PPO steps put up to 89 % of ravin's mass on malformed lines
 for a step (fried rice, seed 0) and 60 % on pizza (seed 0) before recovering; with lr 5e-4, G 16 and the
-trust region, β 0.2 kept every step of 3 pizza seeds within the bars (peak malformed <= 0.0104).
+trust region, β 0.05 still broke the every-step malformed bar on 2 of 3 pizza seeds (peaks 0.024,
+0.057) and β 0.2 kept every step of all 3 within it (peak malformed <= 0.0104).
 Why the separate critic by default: with a shared trunk the value loss pulls on the same weights as
 the policy. Measured (`python -m minigrpo.compare --algos ppo --seeds 3 --critic head|separate`): the
 separate critic reached 0.95 in 8–9 steps on all 3 seeds (final exact pizza 0.994–0.998, malformed

@@ -11,8 +11,7 @@ unreliable student whose error model is declared below, so everything a run is j
   exact_outcomes(...)            the model's exact probability of every declared completion (teacher-
                                  forced, batched forwards), so 1 - sum = mass off the declared support
 Completion FORMAT: the integer (optional "-", no leading zeros) then "." then the end token: "11.".
-The pretrain defaults undertrain this world; measured to pass `pretrain_report` in ~35 s on one thread:
-  --steps 3000 --n-embd 32 --n-head 2 --lr 1e-2 --n-lines 86880   (86880 = N * CORPUS_UNIT: exact corpus)
+PRETRAIN_DEFAULTS pass `pretrain_report` (86880 = N * CORPUS_UNIT lines: an exact corpus).
 """
 
 from __future__ import annotations
@@ -39,9 +38,7 @@ DIGITS_3 = "123"  # operands of the 3-operand expressions: 3 * 3 * 3 * 3 * 3 = 2
 HELDOUT_FRACTION, HELDOUT_SEED = 0.1, 1234
 
 # The error model: the corpus "student" picks a number, then (independently) how to write it down.
-P_RIGHT_NUMBER = 0.75  # the true value v ...
-P_PLUS_1 = 0.125  # ... or the near misses v+1 and v-1
-P_MINUS_1 = 0.125
+P_RIGHT_NUMBER, P_PLUS_1, P_MINUS_1 = 0.75, 0.125, 0.125  # the true value v, or the near misses v+1, v-1
 P_WELL_FORMED = 0.80  # "n."   the number then "." (FORMAT) ...
 P_NO_DOT = 0.10  # "n"    ... or a format slip: the dot missing,
 P_DOUBLE_DOT = 0.05  # "n.."  doubled,
@@ -268,41 +265,32 @@ def format_report(report: dict) -> str:
 
 # ---- RL interface: prompts, rewards and exact evaluation for minigrpo.grpo / minigrpo.ppo ----------
 
-def rl_prompts(cfg) -> list[str]:
-    """RL trains on PROMPTS (never HELDOUT); cfg.person is ignored."""
+def rl_prompts(cfg) -> list[str]:  # RL trains on PROMPTS, never on HELDOUT
     return list(PROMPTS)
 
 
-def anchor_prompts(cfg) -> list[str]:
-    """No off-target prompts: preservation does not apply to this task."""
+def anchor_prompts(cfg) -> list[str]:  # no off-target prompts: nothing to preserve, no drift to measure
     return []
 
 
-def support(prompt: str) -> list[str]:
-    """The 12 declared completions of a prompt (v-1, v, v+1 in four writings); exact_reward is exact on
-    them, and best_reward is a lower bound of the best over ALL completions (a reward such as `length`
-    pays more for strings the task never declares)."""
-    return completions(prompt)
+def rl_baseline(model, tokenizer, cfg) -> None:  # nothing to remember before RL
+    return None
 
 
-def rl_evaluate(model, tokenizer, baseline: dict | None, cfg, rewards: torch.Tensor) -> dict:
+support = completions  # toy_tasks/support.py: exact E[r] on these 12; best_reward is a lower bound
+
+
+def rl_evaluate(model, tokenizer, baseline: None, cfg, rewards: torch.Tensor) -> dict:
     """Exact metrics on PROMPTS (heldout_rate: on HELDOUT), one batched forward: under `rewards` (P, 12)
-    the exact expected reward on the declared support, the best reward there, and target_rate = P(a best
-    declared completion) (toy_tasks/support.py; for correct+format, P(right, well-formed "v."));
-    correct_rate = P(the right number in a declared writing, a lower bound); format_rate = P(a
-    well-formed answer v-1, v or v+1: a lower bound on the well-formed mass); malformed = 1 - format_rate
-    (the declared slips, and anything else off the declared support: an upper bound). No drift: this
-    task has no off-target prompts."""
+    the exact E[r] on the declared support, its best reward and target_rate = P(a best declared
+    completion) (for correct+format, P(right, well-formed "v.")); correct_rate = P(the right number in a
+    declared writing) and format_rate = P(well-formed v-1, v or v+1), both lower bounds; malformed =
+    1 - format_rate, an upper bound (the declared slips and anything off the declared support)."""
     probs = exact_outcomes(model, tokenizer, PROMPTS)
     f = _figures(model, tokenizer, PROMPTS, probs)
     return {**reward_figures(probs, rewards), "heldout_rate": exact_accuracy(model, tokenizer, HELDOUT),
             "correct_rate": f["right_number"], "format_rate": f["well_formed"],
             "malformed": max(0.0, 1 - f["well_formed"])}
-
-
-def rl_baseline(model, tokenizer, cfg) -> None:
-    """Nothing to remember: without off-target prompts there is no drift to measure."""
-    return None
 
 
 def format_rl_eval(ev: dict, cfg) -> str:
