@@ -8,6 +8,8 @@ Each run is its own process with one thread (--jobs at a time, default: the core
 the stop rule off), so algorithms are compared on equal work; --budget goal lets each run stop at its
 goal as the trainers do by default. A run whose folder already holds a finished run of exactly the same
 command is kept, so rerunning after an interruption only runs what is missing; any other flag reruns it.
+A later invocation for a subset of the algorithms keeps the others' finished runs of the same flags in
+the table and figures (runs of other flags are left out, never mixed in).
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
@@ -74,10 +76,16 @@ def trainer_module(algo: str) -> str:
     return "minigrpo.ppo" if algo == "ppo" else "minigrpo.grpo"
 
 
+def finished_by(folder: Path, cmd: list[str]) -> bool:
+    """Whether `folder` holds a finished run made by exactly this command."""
+    stamp = folder / "compare_command.json"
+    return (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == cmd[1:]
+
+
 def run_one(args) -> tuple[str, int, str | None]:
     algo, seed, cmd, folder = args
     stamp = folder / "compare_command.json"
-    if (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == cmd[1:]:
+    if finished_by(folder, cmd):
         return algo, seed, None  # the same run finished in an earlier invocation
     if folder.exists():
         shutil.rmtree(folder)  # a run of another command, or an unfinished one: this command reruns it
@@ -253,8 +261,14 @@ def main(argv=None):
                 results[algo].append(curves(out / f"{algo}-s{seed}"))
             else:
                 errors.setdefault(algo, []).append((seed, err))
+    for algo in [a for a in ALGOS if a not in algos]:  # finished runs of the SAME flags stay in the table
+        same = [out / f"{algo}-s{s}" for s in range(cfg.seeds)]
+        if all(finished_by(f, [sys.executable, "-m", trainer_module(algo),
+                               *trainer_args(algo, s, cfg, passthrough, task), "--out", str(f)])
+               for s, f in enumerate(same)):
+            results[algo] = [curves(f) for f in same]
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
-    title = f"{', '.join(algos)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
+    title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
     write_outputs(out, results, errors, title)
     print((out / "table.md").read_text())
     print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'}")

@@ -15,6 +15,9 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
     stamp = (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns
     main(args)  # a rerun keeps finished runs
     assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
+    main(args[:1] + ["grpo"] + args[2:])  # a subset with the same flags: ppo's finished run stays in the table
+    table = (out / "table.md").read_text()
+    assert "| grpo | 1 ok" in table and "| ppo | 1 ok" in table
     main(args + ["--group-size", "2"])  # another command: the cached runs are not reused
     assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns != stamp
     with pytest.raises(SystemExit) as e:  # --updates is GRPO's only: refused before any run starts
