@@ -60,7 +60,7 @@ from minigrpo.kl import ESTIMATORS, exact
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
 from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
-from minigrpo.rollout import RolloutBatch, completion_logprobs
+from minigrpo.rollout import RolloutBatch, generation_logprobs
 
 PRESETS = {
     "grpo": {"kl": "k3", "beta": 0.04},
@@ -172,7 +172,7 @@ class GRPO:
             batch, adv = batch.select(keep), adv[keep]
         mask, totals, ratio_stats, fork = batch.mask, {}, [], None
         for i in range(cfg.updates):
-            logp, logits = completion_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
+            logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
                 batch.old_logp = logp.detach()
             ent = entropy(logits)

@@ -12,7 +12,7 @@ Masks: every masked quantity goes through torch.where, never a multiplication by
 and a NaN in the unused branch of a product poisons the gradient): NaN or ±1e4 in a masked slot reaches
 neither a value nor a gradient.
 
-Departures: the log-ratio log π_θ − log π_old is clamped to ±LOG_RATIO_CLAMP = 20 before exp so ρ stays
+Departures: the log-ratio log π_θ − log π_old is clamped to ±kl.LOG_RATIO_CLAMP = 20 before exp so ρ stays
 finite (set it to math.inf to remove; beyond ±20 the gradient is 0). eps_high defaults to eps_low (the
 symmetric PPO/GRPO clip; DAPO uses 0.28). dual_clip is off by default (verl uses c = 3).
 """
@@ -22,9 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minigrpo.kl import k3
+from minigrpo.kl import LOG_RATIO_CLAMP, k3  # one clamp for every log-ratio (kl.py)
 
-LOG_RATIO_CLAMP = 20.0
 LEVELS = ("token", "sequence")
 
 

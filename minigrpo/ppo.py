@@ -38,7 +38,7 @@ from minigrpo.kl import exact, k1
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
 from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
-from minigrpo.rollout import RolloutBatch, completion_logprobs
+from minigrpo.rollout import RolloutBatch, generation_logprobs
 
 
 @dataclass
@@ -96,9 +96,9 @@ class PPO:
 
     def forward(self, gen):
         """-> logp (N, T), logits (N, T, V), values (N, T) for the completion tokens of `gen`."""
-        logp, logits, hidden = completion_logprobs(self.policy, gen, self.cfg.temperature, True, True)
+        logp, logits, hidden = generation_logprobs(self.policy, gen, self.cfg.temperature, True, True)
         if self.critic_trunk is not None:
-            _, hidden = completion_logprobs(self.critic_trunk, gen, return_hidden=True)
+            _, hidden = generation_logprobs(self.critic_trunk, gen, return_hidden=True)
         return logp, logits, self.value_head(hidden)
 
     def token_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:

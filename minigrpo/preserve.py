@@ -32,7 +32,7 @@ import torch
 
 from minigrpo.kl import exact
 from minigrpo.model import GPT
-from minigrpo.rollout import completion_logprobs
+from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation, encode_prompts, generate
 from minigrpo.tokenizer import CharTokenizer
 
@@ -60,14 +60,14 @@ def build_anchor(ref: GPT, tok: CharTokenizer, prompts: list[str], per_prompt: i
     device = ref.wte.weight.device
     ids, mask = encode_prompts(tok, [p for p in prompts for _ in range(per_prompt)], device)
     gen = generate(ref, ids, mask, max_new_tokens, generator=generator)
-    _, ref_logits = completion_logprobs(ref, gen, return_logits=True)
+    _, ref_logits = generation_logprobs(ref, gen, return_logits=True)
     return Anchor(gen, ref_logits)
 
 
 def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor, direction: str = "forward") -> torch.Tensor:
     """Mean over the chosen anchor rows of the summed exact per-position KL (see module docstring)."""
     sub = anchor.gen.select(rows)
-    _, logits = completion_logprobs(policy, sub, return_logits=True)  # (m, T, V)
+    _, logits = generation_logprobs(policy, sub, return_logits=True)  # (m, T, V)
     ref_logits = anchor.ref_logits[rows]
     kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (m, T)
     kl = torch.where(sub.completion_mask, kl, torch.zeros((), device=kl.device))

@@ -50,11 +50,13 @@ class RolloutBatch:
                             None if self.ref_logits is None else self.ref_logits[rows])
 
 
-def completion_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, return_logits: bool = False,
+def generation_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, return_logits: bool = False,
                         return_hidden: bool = False):
-    """Log-probs (N, T) of the completion tokens of `gen` under `model` in one forward pass, and
-    optionally the (N, T, V) logits that produced them and the (N, T, C) hidden states of the states
-    before each completion token (for a value head). Differentiable: use no_grad for π_old/π_ref."""
+    """Per-token log-probs (N, T) of the completion tokens of a Generation under `model` in one forward
+    pass, and optionally the (N, T, V) logits that produced them and the (N, T, C) hidden states of the
+    states before each completion token (for a value head). Differentiable: use no_grad for π_old/π_ref.
+    (logprobs.completion_logprobs is its text-level sibling: prompt and completion strings in, one summed
+    log-prob per pair out, for exact evaluation; both run logprobs.sequence_logprobs.)"""
     P = gen.prompt_len
     logp, logits, hidden = sequence_logprobs(model, gen.ids, gen.key_mask, temperature, return_hidden=True)
     # target t of sequence_logprobs is token t+1, so completion token j (slot P+j) is target P-1+j
@@ -78,8 +80,8 @@ def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group
     gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
     completions = decode_completions(tok, gen)
     rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward)
-    old = completion_logprobs(policy, gen, temperature) if old_logp else None
-    ref_logp, ref_logits = completion_logprobs(ref, gen, temperature, return_logits=True)
+    old = generation_logprobs(policy, gen, temperature) if old_logp else None
+    ref_logp, ref_logits = generation_logprobs(ref, gen, temperature, return_logits=True)
     policy.train(was_training)
     return RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=device), group_size, old,
                         ref_logp, ref_logits if keep_ref_logits else None)

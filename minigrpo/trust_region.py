@@ -27,13 +27,13 @@ from __future__ import annotations
 import torch
 
 from minigrpo.kl import exact
-from minigrpo.rollout import completion_logprobs
+from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation
 
 
 @torch.no_grad()
 def _logits(policy, gen: Generation) -> torch.Tensor:
-    _, logits = completion_logprobs(policy, gen, return_logits=True)
+    _, logits = generation_logprobs(policy, gen, return_logits=True)
     return logits
 
 

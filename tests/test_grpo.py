@@ -11,7 +11,7 @@ from minigrpo.metrics import read_jsonl
 from minigrpo.preserve import anchor_loss
 from minigrpo.rewards import make_reward
 from minigrpo.rl import Run
-from minigrpo.rollout import collect, completion_logprobs
+from minigrpo.rollout import collect, generation_logprobs
 from minigrpo.checkpoint import read_checkpoint
 from toy_tasks import food
 
@@ -297,7 +297,7 @@ def test_skip_equal_groups_trains_on_exactly_the_rows_of_the_other_groups(tiny_p
                     torch.Generator().manual_seed(4), max_new_tokens=12, keep_ref_logits=True, old_logp=False)
     batch.rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])  # the middle group is all-equal
     calls = []
-    spy(monkeypatch, "completion_logprobs", calls)
+    spy(monkeypatch, "generation_logprobs", calls)
     cfg = GRPOConfig(group_size=2, updates=1, beta=0.0, skip_equal_groups=True, loss_agg="token-mean", adv_eps=0.0)
     stats = GRPO(fake_run(cfg, model)).update(batch, torch.optim.SGD(model.parameters(), lr=0.0))
     keep = [0, 1, 4, 5]
@@ -312,7 +312,7 @@ def test_skip_equal_groups_trains_on_exactly_the_rows_of_the_other_groups(tiny_p
 def entropy_gradient(model, batch, cfg):
     """∇ of the aggregated per-token entropy of the batch's completions, computed from the logits by hand."""
     model.zero_grad()
-    _, logits = completion_logprobs(model, batch.gen, return_logits=True)
+    _, logits = generation_logprobs(model, batch.gen, return_logits=True)
     logp = torch.log_softmax(logits, -1)
     h = -(logp.exp() * logp).sum(-1)  # (N, T)
     m = batch.mask
@@ -366,7 +366,7 @@ def spy(monkeypatch, name, record):
 def test_dapo_drops_equal_reward_groups_and_trains_on_the_rest(tmp_path, tiny_pretrained, monkeypatch):
     init, _, _ = tiny_pretrained
     calls = []
-    spy(monkeypatch, "completion_logprobs", calls)
+    spy(monkeypatch, "generation_logprobs", calls)
     cfg = cfg_for(tmp_path, init, **PRESETS["dapo"], preset="dapo", steps=4, prompts_per_step=3, group_size=3,
                   goal=0.0, seed=1)
     train(cfg, log=lambda *a: None)

@@ -13,7 +13,7 @@ from minigrpo.ppo import PPO, PPOConfig, main, train
 from minigrpo.rewards import make_reward
 from minigrpo.rl import Run
 from minigrpo.rl_config import parse_rl_config
-from minigrpo.rollout import collect, completion_logprobs
+from minigrpo.rollout import collect, generation_logprobs
 from toy_tasks import food
 
 
@@ -97,9 +97,9 @@ def test_one_minibatch_update_equals_a_hand_computation(tmp_path, tiny_pretraine
     noise = 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
     batch.old_logp = torch.where(mask, logp + noise, 0.0)
     with torch.no_grad():
-        _, hidden = completion_logprobs(algo.critic_trunk, batch.gen, return_hidden=True)
+        _, hidden = generation_logprobs(algo.critic_trunk, batch.gen, return_hidden=True)
         V = algo.value_head(hidden)
-        _, logits = completion_logprobs(run.policy, batch.gen, return_logits=True)
+        _, logits = generation_logprobs(run.policy, batch.gen, return_logits=True)
     N, T = mask.shape
     lengths = [int(mask[i].sum()) for i in range(N)]
     valid = [(i, t) for i in range(N) for t in range(lengths[i])]
@@ -161,7 +161,7 @@ def test_entropy_bonus_pushes_the_policy_towards_higher_entropy(tmp_path, tiny_p
         grads[c] = [p.grad.clone() for p in run.policy.parameters()]
     # ∇ of the token-mean entropy, by hand from the logits
     policy = copy.deepcopy(run.policy)
-    _, logits = completion_logprobs(policy, batch.gen, return_logits=True)
+    _, logits = generation_logprobs(policy, batch.gen, return_logits=True)
     lp = torch.log_softmax(logits, -1)
     h = -(lp.exp() * lp).sum(-1)
     (torch.where(batch.mask, h, 0.0).sum() / batch.mask.sum()).backward()

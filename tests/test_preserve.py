@@ -14,7 +14,7 @@ import torch
 from minigrpo.kl import exact
 from minigrpo.model import GPT, GPTConfig, positions
 from minigrpo.preserve import Anchor, anchor_loss, build_anchor
-from minigrpo.rollout import completion_logprobs
+from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation, encode_prompts
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 
@@ -69,12 +69,12 @@ def all_completions(prompt: str, max_new: int) -> Generation:
 def sequence_logp(model: GPT, gen: Generation) -> torch.Tensor:
     """log π(whole completion | prompt), (M,)."""
     with torch.no_grad():
-        return completion_logprobs(model, gen).sum(1).double()
+        return generation_logprobs(model, gen).sum(1).double()
 
 
 def exact_anchor(ref: GPT, gen: Generation) -> Anchor:
     with torch.no_grad():
-        _, ref_logits = completion_logprobs(ref, gen, return_logits=True)
+        _, ref_logits = generation_logprobs(ref, gen, return_logits=True)
     return Anchor(gen, ref_logits)
 
 
@@ -168,7 +168,7 @@ def test_anchor_built_from_reference_samples_estimates_the_sequence_kl_within_it
     assert abs(estimate - want) < 4 * se, f"anchor loss {estimate:.4f} ± {se:.4f} vs exact sequence KL {want:.4f}"
     # the stored reference logits are π_ref's own at each completion position
     with torch.no_grad():
-        _, logits = completion_logprobs(ref, anchor.gen, return_logits=True)
+        _, logits = generation_logprobs(ref, anchor.gen, return_logits=True)
     assert torch.allclose(anchor.ref_logits, logits, atol=1e-5)
 
 

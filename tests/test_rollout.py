@@ -8,7 +8,7 @@ import torch
 
 from minigrpo.logprobs import completion_logprobs as teacher_forced
 from minigrpo.rewards import Reward
-from minigrpo.rollout import RolloutBatch, collect, completion_logprobs
+from minigrpo.rollout import RolloutBatch, collect, generation_logprobs
 from minigrpo.tokenizer import BOS_ID
 
 PROMPTS = ["bob likes ", "alice likes ", "jo likes ", "bob likes "]  # drawn with replacement: a repeat
@@ -102,7 +102,7 @@ def test_old_logprobs_follow_the_sampling_temperature(tiny_pretrained):
     batch, policy, _, _ = rollout(tiny_pretrained, seed=3, temperature=0.7)
     assert torch.allclose(batch.old_logp, batch.gen.logprobs, atol=1e-5), "π_old must be the distribution sampled from"
     with torch.no_grad():
-        at_one = completion_logprobs(policy, batch.gen)  # the same tokens at temperature 1
+        at_one = generation_logprobs(policy, batch.gen)  # the same tokens at temperature 1
     assert not torch.allclose(batch.old_logp, at_one, atol=1e-3), "temperature 0.7 must change the log-probs"
 
 
