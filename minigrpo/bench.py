@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.cli import UsageError, main_guard, meta, parse_config, setup_runtime
+from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out, setup_runtime
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
 from minigrpo.bench_rl import ROW_HEADER, passes, rarest_foods, run_all, seed_row, write_rare_reward
@@ -273,8 +273,7 @@ def main(argv=None):
         raise UsageError("the targets, rarest and custom sections are food's (people and foods): use --task food")
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     device = setup_runtime(cfg.threads, cfg.device)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out(cfg.out)  # one line for an impossible or read-only folder; one bench per folder
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"machine: {platform.machine()} {cores} cores | torch {torch.__version__} | device {device} | "
           f"threads {torch.get_num_threads()} | python {platform.python_version()}", flush=True)

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,11 +142,19 @@ def _lookup(name: str, task_rewards) -> RewardFn | None:
     return _generic(name)
 
 
+SLOW_SECONDS = 3.0  # a batch of rewards slower than this reports its progress (a sign of life)
+
+
 def score(reward: Reward, prompts: list[str], completions: list[str], finished: list[bool],
-          unfinished_reward: float | None = None) -> list[float]:
-    """Reward of each completion; unfinished ones get `unfinished_reward` when it is given."""
-    out = []
+          unfinished_reward: float | None = None, progress=None) -> list[float]:
+    """Reward of each completion; unfinished ones get `unfinished_reward` when it is given. A slow reward
+    calls `progress(done, total)` every SLOW_SECONDS, so a run never looks dead while it scores."""
+    out, start = [], time.perf_counter()
+    last = start
     for prompt, completion, done in zip(prompts, completions, finished):
+        if progress is not None and time.perf_counter() - last >= SLOW_SECONDS:
+            last = time.perf_counter()
+            progress(len(out), len(prompts))
         if not done and unfinished_reward is not None:
             out.append(float(unfinished_reward))
             continue

@@ -69,7 +69,7 @@ def generation_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, r
 def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group_size: int, reward: Reward,
             generator: torch.Generator, max_new_tokens: int = 16, temperature: float = 1.0,
             unfinished_reward: float | None = None, keep_ref_logits: bool = False,
-            old_logp: bool = True) -> RolloutBatch:
+            old_logp: bool = True, progress=None) -> RolloutBatch:
     """Sample `group_size` completions for each prompt from the policy (π_old), score them, and
     compute π_ref's (and, with old_logp, π_old's) log-probs of every completion token."""
     device = policy.wte.weight.device
@@ -79,7 +79,7 @@ def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group
     policy.eval()
     gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
     completions = decode_completions(tok, gen)
-    rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward)
+    rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward, progress)
     old = generation_logprobs(policy, gen, temperature) if old_logp else None
     ref_logp, ref_logits = generation_logprobs(ref, gen, temperature, return_logits=True)
     policy.train(was_training)

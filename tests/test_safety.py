@@ -236,3 +236,47 @@ def test_a_full_disk_anywhere_else_is_one_line(capsys):
 
     err = one_line_error(main_guard(writes_metrics), [], capsys)
     assert "the disk is full while writing runs/x/metrics.jsonl" in err
+
+
+# ---- RL: every harmful value is refused in one line before anything runs ----------------------------
+
+RL_BAD = [("grpo", ["--warmup", "-1"], "--warmup must be >= 0"), ("grpo", ["--beta", "-1"], "--beta must be"),
+          ("grpo", ["--clip-low", "2"], "--clip-low must be"), ("grpo", ["--clip-low", "-3"], "--clip-low must be"),
+          ("grpo", ["--grad-clip", "-1"], "--grad-clip must be"), ("grpo", ["--ref-update-every", "-1"], "must be >= 0"),
+          ("grpo", ["--preserve-coef", "-1"], "--preserve-coef must be"), ("grpo", ["--adv-eps", "-1"], "--adv-eps"),
+          ("grpo", ["--unfinished-reward", "nan"], "--unfinished-reward must be"), ("grpo", ["--lr", "nan"], "--lr"),
+          ("grpo", ["--lr", "inf"], "--lr"), ("grpo", ["--lr", "1e9"], "--lr"), ("grpo", ["--goal", "2"], "--goal"),
+          ("grpo", ["--task", "arithmetic", "--person", "bob"], "--person is the food task's"),
+          ("grpo", ["--person", "zed"], "unknown --person 'zed'"), ("grpo", ["--out", ""], "--out"),
+          ("ppo", ["--kl-target", "-1"], "--kl-target must be"), ("ppo", ["--gamma", "2"], "--gamma must be"),
+          ("ppo", ["--beta", "-0.1"], "--beta must be")]
+
+
+@pytest.mark.parametrize("cli, argv, message", RL_BAD, ids=[" ".join(a) for _, a, _ in RL_BAD])
+def test_rl_refuses_a_harmful_value_in_one_line(cli, argv, message, tmp_path, tiny_pretrained, capsys):
+    import importlib
+    init, _, _ = tiny_pretrained
+    main = importlib.import_module(f"minigrpo.{cli}").main
+    args = ["--init", str(init), "--out", str(tmp_path / "r"), "--quiet", "--steps", "1"]
+    with pytest.raises(SystemExit) as e:
+        main(args + argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "r" / "model.pt").exists(), "nothing is written for a refused command"
+
+
+def test_a_slow_reward_shows_a_sign_of_life(tmp_path, tiny_pretrained, capsys, monkeypatch):
+    import minigrpo.rewards as rewards
+    from minigrpo.grpo import main
+    init, _, _ = tiny_pretrained
+    monkeypatch.setattr(rewards, "SLOW_SECONDS", 0.0)  # every completion counts as slow
+    main(["--init", str(init), "--out", str(tmp_path / "r"), "--steps", "1", "--group-size", "2",
+          "--prompts-per-step", "1", "--preserve-per-prompt", "4", "--goal", "0"])
+    assert "scored 1/2 completions (the reward is slow)" in capsys.readouterr().out
+
+
+def test_bench_refuses_an_impossible_out_in_one_line(capsys):
+    from minigrpo.bench import main
+    with pytest.raises(SystemExit) as e:
+        main(["--out", "/proc/x", "--quick"])
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
