@@ -237,7 +237,8 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                                 keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp,
                                 progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions "
                                                             f"(the reward is slow)"))
-                guard = StepGuard(r.policy, r.probes(batch)) if r.probes(batch) else None
+                probes = r.probes(batch)
+                guard = StepGuard(r.policy, probes) if probes else None  # snapshot for the trust region
                 stats = algo.update(batch, opt)
                 if guard is not None:
                     stats.update(guard.enforce(r.policy))
