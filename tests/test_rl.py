@@ -112,3 +112,23 @@ def test_resume_refuses_a_new_experiment_and_survives_a_moved_init(tmp_path, tin
     with pytest.raises(SystemExit) as e:
         main(["--resume", ""])
     assert e.value.code == 2 and "no such folder" in capsys.readouterr().err
+
+
+def test_different_experiments_get_different_default_folders():
+    from minigrpo.rl_config import default_out
+    folders = {default_out(GRPOConfig(**kw), "grpo") for kw in
+               [{}, {"preserve": False}, {"person": "bob"}, {"preset": "dapo"}, {"reward": "food:apple pie"}]}
+    assert folders == {"runs/grpo-pizza", "runs/grpo-pizza-no-preserve", "runs/grpo-pizza-bob", "runs/dapo-pizza",
+                       "runs/grpo-food-apple-pie"}
+
+
+def test_progress_says_skipped_and_the_run_ends_naming_its_folder(tmp_path, tiny_pretrained, capsys):
+    from minigrpo.rl_report import progress_line
+    row = {"reward_mean": 1.0, "reward_rolling": 1.0, "skipped": 1.0, "step_time": 0.01}
+    line = progress_line(3, 10, row, evaluated=False)
+    assert "update skipped" in line and "nan" not in line and "exact target" not in line
+    init, _, _ = tiny_pretrained
+    train(cfg_for(tmp_path, init, "named", quiet=False, steps=1))
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'named'}/" in out and f"--checkpoint {tmp_path / 'named' / 'model.pt'}" in out
+    assert "stopped at step 1: cap" in out
