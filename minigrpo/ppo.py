@@ -38,6 +38,7 @@ from minigrpo.kl import exact, k1
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
 from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.model import positions
 from minigrpo.rollout import RolloutBatch, generation_logprobs
 
 
@@ -97,9 +98,16 @@ class PPO:
     def forward(self, gen):
         """-> logp (N, T), logits (N, T, V), values (N, T) for the completion tokens of `gen`."""
         logp, logits, hidden = generation_logprobs(self.policy, gen, self.cfg.temperature, True, True)
-        if self.critic_trunk is not None:
-            _, hidden = generation_logprobs(self.critic_trunk, gen, return_hidden=True)
-        return logp, logits, self.value_head(hidden)
+        return logp, logits, self.value_head(hidden) if self.critic_trunk is None else self.values(gen)
+
+    def values(self, gen):
+        """(N, T) values of the states before each completion token. The separate critic runs its trunk
+        only (no LM head, no log-softmax); the value head needs the policy's own forward."""
+        if self.critic_trunk is None:
+            return self.forward(gen)[2]
+        ids, km = gen.ids[:, :-1], gen.key_mask[:, :-1]
+        hidden = self.critic_trunk.hidden(ids, pos=positions(km), key_mask=km)  # (N, P+T-1, C)
+        return self.value_head(hidden[:, gen.prompt_len - 1:])
 
     def token_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, T) per-token rewards −β·k1 plus the scalar reward at each row's last valid token,
@@ -114,7 +122,7 @@ class PPO:
     def update(self, batch: RolloutBatch, opt) -> dict:
         cfg, mask = self.cfg, batch.mask
         with torch.no_grad():
-            _, _, old_values = self.forward(batch.gen)
+            old_values = self.values(batch.gen)  # the separate critic: no policy forward
             old_values = torch.where(mask, old_values, 0.0)
             rewards, kl_seq = self.token_rewards(batch)
             adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam)
