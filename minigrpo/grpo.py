@@ -58,6 +58,7 @@ from minigrpo.advantages import group_advantages, rloo_advantages, whiten
 from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import ESTIMATORS, exact
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
+from minigrpo.metrics import combine_stats
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
 from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
 from minigrpo.rollout import RolloutBatch, generation_logprobs
@@ -170,7 +171,7 @@ class GRPO:
                     stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
                 return {**stats, "skipped": 1.0}
             batch, adv = batch.select(keep), adv[keep]
-        mask, totals, ratio_stats, fork = batch.mask, {}, [], None
+        mask, per_update, ratio_stats, fork = batch.mask, [], [], None
         for i in range(cfg.updates):
             logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
@@ -204,12 +205,9 @@ class GRPO:
             if i > 0 or cfg.updates == 1:  # the first of μ > 1 updates has ρ ≡ 1: it would halve what the clip saw
                 ratio_stats.append({k: v.item() for k, v in s.items()})
             step_stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
-            for k, v in step_stats.items():  # losses: the mean over the μ updates
-                totals[k] = totals.get(k, 0.0) + v / cfg.updates
-        for k in ratio_stats[0]:  # ratio and clip statistics: the mean over updates 2..μ; the max ratio is the max
-            values = [r[k] for r in ratio_stats]
-            totals[k] = max(values) if k == "ratio_max" else sum(values) / len(values)
-        return {**stats, **totals}
+            per_update.append(step_stats)
+        # losses: the mean over the μ updates; ratio and clip statistics: over updates 2..μ (max ratio: the max)
+        return {**stats, **combine_stats(per_update), **combine_stats(ratio_stats)}
 
 
 PANELS = OUTCOME_PANELS + [

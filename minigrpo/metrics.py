@@ -30,6 +30,14 @@ class JsonlLogger:
         self._f.close()
 
 
+def combine_stats(per_update: list[dict]) -> dict:
+    """One step's statistics from its inner updates': the mean of each key, except maxima (`*_max`),
+    which stay maxima."""
+    keys = dict.fromkeys(k for d in per_update for k in d)
+    values = {k: [d[k] for d in per_update if k in d] for k in keys}
+    return {k: max(v) if k.endswith("_max") else sum(v) / len(v) for k, v in values.items()}
+
+
 def strict_json(row: dict) -> dict:
     """NaN and ±inf are not JSON: write them as null, so every line parses with a strict parser."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}

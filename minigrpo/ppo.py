@@ -36,9 +36,10 @@ from minigrpo.advantages import explained_variance, gae, whiten
 from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import exact, k1
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
+from minigrpo.metrics import combine_stats
+from minigrpo.model import positions
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
 from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
-from minigrpo.model import positions
 from minigrpo.rollout import RolloutBatch, generation_logprobs
 
 
@@ -128,7 +129,7 @@ class PPO:
             adv, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam)
             adv = whiten(adv, mask)
         N = mask.size(0)
-        sums, count = {}, 0
+        per_update = []
         for _ in range(cfg.epochs):
             order = torch.randperm(N, generator=self.run.gens["shuffle"]).to(mask.device)
             for rows in order.chunk(cfg.minibatches):
@@ -153,10 +154,8 @@ class PPO:
                              **({"preserve_loss": anchor.item()} if anchor is not None else {}),
                              **{k: v.item() for k, v in s.items()}}
                 stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
-                for k, v in stats.items():
-                    sums[k] = max(sums.get(k, v), v) if k == "ratio_max" else sums.get(k, 0.0) + v
-                count += 1
-        out = {k: v if k == "ratio_max" else v / count for k, v in sums.items()}  # means; the max ratio is the max
+                per_update.append(stats)
+        out = combine_stats(per_update)  # means over the minibatch updates; the max ratio is the max
         kl_mean = kl_seq.mean().item()
         if cfg.kl_target is not None:  # adaptive β (Ziegler et al. 2019): proportional control, error clipped to ±0.2
             error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1))

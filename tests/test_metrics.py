@@ -20,3 +20,9 @@ def test_resume_keeps_rows_up_to_the_checkpoint_only(tmp_path):
     log.close()
     JsonlLogger(tmp_path / "m.jsonl", truncate_after_step=2).close()
     assert [r["step"] for r in read_jsonl(tmp_path / "m.jsonl")] == [0, 1, 2]
+
+
+def test_combine_stats_takes_means_and_keeps_maxima():
+    from minigrpo.metrics import combine_stats
+    got = combine_stats([{"loss": 1.0, "ratio_max": 1.5, "a": 2.0}, {"loss": 3.0, "ratio_max": 1.2}])
+    assert got == {"loss": 2.0, "ratio_max": 1.5, "a": 2.0}  # a key only some updates report: their mean
