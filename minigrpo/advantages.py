@@ -40,6 +40,11 @@ def _std(x: torch.Tensor, dims: tuple[int, ...], unbiased: bool) -> torch.Tensor
     return biggest * (unit_dev.pow(2).sum(dim=dims, keepdim=True) / dof).sqrt()
 
 
+def equal_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """(B, G) rewards -> (B,) bool: every reward of the group is the same (no signal to learn from)."""
+    return (rewards == rewards[:, :1]).all(dim=1)
+
+
 def group_advantages(rewards: torch.Tensor, scale: str = "group", unbiased: bool = True,
                      eps: float = 1e-4) -> torch.Tensor:
     """GRPO outcome advantage  A_i = (r_i − mean(r_group)) / (std + ε),  rewards (B, G) -> (B, G).
@@ -68,7 +73,7 @@ def group_advantages(rewards: torch.Tensor, scale: str = "group", unbiased: bool
         std = _std(r, dims, unbiased)  # (B, 1) per group, or (1, 1) for the whole batch
         adv = centered / (std + eps)
     # all-equal groups: exactly 0 (the mean's rounding error, or 0/0 when ε = 0, must not leak out)
-    equal = (r == r[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
+    equal = equal_groups(r)[:, None]  # (B, 1)
     return torch.where(equal, torch.zeros_like(adv), adv).to(rewards.dtype)
 
 
@@ -83,7 +88,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     if G < 2:
         return torch.zeros_like(rewards)
     adv = G / (G - 1) * (rewards - rewards.mean(dim=1, keepdim=True))  # (B, G)
-    equal = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    equal = equal_groups(rewards)[:, None]
     return torch.where(equal, torch.zeros_like(adv), adv)
 
 

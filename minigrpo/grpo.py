@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.advantages import group_advantages, rloo_advantages, whiten
+from minigrpo.advantages import equal_groups, group_advantages, rloo_advantages, whiten
 from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import ESTIMATORS, exact
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
@@ -158,7 +158,7 @@ class GRPO:
             kl_seq = torch.where(batch.mask, ESTIMATORS[cfg.kl](batch.old_logp, batch.ref_logp), 0.0).sum(1)
             rewards = rewards - cfg.beta * kl_seq
             stats["kl_reward_penalty"] = (cfg.beta * kl_seq).mean().item()
-        equal = (rewards.view(-1, G) == rewards.view(-1, G)[:, :1]).all(dim=1)  # (prompts,)
+        equal = equal_groups(rewards.view(-1, G))  # (prompts,)
         stats["equal_groups"] = equal.float().mean().item()
         adv = advantages(rewards, cfg)
         stats.update(adv_mean=adv.mean().item(), adv_std=adv.std().item())
