@@ -64,3 +64,23 @@ def naive_gae(rewards, values, lengths, gamma, lam):
                 v_next = float(values[b, k + 1]) if k + 1 < n else 0.0
                 out[b, t] += (gamma * lam) ** (k - t) * (float(rewards[b, k]) + gamma * v_next - float(values[b, k]))
     return out
+
+
+def perturbed(model, scale: float = 0.05, seed: int = 0):
+    """A copy of `model` with seeded Gaussian noise of std `scale` added to every weight."""
+    import copy
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return out
+
+
+def one_line_error(main, argv, capsys):
+    """Run a CLI's main on bad input: exit code 2 and exactly one line on stderr, never a traceback."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err

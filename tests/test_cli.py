@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from minigrpo import bench, grpo, ppo, pretrain, sample
+from conftest import one_line_error
 
 
 @pytest.mark.parametrize("module", [pretrain, sample, grpo, ppo, bench])
@@ -27,14 +28,6 @@ def test_help_shows_each_default_once(capsys):
             assert flag_help.count("default") <= 1, flag_help
     assert "optimiser steps (default: 600)" in texts[pretrain]
     assert "(default runs/<algo>-<reward>) --" in texts[grpo]
-
-
-def one_line_error(main, argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 def test_pretrain_bad_input(tmp_path, capsys):

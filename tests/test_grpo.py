@@ -14,6 +14,7 @@ from minigrpo.rl import Run
 from minigrpo.rollout import collect, generation_logprobs
 from minigrpo.checkpoint import read_checkpoint
 from toy_tasks import food
+from conftest import perturbed
 
 TIME_KEYS = {"step_time", "tokens_per_s"}
 
@@ -207,15 +208,6 @@ def test_a_reward_that_raises_stops_the_run_with_one_line(tmp_path, tiny_pretrai
 
 # ---- behaviour of single updates, by hand ---------------------------------------------------------
 
-def perturbed_copy(model, scale=0.05, seed=0):
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return out
-
-
 def grads(model):
     return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
 
@@ -224,7 +216,7 @@ def grads(model):
 def test_kl_in_reward_subtracts_beta_times_the_summed_kl_of_each_sequence(tiny_pretrained, kl):
     _, model, tok = tiny_pretrained
     model = copy.deepcopy(model)
-    ref = perturbed_copy(model)  # π_old ≠ π_ref: a penalty that is not 0
+    ref = perturbed(model, 0.05, seed=0)  # π_old ≠ π_ref: a penalty that is not 0
     batch = collect(model, ref, tok, ["ravin likes "], 4, make_reward("pizza", food.REWARDS),
                     torch.Generator().manual_seed(3), max_new_tokens=12, keep_ref_logits=True)
     batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])

@@ -17,6 +17,7 @@ from minigrpo.preserve import Anchor, anchor_loss, build_anchor
 from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation, encode_prompts
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
+from conftest import perturbed
 
 TOK = CharTokenizer("ab")  # vocabulary 5: BOS, EOS, PAD, a, b
 PROMPTS = ["a", "ba"]  # two lengths: build_anchor left-pads
@@ -32,15 +33,6 @@ def tiny_gpt(seed: int = 2) -> GPT:
         model.wte.weight.normal_(0.0, 0.3)
         model.wpe.weight.normal_(0.0, 0.3)
     return model.eval()
-
-
-def perturbed(model: GPT, scale: float, seed: int = 1) -> GPT:
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return out
 
 
 def all_completions(prompt: str, max_new: int) -> Generation:
@@ -93,7 +85,7 @@ def test_the_enumeration_is_every_completion_and_sums_to_one():
     gen = all_completions("a", MAX_NEW)
     assert gen.ids.size(0) == 1 + 4 + 4 * 4 * 5  # EOS at 1, at 2, or 3 tokens (the third anything)
     assert len({tuple(r) for r in gen.ids.tolist()}) == gen.ids.size(0)
-    for model in (tiny_gpt(), perturbed(tiny_gpt(), 0.1)):
+    for model in (tiny_gpt(), perturbed(tiny_gpt(), 0.1, seed=1)):
         assert abs(sequence_logp(model, gen).exp().sum().item() - 1) < 1e-5
 
 
@@ -117,7 +109,7 @@ def test_expectation_under_the_reference_equals_the_sequence_kl_by_enumeration()
     """E_{x~π_ref}[Σ_t KL(π_ref(·|x_<t) ‖ π_θ(·|x_<t))] = KL(π_ref‖π_θ) over whole completions (chain rule),
     with every completion weighted by its exact π_ref probability."""
     ref = tiny_gpt()
-    policy = perturbed(ref, 0.1)
+    policy = perturbed(ref, 0.1, seed=1)
     for prompt in PROMPTS:
         gen = all_completions(prompt, MAX_NEW)
         anchor = exact_anchor(ref, gen)
@@ -140,7 +132,7 @@ def test_anchor_built_from_reference_samples_estimates_the_sequence_kl_within_it
     """build_anchor samples from π_ref: the anchor loss over its rows is a Monte Carlo estimate of the
     (prompt-averaged) sequence KL, within 4 standard errors."""
     ref = tiny_gpt()
-    policy = perturbed(ref, 0.1)
+    policy = perturbed(ref, 0.1, seed=1)
     per_prompt = 2000
     anchor = build_anchor(ref, TOK, PROMPTS, per_prompt, MAX_NEW, torch.Generator().manual_seed(1))
     M = anchor.gen.ids.size(0)
@@ -175,7 +167,7 @@ def test_anchor_built_from_reference_samples_estimates_the_sequence_kl_within_it
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
 def test_one_small_gradient_step_moves_the_policy_towards_the_reference(direction):
     ref = tiny_gpt()
-    policy = perturbed(ref, 0.1).train()
+    policy = perturbed(ref, 0.1, seed=1).train()
     anchor = build_anchor(ref, TOK, PROMPTS, 200, MAX_NEW, torch.Generator().manual_seed(3))
     rows = torch.arange(anchor.gen.ids.size(0))
     kl_before = sequence_kl(ref, policy)
@@ -201,7 +193,7 @@ def model_logits(model: GPT, gen: Generation) -> torch.Tensor:
 
 def test_positions_after_the_end_token_contribute_nothing():
     ref = tiny_gpt()
-    policy = perturbed(ref, 0.1).train()
+    policy = perturbed(ref, 0.1, seed=1).train()
     anchor = build_anchor(ref, TOK, PROMPTS, 32, 6, torch.Generator().manual_seed(4))
     mask = anchor.gen.completion_mask
     assert (~mask).any() and mask.all(1).any(), "the test needs rows that ended early and rows that did not"
@@ -231,7 +223,7 @@ def test_positions_after_the_end_token_contribute_nothing():
 
 def test_reverse_direction_is_the_policy_to_reference_kl_at_each_position():
     ref = tiny_gpt()
-    policy = perturbed(ref, 0.1)
+    policy = perturbed(ref, 0.1, seed=1)
     anchor = build_anchor(ref, TOK, PROMPTS, 8, MAX_NEW, torch.Generator().manual_seed(6))
     rows = torch.tensor([1, 2, 9, 14])
     with torch.no_grad():
@@ -259,7 +251,7 @@ def test_state_dict_round_trips_through_a_safe_torch_load(tmp_path):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and torch.equal(x, y), f"{name} changed in the round trip"
     assert torch.equal(anchor.ref_logits, back.ref_logits)
-    policy = perturbed(ref, 0.1)
+    policy = perturbed(ref, 0.1, seed=1)
     rows = torch.tensor([0, 3, 8, 15])
     with torch.no_grad():
         assert anchor_loss(policy, anchor, rows).item() == anchor_loss(policy, back, rows).item()

@@ -18,17 +18,10 @@ from minigrpo.checkpoint import read_checkpoint, save_checkpoint
 from minigrpo.cli import UsageError, main_guard, prepare_out, release_out, write_json
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.tokenizer import CharTokenizer
+from conftest import one_line_error
 
 TINY = ["--steps", "2", "--n-lines", "200", "--n-embd", "8", "--n-head", "1", "--n-layer", "1", "--batch-size", "8",
         "--eval-every", "1", "--ckpt-every", "1", "--warmup", "1"]
-
-
-def one_line_error(main, argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 def old_run(folder):
