@@ -58,15 +58,19 @@ def figures(folder: Path) -> dict:
             "kl_exact": next((r["kl_exact"] for r in reversed(rows) if r.get("kl_exact") is not None), None)}
 
 
-def passes(f: dict) -> bool:
-    """Every bar of the module docstring (drift bars only where the task has off-target prompts)."""
-    if "error" in f:
-        return False
-    ok = f["final"] >= BARS["final"] and f["peak_malformed"] <= BARS["peak_malformed"] and \
-        f["malformed"] <= BARS["malformed"] and f["wall"] <= BARS["wall"]
-    if f["worst_drift"] is not None:
-        ok = ok and f["peak_worst_drift"] <= BARS["peak_worst_drift"] and f["worst_drift"] <= BARS["worst_drift"]
+def quality_ok(final: float, peak_malformed: float, malformed: float, peak_drift, drift) -> bool:
+    """The quality bars of the module docstring; the drift bars only where the task has off-target
+    prompts (drift None or NaN: it has none). Used by bench and by compare's table."""
+    ok = final >= BARS["final"] and peak_malformed <= BARS["peak_malformed"] and malformed <= BARS["malformed"]
+    if drift is not None and drift == drift:
+        ok = ok and peak_drift <= BARS["peak_worst_drift"] and drift <= BARS["worst_drift"]
     return ok
+
+
+def passes(f: dict) -> bool:
+    """Every bar of the module docstring: the quality bars and the whole-process time."""
+    return "error" not in f and f["wall"] <= BARS["wall"] and \
+        quality_ok(f["final"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
 
 
 def run_all(jobs: list[tuple[str, list[str], Path]], n_jobs: int) -> dict[str, dict]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench_rl import BARS
+from minigrpo.bench_rl import quality_ok
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
 from minigrpo.rl_config import default_out
@@ -142,12 +142,8 @@ def curves(folder: Path) -> dict:
 
 
 def within_bars(f: dict) -> bool:
-    """The quality bars of bench_rl.BARS on a run's final figures and peaks (drift where the task has it)."""
-    ok = f["target_rate"] >= BARS["final"] and f["peak_malformed"] <= BARS["peak_malformed"] and \
-        f["malformed"] <= BARS["malformed"]
-    if f["worst_drift"] == f["worst_drift"]:  # not NaN: the task has off-target prompts
-        ok = ok and f["peak_worst_drift"] <= BARS["peak_worst_drift"] and f["worst_drift"] <= BARS["worst_drift"]
-    return ok
+    """bench_rl's quality bars on a run's final figures and peaks."""
+    return quality_ok(f["target_rate"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
 
 
 def first_reaching(c: dict, level: float, key: str):

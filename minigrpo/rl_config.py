@@ -87,13 +87,9 @@ def check_rl_config(cfg: RLConfig) -> None:
     for name in ("warmup", "plateau", "ref_update_every", "trust_region", "trust_region_anchor"):
         need(getattr(cfg, name) >= 0, name, ">= 0")
     need(finite(cfg.lr) and 0 < cfg.lr <= 1, "lr", "a number in (0, 1]")
-    need(finite(cfg.temperature) and cfg.temperature >= 1e-3, "temperature", "a finite number >= 0.001")
-    need(finite(cfg.grad_clip) and cfg.grad_clip >= 0, "grad_clip", "a finite number >= 0 (0 = off)")
-    need(finite(cfg.preserve_coef) and cfg.preserve_coef >= 0, "preserve_coef", "a finite number >= 0")
-    need(finite(cfg.goal) and 0 <= cfg.goal <= 1, "goal", "in [0, 1] (0 = no goal)")
-    for name in ("goal_malformed", "goal_drift"):
-        need(finite(getattr(cfg, name)) and 0 <= getattr(cfg, name) <= 1, name, "in [0, 1]")
-    need(cfg.unfinished_reward is None or finite(cfg.unfinished_reward), "unfinished_reward", "a finite number")
+    check_ranges(cfg, {"temperature": (1e-3, None), "grad_clip": (0, None), "preserve_coef": (0, None),
+                       "goal": (0, 1), "goal_malformed": (0, 1), "goal_drift": (0, 1),
+                       "unfinished_reward": (None, None)})
     if cfg.group_size < 2:
         raise UsageError(f"--group-size must be >= 2 (group baselines need two samples), got {cfg.group_size}")
 
@@ -127,7 +123,8 @@ def check_ranges(cfg, ranges: dict) -> None:
         if not ok:
             allowed = " and ".join(x for x in (f">= {low:g}" if low is not None else "",
                                                f"<= {high:g}" if high is not None else "") if x)
-            raise UsageError(f"--{name.replace('_', '-')} must be a finite number {allowed}, got {value!r}")
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number{' ' + allowed if allowed else ''}, "
+                             f"got {value!r}")
 
 
 def default_out(cfg, algo_name: str) -> str:
