@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ import torch
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out, setup_runtime
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
-from minigrpo.bench_rl import ROW_HEADER, passes, rarest_foods, run_all, seed_row, write_rare_reward
+from minigrpo.bench_rl import ROW_HEADER, passes, rarest_foods, run_all, run_module, seed_row, write_rare_reward
 from minigrpo.sampling import generate
 from toy_tasks import default_pretrain_dir, get_task
 
@@ -111,15 +110,11 @@ def bench_threads(device) -> str:
 
 
 def _run_cli(args: list[str]) -> tuple[float, str]:
-    """Run `python -m minigrpo.<args>` as a whole process; -> (wall seconds, output)."""
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    wall = time.perf_counter() - t
-    if p.returncode != 0:
-        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode
-        raise RuntimeError(f"{' '.join(args)} failed: {last}")
-    return wall, p.stdout
+    """Run `python -m minigrpo.<args>` as a whole process; -> (wall seconds, output); RuntimeError if it fails."""
+    wall, error, out = run_module(args, os.environ.get("OMP_NUM_THREADS", "1"))
+    if error:
+        raise RuntimeError(f"{' '.join(args)} failed: {error}")
+    return wall, out
 
 
 def bench_pretrain(out: Path, task: str) -> str:

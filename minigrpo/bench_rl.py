@@ -29,18 +29,25 @@ BARS = {"final": 0.95, "peak_malformed": 0.02, "peak_worst_drift": 0.05, "malfor
         "wall": 30.0}
 
 
+def run_module(args: list[str], omp_threads: str = "1") -> tuple[float, str | None, str]:
+    """Run `python -m <args>` as a whole process (bench, compare); -> (wall seconds, its last error line
+    or None if it exited 0, its stdout)."""
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": omp_threads})
+    wall = time.perf_counter() - t
+    if p.returncode == 0:
+        return wall, None, p.stdout
+    lines = (p.stderr or p.stdout).strip().splitlines()
+    return wall, lines[-1] if lines else f"exit code {p.returncode}", p.stdout
+
+
 def run_cli(args: list[str], folder: Path) -> dict:
     """Run `python -m <args> --out folder --quiet --overwrite` as a whole process; -> its figures."""
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", *args, "--out", str(folder), "--quiet", "--overwrite"],
-                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    wall = time.perf_counter() - t
+    wall, error, _ = run_module([*args, "--out", str(folder), "--quiet", "--overwrite"])
     if folder.is_dir():
         (folder / "wall_seconds.txt").write_text(f"{wall:.2f}\n")  # so a table can be rebuilt from the folders
-    if p.returncode != 0:
-        lines = (p.stderr or p.stdout).strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit code {p.returncode}", "wall": wall}
-    return {**figures(folder), "wall": wall}
+    return {"error": error, "wall": wall} if error else {**figures(folder), "wall": wall}
 
 
 def figures(folder: Path) -> dict:

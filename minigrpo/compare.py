@@ -27,14 +27,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench_rl import quality_ok
+from minigrpo.bench_rl import quality_ok, run_module
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
 from minigrpo.rl_config import default_out
@@ -91,12 +90,10 @@ def run_one(args) -> tuple[str, int, str | None]:
         shutil.rmtree(folder)  # a run of another command, or an unfinished one: this command reruns it
     folder.mkdir(parents=True)
     stamp.write_text(json.dumps(cmd[1:]))
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if p.returncode != 0:
+    _, error, _ = run_module(cmd[2:])  # cmd is [python, "-m", module, ...]
+    if error:
         (folder / "summary.json").unlink(missing_ok=True)
-        lines = (p.stderr or p.stdout).strip().splitlines()
-        return algo, seed, lines[-1] if lines else f"exit code {p.returncode}"
-    return algo, seed, None
+    return algo, seed, error
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> None:

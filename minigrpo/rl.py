@@ -108,7 +108,7 @@ class Run:
         self.out = prepare_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume is not None)
         self.gens = {name: torch.Generator(device=self.device if where == "device" else "cpu")
                      .manual_seed(purpose_seed(cfg.seed, name)) for name, where in GENERATORS.items()}
-        self.step, self.anchor, self.baseline = 0, None, None
+        self.step, self.anchor, self.baseline, self.anchor_probe = 0, None, None, None
         self.rewards_window: list[float] = []  # the last 10 steps' mean rewards (for reward_rolling)
         self.stop_rule = StopRule(cfg.goal, cfg.goal_patience, cfg.plateau, cfg.goal_malformed, cfg.goal_drift)
         self.peaks = Peaks()
@@ -140,11 +140,14 @@ class Run:
     def probes(self, batch) -> list:
         """What the step's trust region measures (trust_region.py): the rollout, the anchor set."""
         out = [("rollout", batch.gen, self.cfg.trust_region, 1)] if self.cfg.trust_region > 0 else []
-        if self.anchor is not None and self.cfg.trust_region_anchor > 0:  # a quarter of each person's rows
-            people, per = len(self.task.anchor_prompts(self.cfg)), self.cfg.preserve_per_prompt
-            rows = torch.tensor([i * per + j for i in range(people) for j in range(max(1, per // 4))],
-                                device=self.device)
-            out.append(("anchor", self.anchor.gen.select(rows), self.cfg.trust_region_anchor, people))
+        if self.anchor is not None and self.cfg.trust_region_anchor > 0:
+            if self.anchor_probe is None:  # a quarter of each person's anchor rows, chosen once
+                people, per = len(self.task.anchor_prompts(self.cfg)), self.cfg.preserve_per_prompt
+                rows = torch.tensor([i * per + j for i in range(people) for j in range(max(1, per // 4))],
+                                    device=self.device)
+                self.anchor_probe = (self.anchor.gen.select(rows), people)
+            gen, people = self.anchor_probe
+            out.append(("anchor", gen, self.cfg.trust_region_anchor, people))
         return out
 
     def anchor_term(self) -> torch.Tensor | None:
