@@ -26,7 +26,7 @@ def test_help_shows_each_default_once(capsys):
         assert "(default: None)" not in text, text
         for flag_help in text.split(" --")[1:]:
             assert flag_help.count("default") <= 1, flag_help
-    assert "optimiser steps (default: 600)" in texts[pretrain]
+    assert "optimiser steps (default: 500)" in texts[pretrain]
     assert "(default runs/<algo>-<reward>) --" in texts[grpo]
 
 
