@@ -8,6 +8,14 @@ from hypothesis import settings
 
 torch.set_num_threads(1)
 
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_cuda(request, monkeypatch):
+    """The suite runs on the CPU wherever it runs: a run's --device auto resolves to the CPU (tests compare
+    numbers across runs and build CPU tensors), except in tests marked `cuda`, which skip without a GPU."""
+    if request.node.get_closest_marker("cuda") is None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 SET = settings(deadline=None, max_examples=40, derandomize=True)  # the property tests' hypothesis budget
 NAN = float("nan")
 
@@ -19,7 +27,7 @@ def tiny_pretrained(tmp_path_factory):
     from minigrpo.pretrain import PretrainConfig, train
 
     out = tmp_path_factory.mktemp("pretrain")
-    train(PretrainConfig(out=str(out), steps=250, batch_size=64, n_embd=32, n_head=2, lr=1e-2,
+    train(PretrainConfig(out=str(out), device="cpu", steps=250, batch_size=64, n_embd=32, n_head=2, lr=1e-2,
                          n_lines=1600, eval_every=250, ckpt_every=250), log=lambda *a: None)
     model, tok, _ = load_checkpoint(out / "model.pt")
     return out / "model.pt", model, tok

@@ -96,7 +96,9 @@ def test_updates_one_gives_ratio_exactly_one(tiny_pretrained):
     assert stats["ratio_mean"] == 1.0 and stats["ratio_max"] == 1.0
     assert stats["clip_frac_low"] == 0 and stats["clip_frac_high"] == 0
     stats2 = GRPO(fake_run(GRPOConfig(group_size=2, updates=3), model)).update(batch, torch.optim.AdamW(model.parameters(), lr=1e-1))
-    assert stats2["ratio_max"] > 1.0, "with μ > 1 the later updates must see a ratio away from 1"
+    # away from 1 in either direction: which way depends on the two sampled completions (machine-dependent)
+    assert abs(stats2["ratio_max"] - 1.0) > 1e-4 or abs(stats2["ratio_mean"] - 1.0) > 1e-4, \
+        f"with μ > 1 the later updates must see a ratio away from 1, got {stats2}"
 
 
 def test_old_logprobs_from_the_first_update_equal_a_separate_forward(tiny_pretrained):

@@ -1,6 +1,7 @@
 """The shared run loop (rl.py): evaluation, stop rule, generators, resume after a stop."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -56,11 +57,23 @@ def test_generators_live_on_the_run_device_and_differ_by_purpose(tmp_path, tiny_
     assert len(set(firsts.values())) == len(firsts), "two purposes share one random stream"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_rl_runs_on_cuda(tmp_path, tiny_pretrained):
+def test_grpo_and_ppo_run_on_cuda_and_their_exact_figures_match_the_cpu(tmp_path, tiny_pretrained):
+    from minigrpo.ppo import PPOConfig, train as train_ppo
     init, _, _ = tiny_pretrained
-    summary = train(cfg_for(tmp_path, init, device="cuda", steps=2))
-    assert summary["step"] == 2
+    for name, make, trainer in (("grpo", GRPOConfig, train), ("ppo", PPOConfig, train_ppo)):
+        base = dict(init=str(init), steps=2, prompts_per_step=2, group_size=4, max_new_tokens=12, quiet=True,
+                    preserve_per_prompt=4, preserve_batch=8, goal=0.0)
+        gpu = trainer(make(**base, out=str(tmp_path / f"{name}-cuda"), device="cuda"))
+        assert gpu["step"] == 2, name
+        assert all(math.isfinite(gpu[k]) for k in ("target_rate", "exact_reward", "malformed", "worst_drift")), gpu
+        # step 0's exact evaluation is the same model on both devices: equal to float tolerance
+        first = lambda out: json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])
+        cpu_run = trainer(make(**{**base, "steps": 1}, out=str(tmp_path / f"{name}-cpu"), device="cpu"))
+        assert cpu_run["step"] == 1
+        a, b = first(f"{name}-cuda"), first(f"{name}-cpu")
+        assert abs(a["target_rate"] - b["target_rate"]) < 1e-4 and abs(a["malformed"] - b["malformed"]) < 1e-4, (a, b)
 
 
 def test_a_run_stops_at_its_goal_and_says_why(tmp_path, tiny_pretrained):
