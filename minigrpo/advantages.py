@@ -2,6 +2,7 @@
 
     group_advantages    GRPO's group-normalised outcome advantage (DeepSeekMath 2402.03300 §4.1.2)
     rloo_advantages     REINFORCE leave-one-out baseline (RLOO: Kool et al. 2019; Ahmadian et al. 2402.14740)
+    batch_scaled        already-centred advantages divided by their batch std (REINFORCE++, 2501.03262)
     gae                 generalised advantage estimation for PPO (Schulman et al. 2015, 1506.02438 §3)
     whiten              masked normalisation to mean 0, variance 1 (PPO's advantage whitening)
     explained_variance  how much of the returns' variance the critic explains (a PPO diagnostic)
@@ -10,8 +11,9 @@ Defaults and departures:
   - The group std is Bessel-corrected (÷(G−1)), as in the paper's code and TRL; `unbiased=False` gives
     the population std that several teaching notebooks use (the worked example in the tests shows both).
   - ε = 1e-4 is added to the std (TRL's value; the paper writes no ε, `eps=0` restores it; verl uses 1e-6).
-  - `scale="none"` drops the division (Dr. GRPO 2503.20783 §3.1); `scale="batch"` divides by one std
-    over the whole batch (TRL `scale_rewards="batch"`, REINFORCE++ 2501.03262).
+  - `scale="none"` drops the division (Dr. GRPO 2503.20783 §3.1); `scale="batch"` divides the group-centred
+    rewards by the std of the RAW rewards over the whole batch (TRL `scale_rewards="batch"`). REINFORCE++
+    (2501.03262) divides the centred values by THEIR batch std instead: `batch_scaled`, for any baseline.
   - A group whose rewards are all equal gets exactly 0 and a group of one gets 0 (the paper is silent).
   - GAE does not bootstrap past the last valid token: the completion ended there (γ = 1, λ = 0.95 are the
     usual LM values; verl defaults to λ = 1).
@@ -92,6 +94,18 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return torch.where(equal, torch.zeros_like(adv), adv)
 
 
+def batch_scaled(adv: torch.Tensor, unbiased: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """A / (std(A) + ε) with ONE std over every entry of A (any shape -> the same shape).
+
+    For advantages already centred by a baseline (batch mean, leave-one-out, group mean): REINFORCE++
+    normalises them over the global batch (2501.03262 §3.2; OpenRLHF's reinforce_plus_plus). Unlike
+    `whiten`, the mean is not removed again. Bessel or population std as in `group_advantages`; all-equal
+    advantages (std 0) come back divided by ε alone, so all-zero advantages stay exactly 0.
+    """
+    std = _std(adv.double().reshape(1, -1), (1,), unbiased)  # (1, 1)
+    return (adv.double() / (std.reshape(()) + eps)).to(adv.dtype)
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2015, 1506.02438 eq. 16) per completion token.
@@ -132,20 +146,18 @@ def _masked_mean_var(x: torch.Tensor, mask: torch.Tensor):
     return xv, dev, mean, var
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """x -> (x − μ)/σ over the valid entries (x and mask of any equal shape); masked positions -> 0.
 
     μ and σ² are the masked mean and POPULATION variance, so the output has masked mean 0 and masked
-    variance exactly 1 (÷n; TRL's masked_whiten uses ÷(n−1)). shift_mean=False returns x/σ: the
-    scale is normalised, the mean is not removed (used to rescale already-centred advantages).
-    A std ≤ eps (one valid entry, all entries equal) is not divided by: the output stays finite,
-    (x − μ) = 0 with shift_mean, x unchanged without.
+    variance exactly 1 (÷n; TRL's and verl's masked_whiten use ÷(n−1)). Their `shift_mean=False` returns
+    (x − μ)/σ + μ; minigrpo has no such flag (to rescale already-centred advantages: `batch_scaled`).
+    A std ≤ eps (one valid entry, all entries equal) is not divided by: the output stays finite, (x − μ) = 0.
     """
-    xv, dev, _, var = _masked_mean_var(x, mask)
+    _, dev, _, var = _masked_mean_var(x, mask)
     std = var.sqrt()
     std = torch.where(std > eps, std, torch.ones_like(std))
-    out = dev if shift_mean else xv
-    return torch.where(mask, out / std, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(mask, dev / std, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 @torch.no_grad()

@@ -135,7 +135,8 @@ def bench_pretrain(out: Path, task: str, seeds: int) -> str:
         rows.append([label, f"{sum(r['ok'] for r in rep)}/{seeds}", med([f["wall"] for f in figs], "{:.1f}"),
                      med([f["train_seconds"] for f in figs], "{:.1f}"),
                      med([100 * f["val_over_floor"] for f in figs], "+{:.2f}%"),
-                     med([r.get("worst_tv") for r in rep], "{:.4f}"), med([r.get("worst_malformed") for r in rep], "{:.4f}")])
+                     med([r.get("worst_tv") for r in rep], "{:.4f}"),
+                     med([r.get("worst_malformed") for r in rep], "{:.4f}")])
     return table(f"pretrain: `python -m minigrpo.pretrain --task {task}`, seeds 0-{seeds - 1}, one process at a time "
                  f"(median (min-max))", ["run", "quality bar", "whole process s", "training s", "val loss over floor",
                                          "worst TV to truth", "worst malformed"], rows)

@@ -50,12 +50,18 @@ def run_cli(args: list[str], folder: Path) -> dict:
     return {"error": error, "wall": wall} if error else {**figures(folder), "wall": wall}
 
 
+def first_reaching(xs: list, targets: list, level: float):
+    """The x (step, seconds, tokens) of the first evaluation whose exact target rate is >= level; None if never."""
+    return next((x for x, t in zip(xs, targets) if t >= level), None)
+
+
 def figures(folder: Path) -> dict:
     """A finished run's figures from its metrics.jsonl and summary.json."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [r for r in rows if r.get("target_rate") is not None]
     summary = json.loads((folder / "summary.json").read_text())
-    first = {lvl: next((r["step"] for r in evals if r["target_rate"] >= lvl), None) for lvl in (0.9, 0.95)}
+    steps, targets = [r["step"] for r in evals], [r["target_rate"] for r in evals]
+    first = {lvl: first_reaching(steps, targets, lvl) for lvl in (0.9, 0.95)}
     return {"final": summary["target_rate"], "exact_reward": summary["exact_reward"], "steps": summary["step"],
             "stop": summary["stop_reason"].split()[0], "to_090": first[0.9], "to_095": first[0.95],
             "malformed": summary["malformed"], "worst_drift": summary.get("worst_drift"),

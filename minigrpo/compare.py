@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench_rl import quality_ok, run_module
+from minigrpo.bench_rl import first_reaching, quality_ok, run_module
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
 from minigrpo.rl_config import default_out
@@ -143,10 +143,6 @@ def within_bars(f: dict) -> bool:
     return quality_ok(f["target_rate"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
 
 
-def first_reaching(c: dict, level: float, key: str):
-    return next((x for x, t in zip(c[key], c["target"]) if t >= level), None)
-
-
 def summarise(values: list) -> str:
     got = [v for v in values if v is not None]
     if not got:
@@ -187,7 +183,7 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
         f = [c["final"] for c in runs]
         row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
                f"{sum(map(within_bars, f))}/{len(f)}", summarise([x["steps"] for x in f]),
-               *[summarise([first_reaching(c, level, key) for c in runs])
+               *[summarise([first_reaching(c[key], c["target"], level) for c in runs])
                  for level in (0.9, 0.95) for key in ("steps", "secs")],
                *[summarise([x[k] for x in f]) for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
                                                         "peak_worst_drift", "malformed", "peak_malformed")]]

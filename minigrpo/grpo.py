@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.advantages import equal_groups, group_advantages, rloo_advantages, whiten
+from minigrpo.advantages import batch_scaled, equal_groups, group_advantages, rloo_advantages
 from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import ESTIMATORS, exact
 from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
@@ -122,8 +122,8 @@ def advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
         adv = rewards - rewards.mean()
     if cfg.adv_scale == "none":
         return adv
-    if cfg.adv_scale == "batch":
-        return whiten(adv[:, None], torch.ones_like(adv[:, None], dtype=torch.bool), shift_mean=False).flatten()
+    if cfg.adv_scale == "batch":  # REINFORCE++: the centred advantages over their batch std
+        return batch_scaled(adv, unbiased, cfg.adv_eps)
     raise UsageError(f"--adv-scale group needs --baseline group (got --baseline {cfg.baseline}); use batch or none")
 
 
@@ -176,7 +176,6 @@ class GRPO:
             logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
                 batch.old_logp = logp.detach()
-            ent = entropy(logits)
             if fork is None:  # once per rollout, from π_ref's entropies
                 fork = forking_token_mask(entropy(batch.ref_logits), mask, cfg.fork_entropy) \
                     if cfg.fork_entropy else mask
@@ -184,6 +183,7 @@ class GRPO:
                                           cfg.dual_clip, cfg.ratio)
             policy_loss = aggregate(per_token, mask, cfg.loss_agg, cfg.max_new_tokens)
             kl_tok = kl_per_token(logp, batch.ref_logp, logits, batch.ref_logits, cfg.kl)
+            ent = entropy(logits)
             loss = policy_loss
             if cfg.beta > 0 and cfg.kl_in == "loss":
                 loss = loss + cfg.beta * aggregate(kl_tok, mask, cfg.loss_agg, cfg.max_new_tokens)
@@ -192,22 +192,25 @@ class GRPO:
             anchor = self.run.anchor_term()
             if anchor is not None:
                 loss = loss + anchor
-            s = surrogate_stats(logp, batch.old_logp, adv[:, None], mask, cfg.clip_low, cfg.clip_high, cfg.ratio)
-            with torch.no_grad():
-                step_stats = {
-                    "policy_loss": policy_loss.item(), "loss": loss.item(),
-                    f"kl_{cfg.kl}": aggregate(kl_tok, mask, "token-mean").item(),
-                    "kl_exact": aggregate(kl_tok if cfg.kl == "exact" else exact(logits, batch.ref_logits), mask,
-                                          "token-mean").item(),
-                    "entropy": aggregate(ent, mask, "token-mean").item(),
-                    **({"preserve_loss": anchor.item()} if anchor is not None else {}),
-                }
             if i > 0 or cfg.updates == 1:  # the first of μ > 1 updates has ρ ≡ 1: it would halve what the clip saw
+                s = surrogate_stats(logp, batch.old_logp, adv[:, None], mask, cfg.clip_low, cfg.clip_high, cfg.ratio)
                 ratio_stats.append({k: v.item() for k, v in s.items()})
-            step_stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
-            per_update.append(step_stats)
+            per_update.append(update_stats(cfg, policy_loss, loss, kl_tok, logits, batch.ref_logits, ent, mask, anchor))
+            per_update[-1]["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
         # losses: the mean over the μ updates; ratio and clip statistics: over updates 2..μ (max ratio: the max)
         return {**stats, **combine_stats(per_update), **combine_stats(ratio_stats)}
+
+
+@torch.no_grad()
+def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, anchor) -> dict:
+    """What one inner update logs: its losses, the KL per token (the chosen estimator's and the exact one)
+    and the entropy, token-means over the completions."""
+    exact_kl = kl_tok if cfg.kl == "exact" else exact(logits, ref_logits)
+    return {"policy_loss": policy_loss.item(), "loss": loss.item(),
+            f"kl_{cfg.kl}": aggregate(kl_tok, mask, "token-mean").item(),
+            "kl_exact": aggregate(exact_kl, mask, "token-mean").item(),
+            "entropy": aggregate(ent, mask, "token-mean").item(),
+            **({"preserve_loss": anchor.item()} if anchor is not None else {})}
 
 
 PANELS = OUTCOME_PANELS + [

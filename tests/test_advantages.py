@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, call, garbage, naive_gae, right_padded
-from minigrpo.advantages import explained_variance, gae, group_advantages, rloo_advantages, whiten
+from minigrpo.advantages import batch_scaled, explained_variance, gae, group_advantages, rloo_advantages, whiten
 
 SCALES = ["group", "batch", "none"]
 
@@ -270,17 +270,29 @@ def test_whiten_gives_masked_mean_zero_and_variance_one_and_ignores_masked_garba
     assert (w[~mask] == 0).all(), f"masked positions must be 0 (garbage leaked): {w.tolist()}"
     assert abs(w[mask].mean()) < 1e-9 and abs(w[mask].var(unbiased=False) - 1) < 1e-9, \
         f"whitened valid entries must have mean 0, variance 1: {w[mask].tolist()} from {x[mask].tolist()}"
-    scaled = call(whiten, x, mask, shape=x.shape, shift_mean=False)
-    assert torch.allclose(scaled[mask], x[mask] / x[mask].std(unbiased=False), atol=1e-9), \
-        "shift_mean=False must return x / σ (scale normalised, mean not removed)"
+
+
+@SET
+@given(distinct(reward_rows(B=(1, 3), G=(2, 6))), st.booleans())
+def test_batch_scaled_divides_by_one_std_over_the_batch_and_keeps_the_mean(rows, unbiased):
+    x = R(rows)
+    scaled = call(batch_scaled, x, unbiased, 0.0, shape=x.shape)
+    std = x.flatten().std(unbiased=unbiased)
+    assert torch.allclose(scaled, x / std, atol=1e-9), \
+        f"batch_scaled must divide every entry by ONE std over the whole batch ({'Bessel' if unbiased else 'population'})"
+    assert torch.allclose(call(batch_scaled, x, unbiased, 0.5), x / (std + 0.5), atol=1e-9), "ε is added to the std"
+
+
+def test_batch_scaled_keeps_all_zero_advantages_exactly_zero():
+    zero = torch.zeros(2, 4)
+    assert torch.equal(batch_scaled(zero), zero), "an all-equal batch has no signal: its advantages must stay 0"
 
 
 def test_whiten_stays_finite_for_one_valid_entry_or_zero_variance():
     x = R([[2.0, float("nan"), 1e4]])
     one = torch.tensor([[True, False, False]])
-    for shift in (True, False):
-        w = whiten(x, one, shift_mean=shift)
-        assert torch.isfinite(w).all(), f"one valid entry gave {w} (shift_mean={shift})"
+    w = whiten(x, one)
+    assert torch.isfinite(w).all(), f"one valid entry gave {w}"
     same = R([[3.0, 3.0, 3.0]])
     w = whiten(same, torch.ones_like(same, dtype=torch.bool))
     assert torch.equal(w, torch.zeros_like(same)), f"zero variance with shift_mean must give 0, got {w}"
