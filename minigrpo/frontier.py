@@ -96,14 +96,14 @@ def reward_span(p_ref: torch.Tensor, r: torch.Tensor) -> float:
 def frontier(p_ref: torch.Tensor, r: torch.Tensor, betas=None) -> dict[str, torch.Tensor]:
     """The exact frontier as points {beta, kl, expected_reward}, each (N,) float64, in order of rising KL.
 
-    betas=None: β = ∞ (KL 0, E_ref[r]), 61 log-spaced β from 1e3·s down to 1e-3·s where s = reward_span
+    betas=None: β = ∞ (KL 0, E_ref[r]), 121 log-spaced β from 1e3·s down to 1e-3·s where s = reward_span
     (1 for a constant reward), and the β → 0 limit (−log P_ref(argmax r), max r). Given betas are sorted
     decreasing. KL and E[r] are then both non-decreasing along the points, and E[r] concave in KL.
     """
     _check(p_ref, r)
     if betas is None:
         span = reward_span(p_ref, r) or 1.0
-        betas = [INF, *torch.logspace(3, -3, 61, dtype=torch.float64).mul(span).tolist(), 0.0]
+        betas = [INF, *torch.logspace(3, -3, 121, dtype=torch.float64).mul(span).tolist(), 0.0]
     beta = _betas(betas).sort(descending=True).values
     out = _solve(p_ref, r, beta)
     return {"beta": beta, "kl": out["kl"], "expected_reward": out["expected_reward"]}
