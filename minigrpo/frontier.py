@@ -162,7 +162,7 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return max(terms.sum().item(), 0.0)
 
 
-REGRET_TOL = 1e-7  # relative to 1 + reward_span: rounding of the bisection, never a real gap
+REGRET_TOL = 1e-9  # × (1 + reward span): the bisection's rounding (measured ≤ 3e-13 on 13 outcomes)
 
 
 def score(p_theta: torch.Tensor, p_ref: torch.Tensor, r: torch.Tensor, beta: float | None = None) -> dict:
