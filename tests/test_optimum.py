@@ -1,0 +1,86 @@
+"""python -m minigrpo.optimum on the tiny pretrained model: the frontier table and figure, --beta in text
+and JSON (checked against minigrpo.frontier on an independently built outcome space), the malformed
+bucket's reward, and one-line refusals of bad input."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import one_line_error
+from minigrpo import frontier as F
+from minigrpo.optimum import MALFORMED, main
+from toy_tasks.food import FOODS, exact_distribution
+
+
+def reference(model, tok, person="ravin"):
+    """π_ref over the 12 foods + the malformed bucket, built here without the CLI's helpers."""
+    dist = exact_distribution(model, tok, person)
+    probs = [dist[f] for f in FOODS]
+    p = torch.tensor([*probs, max(0.0, 1 - sum(probs))], dtype=torch.float64)
+    return p / p.sum()
+
+
+def run(argv, capsys):
+    main(argv)
+    return capsys.readouterr().out
+
+
+def test_the_frontier_table_rises_from_the_reference_to_the_target_and_writes_the_figure(
+        tiny_pretrained, tmp_path, capsys):
+    ckpt, model, tok = tiny_pretrained
+    out = run(["--reward", "pizza", "--init", str(ckpt), "--out", str(tmp_path / "o")], capsys)
+    assert "P(pizza)" in out and "constant off the support; exact" in out, out
+    rows = [line.split() for line in out.splitlines() if line.strip().split(" ")[0] in ("∞", "→")
+            or line.strip()[:1].isdigit()]
+    assert rows[0][0] == "∞" and rows[-1][:2] == ["→", "0"], f"the table runs from β = ∞ to β → 0:\n{out}"
+    rewards = [float(r[-2]) for r in rows]
+    assert rewards == sorted(rewards), f"E[r] must not fall as β falls:\n{out}"
+    p_pizza = reference(model, tok)[FOODS.index("pizza")].item()
+    assert float(rows[0][-1]) == pytest.approx(p_pizza, abs=1e-4), "β = ∞ is π_ref: P(pizza) as pretrained"
+    assert float(rows[-1][-2]) == 1.0 and float(rows[-1][-3]) == pytest.approx(-math.log(p_pizza), abs=1e-4)
+    png = tmp_path / "o" / "frontier.png"
+    assert png.read_bytes()[:4] == b"\x89PNG", "frontier.png must be written into --out"
+
+
+def test_beta_json_is_the_exact_optimum_of_the_reference_over_thirteen_outcomes(tiny_pretrained, tmp_path, capsys):
+    ckpt, model, tok = tiny_pretrained
+    d = json.loads(run(["--reward", "pizza", "--init", str(ckpt), "--beta", "0.1", "--json"], capsys))
+    assert list(d["distribution"]) == [*FOODS, MALFORMED], f"outcomes: {list(d['distribution'])}"
+    assert sum(d["distribution"].values()) == pytest.approx(1, abs=1e-12), "π*_β must sum to 1"
+    p = reference(model, tok)
+    r = torch.tensor([float(f == "pizza") for f in FOODS] + [0.0], dtype=torch.float64)
+    want = F.optimum(p, r, 0.1)
+    got = torch.tensor(list(d["distribution"].values()), dtype=torch.float64)
+    assert torch.allclose(got, want, atol=1e-9), f"--json distribution {got.tolist()} vs frontier.optimum {want}"
+    figures = F.optimum_figures(p, r, 0.1)
+    for key in ("expected_reward", "kl", "log_z"):
+        assert d[key] == pytest.approx(figures[key], abs=1e-9), f"{key}: {d[key]} vs {figures[key]}"
+    assert d["beta"] == 0.1 and d["rewards"][MALFORMED] == 0 and d["malformed_exact"] is True
+
+
+def test_frontier_json_holds_the_points_in_order_of_rising_kl(tiny_pretrained, tmp_path, capsys):
+    ckpt, _, _ = tiny_pretrained
+    d = json.loads(run(["--reward", "graded", "--init", str(ckpt), "--out", str(tmp_path / "g"), "--json"], capsys))
+    pts = d["points"]
+    assert pts[0]["beta"] is None and pts[-1]["beta"] == 0, "β = ∞ (null in JSON) first, the β → 0 limit last"
+    kls = [p["kl"] for p in pts]
+    assert kls == sorted(kls) and pts[-1]["expected_reward"] == 1.0, "KL rises along the points; the end is max r"
+    assert d["rewards"][MALFORMED] == -1 and d["target"] == "pizza", "graded: malformed lines pay −1"
+    assert (tmp_path / "g" / "frontier.png").exists()
+
+
+def test_a_reward_not_constant_off_the_support_is_reported_as_a_bound(tiny_pretrained, capsys):
+    ckpt, _, _ = tiny_pretrained
+    out = run(["--reward", "length", "--init", str(ckpt), "--beta", "1"], capsys)
+    assert "NOT constant off the support" in out and "bound" in out, out
+
+
+@pytest.mark.parametrize("argv", [
+    ["--person", "zed"], ["--reward", "nope"], ["--init", "/nonexistent/model.pt"], ["--beta", "0"],
+    ["--beta", "-1"], ["--beta", "nan"], ["--beta", "inf"], ["--task", "arithmetic"], ["--reward", "regex:("],
+])
+def test_bad_input_is_one_line_and_exit_code_2(tiny_pretrained, argv, capsys):
+    ckpt, _, _ = tiny_pretrained
+    one_line_error(main, ["--init", str(ckpt), *argv], capsys)
