@@ -110,18 +110,22 @@ def frontier(p_ref: torch.Tensor, r: torch.Tensor, betas=None) -> dict[str, torc
 
 
 def _bisect(fn, target: float, scale: float) -> float:
-    """β with fn(β) = target for fn non-increasing in β, by bisection on t = log β (to 1e-13 in t)."""
+    """β with fn(β) = target for fn non-increasing in β; fn maps a (B,) tensor of β to (B,) values. Searched
+    on t = log β, 128 points per round (each round narrows the bracket 128-fold, to 1e-13 in t): the
+    same answer as bisection in a tenth of the calls (a run scores itself this way at every evaluation)."""
+    at = lambda t: fn(_betas(math.exp(t)))[0].item()  # noqa: E731
     t0 = math.log(scale)
     lo, hi = t0 - 7, min(t0 + 7, 700.0)
-    while fn(math.exp(lo)) < target and lo > t0 - 700:  # bracket: fn(e^lo) ≥ target ≥ fn(e^hi)
+    while at(lo) < target and lo > t0 - 700:  # bracket: fn(e^lo) ≥ target ≥ fn(e^hi)
         lo -= 7
-    while fn(math.exp(hi)) > target and hi < min(t0 + 35, 700.0):
+    while at(hi) > target and hi < min(t0 + 35, 700.0):
         hi += 7
-    for _ in range(100):  # 7·2^-100: enough for any bracket; stops early at the width 1e-13
-        if hi - lo <= 1e-13 * max(1.0, abs(lo)):
+    while hi - lo > 1e-13 * max(1.0, abs(lo)):
+        ts = torch.linspace(lo, hi, 129, dtype=torch.float64)
+        k = int((fn(ts.exp()) > target).sum().clamp(1, 128))  # the values above target come first
+        if (ts[k - 1].item(), ts[k].item()) == (lo, hi):  # float resolution reached
             break
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if fn(math.exp(mid)) > target else (lo, mid)
+        lo, hi = ts[k - 1].item(), ts[k].item()
     return math.exp((lo + hi) / 2)
 
 
@@ -134,7 +138,7 @@ def frontier_reward_at(p_ref: torch.Tensor, r: torch.Tensor, kl: float) -> float
     ends = _solve(p_ref, r, _betas([INF, 0.0]))
     if kl <= 0 or kl >= ends["kl"][1].item() or reward_span(p_ref, r) == 0:
         return ends["expected_reward"][0 if kl <= 0 else 1].item()
-    beta = _bisect(lambda b: _solve(p_ref, r, _betas(b))["kl"][0].item(), kl, reward_span(p_ref, r))
+    beta = _bisect(lambda b: _solve(p_ref, r, b)["kl"], kl, reward_span(p_ref, r))
     return _solve(p_ref, r, _betas(beta))["expected_reward"][0].item()
 
 
@@ -150,8 +154,7 @@ def implied_beta(p_ref: torch.Tensor, r: torch.Tensor, expected_reward: float) -
         return INF
     if expected_reward >= ends[1] - tol:
         return 0.0
-    fn = lambda b: _solve(p_ref, r, _betas(b))["expected_reward"][0].item()  # noqa: E731
-    return _bisect(fn, expected_reward, reward_span(p_ref, r))
+    return _bisect(lambda b: _solve(p_ref, r, b)["expected_reward"], expected_reward, reward_span(p_ref, r))
 
 
 def kl(p: torch.Tensor, q: torch.Tensor) -> float:

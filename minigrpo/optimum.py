@@ -34,7 +34,7 @@ from toy_tasks.support import reward_table
 
 MALFORMED = "<malformed>"
 OUTCOMES = [*food.FOODS, MALFORMED]
-MALFORMED_PROBES = ("", "pizzza")  # an empty line and a misspelling: both outside the 12 foods
+MALFORMED_PROBES = food.OFF_SUPPORT_PROBES  # an empty line and a misspelling: both outside the 12 foods
 TABLE_BETAS = [math.inf, 10, 3, 1, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05, 0.03, 0.01, 1e-3, 0.0]
 MARK_SPACING = 0.08  # frontier.png marks a β of TABLE_BETAS only this far (× the β → 0 KL) from the others
 
@@ -70,8 +70,8 @@ def outcome_space(model, tokenizer, reward, person: str) -> tuple[torch.Tensor, 
     probs = [dist[f] for f in food.FOODS]
     p_ref = torch.tensor([*probs, max(0.0, 1.0 - sum(probs))], dtype=torch.float64)
     probes = dict(zip(MALFORMED_PROBES, score(reward, [text] * 2, list(MALFORMED_PROBES), [True, True])))
-    malformed = torch.tensor([min(probes.values())], dtype=torch.float64)
-    r = torch.cat([reward_table(reward, [text], food.support)[0], malformed])
+    table = reward_table(reward, [text], food.support, MALFORMED_PROBES)
+    r = torch.cat([table.support[0], table.off_support])
     return p_ref / p_ref.sum(), r, probes
 
 

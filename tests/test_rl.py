@@ -76,6 +76,17 @@ def test_grpo_and_ppo_run_on_cuda_and_their_exact_figures_match_the_cpu(tmp_path
         assert abs(a["target_rate"] - b["target_rate"]) < 1e-4 and abs(a["malformed"] - b["malformed"]) < 1e-4, (a, b)
 
 
+def test_every_evaluation_lies_under_the_exact_frontier(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    train(cfg_for(tmp_path, init, steps=4, beta=0.1, lr=3e-3))
+    evals = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "regret" in r]
+    assert len(evals) == 5 and evals[-1]["kl_ref"] > 0, "step 0 and every step evaluate; the policy moved"
+    for r in evals:
+        assert r["regret"] >= 0 and r["kl_ref"] >= 0 and r["kl_to_optimum"] >= 0, r
+        assert r["target_rate"] - 1e-12 <= r["pass_at_8"] <= 1, r
+        assert r["implied_beta"] is None or r["implied_beta"] > 0, r  # None: inf in strict JSON (no better than π_ref)
+
+
 def test_a_run_stops_at_its_goal_and_says_why(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     summary = train(cfg_for(tmp_path, init, goal=0.01, goal_patience=2, goal_malformed=1.0, goal_drift=1.0,

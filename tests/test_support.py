@@ -19,6 +19,17 @@ def test_figures_equal_a_hand_computation():
     assert math.isclose(f["exact_reward"], 0.5 + 0.6 + 0.2)
     assert math.isclose(f["off_support"], 0.1) and f["best_reward"] == 2.0
     assert math.isclose(f["target_rate"], 0.4), "ties for the best reward count together"
+    assert math.isclose(f["pass_at_8"], 1 - 0.6 ** 8), "exact pass@8 = 1 − (1 − P(a best completion))^8"
+
+
+def test_the_off_support_reward_is_the_lowest_probe_and_says_whether_the_probes_agree():
+    prompts = [food.prompt("ravin"), food.prompt("jo")]
+    graded = reward_table(make_reward("graded", food.REWARDS), prompts, food.support, food.OFF_SUPPORT_PROBES)
+    assert graded.support.shape == (2, len(food.FOODS)) and graded.off_support.tolist() == [-1.0, -1.0]
+    assert graded.off_constant
+    length = reward_table(make_reward("length", food.REWARDS), prompts, food.support, ("", "pizzza"))
+    assert length.off_support.tolist() == [0.0, 0.0] and not length.off_constant, \
+        "r('') = 0 and r('pizzza') = 6 differ: the off-support value is then only a bound"
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -41,7 +52,7 @@ def test_a_custom_reward_has_the_same_exact_reward_as_the_named_food(tmp_path, t
     prompts = [food.prompt("ravin")]
     named = reward_table(make_reward("food:apple pie", food.REWARDS), prompts, food.support)
     custom = reward_table(make_reward(f"{user}:apple", food.REWARDS), prompts, food.support)
-    assert torch.equal(named, custom)
+    assert torch.equal(named.support, custom.support) and torch.equal(named.off_support, custom.off_support)
     cfg = type("C", (), {"person": "ravin"})()
     ev = food.rl_evaluate(model, tok, food.rl_baseline(model, tok, cfg), cfg, custom)
     exact = food.exact_distribution(model, tok, "ravin")["apple pie"]
@@ -55,9 +66,11 @@ def test_exact_reward_matches_a_sampled_estimate(tiny_pretrained):
     _, model, tok = tiny_pretrained
     reward = make_reward("graded", food.REWARDS)
     cfg = type("C", (), {"person": "ravin"})()
-    table = reward_table(reward, [food.prompt("ravin")], food.support)
+    table = reward_table(reward, [food.prompt("ravin")], food.support, food.OFF_SUPPORT_PROBES)
+    assert table.off_support.tolist() == [-1.0] and table.off_constant
     ev = food.rl_evaluate(model, tok, food.rl_baseline(model, tok, cfg), cfg, table)
     exact = ev["exact_reward"] - ev["off_support"]
+    assert math.isclose(ev["expected_reward"], exact, abs_tol=1e-9), "E[r] over the 13 outcomes counts malformed as −1"
     ids, mask = encode_prompts(tok, [food.prompt("ravin")] * 4000, "cpu")
     gen = generate(model, ids, mask, max_new_tokens=24, generator=torch.Generator().manual_seed(0))
     r = torch.tensor([reward("", c) if done else -1.0

@@ -280,15 +280,15 @@ def rl_baseline(model, tokenizer, cfg) -> None:  # nothing to remember before RL
 support = completions  # toy_tasks/support.py: exact E[r] on these 12; best_reward is a lower bound
 
 
-def rl_evaluate(model, tokenizer, baseline: None, cfg, rewards: torch.Tensor) -> dict:
-    """Exact metrics on PROMPTS (heldout_rate: on HELDOUT), one batched forward: under `rewards` (P, 12)
+def rl_evaluate(model, tokenizer, baseline: None, cfg, rewards) -> dict:
+    """Exact metrics on PROMPTS (heldout_rate: on HELDOUT), one batched forward: under `rewards.support` (P, 12)
     the exact E[r] on the declared support, its best reward and target_rate = P(a best declared
     completion) (for correct+format, P(right, well-formed "v.")); correct_rate = P(the right number in a
     declared writing) and format_rate = P(well-formed v-1, v or v+1), both lower bounds; malformed =
     1 - format_rate, an upper bound (the declared slips and anything off the declared support)."""
     probs = exact_outcomes(model, tokenizer, PROMPTS)
     f = _figures(model, tokenizer, PROMPTS, probs)
-    return {**reward_figures(probs, rewards), "heldout_rate": exact_accuracy(model, tokenizer, HELDOUT),
+    return {**reward_figures(probs, rewards.support), "heldout_rate": exact_accuracy(model, tokenizer, HELDOUT),
             "correct_rate": f["right_number"], "format_rate": f["well_formed"],
             "malformed": max(0.0, 1 - f["well_formed"])}
 

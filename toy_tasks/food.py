@@ -18,6 +18,7 @@ import torch
 
 from minigrpo.logprobs import completion_logprobs
 from toy_tasks import largest_remainder
+from minigrpo import frontier
 from toy_tasks.support import reward_figures
 
 NAME = "food"
@@ -42,6 +43,7 @@ PREFERENCES: dict[str, dict[str, float]] = {
     person: {food: pct / 100 for food, pct in zip(FOODS, row)} for person, row in _PERCENT.items()
 }
 TARGET_PERSON = "ravin"
+OFF_SUPPORT_PROBES = ("", "pizzza")  # malformed completions that value the malformed mass (toy_tasks/support.py)
 
 
 def prompt(person: str) -> str:
@@ -188,15 +190,28 @@ def support(prompt_text: str) -> list[str]:
     return list(FOODS)
 
 
-def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards: torch.Tensor) -> dict:
+def outcomes(dist: dict[str, float]) -> torch.Tensor:
+    """A food distribution as (13,) float64 over the 12 FOODS and the malformed bucket (the rest of the mass)."""
+    p = torch.tensor([dist[f] for f in FOODS], dtype=torch.float64)
+    return torch.cat([p, (1 - p.sum()).clamp(min=0)[None]])
+
+
+def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards) -> dict:
     """Exact metrics in one batched forward pass for all people: on the target person's prompt the
     exact expected reward, the best reward and P(a best food) (`target_rate`, toy_tasks/support.py)
-    under `rewards` (1, 12), the reward of each food; each other person's drift (TV to the pretrained
-    distribution), the worst drift, and the largest malformed mass over all people."""
+    under `rewards.support` (1, 12), the reward of each food; the run scored against the exact
+    KL-regularised optimum over the 13 outcomes (minigrpo/frontier.py: `kl_ref` = KL(π_θ‖π_ref) there,
+    `regret`, `implied_beta`, `kl_to_implied_optimum`, and `kl_to_optimum` at the run's --beta read as a
+    sequence-level β); each other person's drift (TV to the pretrained distribution), the worst drift,
+    and the largest malformed mass over all people."""
     dists = exact_distributions(model, tokenizer)
     probs = torch.tensor([[dists[cfg.person][f] for f in FOODS]])
-    out = reward_figures(probs, rewards)
-    out["best_completions"] = [f for f, r in zip(FOODS, rewards[0].tolist()) if r >= out["best_reward"] - 1e-9]
+    out = reward_figures(probs, rewards.support)
+    out["best_completions"] = [f for f, r in zip(FOODS, rewards.support[0].tolist())
+                               if r >= out["best_reward"] - 1e-9]
+    r = torch.cat([rewards.support[0], rewards.off_support[:1]])
+    beta = getattr(cfg, "beta", 0.0) or None  # β = 0 has no optimum to be near
+    out.update(frontier.score(outcomes(dists[cfg.person]), outcomes(baseline[cfg.person]), r, beta))
     for p in PEOPLE:
         if p != cfg.person:
             out[f"drift_{p}"] = total_variation(dists[p], baseline[p])

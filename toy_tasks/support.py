@@ -9,10 +9,14 @@ probability π(y | x) of each of them. For any reward r(x, y), custom `file.py:f
     best_reward   = mean_x max_{y ∈ S(x)} r(x, y)               the best reward reachable on the support
     target_rate   = mean_x Σ_{y ∈ S(x): r(x,y) = best(x)} π(y|x)  the exact probability of a best completion
 
+    pass_at_8     = mean_x 1 − (1 − P(a best completion | x))^8   exact pass@8 (Chen et al. 2107.03374)
+
 E[r] over all completions is exact_reward + off_support · r̄_off, where r̄_off is the reward averaged over
 the off-support completions (π-weighted): known only where the reward is constant off the support (every
-food reward: 0 for pizza and food:<food>, −1 for graded). The reward is assumed deterministic: it is
-called once per (prompt, completion) pair when the run starts (`reward_table`).
+food reward: 0 for pizza and food:<food>, −1 for graded). `reward_table` probes it on the task's
+OFF_SUPPORT_PROBES (e.g. an empty line and a misspelling) and keeps the lowest value, with a flag saying
+whether the probes agreed (where they do not, every figure that uses it is a bound). The reward is
+assumed deterministic: it is called once per (prompt, completion) pair when the run starts.
 
 target_rate is what a run steers towards without being told what the reward wants: for `food:<f>`
 (or a custom reward that pays 1 for one food) it is exactly P(f); for arithmetic's correct+format it is
@@ -22,27 +26,41 @@ well-formed completion a best one).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from minigrpo.rewards import score
 
 
-def reward_table(reward, prompts: list[str], support) -> torch.Tensor:
-    """(P, K) rewards of each prompt's K support completions; `support(prompt)` lists them. A reward
-    that raises or returns a non-finite value raises RewardError naming the prompt and completion."""
+@dataclass
+class RewardTable:
+    """A reward evaluated once on everything exact evaluation needs."""
+    support: torch.Tensor  # (P, K) float64: r(x, y) for each prompt's K support completions
+    off_support: torch.Tensor  # (P,) float64: the lowest reward of the off-support probes
+    off_constant: bool  # the probes agreed on every prompt (the off-support value is then exact for food rewards)
+
+
+def reward_table(reward, prompts: list[str], support, probes: tuple[str, ...] = ("",)) -> RewardTable:
+    """The reward on each prompt's support completions (`support(prompt)` lists them) and on the off-support
+    `probes`. A reward that raises or returns a non-finite value raises RewardError naming the pair."""
     rows = [support(p) for p in prompts]
     flat = score(reward, [p for p, ys in zip(prompts, rows) for _ in ys], [y for ys in rows for y in ys],
                  [True] * sum(map(len, rows)))
-    return torch.tensor(flat, dtype=torch.float64).view(len(prompts), -1)
+    off = torch.tensor(score(reward, [p for p in prompts for _ in probes], [y for _ in prompts for y in probes],
+                             [True] * len(prompts) * len(probes)), dtype=torch.float64).view(len(prompts), -1)
+    return RewardTable(torch.tensor(flat, dtype=torch.float64).view(len(prompts), -1), off.min(dim=1).values,
+                       bool((off == off[:, :1]).all()))
 
 
 def reward_figures(probs: torch.Tensor, rewards: torch.Tensor, atol: float = 1e-9) -> dict[str, float]:
-    """probs (P, K) exact π(y|x) over each prompt's support, rewards (P, K) -> the module's four figures
+    """probs (P, K) exact π(y|x) over each prompt's support, rewards (P, K) -> the module's figures
     (means over the P prompts)."""
     probs = probs.to(torch.float64)
     best = rewards.max(dim=1, keepdim=True).values  # (P, 1)
-    is_best = rewards >= best - atol
+    p_best = (probs * (rewards >= best - atol)).sum(1)  # (P,) P(a best completion | x)
     return {"exact_reward": (probs * rewards).sum(1).mean().item(),
             "off_support": (1 - probs.sum(1)).clamp(min=0).mean().item(),
             "best_reward": best.mean().item(),
-            "target_rate": (probs * is_best).sum(1).mean().item()}
+            "target_rate": p_best.mean().item(),
+            "pass_at_8": (1 - (1 - p_best).clamp(min=0) ** 8).mean().item()}
