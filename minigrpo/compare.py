@@ -13,11 +13,13 @@ the table and figures (runs of other flags are left out, never mixed in).
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
-  frontier.png  final exact expected reward (toy_tasks/support.py) against exact KL to π_ref, and
-                against the worst other-person drift
+  frontier.png  food: each run's final E[r] against its exact KL(π_θ‖π_ref) over the target prompt's 13
+                outcomes, above the EXACT reward–KL frontier (minigrpo/frontier.py: no policy can lie above
+                it); and E[r] against the worst other-person drift
   table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and 0.95, final
                 target rate and exact E[r], exact KL, worst drift and malformed mass at the end and at
-                their peak over every evaluated step
+                their peak over every evaluated step; food: the regret to the frontier, the implied β, the
+                KL to the optimum of equal reward and to the optimum of the run's own β; exact pass@8
 """
 
 from __future__ import annotations
@@ -133,9 +135,29 @@ def curves(folder: Path) -> dict:
     # the last value of each metric (a step that skipped its update, e.g. DAPO's, logs no KL)
     out["final"] = {k: next((r[k] for r in reversed(rows) if r.get(k) is not None), float("nan"))
                     for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift", "malformed",
-                              "peak_worst_drift", "peak_malformed")}
+                              "peak_worst_drift", "peak_malformed", *OPTIMUM_KEYS, "expected_reward")}
+    if rows and "implied_beta" in rows[-1] and rows[-1]["implied_beta"] is None:  # strict JSON's inf
+        out["final"]["implied_beta"] = float("inf")
     out["final"]["steps"] = rows[-1]["step"] if rows else float("nan")
     return out
+
+
+OPTIMUM_KEYS = ("kl_ref", "regret", "implied_beta", "kl_to_implied_optimum", "kl_to_optimum", "pass_at_8")
+
+
+def exact_frontier(passthrough: list[str], reward: str | None):
+    """The food task's exact frontier {kl, expected_reward} for the runs' person, reward and --init; None
+    for another task."""
+    from minigrpo.optimum import OptimumConfig, load_problem
+    from minigrpo import frontier
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name, default in (("--task", "food"), ("--person", "ravin"), ("--init", "runs/pretrain/model.pt")):
+        pre.add_argument(name, default=default)
+    a = pre.parse_known_args(passthrough)[0]
+    if a.task != "food":
+        return None
+    p_ref, r, _ = load_problem(OptimumConfig(reward=reward or "pizza", person=a.person, init=a.init))
+    return frontier.frontier(p_ref, r)
 
 
 def within_bars(f: dict) -> bool:
@@ -153,15 +175,17 @@ def summarise(values: list) -> str:
     return f"{med:.3g}{spread}{missing}"
 
 
-def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
+def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
     lines = ["| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 "
-             "| final target | final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| final target | final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |"
+             + (" KL(π‖π_ref), 13 outcomes | regret | implied β | KL to π* of equal E[r] | KL to π*_β, own β | pass@8 |"
+                if curve is not None else ""),
+             "|---" * (15 + 6 * (curve is not None)) + "|"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     fig2, axes2 = plt.subplots(1, 2, figsize=(11, 3.8))
     fig.suptitle(f"{title}\nexact target rate, mean and min–max over seeds", fontsize=9)
@@ -177,23 +201,29 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str) -> None:
                 ax.plot(xs, ys.mean(0), color=color, label=algo)
                 ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
                 ax.set_xlabel(label)
-            for ax, key in ((axes2[0], "kl_exact"), (axes2[1], "worst_drift")):
-                ax.scatter([c["final"][key] for c in runs], [c["final"]["exact_reward"] for c in runs], color=color,
-                           label=algo)
+            for ax, key in ((axes2[0], "kl_ref" if curve is not None else "kl_exact"), (axes2[1], "worst_drift")):
+                y = "expected_reward" if curve is not None else "exact_reward"
+                ax.scatter([c["final"][key] for c in runs], [c["final"][y] for c in runs], color=color, label=algo)
         f = [c["final"] for c in runs]
         row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
                f"{sum(map(within_bars, f))}/{len(f)}", summarise([x["steps"] for x in f]),
                *[summarise([first_reaching(c[key], c["target"], level) for c in runs])
                  for level in (0.9, 0.95) for key in ("steps", "secs")],
                *[summarise([x[k] for x in f]) for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
-                                                        "peak_worst_drift", "malformed", "peak_malformed")]]
+                                                        "peak_worst_drift", "malformed", "peak_malformed",
+                                                        *(OPTIMUM_KEYS if curve is not None else ()))]]
         lines.append("| " + " | ".join(row) + " |")
     for ax in axes:
         ax.set_ylabel("exact target rate (higher is better)")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    axes2[0].set_xlabel("exact KL to π_ref per token (lower = closer)")
+    if curve is not None:
+        axes2[0].plot(curve["kl"], curve["expected_reward"], color="black", lw=1, zorder=0,
+                      label="exact frontier (no policy above it)")
+        axes2[0].set_xlim(0, 1.15 * max([c["final"]["kl_ref"] for runs in results.values() for c in runs] + [0.1]))
+    axes2[0].set_xlabel("exact KL(π‖π_ref) over the target prompt's outcomes" if curve is not None
+                        else "exact KL to π_ref per token (lower = closer)")
     axes2[1].set_xlabel("worst other-person drift, TV (lower is better)")
     for ax in axes2:
         ax.set_ylabel("final exact expected reward (higher is better)")
@@ -258,7 +288,7 @@ def main(argv=None):
             results[algo] = [curves(f) for f in same]
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
-    write_outputs(out, results, errors, title)
+    write_outputs(out, results, errors, title, exact_frontier(passthrough, cfg.reward))
     print((out / "table.md").read_text())
     print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'}")
     if errors:
