@@ -147,16 +147,19 @@ OPTIMUM_KEYS = ("kl_ref", "regret", "implied_beta", "kl_to_implied_optimum", "kl
 
 def exact_frontier(passthrough: list[str], reward: str | None):
     """The food task's exact frontier {kl, expected_reward} for the runs' person, reward and --init; None
-    for another task."""
-    from minigrpo.optimum import OptimumConfig, load_problem
+    for another task, or where the reward fails (the runs then say why)."""
     from minigrpo import frontier
+    from minigrpo.optimum import OptimumConfig, load_problem
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name, default in (("--task", "food"), ("--person", "ravin"), ("--init", "runs/pretrain/model.pt")):
         pre.add_argument(name, default=default)
     a = pre.parse_known_args(passthrough)[0]
     if a.task != "food":
         return None
-    p_ref, r, _ = load_problem(OptimumConfig(reward=reward or "pizza", person=a.person, init=a.init))
+    try:
+        p_ref, r, _ = load_problem(OptimumConfig(reward=reward or "pizza", person=a.person, init=a.init))
+    except UsageError:
+        return None
     return frontier.frontier(p_ref, r)
 
 
@@ -183,8 +186,8 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
 
     lines = ["| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 "
              "| final target | final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |"
-             + (" KL(π‖π_ref), 13 outcomes | regret | implied β | KL to π* of equal E[r] | KL to π*_β, own β | pass@8 |"
-                if curve is not None else ""),
+             + (" KL(π‖π_ref), 13 outcomes | regret | implied β | KL to π* of equal E[r] | KL to π*_β, own β "
+                "| pass@8 |" if curve is not None else ""),
              "|---" * (15 + 6 * (curve is not None)) + "|"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     fig2, axes2 = plt.subplots(1, 2, figsize=(11, 3.8))

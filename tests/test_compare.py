@@ -24,9 +24,9 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
         main(args[:-2] + ["--updates", "2", "--out", str(tmp_path / "bad"), "--jobs", "2"])
     assert e.value.code == 2 and "unrecognized arguments: --updates 2" in capsys.readouterr().err
     assert not (tmp_path / "bad" / "grpo-s0").exists()
-    flaky = tmp_path / "flaky.py"  # fine on the 12 foods scored at start, raises once training samples
+    flaky = tmp_path / "flaky.py"  # fine on the 12 foods and 2 malformed probes scored at start, raises later
     flaky.write_text("n = 0\ndef f(prompt, completion):\n    global n\n    n += 1\n"
-                     "    if n > 12:\n        raise RuntimeError('boom')\n    return 0.0\n")
+                     "    if n > 14:\n        raise RuntimeError('boom')\n    return 0.0\n")
     with pytest.raises(SystemExit) as e:
         main(args + ["--reward", f"{flaky}:f", "--out", str(tmp_path / "fail")])
     table = (tmp_path / "fail" / "table.md").read_text()
