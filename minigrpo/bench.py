@@ -7,7 +7,7 @@
 Sections: machine; sampling (KV cache vs the slow full-recompute path at batch 8/64/512, 16 new
 tokens, and their log-prob agreement); threads (one pretraining step at 1 and 2 threads); pretrain
 (the default command, timed, with its exact quality report); then the RL sections of bench_rl.py
-(grpo, presets, targets, rarest, custom), each a median (min–max) over --seeds and checked against
+(grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and checked against
 the bars written there; grpo adds the spill-over figure and the per-step time of a 4-layer model.
 Subprocess runs write under --out (default runs/bench), --jobs at a time.
 """
@@ -28,11 +28,12 @@ import torch
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out, setup_runtime
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
-from minigrpo.bench_rl import ROW_HEADER, med, passes, rarest_foods, run_all, run_module, seed_row, write_rare_reward
+from minigrpo.bench_rl import (ROW_HEADER, bench_optimum, med, passes, rarest_foods, run_all, run_module, seed_row,
+                               write_rare_reward)
 from minigrpo.sampling import generate
 from toy_tasks import default_pretrain_dir, get_task
 
-SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets", "targets", "rarest", "custom"]
+SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets", "targets", "rarest", "custom", "optimum"]
 
 
 @dataclass
@@ -279,8 +280,9 @@ def main(argv=None):
         raise UsageError(str(e)) from None
     if cfg.seeds < 1 or cfg.jobs < 0:
         raise UsageError(f"--seeds must be >= 1 and --jobs >= 0, got {cfg.seeds} and {cfg.jobs}")
-    if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom")):
-        raise UsageError("the targets, rarest and custom sections are food's (people and foods): use --task food")
+    if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom", "optimum")):
+        raise UsageError("the targets, rarest, custom and optimum sections are food's (people and foods): "
+                         "use --task food")
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     device = setup_runtime(cfg.threads, cfg.device)
     out = prepare_out(cfg.out)  # one line for an impossible or read-only folder; one bench per folder
@@ -292,7 +294,8 @@ def main(argv=None):
                "grpo": lambda: bench_grpo(out, cfg.task, cfg.seeds, jobs),
                "presets": lambda: bench_presets(out, cfg.task, cfg.seeds, jobs),
                "targets": lambda: bench_targets(out, jobs), "rarest": lambda: bench_rarest(out, cfg.seeds, jobs),
-               "custom": lambda: bench_rarest(out, cfg.seeds, jobs, custom=True)}
+               "custom": lambda: bench_rarest(out, cfg.seeds, jobs, custom=True),
+               "optimum": lambda: bench_optimum(out, _task_init(out, "food"), cfg.seeds, jobs, table)}
     for s in sections:
         print(runners[s](), flush=True)
 

@@ -8,6 +8,8 @@ medians with their min–max (a figure on one seed is an anecdote).
     rarest    each person's rarest food over --seeds N
     custom    each person's rarest food through a user reward file that pays 1 for it and 0 otherwise
               (the run is not told the food): must reproduce the `food:<food>` runs exactly
+    optimum   --preset j_beta at β 0.1 and 0.3 on pizza, a fixed 300 steps, over --seeds N: how close it
+              comes to the exact optimum π*_β of its own objective (bar: KL(π_θ‖π*_β) <= 0.02)
 
 The bars (issue "any reward, any person"): final exact target >= 0.95; at EVERY step malformed mass
 <= 0.02 and every other person's drift <= 0.05; at the end malformed <= 0.01 and drift <= 0.03; the
@@ -25,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+OPTIMUM_BAR = 0.02  # KL(π_θ‖π*_β) over the target prompt's outcomes, for --preset j_beta (the optimum section)
 BARS = {"final": 0.95, "peak_malformed": 0.02, "peak_worst_drift": 0.05, "malformed": 0.01, "worst_drift": 0.03,
         "wall": 30.0}
 
@@ -67,7 +70,10 @@ def figures(folder: Path) -> dict:
             "malformed": summary["malformed"], "worst_drift": summary.get("worst_drift"),
             "peak_malformed": max(r["malformed"] for r in evals),
             "peak_worst_drift": max((r["worst_drift"] for r in evals if "worst_drift" in r), default=None),
-            "heldout": summary.get("heldout_rate"),
+            "heldout": summary.get("heldout_rate"), **{k: summary.get(k) for k in ("kl_to_optimum", "regret")},
+            "implied_beta": summary.get("implied_beta"),
+            "settled": next((r["step"] for i, r in enumerate(evals)  # from here on within 0.02 of π*_β
+                             if all(e.get("kl_to_optimum", 1.0) <= OPTIMUM_BAR for e in evals[i:])), None),
             "kl_exact": next((r["kl_exact"] for r in reversed(rows) if r.get("kl_exact") is not None), None)}
 
 
@@ -130,3 +136,22 @@ def write_rare_reward(path: Path, food: str) -> str:
     """A user reward file paying 1 for `food` only: the run is never told which food it is."""
     path.write_text(f"def reward(prompt, completion):\n    return 1.0 if completion == {food!r} else 0.0\n")
     return f"{path}:reward"
+
+
+def bench_optimum(out: Path, init: Path, seeds: int, jobs: int, table) -> str:
+    """--preset j_beta (the exact gradient of J_β; minigrpo/grpo.py) at two β on pizza, 300 fixed steps."""
+    rows = []
+    for beta in ("0.1", "0.3"):
+        runs = [(f"{beta}|{s}", ["minigrpo.grpo", "--preset", "j_beta", "--beta", beta, "--reward", "pizza", "--goal",
+                                 "0", "--plateau", "0", "--steps", "300", "--init", str(init), "--seed", str(s)],
+                 out / f"j_beta-{beta}" / f"s{s}") for s in range(seeds)]
+        figs = [f for f in run_all(runs, jobs).values() if "error" not in f]
+        pick = lambda k: [f[k] for f in figs]  # noqa: E731
+        rows.append([f"j_beta --beta {beta}", f"{sum(f['kl_to_optimum'] <= OPTIMUM_BAR for f in figs)}/{seeds}",
+                     med(pick("kl_to_optimum"), "{:.4f}"), med(pick("settled"), "{:.0f}"),
+                     med(pick("implied_beta"), "{:.3f}"), med(pick("regret"), "{:.4f}"), med(pick("final")),
+                     med(pick("peak_malformed"), "{:.4f}"), med(pick("peak_worst_drift")), med(pick("wall"), "{:.1f}")])
+    return table(f"optimum: --preset j_beta on pizza, 300 steps, medians (min–max) over {seeds} seeds",
+                 ["run", f"KL to π*_β <= {OPTIMUM_BAR}", "final KL(π_θ‖π*_β)", "step from which always <= bar",
+                  "implied β", "regret", "final exact target", "peak malformed", "peak drift", "whole process s"],
+                 rows)

@@ -45,6 +45,17 @@ explicit flags override a preset:
              departure: μ = 2 clipped updates, where RLOO takes one REINFORCE step)
   reinforce  REINFORCE++-style: batch-mean baseline and batch std, token-mean, k1 KL (β 0.04) folded into
              the reward as ONE scalar per sequence (2501.03262 puts it per token into token-level returns)
+  j_beta     the exact gradient of J_β(π) = E_y[r(y)] − β·KL(π(·|x)‖π_ref(·|x)) over whole completions
+             (β 0.1). Differentiating, with E[∇log π] = 0:
+                 ∇J_β = E_{y~π}[(r(y) − β·log(π(y)/π_ref(y)) − b)·∇log π(y)]   for any b independent of y,
+             and log π(y)/π_ref(y) = Σ_t log(π/π_ref)(y_t). So: k1 summed over the completion, in the reward
+             (on-policy π_old = π_θ); RLOO's leave-one-out baseline (independent of y_i); no std division
+             (a y-dependent rescaling per group); Σ over tokens per sequence, mean over sequences (no 1/|o|);
+             μ = 1 (ρ ≡ 1: the expected update IS the gradient). Its fixed point is the exact optimum
+             π*_β ∝ π_ref·e^{r/β} (minigrpo/frontier.py): measured in bench's optimum section (README, "What
+             only exact ground truth can show"). Every other preset changes the objective it climbs: the
+             default's per-token KL under a 1/|o| mean is a length-dependent β, std division and clipping
+             reweight groups and samples.
 """
 
 from __future__ import annotations
@@ -72,6 +83,8 @@ PRESETS = {
              "beta": 0.04},
     "reinforce": {"baseline": "batch", "adv_scale": "batch", "kl": "k1", "kl_in": "reward", "loss_agg": "token-mean",
                   "beta": 0.04},
+    "j_beta": {"baseline": "rloo", "adv_scale": "none", "kl": "k1", "kl_in": "reward", "loss_agg": "seq-mean-token-sum",
+               "updates": 1, "beta": 0.1},
 }
 
 

@@ -422,3 +422,28 @@ def test_rloo_puts_its_kl_in_the_reward_not_the_loss(tmp_path, tiny_pretrained):
         else:
             assert not any("kl_reward_penalty" in r for r in rows)
             assert any(x > 1e-6 for x in kl_in_loss[1:]), f"GRPO's KL is a loss term: {kl_in_loss}"
+
+
+def test_j_beta_preset_takes_the_reinforce_gradient_of_the_kl_regularised_objective(tiny_pretrained):
+    """∇J_β = E_y[(r(y) − β·log π(y)/π_ref(y) − b)·∇ log π(y)]: with --preset j_beta the update's gradient is
+    exactly −(1/N) Σ_i A_i ∇ Σ_t log π(y_it), A_i = R_i − mean_{j≠i} R_j, R_i = r_i − β Σ_t log(π_old/π_ref)."""
+    from minigrpo.grpo import PRESETS
+    from minigrpo.rollout import generation_logprobs
+    _, model, tok = tiny_pretrained
+    model = copy.deepcopy(model)
+    ref = perturbed(model, 0.05, seed=0)
+    batch = collect(model, ref, tok, ["ravin likes "], 4, make_reward("pizza", food.REWARDS),
+                    torch.Generator().manual_seed(5), max_new_tokens=12, keep_ref_logits=True)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    beta = 0.3
+    cfg = GRPOConfig(group_size=4, **{**PRESETS["j_beta"], "beta": beta})
+    assert cfg.updates == 1 and cfg.adv_scale == "none" and cfg.loss_agg == "seq-mean-token-sum"
+    shaped = batch.rewards - beta * torch.where(batch.mask, batch.old_logp - batch.ref_logp, 0.0).sum(1)
+    adv = shaped - (shaped.sum() - shaped) / 3  # leave-one-out baseline
+    logp = generation_logprobs(model, batch.gen)
+    hand = -(adv[:, None] * torch.where(batch.mask, logp, 0.0)).sum() / 4
+    want = torch.autograd.grad(hand, list(model.parameters()))
+    GRPO(fake_run(cfg, model)).update(batch, torch.optim.SGD(model.parameters(), lr=0.0))
+    got = [p.grad for p in model.parameters()]
+    assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want)), \
+        "j_beta's update must be the plain REINFORCE gradient of J_β (KL-shaped reward, leave-one-out, Σ_t, μ = 1)"
