@@ -230,7 +230,8 @@ TIME_KEYS = {"step_time", "tokens_per_s"}
 def test_ppo_resume_reproduces_the_uninterrupted_metrics_and_weights(tmp_path, tiny_pretrained, critic):
     init, _, _ = tiny_pretrained
     base = dict(init=str(init), critic=critic, prompts_per_step=2, group_size=4, max_new_tokens=12, quiet=True,
-                eval_every=1, ckpt_every=2, preserve_per_prompt=2, preserve_batch=8, goal=0.0, kl_target=0.5,  # β adapts: state
+                eval_every=1, ckpt_every=2, preserve_per_prompt=2, preserve_batch=8, goal=0.0,
+                kl_target=0.5,  # β adapts: state
                 epochs=1, minibatches=2)  # two minibatches: the shuffle generator's state matters
     train(PPOConfig(**base, steps=3, out=str(tmp_path / "straight")), log=lambda *a: None)
     train(PPOConfig(**base, steps=1, out=str(tmp_path / "split")), log=lambda *a: None)
