@@ -15,6 +15,7 @@ from minigrpo.rl import Run
 from minigrpo.rl_config import parse_rl_config
 from minigrpo.rollout import collect, generation_logprobs
 from toy_tasks import food
+from toy_tasks.oracle import prefix_values, values_at
 
 
 def test_ppo_gae_on_a_real_rollout_equals_the_naive_loop(tmp_path, tiny_pretrained):
@@ -63,6 +64,7 @@ def test_ppo_runs_three_steps_with_both_critics(tmp_path, tiny_pretrained):
         assert s["step"] == 3 and 0 <= s["target_rate"] <= 1
         rows = [r for r in read_jsonl(tmp_path / critic / "metrics.jsonl") if "value_loss" in r]
         assert len(rows) == 3 and all("explained_variance" in r and "approx_kl" in r for r in rows)
+        assert all(-1e6 < r["explained_variance_oracle"] <= 1 for r in rows), "scored against the exact values"
 
 
 # ---- single updates by hand -----------------------------------------------------------------------
@@ -76,8 +78,9 @@ def ppo_setup(tmp_path, init, tok, name="r", **kw):
     algo = PPO(run)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        algo.value_head.linear.weight.normal_(0.0, 0.5, generator=g)
-        algo.value_head.linear.bias.fill_(0.1)
+        if algo.value_head is not None:  # a learned critic
+            algo.value_head.linear.weight.normal_(0.0, 0.5, generator=g)
+            algo.value_head.linear.bias.fill_(0.1)
         if algo.critic_trunk is not None:  # the critic's trunk differs from the policy's from here on
             for p in algo.critic_trunk.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=g))
@@ -134,6 +137,52 @@ def test_one_minibatch_update_equals_a_hand_computation(tmp_path, tiny_pretraine
     assert stats["beta"] == beta, "without --kl-target β is fixed"
 
 
+def test_the_oracle_critic_has_no_parameters_and_no_value_loss(tmp_path, tiny_pretrained):
+    init, _, tok = tiny_pretrained
+    run, algo, batch = ppo_setup(tmp_path, init, tok, critic="oracle", epochs=2, minibatches=2)
+    assert [id(p) for p in algo.parameters()] == [id(p) for p in run.policy.parameters()]
+    state = algo.state_dict()
+    assert state["value_head"] is None and state["critic_trunk"] is None
+    algo.beta = 0.3
+    algo.load_state_dict(state)
+    assert algo.beta == 0.1
+    stats = algo.update(batch, torch.optim.SGD(algo.parameters(), lr=1e-3))
+    assert not {"value_loss", "value_clip_frac", "explained_variance_oracle"} & set(stats)
+    assert stats["loss"] == pytest.approx(stats["policy_loss"], abs=1e-6), "no value loss (no entropy bonus, no anchor)"
+    out = tmp_path / "oracle-run"
+    s = train(PPOConfig(init=str(init), out=str(out), steps=2, prompts_per_step=2, group_size=4, quiet=True, goal=0.0,
+                        preserve_per_prompt=2, preserve_batch=8, critic="oracle"), log=lambda *a: None)
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "policy_loss" in r]
+    assert s["step"] == 2 and len(rows) == 2 and not any("value_loss" in r for r in rows)
+
+
+def test_the_oracle_advantage_at_the_first_token_is_the_reward_minus_the_exact_value(tmp_path, tiny_pretrained):
+    """λ = γ = 1 and β = 0: A_0 = r − V(empty prefix); every A_t = r − V(the row's first t characters)."""
+    init, _, tok = tiny_pretrained
+    run, algo, batch = ppo_setup(tmp_path, init, tok, critic="oracle", beta=0.0, lam=1.0, gamma=1.0)
+    old_values, adv, returns, _ = algo.advantages(batch)
+    v0 = values_at(run.policy, tok, [("ravin likes ", "")], run.prompts, run.task.support, run.rewards)
+    assert torch.allclose(adv[:, 0].double(), batch.rewards.double() - v0, atol=1e-6)
+    mask = batch.mask
+    exact = prefix_values(run.policy, tok, batch.prompts, batch.gen.completion_ids, mask, run.prompts,
+                          run.task.support, run.rewards)
+    assert torch.equal(old_values, exact)
+    assert torch.allclose(adv, torch.where(mask, batch.rewards[:, None] - exact, 0.0), atol=1e-6)
+    assert torch.allclose(returns, torch.where(mask, batch.rewards[:, None], 0.0), atol=1e-6)
+
+
+def test_a_learned_critic_is_scored_against_the_exact_values(tmp_path, tiny_pretrained):
+    init, _, tok = tiny_pretrained
+    run, algo, batch = ppo_setup(tmp_path, init, tok)
+    stats = algo.update(batch, torch.optim.SGD(algo.parameters(), lr=0.0))  # lr 0: the critic is unchanged
+    with torch.no_grad():
+        critic = algo.values(batch)
+    exact = prefix_values(run.policy, tok, batch.prompts, batch.gen.completion_ids, batch.mask, run.prompts,
+                          run.task.support, run.rewards)
+    want = explained_variance(critic, exact, batch.mask).item()
+    assert stats["explained_variance_oracle"] == pytest.approx(want, abs=1e-5) and want < 0.9
+
+
 def test_adaptive_beta_grows_above_the_kl_target_and_shrinks_below(tmp_path, tiny_pretrained):
     init, _, tok = tiny_pretrained
     beta0, results = 0.1, {}
@@ -177,10 +226,12 @@ def test_entropy_bonus_pushes_the_policy_towards_higher_entropy(tmp_path, tiny_p
 TIME_KEYS = {"step_time", "tokens_per_s"}
 
 
-def test_ppo_resume_reproduces_the_uninterrupted_metrics_and_weights(tmp_path, tiny_pretrained):
+@pytest.mark.parametrize("critic", ["separate", "oracle"])
+def test_ppo_resume_reproduces_the_uninterrupted_metrics_and_weights(tmp_path, tiny_pretrained, critic):
     init, _, _ = tiny_pretrained
-    base = dict(init=str(init), prompts_per_step=2, group_size=4, max_new_tokens=12, quiet=True, eval_every=1,
-                ckpt_every=2, preserve_per_prompt=2, preserve_batch=8, goal=0.0, kl_target=0.5,  # β adapts: state
+    base = dict(init=str(init), critic=critic, prompts_per_step=2, group_size=4, max_new_tokens=12, quiet=True,
+                eval_every=1, ckpt_every=2, preserve_per_prompt=2, preserve_batch=8, goal=0.0,
+                kl_target=0.5,  # β adapts: state
                 epochs=1, minibatches=2)  # two minibatches: the shuffle generator's state matters
     train(PPOConfig(**base, steps=3, out=str(tmp_path / "straight")), log=lambda *a: None)
     train(PPOConfig(**base, steps=1, out=str(tmp_path / "split")), log=lambda *a: None)
@@ -196,7 +247,9 @@ def test_ppo_resume_reproduces_the_uninterrupted_metrics_and_weights(tmp_path, t
     ca, cb = sa["extra"]["rl"]["algo_state"], sb["extra"]["rl"]["algo_state"]
     assert ca["beta"] == cb["beta"]
     for part in ("value_head", "critic_trunk"):
-        assert all(torch.equal(ca[part][k], cb[part][k]) for k in ca[part]), f"{part} differs after resume"
+        assert (ca[part] is None) == (cb[part] is None) == (critic == "oracle")
+        assert ca[part] is None or all(torch.equal(ca[part][k], cb[part][k]) for k in ca[part]), \
+            f"{part} differs after resume"
 
 
 @pytest.mark.parametrize("text", ["none", "None", "NONE"])
