@@ -180,7 +180,8 @@ def bench_grpo(out: Path, task: str, seeds: int, jobs: int) -> str:
                ("grpo --reward 'food:apple pie' (p=0.02)", ["minigrpo.grpo", "--reward", "food:apple pie"]),
                ("grpo --reward pizza --no-preserve", ["minigrpo.grpo", "--reward", "pizza", "--no-preserve"]),
                ("ppo --reward pizza (default)", ["minigrpo.ppo", "--reward", "pizza"]),
-               ("ppo --reward pizza --critic head", ["minigrpo.ppo", "--reward", "pizza", "--critic", "head"])]
+               ("ppo --reward pizza --critic head", ["minigrpo.ppo", "--reward", "pizza", "--critic", "head"]),
+               ("ppo --reward pizza --critic oracle", ["minigrpo.ppo", "--reward", "pizza", "--critic", "oracle"])]
     text, _ = _seed_table(f"grpo and ppo: whole processes, medians (min–max) over {seeds} seeds", configs, out, init,
                           seeds, jobs)
     text += spillover(out / _slug(configs[0][0]) / "s0", out / _slug(configs[2][0]) / "s0", out / "spillover.png")

@@ -2,7 +2,7 @@
 medians with their min–max (a figure on one seed is an anecdote).
 
     grpo      the default command (pizza), the default command on a rare target (apple pie, p = 0.02),
-              --no-preserve, PPO (both critics): --seeds N each, plus the spill-over figure
+              --no-preserve, PPO (each critic: separate, head, oracle): --seeds N each, plus the spill-over figure
     presets   every --preset over --seeds N
     targets   the default command for EVERY (person, food) pair at seed 0: 96 runs, one sweep
     rarest    each person's rarest food over --seeds N
