@@ -4,11 +4,12 @@
     python -m minigrpo.bench --quick    # sampling and threads only (seconds)
     python -m minigrpo.bench --only grpo,presets
 
-Sections: machine; sampling (KV cache vs the slow full-recompute path at batch 8/64/512, 16 new
-tokens, and their log-prob agreement); threads (one pretraining step at 1 and 2 threads); pretrain
-(the default command, timed, with its exact quality report); then the RL sections of bench_rl.py
-(grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and checked against
-the bars written there; grpo adds the spill-over figure and the per-step time of a 4-layer model.
+Sections: machine; the speed sections of bench_speed.py (sampling: KV cache vs the slow path; threads;
+scale, only on request: a 6 x 384 model, where a GPU wins); pretrain (the default command over --seeds,
+with its exact quality report, beside the minibatch recipe it replaced); then the RL sections of
+bench_rl.py (grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and
+checked against the bars written there; grpo adds the spill-over figure and the per-step time of a
+4-layer model.
 Subprocess runs write under --out (default runs/bench), --jobs at a time.
 """
 
@@ -19,21 +20,18 @@ import os
 import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out, setup_runtime
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.optim import AdamW
 from minigrpo.bench_rl import (ROW_HEADER, bench_optimum, med, passes, rarest_foods, run_all, run_module, seed_row,
-                               write_rare_reward)
-from minigrpo.sampling import generate
+                               table, write_rare_reward)
+from minigrpo.bench_speed import bench_sampling, bench_scale, bench_threads
 from toy_tasks import default_pretrain_dir, get_task
 
-SECTIONS = ["sampling", "threads", "pretrain", "grpo", "presets", "targets", "rarest", "custom", "optimum"]
+SECTIONS = ["sampling", "threads", "scale", "pretrain", "grpo", "presets", "targets", "rarest", "custom", "optimum"]
 
 
 @dataclass
@@ -47,67 +45,6 @@ class BenchConfig:
     jobs: int = field(default=0, metadata={"help": "runs at a time in the RL sections (0 = the number of cores)"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads for the in-process sections"})
     device: str = field(default="cpu", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
-
-
-def table(title: str, header: list[str], rows: list[list]) -> str:
-    cells = [header] + [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([f"\n### {title}", fmt(cells[0]), sep] + [fmt(r) for r in cells[1:]])
-
-
-def _time(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def bench_sampling(device) -> str:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device).eval()  # the default food model's shape
-    rows, new = [], 16
-    for batch in (8, 64, 512):
-        prompt = torch.randint(3, 26, (batch, 8), device=device)
-        def run(cache, seed=0):
-            gen = torch.Generator(device=device).manual_seed(seed)
-            return generate(model, prompt, max_new_tokens=new, generator=gen, use_cache=cache)
-        fast, slow = run(True), run(False)
-        same = torch.equal(fast.ids, slow.ids)
-        diff = (fast.logprobs - slow.logprobs).abs().max().item() if same else float("nan")
-        t_fast = _time(lambda: run(True), 5)
-        t_slow = _time(lambda: run(False), 3)
-        n_tok = batch * fast.completion_ids.size(1)
-        rows.append([batch, f"{batch / t_fast:,.0f}", f"{n_tok / t_fast:,.0f}", f"{n_tok / t_slow:,.0f}",
-                     f"{t_slow / t_fast:.1f}x", f"{diff:.1e}"])
-    return table(f"sampling: {new} new tokens, 8-token prompts, {model.num_params():,}-parameter model",
-                 ["batch", "completions/s (cache)", "tokens/s (cache)", "tokens/s (slow path)", "speed-up",
-                  "max abs Δ log-prob"], rows)
-
-
-def bench_threads(device) -> str:
-    import torch.nn.functional as F
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device)
-    opt = AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, 26, (128, 24), device=device)
-    def step():
-        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    rows = []
-    for n in (1, 2):
-        torch.set_num_threads(n)
-        rows.append([n, f"{1000 * _time(step, 10):.1f}"])
-    torch.set_num_threads(1)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return table(f"threads: one pretraining step (batch 128 x 23 tokens), 1-min load average {load:.2f}",
-                 ["threads", "ms/step (median of 10)"], rows)
 
 
 def _run_cli(args: list[str]) -> tuple[float, str]:
@@ -269,7 +206,7 @@ def bench_presets(out: Path, task: str, seeds: int, jobs: int) -> str:
 @main_guard
 def main(argv=None):
     cfg, _ = parse_config(BenchConfig, argv, description=__doc__.split("\n\n")[0])
-    sections = SECTIONS[:2] if cfg.quick else SECTIONS
+    sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s != "scale"]  # scale: on request
     if cfg.only:
         sections = [s.strip() for s in cfg.only.split(",")]
         bad = [s for s in sections if s not in SECTIONS]
@@ -291,12 +228,13 @@ def main(argv=None):
     print(f"machine: {platform.machine()} {cores} cores | torch {torch.__version__} | device {device} | "
           f"threads {torch.get_num_threads()} | python {platform.python_version()}", flush=True)
     runners = {"sampling": lambda: bench_sampling(device), "threads": lambda: bench_threads(device),
+               "scale": lambda: bench_scale(device),
                "pretrain": lambda: bench_pretrain(out, cfg.task, cfg.seeds),
                "grpo": lambda: bench_grpo(out, cfg.task, cfg.seeds, jobs),
                "presets": lambda: bench_presets(out, cfg.task, cfg.seeds, jobs),
                "targets": lambda: bench_targets(out, jobs), "rarest": lambda: bench_rarest(out, cfg.seeds, jobs),
                "custom": lambda: bench_rarest(out, cfg.seeds, jobs, custom=True),
-               "optimum": lambda: bench_optimum(out, _task_init(out, "food"), cfg.seeds, jobs, table)}
+               "optimum": lambda: bench_optimum(out, _task_init(out, "food"), cfg.seeds, jobs)}
     for s in sections:
         print(runners[s](), flush=True)
 

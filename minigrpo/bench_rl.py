@@ -53,6 +53,14 @@ def run_cli(args: list[str], folder: Path) -> dict:
     return {"error": error, "wall": wall} if error else {**figures(folder), "wall": wall}
 
 
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    cells = [header] + [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([f"\n### {title}", fmt(cells[0]), sep] + [fmt(r) for r in cells[1:]])
+
+
 def first_reaching(xs: list, targets: list, level: float):
     """The x (step, seconds, tokens) of the first evaluation whose exact target rate is >= level; None if never."""
     return next((x for x, t in zip(xs, targets) if t >= level), None)
@@ -138,7 +146,7 @@ def write_rare_reward(path: Path, food: str) -> str:
     return f"{path}:reward"
 
 
-def bench_optimum(out: Path, init: Path, seeds: int, jobs: int, table) -> str:
+def bench_optimum(out: Path, init: Path, seeds: int, jobs: int) -> str:
     """--preset j_beta (the exact gradient of J_β; minigrpo/grpo.py) at two β on pizza, 300 fixed steps."""
     rows = []
     for beta in ("0.1", "0.3"):
