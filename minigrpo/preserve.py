@@ -7,11 +7,19 @@ anchor here is an exact distillation term on the other people's prompts:
     L_anchor = mean over anchor sequences x of  Σ_t KL( π_ref(· | x_<t) ‖ π_θ(· | x_<t) )
 
 summed over the completion positions t of x (the food characters and the end token), with the full
-vocabulary KL computed exactly at each position (`kl.exact`). The sequences x are sampled ONCE from
-π_ref at the start (`per_prompt` per off-target prompt) and a fixed-size minibatch of them is used at
-every step, so preservation costs no sampling. Because the prefixes come from π_ref, the summed
-forward KL is, in expectation, exactly the sequence-level KL(π_ref ‖ π_θ) over whole completions —
-the quantity that bounds how far each person's food distribution can move.
+vocabulary KL computed exactly at each position (`kl.exact`). Because the prefixes come from π_ref,
+E_{x~π_ref}[Σ_t KL] is exactly the sequence-level KL(π_ref ‖ π_θ) over whole completions — the quantity
+that bounds how far each person's food distribution can move. Two ways to take that expectation, both
+built ONCE at the start from π_ref alone (no ground truth, no sampling per step):
+
+  tree (default, `build_anchor_tree`)  every completion whose probability under π_ref is >= min_prob
+        (1e-4: on the food world about 15 per person, 99.9 % of the mass), weighted by that probability:
+        the expectation itself, every step, with no sampling noise. Rare states get their exact weight:
+        "jo likes su|shi" (sushi 3 %) appears in about 2 of 64 sampled rows and in a minibatch of 56 rows
+        out of 448 only every eighth step, and measured, GRPO on emma's ramen pushed "r" up there
+        ("jo likes su" -> "surgers", 1 % of jo's mass) where the sampled anchor rarely looked.
+  sampled (`build_anchor`)  `per_prompt` sequences per prompt sampled from π_ref; each step uses a random
+        minibatch of --preserve-batch rows (the unbiased Monte-Carlo estimate of the same expectation).
 
 Compared with PPO-ptx (mixing the pretraining loss on corpus lines), the targets here are the
 reference's full next-token distributions rather than one sampled character: the same fixed point,
@@ -26,49 +34,104 @@ algorithm; per rollout, an algorithm that takes more optimiser steps also takes 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from minigrpo.kl import exact
-from minigrpo.model import GPT
+from minigrpo.logprobs import pad_left
+from minigrpo.model import GPT, positions
 from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation, encode_prompts, generate
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.tokenizer import EOS_ID, CharTokenizer
+
+TREE_MIN_PROB = 1e-4  # the tree anchor keeps every completion at least this likely under π_ref
 
 
 @dataclass
 class Anchor:
-    gen: Generation  # (M, P+T) sequences sampled from π_ref on the off-target prompts
+    gen: Generation  # (M, P+T) π_ref's completions of the off-target prompts
     ref_logits: torch.Tensor  # (M, T, V) π_ref's logits at each completion position
+    weights: torch.Tensor  # (M,) each row's weight in the expectation: each prompt's rows sum to 1/prompts
+    group: torch.Tensor  # (M,) long: the index of the row's prompt (one group per off-target person)
 
     def state_dict(self) -> dict:
         g = self.gen
         return {"ids": g.ids, "key_mask": g.key_mask, "prompt_len": g.prompt_len, "completion_mask": g.completion_mask,
-                "logprobs": g.logprobs, "finished": g.finished, "ref_logits": self.ref_logits}
+                "logprobs": g.logprobs, "finished": g.finished, "ref_logits": self.ref_logits,
+                "weights": self.weights, "group": self.group}
 
     @classmethod
     def from_state_dict(cls, d: dict, device) -> "Anchor":
         t = {k: v.to(device) if torch.is_tensor(v) else v for k, v in d.items()}
         return cls(Generation(t["ids"], t["key_mask"], t["prompt_len"], t["completion_mask"], t["logprobs"],
-                              t["finished"]), t["ref_logits"])
+                              t["finished"]), t["ref_logits"], t["weights"], t["group"])
 
 
 @torch.no_grad()
 def build_anchor(ref: GPT, tok: CharTokenizer, prompts: list[str], per_prompt: int, max_new_tokens: int,
                  generator: torch.Generator) -> Anchor:
+    """`per_prompt` completions of each prompt sampled from π_ref, equally weighted."""
     device = ref.wte.weight.device
     ids, mask = encode_prompts(tok, [p for p in prompts for _ in range(per_prompt)], device)
     gen = generate(ref, ids, mask, max_new_tokens, generator=generator)
     _, ref_logits = generation_logprobs(ref, gen, return_logits=True)
-    return Anchor(gen, ref_logits)
+    m = len(prompts) * per_prompt
+    group = torch.arange(len(prompts), device=device).repeat_interleave(per_prompt)
+    return Anchor(gen, ref_logits, torch.full((m,), 1 / m, device=device), group)
+
+
+@torch.no_grad()
+def build_anchor_tree(ref: GPT, tok: CharTokenizer, prompts: list[str], max_new_tokens: int,
+                      min_prob: float = TREE_MIN_PROB) -> Anchor:
+    """Every completion of each prompt with π_ref(completion) >= min_prob, weighted by π_ref(completion)
+    renormalised over the prompt's kept completions (then by 1/prompts): the prefix tree is grown one
+    token per pass, all live prefixes in one batched forward. A prefix still open after max_new_tokens
+    becomes an unfinished row, as in sampling."""
+    device = ref.wte.weight.device
+    starts = [tok.encode(p, bos=True) for p in prompts]
+    live = [(i, [], 0.0) for i in range(len(prompts))]  # (prompt index, completion ids, log π_ref)
+    leaves, floor = [], math.log(min_prob)
+    for _ in range(max_new_tokens):
+        if not live:
+            break
+        ids, key_mask = pad_left([starts[i] + c for i, c, _ in live], tok.pad_id, device)
+        logp = F.log_softmax(ref(ids, pos=positions(key_mask), key_mask=key_mask)[:, -1].float(), -1)  # (L, V)
+        total = logp + torch.tensor([lp for _, _, lp in live], device=device)[:, None]
+        keep = (total >= floor).nonzero().tolist()  # (prefix, token) pairs still likely enough
+        grown = [(live[r][0], live[r][1] + [v], total[r, v].item()) for r, v in keep]
+        leaves += [g for g in grown if g[1][-1] == EOS_ID]
+        live = [g for g in grown if g[1][-1] != EOS_ID]
+    leaves += live  # unfinished at the length limit
+    leaves.sort(key=lambda leaf: leaf[0])  # rows grouped by prompt
+    width = max(len(c) for _, c, _ in leaves)
+    prompt_ids, prompt_mask = pad_left([starts[i] for i, _, _ in leaves], tok.pad_id, device)
+    comp = torch.full((len(leaves), width), tok.pad_id, dtype=torch.long, device=device)
+    comp_mask = torch.zeros((len(leaves), width), dtype=torch.bool, device=device)
+    for row, (_, c, _) in enumerate(leaves):
+        comp[row, :len(c)] = torch.tensor(c, device=device)
+        comp_mask[row, :len(c)] = True
+    finished = torch.tensor([c[-1] == EOS_ID for _, c, _ in leaves], device=device)
+    gen = Generation(torch.cat([prompt_ids, comp], 1), torch.cat([prompt_mask, comp_mask], 1), prompt_ids.size(1),
+                     comp_mask, torch.zeros(comp.shape, device=device), finished)
+    lps, ref_logits = generation_logprobs(ref, gen, return_logits=True)
+    gen.logprobs = torch.where(comp_mask, lps, 0.0)
+    group = torch.tensor([i for i, _, _ in leaves], device=device)
+    prob = torch.tensor([lp for _, _, lp in leaves], dtype=torch.float64, device=device).exp()
+    per_prompt = torch.zeros(len(prompts), dtype=torch.float64, device=device).index_add_(0, group, prob)
+    weights = (prob / per_prompt[group] / len(prompts)).float()
+    return Anchor(gen, ref_logits, weights, group)
 
 
 def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor, direction: str = "forward") -> torch.Tensor:
-    """Mean over the chosen anchor rows of the summed exact per-position KL (see module docstring)."""
+    """Weighted mean over the chosen anchor rows of the summed exact per-position KL (module docstring):
+    Σ_rows w·Σ_t KL / Σ_rows w (a plain mean for the sampled anchor's equal weights)."""
     sub = anchor.gen.select(rows)
     _, logits = generation_logprobs(policy, sub, return_logits=True)  # (m, T, V)
     ref_logits = anchor.ref_logits[rows]
     kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (m, T)
     kl = torch.where(sub.completion_mask, kl, torch.zeros((), device=kl.device))
-    return kl.sum(dim=1).mean()
+    w = anchor.weights[rows]
+    return (kl.sum(dim=1) * w).sum() / w.sum()

@@ -36,7 +36,7 @@ from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_st
 from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.optim import AdamW
-from minigrpo.preserve import Anchor, anchor_loss, build_anchor
+from minigrpo.preserve import Anchor, anchor_loss, build_anchor, build_anchor_tree
 from minigrpo.rewards import RewardError, make_reward
 from minigrpo.rl_config import RLConfig, check_rl_config
 from minigrpo.rl_report import StopOnCtrlC, flat, progress_line, write_samples
@@ -116,7 +116,9 @@ class Run:
         self.stop_reason: str | None = None
         if self.resume_state is None:  # on resume, `restore` brings these back from the checkpoint
             anchor_prompts = self.task.anchor_prompts(cfg) if cfg.preserve else []
-            if anchor_prompts:
+            if anchor_prompts and cfg.preserve_anchor == "tree":
+                self.anchor = build_anchor_tree(self.ref, self.tok, anchor_prompts, cfg.max_new_tokens)
+            elif anchor_prompts:
                 self.anchor = build_anchor(self.ref, self.tok, anchor_prompts, cfg.preserve_per_prompt,
                                            cfg.max_new_tokens, self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)
@@ -140,15 +142,17 @@ class Run:
 
     def probes(self, batch) -> list:
         """What the step's trust region measures (trust_region.py): the rollout, the anchor set."""
-        out = [("rollout", batch.gen, self.cfg.trust_region, 1)] if self.cfg.trust_region > 0 else []
+        out = [("rollout", batch.gen, self.cfg.trust_region, None, None)] if self.cfg.trust_region > 0 else []
         if self.anchor is not None and self.cfg.trust_region_anchor > 0:
-            if self.anchor_probe is None:  # a quarter of each person's anchor rows, chosen once
-                people, per = len(self.task.anchor_prompts(self.cfg)), self.cfg.preserve_per_prompt
-                rows = torch.tensor([i * per + j for i in range(people) for j in range(max(1, per // 4))],
-                                    device=self.device)
-                self.anchor_probe = (self.anchor.gen.select(rows), people)
-            gen, people = self.anchor_probe
-            out.append(("anchor", gen, self.cfg.trust_region_anchor, people))
+            if self.anchor_probe is None:  # chosen once: the tree's rows, or a quarter of each person's samples
+                a = self.anchor
+                per = self.cfg.preserve_per_prompt
+                rows = torch.arange(len(a.group), device=self.device)
+                if self.cfg.preserve_anchor == "sampled":
+                    rows = rows[rows % per < max(1, per // 4)]
+                self.anchor_probe = (a.gen.select(rows), a.weights[rows], a.group[rows])
+            gen, weights, group = self.anchor_probe
+            out.append(("anchor", gen, self.cfg.trust_region_anchor, weights, group))
         return out
 
     def anchor_term(self) -> torch.Tensor | None:
@@ -156,7 +160,10 @@ class Run:
         if self.anchor is None:
             return None
         m = self.anchor.gen.ids.size(0)
-        rows = torch.randperm(m, generator=self.gens["anchor_rows"])[: self.cfg.preserve_batch].to(self.device)
+        if self.cfg.preserve_anchor == "tree":  # every kept completion, weighted: the expectation itself
+            rows = torch.arange(m, device=self.device)
+        else:
+            rows = torch.randperm(m, generator=self.gens["anchor_rows"])[: self.cfg.preserve_batch].to(self.device)
         return self.cfg.preserve_coef * anchor_loss(self.policy, self.anchor, rows, self.cfg.preserve_kl)
 
     def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:

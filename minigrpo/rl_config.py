@@ -55,9 +55,12 @@ class RLConfig:
     preserve_kl: str = field(default="forward", metadata=meta(
         "preservation KL direction: forward KL(π_ref‖π) or reverse KL(π‖π_ref)",
         choices=["forward", "reverse"]))
+    preserve_anchor: str = field(default="tree", metadata=meta(
+        "the anchor's completions: tree = every one with π_ref >= 1e-4, weighted by it, all each step; "
+        "sampled = --preserve-per-prompt samples, a minibatch each step (preserve.py)", choices=["tree", "sampled"]))
     preserve_per_prompt: int = field(default=64, metadata=meta(
-        "anchor sequences sampled once from π_ref per off-target prompt"))
-    preserve_batch: int = field(default=56, metadata=meta("anchor sequences used per update"))
+        "--preserve-anchor sampled: sequences sampled once from π_ref per off-target prompt"))
+    preserve_batch: int = field(default=56, metadata=meta("--preserve-anchor sampled: anchor sequences per update"))
     trust_region: float = field(default=0.05, metadata=meta(
         "largest KL(π_old‖π_new) per completion a step may take on its own rollout, in nats; larger steps "
         "are halved (0 = off; see trust_region.py)"))

@@ -38,28 +38,34 @@ def _logits(policy, gen: Generation) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sequence_kl(old_logits: torch.Tensor, new_logits: torch.Tensor, mask: torch.Tensor, groups: int = 1) -> float:
-    """Σ_t exact KL(old ‖ new) over each row's valid completion positions, averaged over the rows of each
-    of `groups` equal contiguous groups (e.g. one per off-target person), and the largest group mean
-    returned: (N, T, V) x2, (N, T) -> float."""
-    kl = torch.where(mask, exact(old_logits, new_logits), torch.zeros((), device=mask.device))
-    return kl.sum(1).view(groups, -1).mean(1).max().item()
+def sequence_kl(old_logits: torch.Tensor, new_logits: torch.Tensor, mask: torch.Tensor,
+                weights: torch.Tensor | None = None, group: torch.Tensor | None = None) -> float:
+    """Σ_t exact KL(old ‖ new) over each row's valid completion positions, the weighted mean over the rows
+    of each group (group (N,) long, e.g. one per off-target person; None: one group; weights (N,), None:
+    equal), and the largest group mean returned: (N, T, V) x2, (N, T) -> float."""
+    kl = torch.where(mask, exact(old_logits, new_logits), torch.zeros((), device=mask.device)).sum(1)  # (N,)
+    w = torch.ones_like(kl) if weights is None else weights.to(kl.dtype)
+    g = torch.zeros(kl.shape, dtype=torch.long, device=kl.device) if group is None else group
+    n = int(g.max()) + 1
+    num = torch.zeros(n, dtype=kl.dtype, device=kl.device).index_add_(0, g, kl * w)
+    den = torch.zeros(n, dtype=kl.dtype, device=kl.device).index_add_(0, g, w)
+    return (num / den.clamp(min=1e-30)).max().item()
 
 
 class StepGuard:
     """Snapshot before a step (`StepGuard(policy, probes)`), then `enforce(policy)` after it.
 
-    probes: [(name, generation, limit, groups)]: each limit the largest allowed sequence-level KL in nats,
-    checked on the worst of `groups` equal contiguous groups of rows (the anchor: one group per person)."""
+    probes: [(name, generation, limit, weights, group)]: each limit the largest allowed sequence-level KL in
+    nats, checked on the worst group of rows (the anchor: one group per person; `sequence_kl`)."""
 
-    def __init__(self, policy, probes: list[tuple[str, Generation, float, int]], max_halvings: int = 5):
+    def __init__(self, policy, probes: list[tuple], max_halvings: int = 5):
         self.params = [p.detach().clone() for p in policy.parameters()]
-        self.probes = [(name, gen, limit, _logits(policy, gen), groups) for name, gen, limit, groups in probes]
+        self.probes = [(name, gen, limit, _logits(policy, gen), (w, g)) for name, gen, limit, w, g in probes]
         self.max_halvings = max_halvings
 
     def _kls(self, policy) -> dict[str, float]:
-        return {name: sequence_kl(old, _logits(policy, gen), gen.completion_mask, groups)
-                for name, gen, _, old, groups in self.probes}
+        return {name: sequence_kl(old, _logits(policy, gen), gen.completion_mask, *wg)
+                for name, gen, _, old, wg in self.probes}
 
     @torch.no_grad()
     def enforce(self, policy) -> dict:

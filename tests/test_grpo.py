@@ -244,16 +244,17 @@ def test_kl_in_reward_subtracts_beta_times_the_summed_kl_of_each_sequence(tiny_p
     assert abs(stats["adv_std"] - torch.tensor(adv).std().item()) < 1e-5
 
 
-def skipping_run(tmp_path, init, preserve):
+def skipping_run(tmp_path, init, preserve, anchor="tree"):
     cfg = cfg_for(tmp_path, init, preserve=preserve, skip_equal_groups=True, grad_clip=0.0, preserve_coef=5.0,
-                  out=str(tmp_path / f"skip-{preserve}"))
+                  preserve_anchor=anchor, out=str(tmp_path / f"skip-{preserve}-{anchor}"))
     return Run(cfg, "grpo")
 
 
-@pytest.mark.parametrize("preserve", [False, True])
-def test_a_step_whose_groups_are_all_equal_moves_the_policy_only_by_preservation(tmp_path, tiny_pretrained, preserve):
+@pytest.mark.parametrize("preserve, anchor", [(False, "tree"), (True, "tree"), (True, "sampled")])
+def test_a_step_whose_groups_are_all_equal_moves_the_policy_only_by_preservation(tmp_path, tiny_pretrained, preserve,
+                                                                               anchor):
     init, _, tok = tiny_pretrained
-    run = skipping_run(tmp_path, init, preserve)
+    run = skipping_run(tmp_path, init, preserve, anchor)
     with torch.no_grad():  # away from π_ref, so the preservation gradient is not 0
         for p in run.policy.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
@@ -263,10 +264,12 @@ def test_a_step_whose_groups_are_all_equal_moves_the_policy_only_by_preservation
     before = copy.deepcopy(run.policy)
     expected = copy.deepcopy(run.policy)
     if preserve:  # one SGD step on the preservation term alone, with the rows the run will draw
-        rows_gen = torch.Generator()
-        rows_gen.set_state(run.gens["anchor_rows"].get_state())
         m = run.anchor.gen.ids.size(0)
-        rows = torch.randperm(m, generator=rows_gen)[: run.cfg.preserve_batch]
+        rows = torch.arange(m)  # the tree anchor takes every row at every step; sampled: the run's minibatch
+        if anchor == "sampled":
+            rows_gen = torch.Generator()
+            rows_gen.set_state(run.gens["anchor_rows"].get_state())
+            rows = torch.randperm(m, generator=rows_gen)[: run.cfg.preserve_batch]
         anchor = run.cfg.preserve_coef * anchor_loss(expected, run.anchor, rows)
         anchor.backward()
         with torch.no_grad():

@@ -13,7 +13,7 @@ import torch
 
 from minigrpo.kl import exact
 from minigrpo.model import GPT, GPTConfig, positions
-from minigrpo.preserve import Anchor, anchor_loss, build_anchor
+from minigrpo.preserve import Anchor, anchor_loss, build_anchor, build_anchor_tree
 from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation, encode_prompts
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
@@ -67,7 +67,8 @@ def sequence_logp(model: GPT, gen: Generation) -> torch.Tensor:
 def exact_anchor(ref: GPT, gen: Generation) -> Anchor:
     with torch.no_grad():
         _, ref_logits = generation_logprobs(ref, gen, return_logits=True)
-    return Anchor(gen, ref_logits)
+    m = gen.ids.size(0)
+    return Anchor(gen, ref_logits, torch.full((m,), 1 / m), torch.zeros(m, dtype=torch.long))
 
 
 def sequence_kl(ref: GPT, policy: GPT, prompts=PROMPTS, max_new=MAX_NEW) -> float:
@@ -126,6 +127,28 @@ def test_expectation_under_the_reference_equals_the_sequence_kl_by_enumeration()
         rows = torch.tensor([0, 5, 17, 40])
         with torch.no_grad():
             assert abs(anchor_loss(policy, anchor, rows).item() - per_row[rows].mean().item()) < 1e-6
+
+
+def test_the_tree_anchor_is_the_sequence_kl_itself_and_its_rows_are_the_likely_completions():
+    """build_anchor_tree keeps every completion with π_ref >= min_prob, weighted by its probability: with
+    min_prob below every completion's, it enumerates them all and the anchor loss over its rows IS the
+    prompt-averaged sequence KL(π_ref‖π_θ), with no sampling error."""
+    ref = tiny_gpt()
+    policy = perturbed(ref, 0.1, seed=1)
+    tree = build_anchor_tree(ref, TOK, PROMPTS, MAX_NEW, min_prob=1e-12)
+    every = sum(all_completions(p, MAX_NEW).ids.size(0) for p in PROMPTS)
+    assert tree.gen.ids.size(0) == every, "min_prob below every completion's must keep all of them"
+    assert torch.equal(tree.group, torch.arange(len(PROMPTS)).repeat_interleave(every // len(PROMPTS)))
+    assert abs(tree.weights.sum().item() - 1) < 1e-6
+    with torch.no_grad():
+        loss = anchor_loss(policy, tree, torch.arange(tree.gen.ids.size(0))).item()
+    want = sequence_kl(ref, policy)
+    assert abs(loss - want) < 1e-5 * max(1.0, want), f"tree anchor {loss:.7f} != sequence KL {want:.7f}"
+    likely = build_anchor_tree(ref, TOK, PROMPTS, MAX_NEW, min_prob=0.01)
+    probs = sequence_logp(ref, likely.gen).exp()
+    assert (probs >= 0.01 - 1e-6).all() and likely.gen.ids.size(0) < every, "only completions >= min_prob stay"
+    with torch.no_grad():
+        assert anchor_loss(ref, likely, torch.arange(likely.gen.ids.size(0))).item() == 0.0
 
 
 def test_anchor_built_from_reference_samples_estimates_the_sequence_kl_within_its_standard_error():
@@ -208,7 +231,7 @@ def test_positions_after_the_end_token_contribute_nothing():
     loss.backward()
     clean_grad = [p.grad.clone() for p in policy.parameters()]
     # garbage after the end: other tokens in the padded slots and extreme reference logits there
-    dirty = Anchor(copy.deepcopy(anchor.gen), anchor.ref_logits.clone())
+    dirty = Anchor(copy.deepcopy(anchor.gen), anchor.ref_logits.clone(), anchor.weights, anchor.group)
     comp = dirty.gen.ids[:, dirty.gen.prompt_len:]
     comp[~mask] = torch.randint(0, TOK.vocab_size, (int((~mask).sum()),), generator=torch.Generator().manual_seed(5))
     junk = torch.tensor([1e4, -1e4]).repeat(dirty.ref_logits.numel())[: dirty.ref_logits.numel()].view_as(dirty.ref_logits)
