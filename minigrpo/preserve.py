@@ -4,7 +4,7 @@ RL on "ravin likes " alone moves the whole shared model: everybody else's food d
 (`--no-preserve`: every other person's pizza share goes to 0.81-0.99, README's spill-over table). The
 anchor here is an exact distillation term on the other people's prompts:
 
-    L_anchor = mean over anchor sequences x of  Σ_t KL( π_ref(· | x_<t) ‖ π_θ(· | x_<t) )
+    L_anchor = mean over anchor sequences x (weighted, below) of  Σ_t KL( π_ref(· | x_<t) ‖ π_θ(· | x_<t) )
 
 summed over the completion positions t of x (the food characters and the end token), with the full
 vocabulary KL computed exactly at each position (`kl.exact`). Because the prefixes come from π_ref,
@@ -13,7 +13,8 @@ that bounds how far each person's food distribution can move. Two ways to take t
 built ONCE at the start from π_ref alone (no ground truth, no sampling per step):
 
   tree (default, `build_anchor_tree`)  every completion whose probability under π_ref is >= min_prob
-        (1e-4: on the food world about 15 per person, 99.9 % of the mass), weighted by that probability:
+        (1e-4: on the default food model the 12 foods and at most one misspelling per person, 85 rows,
+        99.9 % of each person's mass), weighted by that probability:
         the expectation itself, every step, with no sampling noise. Rare states get their exact weight:
         "jo likes su|shi" (sushi 3 %) appears in about 2 of 64 sampled rows and in a minibatch of 56 rows
         out of 448 only every eighth step, and measured, GRPO on emma's ramen pushed "r" up there
@@ -27,8 +28,8 @@ much less noise. `--preserve-kl reverse` uses KL(π_θ ‖ π_ref) at the same p
 prototype's choice); `--no-preserve` turns the anchor off so the spill-over can be seen.
 
 What --preserve-coef means: the anchor term, times the coefficient, is added to the loss of EVERY
-optimiser step, each on a fresh minibatch of --preserve-batch anchor rows: μ times per GRPO rollout,
-epochs × minibatches times per PPO rollout. Per step of the optimiser it is the same pull in every
+optimiser step (the tree: all its rows; sampled: a fresh minibatch of --preserve-batch rows): μ times
+per GRPO rollout, epochs × minibatches times per PPO rollout. Per step of the optimiser it is the same pull in every
 algorithm; per rollout, an algorithm that takes more optimiser steps also takes more anchor steps.
 """
 
