@@ -47,7 +47,7 @@ explicit flags override a preset:
              the reward as ONE scalar per sequence (2501.03262 puts it per token into token-level returns)
   j_beta     the exact gradient of J_β(π) = E_y[r(y)] − β·KL(π(·|x)‖π_ref(·|x)) over whole completions
              (β 0.1). Differentiating, with E[∇log π] = 0:
-                 ∇J_β = E_{y~π}[(r(y) − β·log(π(y)/π_ref(y)) − b)·∇log π(y)]  for any b independent of y,
+                 ∇J_β = E_{y~π}[(r(y) − β·log(π(y)/π_ref(y)) − b)·∇log π(y)], any b independent of y,
              and log π(y)/π_ref(y) = Σ_t log(π/π_ref)(y_t). So: k1 summed over the completion, in the reward
              (on-policy π_old = π_θ); RLOO's leave-one-out baseline (independent of y_i); no std division
              (a y-dependent rescaling per group); Σ over tokens per sequence, mean over sequences (no 1/|o|);
