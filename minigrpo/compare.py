@@ -1,6 +1,7 @@
 """Run several algorithms × seeds side by side and compare them on the task's exact metrics.
 
-    python -m minigrpo.compare --algos default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo --seeds 3 --reward pizza
+    python -m minigrpo.compare --seeds 5 --reward pizza          # the default list of algorithms (see --help)
+    python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
     python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags pass through
 
 Each run is its own process with one thread (--jobs at a time, default: the cores), writing to
@@ -42,14 +43,16 @@ from minigrpo.rl_config import default_out
 
 DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
                "passes through to the trainers (see python -m minigrpo.grpo --help).")
-ALGOS = ["default"] + sorted(PRESETS) + ["ppo"]  # default: `python -m minigrpo.grpo` with no preset
+# default: `python -m minigrpo.grpo` with no preset; ppo_oracle: PPO with the exact critic (toy_tasks/oracle.py)
+PPO_ALGOS = {"ppo": [], "ppo_oracle": ["--critic", "oracle"]}
+ALGOS = ["default"] + sorted(PRESETS) + list(PPO_ALGOS)
 
 
 @dataclass
 class CompareConfig:
-    algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo",
-                       metadata=meta(f"comma-separated, of {','.join(ALGOS)} "
-                                     f"(default = minigrpo.grpo without a preset)"))
+    algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo,ppo_oracle",
+                       metadata=meta(f"comma-separated, of {','.join(ALGOS)} (default = minigrpo.grpo without "
+                                     f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound)"))
     seeds: int = field(default=5, metadata=meta("seeds per algorithm (0, 1, ...)"))
     budget: str = field(default="fixed", metadata=meta(
         "fixed: every run takes --steps steps (equal work); goal: each run stops at its goal",
@@ -65,7 +68,7 @@ class CompareConfig:
 
 def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str) -> list[str]:
     """The trainer's flags for one run (without the module and --out)."""
-    preset = [] if algo in ("ppo", "default") else ["--preset", algo]
+    preset = PPO_ALGOS.get(algo, [] if algo == "default" else ["--preset", algo])
     reward = ["--reward", cfg.reward] if cfg.reward else []
     steps = cfg.steps or (60 if cfg.budget == "fixed" and task == "food" else None)
     budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + \
@@ -74,7 +77,7 @@ def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str
 
 
 def trainer_module(algo: str) -> str:
-    return "minigrpo.ppo" if algo == "ppo" else "minigrpo.grpo"
+    return "minigrpo.ppo" if algo in PPO_ALGOS else "minigrpo.grpo"
 
 
 def finished_by(folder: Path, cmd: list[str]) -> bool:
@@ -108,9 +111,9 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     from toy_tasks import get_task
 
     for algo in algos:
-        cls = PPOConfig if algo == "ppo" else GRPOConfig
+        cls = PPOConfig if algo in PPO_ALGOS else GRPOConfig
         rc = parse_rl_config(cls, trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"], "", algo,
-                             PRESETS if algo != "ppo" else None)
+                             PRESETS if algo not in PPO_ALGOS else None)
         check_rl_config(rc)
         try:
             t = get_task(rc.task)
