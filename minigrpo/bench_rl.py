@@ -107,11 +107,12 @@ def run_all(jobs: list[tuple[str, list[str], Path]], n_jobs: int) -> dict[str, d
         return {label: f for (label, _, _), f in zip(jobs, results)}
 
 
-def med(values: list, fmt: str = "{:.3f}") -> str:
-    """'median (min–max)' of the values that exist; '-' if none, 'never' counted."""
+def med(values: list, fmt: str = "{:.3f}", none: str = "-") -> str:
+    """'median (min–max)' of the values that exist (None: missing, e.g. never reached), the missing ones
+    counted as 'never'; `none` when no value exists."""
     got = [v for v in values if v is not None]
     if not got:
-        return "-"
+        return none
     text = fmt.format(statistics.median(got))
     if len(got) > 1:
         text += f" ({fmt.format(min(got))}–{fmt.format(max(got))})"

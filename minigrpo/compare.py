@@ -14,9 +14,8 @@ the table and figures (runs of other flags are left out, never mixed in).
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
-  frontier.png  food: each run's final E[r] against its exact KL(π_θ‖π_ref) over the target prompt's 13
-                outcomes, above the EXACT reward–KL frontier (minigrpo/frontier.py: no policy can lie above
-                it); and E[r] against the worst other-person drift
+  frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT reward–KL
+                frontier (frontier.py: no policy lies above it); and E[r] against the worst drift
   table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and 0.95, final
                 target rate and exact E[r], exact KL, worst drift and malformed mass at the end and at
                 their peak over every evaluated step; food: the regret to the frontier, the implied β, the
@@ -29,14 +28,13 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench_rl import first_reaching, quality_ok, run_module
+from minigrpo.bench_rl import first_reaching, med, quality_ok, run_module
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
 from minigrpo.rl_config import default_out
@@ -150,17 +148,15 @@ OPTIMUM_KEYS = ("kl_ref", "regret", "implied_beta", "kl_to_implied_optimum", "kl
 
 def exact_frontier(passthrough: list[str], reward: str | None):
     """The food task's exact frontier {kl, expected_reward} for the runs' person, reward and --init; None
-    for another task, or where the reward fails (the runs then say why)."""
+    for another task or where the reward fails (the runs then say why)."""
     from minigrpo import frontier
     from minigrpo.optimum import OptimumConfig, load_problem
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name, default in (("--task", "food"), ("--person", "ravin"), ("--init", "runs/pretrain/model.pt")):
         pre.add_argument(name, default=default)
     a = pre.parse_known_args(passthrough)[0]
-    if a.task != "food":
-        return None
     try:
-        p_ref, r, _ = load_problem(OptimumConfig(reward=reward or "pizza", person=a.person, init=a.init))
+        p_ref, r, _ = load_problem(OptimumConfig(reward=reward or "pizza", person=a.person, init=a.init, task=a.task))
     except UsageError:
         return None
     return frontier.frontier(p_ref, r)
@@ -172,13 +168,7 @@ def within_bars(f: dict) -> bool:
 
 
 def summarise(values: list) -> str:
-    got = [v for v in values if v is not None]
-    if not got:
-        return "never"
-    med = statistics.median(got)
-    spread = f" ({min(got):.3g}–{max(got):.3g})" if len(got) > 1 else ""
-    missing = f", {len(values) - len(got)} never" if len(got) < len(values) else ""
-    return f"{med:.3g}{spread}{missing}"
+    return med(values, "{:.3g}", none="never")
 
 
 def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None) -> None:

@@ -131,7 +131,8 @@ class Run:
             state = read_checkpoint(path)
         except CheckpointError as e:
             raise UsageError(f"--resume {self.cfg.resume!r} has no usable checkpoint: {e}") from None
-        if "rl" not in state.get("extra", {}) or "gens" not in state["extra"]["rl"]:
+        rl = state.get("extra", {}).get("rl", {})
+        if "gens" not in rl or (rl.get("anchor") is not None and "weights" not in rl["anchor"]):  # older minigrpo
             raise UsageError(f"--resume {self.cfg.resume!r}: {path} is not an RL checkpoint of this version")
         return state
 
@@ -145,11 +146,9 @@ class Run:
         out = [("rollout", batch.gen, self.cfg.trust_region, None, None)] if self.cfg.trust_region > 0 else []
         if self.anchor is not None and self.cfg.trust_region_anchor > 0:
             if self.anchor_probe is None:  # chosen once: the tree's rows, or a quarter of each person's samples
-                a = self.anchor
-                per = self.cfg.preserve_per_prompt
-                rows = torch.arange(len(a.group), device=self.device)
+                a, rows = self.anchor, torch.arange(len(self.anchor.group), device=self.device)
                 if self.cfg.preserve_anchor == "sampled":
-                    rows = rows[rows % per < max(1, per // 4)]
+                    rows = rows[rows % self.cfg.preserve_per_prompt < max(1, self.cfg.preserve_per_prompt // 4)]
                 self.anchor_probe = (a.gen.select(rows), a.weights[rows], a.group[rows])
             gen, weights, group = self.anchor_probe
             out.append(("anchor", gen, self.cfg.trust_region_anchor, weights, group))
@@ -160,10 +159,8 @@ class Run:
         if self.anchor is None:
             return None
         m = self.anchor.gen.ids.size(0)
-        if self.cfg.preserve_anchor == "tree":  # every kept completion, weighted: the expectation itself
-            rows = torch.arange(m, device=self.device)
-        else:
-            rows = torch.randperm(m, generator=self.gens["anchor_rows"])[: self.cfg.preserve_batch].to(self.device)
+        rows = torch.arange(m, device=self.device) if self.cfg.preserve_anchor == "tree" else \
+            torch.randperm(m, generator=self.gens["anchor_rows"])[: self.cfg.preserve_batch].to(self.device)
         return self.cfg.preserve_coef * anchor_loss(self.policy, self.anchor, rows, self.cfg.preserve_kl)
 
     def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:
