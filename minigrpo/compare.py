@@ -134,7 +134,7 @@ def curves(folder: Path) -> dict:
             out["secs"].append(secs), out["tokens"].append(toks), out["target"].append(r["target_rate"])
             out["steps"].append(r["step"])
     # the last value of each metric (a step that skipped its update, e.g. DAPO's, logs no KL)
-    out["final"] = {k: next((r[k] for r in reversed(rows) if r.get(k) is not None), float("nan"))
+    out["final"] = {k: next((r[k] for r in reversed(rows) if r.get(k) is not None), None)
                     for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift", "malformed",
                               "peak_worst_drift", "peak_malformed", *OPTIMUM_KEYS, "expected_reward")}
     if rows and "implied_beta" in rows[-1] and rows[-1]["implied_beta"] is None:  # strict JSON's inf
@@ -167,8 +167,8 @@ def within_bars(f: dict) -> bool:
     return quality_ok(f["target_rate"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
 
 
-def summarise(values: list) -> str:
-    return med(values, "{:.3g}", none="never")
+def summarise(values: list, none: str = "never") -> str:
+    return med(values, "{:.3g}", none=none)
 
 
 def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None) -> None:
@@ -199,15 +199,17 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
                 ax.set_xlabel(label)
             for ax, key in ((axes2[0], "kl_ref" if curve is not None else "kl_exact"), (axes2[1], "worst_drift")):
                 y = "expected_reward" if curve is not None else "exact_reward"
-                ax.scatter([c["final"][key] for c in runs], [c["final"][y] for c in runs], color=color, label=algo)
+                nan = lambda v: float("nan") if v is None else v  # noqa: E731  (a task without drift)
+                ax.scatter([nan(c["final"][key]) for c in runs], [nan(c["final"][y]) for c in runs], color=color,
+                           label=algo)
         f = [c["final"] for c in runs]
         row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
                f"{sum(map(within_bars, f))}/{len(f)}", summarise([x["steps"] for x in f]),
                *[summarise([first_reaching(c[key], c["target"], level) for c in runs])
                  for level in (0.9, 0.95) for key in ("steps", "secs")],
-               *[summarise([x[k] for x in f]) for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
-                                                        "peak_worst_drift", "malformed", "peak_malformed",
-                                                        *(OPTIMUM_KEYS if curve is not None else ()))]]
+               *[summarise([x[k] for x in f], "-") for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
+                                                             "peak_worst_drift", "malformed", "peak_malformed",
+                                                             *(OPTIMUM_KEYS if curve is not None else ()))]]
         lines.append("| " + " | ".join(row) + " |")
     for ax in axes:
         ax.set_ylabel("exact target rate (higher is better)")
