@@ -127,6 +127,9 @@ def main_guard(main):
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2)
+        except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly, as Unix tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at interpreter exit
+            raise SystemExit(141)  # 128 + SIGPIPE
         except KeyboardInterrupt:  # Ctrl-C outside a training loop (which handles its own)
             print("\ninterrupted", file=sys.stderr)
             raise SystemExit(130)

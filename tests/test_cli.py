@@ -103,3 +103,14 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_rl_resumes_from_it(tmp_path):
     step = read_checkpoint(rl)["step"]
     run_cli("minigrpo.grpo", "--resume", "runs/grpo-pizza", "--steps", str(step + 2), cwd=tmp_path)
     assert read_checkpoint(rl)["step"] == step + 2
+
+
+def test_a_closed_pipe_ends_a_cli_quietly(tiny_pretrained):
+    """`python -m minigrpo.sample ... | head -2`: the reader goes away; no traceback, exit code 141 (SIGPIPE)."""
+    init, _, _ = tiny_pretrained
+    p = subprocess.Popen([sys.executable, "-m", "minigrpo.sample", "--checkpoint", str(init), "--num", "5000",
+                          "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()  # like `head` exiting after the lines it wanted
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and "Traceback" not in err, err
