@@ -85,12 +85,15 @@ def build_anchor(ref: GPT, tok: CharTokenizer, prompts: list[str], per_prompt: i
 
 
 @torch.no_grad()
-def build_anchor_tree(ref: GPT, tok: CharTokenizer, prompts: list[str], max_new_tokens: int,
-                      min_prob: float = TREE_MIN_PROB) -> Anchor:
+def build_anchor_tree(ref: GPT, tok: CharTokenizer, prompts: list[str], per_prompt: int, max_new_tokens: int,
+                      generator: torch.Generator | None = None, min_prob: float = TREE_MIN_PROB) -> Anchor:
     """Every completion of each prompt with π_ref(completion) >= min_prob, weighted by π_ref(completion)
     renormalised over the prompt's kept completions (then by 1/prompts): the prefix tree is grown one
     token per pass, all live prefixes in one batched forward. A prefix still open after max_new_tokens
-    becomes an unfinished row, as in sampling."""
+    becomes an unfinished row, as in sampling. At most `per_prompt` rows per prompt, the most likely ones
+    a beam of `per_prompt` open prefixes per pass finds: an undertrained π_ref spreads its mass over
+    thousands of completions (4,669 rows after 100 pretraining steps), the default food model over 12-13
+    per person. The signature is `build_anchor`'s (the generator is not used)."""
     device = ref.wte.weight.device
     starts = [tok.encode(p, bos=True) for p in prompts]
     live = [(i, [], 0.0) for i in range(len(prompts))]  # (prompt index, completion ids, log π_ref)
@@ -104,9 +107,8 @@ def build_anchor_tree(ref: GPT, tok: CharTokenizer, prompts: list[str], max_new_
         keep = (total >= floor).nonzero().tolist()  # (prefix, token) pairs still likely enough
         grown = [(live[r][0], live[r][1] + [v], total[r, v].item()) for r, v in keep]
         leaves += [g for g in grown if g[1][-1] == EOS_ID]
-        live = [g for g in grown if g[1][-1] != EOS_ID]
-    leaves += live  # unfinished at the length limit
-    leaves.sort(key=lambda leaf: leaf[0])  # rows grouped by prompt
+        live = _most_likely([g for g in grown if g[1][-1] != EOS_ID], per_prompt)
+    leaves = _most_likely(leaves + live, per_prompt)  # + the prefixes unfinished at the length limit
     width = max(len(c) for _, c, _ in leaves)
     prompt_ids, prompt_mask = pad_left([starts[i] for i, _, _ in leaves], tok.pad_id, device)
     comp = torch.full((len(leaves), width), tok.pad_id, dtype=torch.long, device=device)
@@ -124,6 +126,16 @@ def build_anchor_tree(ref: GPT, tok: CharTokenizer, prompts: list[str], max_new_
     per_prompt = torch.zeros(len(prompts), dtype=torch.float64, device=device).index_add_(0, group, prob)
     weights = (prob / per_prompt[group] / len(prompts)).float()
     return Anchor(gen, ref_logits, weights, group)
+
+
+def _most_likely(items: list[tuple], per_prompt: int) -> list[tuple]:
+    """The `per_prompt` most likely (prompt index, ids, log-prob) items of each prompt, grouped by prompt."""
+    out, count = [], {}
+    for item in sorted(items, key=lambda item: (item[0], -item[2])):
+        count[item[0]] = count.get(item[0], 0) + 1
+        if count[item[0]] <= per_prompt:
+            out.append(item)
+    return out
 
 
 def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor, direction: str = "forward") -> torch.Tensor:

@@ -116,11 +116,10 @@ class Run:
         self.stop_reason: str | None = None
         if self.resume_state is None:  # on resume, `restore` brings these back from the checkpoint
             anchor_prompts = self.task.anchor_prompts(cfg) if cfg.preserve else []
-            if anchor_prompts and cfg.preserve_anchor == "tree":
-                self.anchor = build_anchor_tree(self.ref, self.tok, anchor_prompts, cfg.max_new_tokens)
-            elif anchor_prompts:
-                self.anchor = build_anchor(self.ref, self.tok, anchor_prompts, cfg.preserve_per_prompt,
-                                           cfg.max_new_tokens, self.gens["anchor"])
+            if anchor_prompts:  # the tree (every likely completion, weighted) or Monte-Carlo samples
+                build = build_anchor_tree if cfg.preserve_anchor == "tree" else build_anchor
+                self.anchor = build(self.ref, self.tok, anchor_prompts, cfg.preserve_per_prompt, cfg.max_new_tokens,
+                                    self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)
 
     def _read_resume(self) -> dict:

@@ -59,7 +59,7 @@ class RLConfig:
         "the anchor's completions: tree = every one with π_ref >= 1e-4, weighted by it, all each step; "
         "sampled = --preserve-per-prompt samples, a minibatch each step (preserve.py)", choices=["tree", "sampled"]))
     preserve_per_prompt: int = field(default=64, metadata=meta(
-        "--preserve-anchor sampled: sequences sampled once from π_ref per off-target prompt"))
+        "anchor sequences per off-target prompt: sampled ones, or at most this many of the tree's"))
     preserve_batch: int = field(default=56, metadata=meta("--preserve-anchor sampled: anchor sequences per update"))
     trust_region: float = field(default=0.05, metadata=meta(
         "largest KL(π_old‖π_new) per completion a step may take on its own rollout, in nats; larger steps "

@@ -135,7 +135,7 @@ def test_the_tree_anchor_is_the_sequence_kl_itself_and_its_rows_are_the_likely_c
     prompt-averaged sequence KL(π_ref‖π_θ), with no sampling error."""
     ref = tiny_gpt()
     policy = perturbed(ref, 0.1, seed=1)
-    tree = build_anchor_tree(ref, TOK, PROMPTS, MAX_NEW, min_prob=1e-12)
+    tree = build_anchor_tree(ref, TOK, PROMPTS, 10_000, MAX_NEW, min_prob=1e-12)
     every = sum(all_completions(p, MAX_NEW).ids.size(0) for p in PROMPTS)
     assert tree.gen.ids.size(0) == every, "min_prob below every completion's must keep all of them"
     assert torch.equal(tree.group, torch.arange(len(PROMPTS)).repeat_interleave(every // len(PROMPTS)))
@@ -144,11 +144,17 @@ def test_the_tree_anchor_is_the_sequence_kl_itself_and_its_rows_are_the_likely_c
         loss = anchor_loss(policy, tree, torch.arange(tree.gen.ids.size(0))).item()
     want = sequence_kl(ref, policy)
     assert abs(loss - want) < 1e-5 * max(1.0, want), f"tree anchor {loss:.7f} != sequence KL {want:.7f}"
-    likely = build_anchor_tree(ref, TOK, PROMPTS, MAX_NEW, min_prob=0.01)
+    likely = build_anchor_tree(ref, TOK, PROMPTS, 10_000, MAX_NEW, min_prob=0.01)
     probs = sequence_logp(ref, likely.gen).exp()
     assert (probs >= 0.01 - 1e-6).all() and likely.gen.ids.size(0) < every, "only completions >= min_prob stay"
     with torch.no_grad():
         assert anchor_loss(ref, likely, torch.arange(likely.gen.ids.size(0))).item() == 0.0
+    capped = build_anchor_tree(ref, TOK, PROMPTS, 3, MAX_NEW, min_prob=1e-12)
+    assert torch.equal(torch.bincount(capped.group), torch.tensor([3] * len(PROMPTS))), "at most per_prompt rows"
+    kept = sequence_logp(ref, capped.gen).exp().view(len(PROMPTS), 3)
+    for i, prompt in enumerate(PROMPTS):  # the most likely ones
+        every_p = sequence_logp(ref, all_completions(prompt, MAX_NEW)).exp().sort(descending=True).values
+        assert torch.allclose(kept[i].sort(descending=True).values, every_p[:3].double(), atol=1e-6)
 
 
 def test_anchor_built_from_reference_samples_estimates_the_sequence_kl_within_its_standard_error():
