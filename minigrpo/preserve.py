@@ -108,7 +108,7 @@ def build_anchor_tree(ref: GPT, tok: CharTokenizer, prompts: list[str], per_prom
         grown = [(live[r][0], live[r][1] + [v], total[r, v].item()) for r, v in keep]
         leaves += [g for g in grown if g[1][-1] == EOS_ID]
         live = _most_likely([g for g in grown if g[1][-1] != EOS_ID], per_prompt)
-    leaves = _most_likely(leaves + live, per_prompt)  # + the prefixes unfinished at the length limit
+    leaves = sorted(_most_likely(leaves + live, per_prompt), key=lambda leaf: leaf[0])  # + unfinished; by prompt
     width = max(len(c) for _, c, _ in leaves)
     prompt_ids, prompt_mask = pad_left([starts[i] for i, _, _ in leaves], tok.pad_id, device)
     comp = torch.full((len(leaves), width), tok.pad_id, dtype=torch.long, device=device)
@@ -129,13 +129,14 @@ def build_anchor_tree(ref: GPT, tok: CharTokenizer, prompts: list[str], per_prom
 
 
 def _most_likely(items: list[tuple], per_prompt: int) -> list[tuple]:
-    """The `per_prompt` most likely (prompt index, ids, log-prob) items of each prompt, grouped by prompt."""
-    out, count = [], {}
-    for item in sorted(items, key=lambda item: (item[0], -item[2])):
-        count[item[0]] = count.get(item[0], 0) + 1
-        if count[item[0]] <= per_prompt:
-            out.append(item)
-    return out
+    """The `per_prompt` most likely (prompt index, ids, log-prob) items of each prompt, in their own order."""
+    ranked = sorted(range(len(items)), key=lambda i: (items[i][0], -items[i][2]))
+    keep, count = set(), {}
+    for i in ranked:
+        count[items[i][0]] = count.get(items[i][0], 0) + 1
+        if count[items[i][0]] <= per_prompt:
+            keep.add(i)
+    return [item for i, item in enumerate(items) if i in keep]
 
 
 def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor, direction: str = "forward") -> torch.Tensor:
