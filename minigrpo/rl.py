@@ -97,7 +97,7 @@ class Run:
             for p in self.prompts:
                 self.tok.check(p)
             self.rewards = reward_table(self.reward, self.prompts, self.task.support,  # exact E[r] needs it
-                                        getattr(self.task, "OFF_SUPPORT_PROBES", ("",)))
+                                        self.task.OFF_SUPPORT_PROBES)
         except (RewardError, ValueError) as e:
             raise UsageError(str(e)) from None
         room = self.policy.cfg.block_size - 1 - max(len(self.tok.encode(p)) for p in self.prompts)

@@ -32,6 +32,7 @@ NAME = "arithmetic"
 # Flags that differ from the CLIs' food-tuned defaults (measured: see README "A second world").
 PRETRAIN_DEFAULTS = {"steps": 3000, "batch_size": 128, "n_embd": 32, "n_head": 2, "lr": 1e-2, "n_lines": 86880}
 RL_DEFAULTS = {"prompts_per_step": 64, "group_size": 8, "steps": 300, "reward": "correct+format"}
+OFF_SUPPORT_PROBES = ("",)  # a completion with no answer at all (support.py; the off-support value is a bound here)
 OPS = "+-*"
 DIGITS_2 = "0123456789"  # operands of the 2-operand expressions: 10 * 3 * 10 = 300
 DIGITS_3 = "123"  # operands of the 3-operand expressions: 3 * 3 * 3 * 3 * 3 = 243 (precedence matters)

@@ -19,6 +19,7 @@ class Task(Protocol):
     RL_DEFAULTS: dict  # likewise for grpo and ppo
     REWARDS: dict[str, Callable[[str], Callable[[str, str], float] | None]]  # prefix -> factory(name)
     REWARD_HELP: dict[str, str]  # reward name -> one line for --help and error messages
+    OFF_SUPPORT_PROBES: tuple[str, ...]  # completions outside the support that value its off-support mass
 
     def make_corpus(self, n_lines: int, seed: int) -> list[str]:
         """Pretraining lines drawn from the declared distribution."""
