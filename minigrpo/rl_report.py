@@ -44,6 +44,8 @@ def progress_line(step: int, steps: int, row: dict, evaluated: bool) -> str:
         line += f" | malformed {row['malformed']:.4f} (peak {row['peak_malformed']:.4f})"
         if "heldout_rate" in row:  # tasks with held-out prompts (arithmetic)
             line += f" | held-out {row['heldout_rate']:.3f}"
+        if "regret" in row:  # tasks scored against the exact optimum (food: frontier.py)
+            line += f" | regret {row['regret']:.4f}"
     if row.get("skipped"):
         line += " | update skipped (every group had equal rewards)"
     else:
