@@ -41,7 +41,8 @@ explicit flags override a preset:
   dr_grpo    no std division, Σ over tokens / (B·max_len), β 0           (Dr. GRPO, 2503.20783)
   dapo       ε_high 0.28, equal-reward groups dropped, token-mean, β 0   (DAPO, 2503.14476; dropped, not
              re-sampled, and no overlong shaping: completions here are far below the length limit)
-  gspo       sequence-level ratio, ε 3e-4 / 4e-4, β 0                  (GSPO, 2507.18071)
+  gspo       sequence-level ratio, ε 3e-4 / 4e-4, β 0                  (GSPO, 2507.18071; one ratio per
+             sequence, the paper's GSPO, not verl's GSPO-token variant)
   rloo       RLOO-style: leave-one-out baseline, no std, k1 KL (β 0.04) folded into the reward (RLOO, 2402.14740;
              departure: μ = 2 clipped updates, where RLOO takes one REINFORCE step)
   reinforce  REINFORCE++-style: batch-mean baseline and batch std, token-mean, k1 KL (β 0.04) folded into
@@ -115,7 +116,7 @@ class GRPOConfig(RLConfig):
     loss_agg: str = field(default="seq-mean-token-mean", metadata=meta(
         "loss aggregation over tokens and sequences", choices=list(AGG_MODES)))
     ratio: str = field(default="token", metadata=meta(
-        "importance ratio per token, or per sequence (GSPO)", choices=["token", "sequence"]))
+        "importance ratio per token, or one per sequence (GSPO; not GSPO-token)", choices=["token", "sequence"]))
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
     fork_entropy: float = field(default=0.0, metadata=meta(
         "only tokens where π_ref's entropy is >= this (nats) carry the policy loss (0 = all; "
