@@ -55,26 +55,6 @@ def bench_sampling(device) -> str:
                   "max abs Δ log-prob"], rows)
 
 
-def bench_threads(device) -> str:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device)
-    opt = AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, 26, (128, 24), device=device)
-    def step():
-        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    rows = []
-    for n in (1, 2):
-        torch.set_num_threads(n)
-        rows.append([n, f"{1000 * _time(step, 10):.1f}"])
-    torch.set_num_threads(1)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return table(f"threads: one pretraining step (batch 128 x 23 tokens), 1-min load average {load:.2f}",
-                 ["threads", "ms/step (median of 10)"], rows)
-
-
 def _train_step(model, x):
     opt = AdamW(model.parameters(), lr=1e-3)
     def step():
@@ -85,6 +65,20 @@ def _train_step(model, x):
         if x.is_cuda:
             torch.cuda.synchronize()
     return step
+
+
+def bench_threads(device) -> str:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device)
+    step = _train_step(model, torch.randint(0, 26, (128, 24), device=device))
+    rows = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        rows.append([n, f"{1000 * _time(step, 10):.1f}"])
+    torch.set_num_threads(1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return table(f"threads: one pretraining step (batch 128 x 23 tokens), 1-min load average {load:.2f}",
+                 ["threads", "ms/step (median of 10)"], rows)
 
 
 def bench_scale(device) -> str:

@@ -66,10 +66,9 @@ def outcome_space(model, tokenizer, reward, person: str) -> tuple[torch.Tensor, 
     """π_ref (13,) and r (13,) float64 over OUTCOMES for "<person> likes ", and {probe: reward} of the
     malformed probes (the bucket's reward is their minimum). RewardError if the reward fails."""
     text = food.prompt(person)
-    dist = food.exact_distribution(model, tokenizer, person)
-    probs = [dist[f] for f in food.FOODS]
-    p_ref = torch.tensor([*probs, max(0.0, 1.0 - sum(probs))], dtype=torch.float64)
-    probes = dict(zip(MALFORMED_PROBES, score(reward, [text] * 2, list(MALFORMED_PROBES), [True, True])))
+    p_ref = food.outcomes(food.exact_distribution(model, tokenizer, person))
+    n = len(MALFORMED_PROBES)
+    probes = dict(zip(MALFORMED_PROBES, score(reward, [text] * n, list(MALFORMED_PROBES), [True] * n)))
     table = reward_table(reward, [text], food.support, MALFORMED_PROBES)
     r = torch.cat([table.support[0], table.off_support])
     return p_ref / p_ref.sum(), r, probes

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minigrpo.frontier import pass_at_k
 from minigrpo.rewards import score
 
 
@@ -63,4 +64,4 @@ def reward_figures(probs: torch.Tensor, rewards: torch.Tensor, atol: float = 1e-
             "off_support": (1 - probs.sum(1)).clamp(min=0).mean().item(),
             "best_reward": best.mean().item(),
             "target_rate": p_best.mean().item(),
-            "pass_at_8": (1 - (1 - p_best).clamp(min=0) ** 8).mean().item()}
+            "pass_at_8": pass_at_k(p_best.clamp(max=1), 8).mean().item()}
