@@ -147,6 +147,35 @@ def kl_per_token(logp, ref_logp, logits, ref_logits, kind: str) -> torch.Tensor:
     return exact(logits, ref_logits) if kind == "exact" else ESTIMATORS[kind](logp, ref_logp)
 
 
+def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPOConfig, policy_mask=None):
+    """The loss of one GRPO update (preservation, added by the run, aside) -> (loss, policy_loss, KL_t, H_t).
+
+        loss = aggregate(−min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â)) + β·aggregate(KL_t) − c_H·aggregate(H_t)
+
+    logp (N, T): log π_θ of the sampled completion tokens (with gradient); old_logp, ref_logp (N, T):
+    π_old's and π_ref's (no gradient); logits, ref_logits (N, T, V): π_θ's and π_ref's next-token logits
+    at those positions; adv (N,): one advantage per completion; mask (N, T) bool: valid tokens.
+    The surrogate (losses.clipped_surrogate, ε = cfg.clip_low / clip_high, cfg.dual_clip, cfg.ratio) runs
+    over policy_mask (default mask; --fork-entropy narrows it), every aggregate over mask with
+    cfg.loss_agg and max_len cfg.max_new_tokens. KL_t = kl_per_token(…, cfg.kl) enters the loss only when
+    cfg.beta > 0 and cfg.kl_in == "loss" (with "reward" the run folded it into the rewards already);
+    H_t = losses.entropy(logits), subtracted when cfg.entropy_coef ≠ 0. KL_t and H_t (N, T) are returned
+    for logging. (DeepSeekMath 2402.03300 eq. 3; the flags: the module docstring.)
+    """
+    agg = lambda x: aggregate(x, mask, cfg.loss_agg, cfg.max_new_tokens)  # noqa: E731 (one reduction for all)
+    per_token = clipped_surrogate(logp, old_logp, adv[:, None], mask if policy_mask is None else policy_mask,
+                                  cfg.clip_low, cfg.clip_high, cfg.dual_clip, cfg.ratio)
+    policy_loss = agg(per_token)
+    kl_tok = kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl)
+    ent = entropy(logits)
+    loss = policy_loss
+    if cfg.beta > 0 and cfg.kl_in == "loss":
+        loss = loss + cfg.beta * agg(kl_tok)
+    if cfg.entropy_coef:
+        loss = loss - cfg.entropy_coef * agg(ent)
+    return loss, policy_loss, kl_tok, ent
+
+
 class GRPO:
     needs_ref_logits = True  # for the exact-KL metric (cheap: the vocabulary is ~30 characters)
 
@@ -194,16 +223,8 @@ class GRPO:
             if fork is None:  # once per rollout, from π_ref's entropies
                 fork = forking_token_mask(entropy(batch.ref_logits), mask, cfg.fork_entropy) \
                     if cfg.fork_entropy else mask
-            per_token = clipped_surrogate(logp, batch.old_logp, adv[:, None], fork, cfg.clip_low, cfg.clip_high,
-                                          cfg.dual_clip, cfg.ratio)
-            policy_loss = aggregate(per_token, mask, cfg.loss_agg, cfg.max_new_tokens)
-            kl_tok = kl_per_token(logp, batch.ref_logp, logits, batch.ref_logits, cfg.kl)
-            ent = entropy(logits)
-            loss = policy_loss
-            if cfg.beta > 0 and cfg.kl_in == "loss":
-                loss = loss + cfg.beta * aggregate(kl_tok, mask, cfg.loss_agg, cfg.max_new_tokens)
-            if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.loss_agg, cfg.max_new_tokens)
+            loss, policy_loss, kl_tok, ent = grpo_loss(logp, batch.old_logp, batch.ref_logp, logits, batch.ref_logits,
+                                                       adv, mask, cfg, fork)
             anchor = self.run.anchor_term()
             if anchor is not None:
                 loss = loss + anchor

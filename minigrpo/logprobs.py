@@ -19,6 +19,29 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def completion_token_logprobs(logits: torch.Tensor, ids: torch.Tensor, prompt_len: int,
+                              completion_mask: torch.Tensor) -> torch.Tensor:
+    """log π(o_j | prompt, o_<j) of each completion token, 0 where the completion has ended.
+
+    ids (B, P+N): the left-padded prompt in slots [0, P) (P = prompt_len), then N completion slots.
+    logits (B, P+N−1, V): the model's output over ids[:, :-1], so logits[:, t] predicts ids[:, t+1]:
+    completion token j (slot P+j) is predicted by logits[:, P−1+j].
+    completion_mask (B, N) bool: tokens up to and including the first EOS; after it, PAD fills the row.
+    -> (B, N) log-softmax of the logits gathered at each completion token; masked slots exactly 0.
+    """
+    logp = gather_logprobs(logits[:, prompt_len - 1:], ids[:, prompt_len:])  # (B, N)
+    return torch.where(completion_mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+
+
+def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None, temperature: float = 1.0):
+    """The one forward pass over ids[:, :-1] (left-padded; key_mask (B, T) bool or None = all real):
+    -> (logits (B, T-1, V) at the given temperature, final hidden states (B, T-1, C)); logits[:, t]
+    predicts ids[:, t+1]."""
+    km = key_mask[:, :-1] if key_mask is not None else None
+    hidden = model.hidden(ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km)
+    return model.head(hidden) / temperature, hidden
+
+
 def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None,
                       temperature: float = 1.0, return_logits: bool = False, return_hidden: bool = False):
     """Next-token log-probs of a batch of (left-padded) sequences in one forward pass.
@@ -29,11 +52,7 @@ def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | No
        and, with return_hidden, the final hidden states (B, T-1, C) (for a value head).
     Entries whose target is padding are meaningless; callers mask them.
     """
-    inp = ids[:, :-1]
-    km = key_mask[:, :-1] if key_mask is not None else None
-    pos = positions(km) if km is not None else None
-    hidden = model.hidden(inp, pos=pos, key_mask=km)  # (B, T-1, C)
-    logits = model.head(hidden) / temperature  # (B, T-1, V)
+    logits, hidden = shifted_forward(model, ids, key_mask, temperature)  # (B, T-1, V), (B, T-1, C)
     logp = gather_logprobs(logits, ids[:, 1:])
     if not (return_logits or return_hidden):
         return logp

@@ -54,6 +54,28 @@ def positions(key_mask: torch.Tensor) -> torch.Tensor:
     return (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
+def attention(q, k, v, attn_mask=None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    """Causal scaled dot-product attention of T new queries, over the cached keys too: softmax(QKᵀ/√D)·V.
+
+    q, k, v: (B, H, T, D) for the T new tokens. attn_mask: None, or bool (B or 1, 1, T, T_keys), True =
+    may attend. cache: None, or a KVCache whose layer `layer` holds L = cache.length earlier keys/values:
+    k, v are first written into slots [L, L+T) and the queries then attend over all L+T keys
+    (T_keys = L+T). Do not advance cache.length: GPT.hidden does, once every layer has written.
+    Without attn_mask: plain causal attention (query i sees keys 0..i) when there is no cache; with a
+    cache, GPT.hidden passes a mask whenever T > 1, and a single query (T = 1) sees every key.
+    -> (B, H, T, D). (Vaswani et al. 2017, 1706.03762 eq. 1; the cache: GPT-2 inference.)
+    """
+    if cache is not None:
+        L, T = cache.length, q.size(2)
+        cache.k[layer, :, :, L : L + T] = k
+        cache.v[layer, :, :, L : L + T] = v
+        k = cache.k[layer, :, :, : L + T]  # (B, H, L+T, D)
+        v = cache.v[layer, :, :, : L + T]
+    if attn_mask is None:  # plain causal attention over a full (uncached) sequence, or one cached query
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.size(2) > 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -69,16 +91,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        if cache is not None:
-            L = cache.length
-            cache.k[layer, :, :, L : L + T] = k
-            cache.v[layer, :, :, L : L + T] = v
-            k = cache.k[layer, :, :, : L + T]  # (B, H, L+T, D)
-            v = cache.v[layer, :, :, : L + T]
-        if attn_mask is None:  # plain causal attention over a full (uncached) sequence
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
-        else:  # attn_mask (B, 1, T, T_keys) bool, True = may attend
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        y = attention(q, k, v, attn_mask, cache, layer)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.proj(y)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo.logprobs import sequence_logprobs
+from minigrpo.logprobs import completion_token_logprobs, shifted_forward
 from minigrpo.model import GPT
 from minigrpo.rewards import Reward, score
 from minigrpo.sampling import Generation, decode_completions, encode_prompts, generate
@@ -56,11 +56,10 @@ def generation_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, r
     pass, and optionally the (N, T, V) logits that produced them and the (N, T, C) hidden states of the
     states before each completion token (for a value head). Differentiable: use no_grad for π_old/π_ref.
     (logprobs.completion_logprobs is its text-level sibling: prompt and completion strings in, one summed
-    log-prob per pair out, for exact evaluation; both run logprobs.sequence_logprobs.)"""
+    log-prob per pair out, for exact evaluation; both run logprobs.shifted_forward.)"""
     P = gen.prompt_len
-    logp, logits, hidden = sequence_logprobs(model, gen.ids, gen.key_mask, temperature, return_hidden=True)
-    # target t of sequence_logprobs is token t+1, so completion token j (slot P+j) is target P-1+j
-    logp = torch.where(gen.completion_mask, logp[:, P - 1:], torch.zeros((), device=logp.device))
+    logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature)  # (N, P+T−1, ·)
+    logp = completion_token_logprobs(logits, gen.ids, P, gen.completion_mask)  # (N, T)
     extra = ([logits[:, P - 1:]] if return_logits else []) + ([hidden[:, P - 1:]] if return_hidden else [])
     return (logp, *extra) if extra else logp
 
