@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, main, train
+from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
 from minigrpo.metrics import read_jsonl
 from minigrpo.preserve import anchor_loss
 from minigrpo.rewards import make_reward
@@ -14,7 +14,7 @@ from minigrpo.rl import Run
 from minigrpo.rollout import collect, generation_logprobs
 from minigrpo.checkpoint import read_checkpoint
 from toy_tasks import food
-from conftest import perturbed
+from conftest import perturbed, right_padded
 
 TIME_KEYS = {"step_time", "tokens_per_s"}
 
@@ -450,3 +450,56 @@ def test_j_beta_preset_takes_the_reinforce_gradient_of_the_kl_regularised_object
     got = [p.grad for p in model.parameters()]
     assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want)), \
         "j_beta's update must be the plain REINFORCE gradient of J_β (KL-shaped reward, leave-one-out, Σ_t, μ = 1)"
+
+
+def loss_inputs(seed=0, lengths=(3, 1, 4), T=4, V=5):
+    """Random (logp with grad, old_logp, ref_logp, logits with grad, ref_logits, adv, mask) for grpo_loss."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(lengths), T, V, generator=g, dtype=torch.float64, requires_grad=True)
+    ref_logits = torch.randn(len(lengths), T, V, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, V, (len(lengths), T), generator=g)
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
+    ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, ids[..., None]).squeeze(-1)
+    adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)[: len(lengths)]
+    return logp, logp.detach().clone(), ref_logp, logits, ref_logits, adv, right_padded(list(lengths), T)
+
+
+def test_grpo_loss_at_ratio_one_pushes_each_token_by_minus_its_advantage_over_its_length():
+    logp, old, ref_logp, logits, ref_logits, adv, mask = loss_inputs()
+    logp.retain_grad()
+    cfg = GRPOConfig(beta=0.0, max_new_tokens=4)  # the default aggregation: the mean over tokens, then sequences
+    out = grpo_loss(logp, old, ref_logp, logits, ref_logits, adv, mask, cfg)
+    assert isinstance(out, tuple) and len(out) == 4, "grpo_loss returns (loss, policy_loss, kl_tok, entropy)"
+    loss, policy_loss = out[:2]
+    loss.backward()
+    n = mask.sum(1, keepdim=True).double()
+    want = torch.where(mask, -adv[:, None] / (3 * n), torch.zeros(()))  # −A_i / (B·|o_i|) per valid token
+    assert torch.allclose(logp.grad, want), (
+        f"d loss / d logp = {logp.grad.tolist()}, expected −A_i/(B·|o_i|) = {want.tolist()}: at ρ = 1 the clipped "
+        "surrogate's gradient is −A per token, and seq-mean-token-mean divides by |o_i| and by B")
+    assert abs(loss.item() - policy_loss.item()) < 1e-12, "with β = 0 and no entropy bonus the loss is the policy loss"
+
+
+@pytest.mark.parametrize("kl", ["exact", "k3"])
+def test_grpo_loss_adds_beta_times_the_aggregated_kl_only_when_the_kl_is_in_the_loss(kl):
+    logp, old, ref_logp, logits, ref_logits, adv, mask = loss_inputs(1)
+    cfg = GRPOConfig(beta=0.3, kl=kl, loss_agg="token-mean", max_new_tokens=4)
+    loss, policy_loss, kl_tok, _ = grpo_loss(logp, old, ref_logp, logits, ref_logits, adv, mask, cfg)
+    kl_mean = kl_tok[mask].mean()
+    assert (kl_tok[mask] >= -1e-12).all() and kl_tok.shape == mask.shape, "KL_t must be (N, T) and ≥ 0 here"
+    assert abs(loss.item() - (policy_loss + 0.3 * kl_mean).item()) < 1e-10, (
+        f"loss {loss.item():.6f} ≠ policy_loss + β·token-mean(KL_t) = {(policy_loss + 0.3 * kl_mean).item():.6f}: "
+        "the KL is ADDED to the loss we minimise (a penalty), aggregated like the policy loss")
+    cfg.kl_in = "reward"
+    loss_r, policy_r, _, _ = grpo_loss(logp, old, ref_logp, logits, ref_logits, adv, mask, cfg)
+    assert abs(loss_r.item() - policy_r.item()) < 1e-12, "with --kl-in reward the KL is already in the rewards"
+
+
+def test_grpo_loss_subtracts_the_entropy_bonus_and_uses_policy_mask_for_the_surrogate_only():
+    logp, old, ref_logp, logits, ref_logits, adv, mask = loss_inputs(2)
+    cfg = GRPOConfig(beta=0.0, entropy_coef=0.1, loss_agg="token-mean", max_new_tokens=4)
+    loss, policy_loss, _, ent = grpo_loss(logp, old, ref_logp, logits, ref_logits, adv, mask, cfg)
+    assert abs(loss.item() - (policy_loss - 0.1 * ent[mask].mean()).item()) < 1e-10, "loss = policy − c_H·H"
+    none = torch.zeros_like(mask)
+    _, policy_none, _, _ = grpo_loss(logp, old, ref_logp, logits, ref_logits, adv, mask, cfg, policy_mask=none)
+    assert policy_none.item() == 0.0, "tokens outside policy_mask carry no policy loss"

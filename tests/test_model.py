@@ -1,6 +1,8 @@
 import torch
 
-from minigrpo.model import GPT, GPTConfig, positions
+import math
+
+from minigrpo.model import GPT, GPTConfig, KVCache, attention, positions
 
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -75,3 +77,40 @@ def test_sequence_longer_than_block_size_is_an_error():
         assert "block_size" in str(e)
     else:
         raise AssertionError("expected ValueError")
+
+
+def naive_attention(q, k, v, allowed):
+    """softmax(q·kᵀ/√D) over the allowed keys, then ·v; allowed (T, T_keys) or (B, 1, T, T_keys) bool."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+
+
+def test_attention_is_the_softmax_of_scaled_scores_with_a_causal_mask():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    got = attention(q, k, v)
+    assert got.shape == (2, 3, 5, 4), f"attention returned shape {tuple(got.shape)}, expected (B, H, T, D)"
+    assert torch.allclose(got, naive_attention(q, k, v, causal), atol=1e-10), (
+        "without a mask, query i must attend to keys 0..i with weights softmax(q·kᵀ/√D)")
+    mask = torch.rand(2, 1, 5, 5, generator=g) < 0.5
+    mask |= torch.eye(5, dtype=torch.bool)  # every query sees itself
+    assert torch.allclose(attention(q, k, v, mask), naive_attention(q, k, v, mask), atol=1e-10), (
+        "with attn_mask, exactly the keys where it is True must be attended")
+
+
+def test_attention_writes_the_new_keys_into_the_cache_and_attends_over_all_of_them():
+    g = torch.Generator().manual_seed(1)
+    cfg = GPTConfig(vocab_size=5, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    cache = KVCache(cfg, 3, 8, "cpu", torch.float64)
+    old_k, old_v = (torch.randn(3, 2, 4, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    cache.k[1, :, :, :4], cache.v[1, :, :, :4], cache.length = old_k, old_v, 4  # 4 tokens already cached
+    q, k, v = (torch.randn(3, 2, 1, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    got = attention(q, k, v, cache=cache, layer=1)
+    assert torch.equal(cache.k[1, :, :, 4:5], k) and torch.equal(cache.v[1, :, :, 4:5], v), (
+        "the new keys and values belong in slots [cache.length, cache.length + T) of the layer's cache")
+    assert (cache.k[0] == 0).all(), "only layer `layer` of the cache may be written"
+    assert cache.length == 4, "attention must not advance cache.length (GPT.hidden does, after every layer)"
+    keys, values = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
+    assert torch.allclose(got, naive_attention(q, keys, values, torch.ones(1, 5, dtype=torch.bool)), atol=1e-10), (
+        "one new query must attend over every cached key and itself")
