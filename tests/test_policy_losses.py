@@ -88,7 +88,7 @@ def test_cispo_gradient_is_minus_the_clipped_detached_ratio_times_a_and_clipped_
     rho = torch.where(mask, logp - old, 0.0).exp()
     w = rho.clamp(1 - lo if lower else -math.inf, 1 + hi)
     want = torch.where(mask, -w * per_token(adv, mask), 0.0)
-    assert torch.allclose(g, want, atol=1e-12), f"CISPO: d L/d log π must be −clip(ρ)·A: {g.tolist()} vs {want.tolist()}"
+    assert torch.allclose(g, want, atol=1e-12), f"CISPO: d L/d log π must be −clip(ρ)·A: {g.tolist()} vs {want}"
     clipped = mask & (per_token(adv, mask) != 0) & ((rho > 1 + hi) | ((rho < 1 - lo) & lower))
     assert (g[clipped] != 0).all(), "CISPO keeps the gradient of a clipped token (PPO's clip zeroes it)"
     if not lower:  # TRL's one-sided clamp: a small ratio is never raised
