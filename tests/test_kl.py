@@ -172,3 +172,96 @@ def test_monte_carlo_reproduces_schulmans_gaussian_table(mu):
         tolerance = 4 * std / n ** 0.5 + 0.002  # 4 standard errors + the table's rounding
         assert abs(got_bias - bias) < tolerance, f"{name}, mu={mu}: bias/true {got_bias:.4f}, table {bias} ± {tolerance:.4f}"
         assert abs(got_std / std - 1) < 0.03, f"{name}, mu={mu}: std/true {got_std:.3f}, table {std}"
+
+
+# ---- appended: k3+ (k3's value, k2's gradient) and DeepSeek-V3.2's importance-weighted k3 -------------
+
+from minigrpo.kl import ALL_ESTIMATORS, k3_iw, k3_plus  # noqa: E402
+
+
+def sampled_grad(loss_of_logp, theta, weights):
+    """Σ_x w(x)·∇_θ loss(x) with the sample weights w (the sampler's probabilities) held fixed."""
+    theta = theta.clone().requires_grad_(True)
+    (weights.detach() * loss_of_logp(theta.log_softmax(-1))).sum().backward()
+    return theta.grad
+
+
+def test_all_estimators_adds_k3_plus_and_keeps_the_three():
+    assert ALL_ESTIMATORS == {**ESTIMATORS, "k3+": k3_plus}, f"ALL_ESTIMATORS: {ALL_ESTIMATORS}"
+
+
+@SET
+@given(logps, logps)
+def test_k3_plus_has_k3s_value_exactly_and_k2s_gradient_per_sample(a, b):
+    lp, ref = pair(a, b)
+    lp = lp.requires_grad_(True)
+    got = call(k3_plus, lp, ref, shape=lp.shape)
+    assert torch.equal(got.detach(), k3(lp, ref).detach()), f"k3+ must have k3's value exactly: {got} vs {k3(lp, ref)}"
+    (g_plus,) = torch.autograd.grad(got.sum(), lp)
+    (g_two,) = torch.autograd.grad(k2(lp, ref).sum(), lp)
+    assert torch.equal(g_plus, g_two), f"k3+ must carry k2's gradient: {g_plus} vs {g_two}"
+
+
+@settings(deadline=None, max_examples=25, derandomize=True)
+@given(categoricals)
+def test_on_policy_k3_plus_expected_gradient_is_the_reverse_kl_where_k3s_is_not(case):
+    theta, ref = random_categoricals(*case)
+    lref = ref.log_softmax(-1)
+    reverse = grad_of(lambda t: true_kl(t, ref), theta)
+    pi = theta.softmax(-1)
+    g_plus = sampled_grad(lambda lp: k3_plus(lp, lref), theta, pi)
+    g_three = sampled_grad(lambda lp: k3(lp, lref), theta, pi)
+    assert torch.allclose(g_plus, reverse, atol=1e-10), f"E[∇k3+] must be ∇KL(π‖π_ref): {g_plus} vs {reverse}"
+    assert not torch.allclose(g_three, reverse, atol=1e-6), "plain k3's expected gradient is not the reverse KL's"
+
+
+def off_policy(case):
+    """(θ, π_ref logits, π_old logits): π_old a perturbed copy of π_θ, as after the first of μ > 1 updates."""
+    theta, ref = random_categoricals(*case)
+    g = torch.Generator().manual_seed(case[0] + 1)
+    return theta, ref, theta + 0.5 * torch.randn(theta.shape, generator=g, dtype=torch.float64)
+
+
+@settings(deadline=None, max_examples=25, derandomize=True)
+@given(categoricals)
+def test_k3_iw_under_pi_old_sampling_is_unbiased_for_the_kl_and_its_gradient(case):
+    theta, ref, old = off_policy(case)
+    lp, lref, lold = theta.log_softmax(-1), ref.log_softmax(-1), old.log_softmax(-1)
+    q = lold.exp()  # samples come from π_old ≠ π_θ
+    want = true_kl(theta, ref)
+    value = (q * call(k3_iw, lp, lref, lold, shape=lp.shape)).sum(-1)
+    assert torch.allclose(value, want, atol=1e-10), f"E_π_old[ρ·k3] must be KL(π_θ‖π_ref): {value} vs {want}"
+    plain = (q * k3(lp, lref)).sum(-1)
+    assert not torch.allclose(plain, want, atol=1e-6), "plain k3 under π_old sampling should be biased here"
+    reverse = grad_of(lambda t: true_kl(t, ref), theta)
+    forward = grad_of(lambda t: true_kl(ref, t), theta)
+    g_iw = sampled_grad(lambda l: k3_iw(l, lref, lold), theta, q)
+    assert torch.allclose(g_iw, reverse, atol=1e-10), f"E_π_old[∇(ρ·k3)] must be ∇KL(π_θ‖π_ref): {g_iw} vs {reverse}"
+    g_detached = sampled_grad(lambda l: (l - lold).exp().detach() * k3(l, lref), theta, q)
+    assert torch.allclose(g_detached, forward, atol=1e-10), "with ρ detached the expectation is ∇KL(π_ref‖π_θ)"
+    assert not torch.allclose(g_detached, reverse, atol=1e-6), "so detaching ρ matters: the two must differ here"
+
+
+inside_clamp = st.lists(st.floats(-19, 0), min_size=1, max_size=8)  # |Δ| < 20: k3's gradient is 0 beyond
+
+
+@SET
+@given(inside_clamp, inside_clamp)
+def test_k3_iw_at_ratio_one_has_k3s_value_and_k2s_gradient_per_sample(a, b):
+    lp, ref = pair(a, b)
+    lp = lp.requires_grad_(True)
+    got = k3_iw(lp, ref, lp.detach())  # π_old = π_θ in value: ρ = 1, but ρ still carries a gradient
+    assert torch.allclose(got, k3(lp, ref), rtol=1e-12, atol=0), "at ρ = 1, k3_iw must equal k3"
+    (g_iw,) = torch.autograd.grad(got.sum(), lp)
+    (g_two,) = torch.autograd.grad(k2(lp, ref).sum(), lp)
+    scale = 1 + (ref - lp.detach()).exp()  # ρ·(k3 + 1 − e^Δ) cancels terms of size e^Δ in float64
+    assert ((g_iw - g_two).abs() <= 1e-12 * scale).all(), f"at ρ = 1, ∇(ρ·k3) must be ∇k2: {g_iw} vs {g_two}"
+
+
+def test_k3_plus_and_k3_iw_stay_finite_for_extreme_log_ratios():
+    lp = torch.tensor([0.0, -1e4, 0.0, -200.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-1e4, 0.0, -200.0, 0.0], dtype=torch.float64)
+    old = torch.tensor([-1e4, 0.0, 1e4, 0.0], dtype=torch.float64)
+    for value in (k3_plus(lp, ref), k3_iw(lp, ref, old)):
+        (g,) = torch.autograd.grad(value.sum(), lp)
+        assert torch.isfinite(value).all() and torch.isfinite(g).all(), f"value {value}, grad {g}"
