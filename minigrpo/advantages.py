@@ -6,6 +6,9 @@
     gae                 generalised advantage estimation for PPO (Schulman et al. 2015, 1506.02438 §3)
     whiten              masked normalisation to mean 0, variance 1 (PPO's advantage whitening)
     explained_variance  how much of the returns' variance the critic explains (a PPO diagnostic)
+    remax_advantages    A = r − r(greedy completion) (ReMax, Li et al. 2310.10505)
+    reject_uniform_groups  keep mask dropping all-correct and all-wrong (all-equal) groups (REINFORCE-Rej 2504.11343)
+    gpg_scale           α = N / #(A ≠ 0), GPG's correction for the zero-advantage samples (GPG 2504.02546)
 
 Defaults and departures:
   - The group std is Bessel-corrected (÷(G−1)), as in the paper's code and TRL; `unbiased=False` gives
@@ -172,3 +175,40 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     var_residual = _masked_mean_var(residual, mask)[3]
     safe = torch.where(var_returns > 0, var_returns, torch.ones_like(var_returns))
     return torch.where(var_returns > 0, 1 - var_residual / safe, torch.zeros_like(var_returns))
+
+
+# ---- appended: ReMax's greedy baseline, REINFORCE-Rej's group filter, GPG's rescaling ----
+
+def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> torch.Tensor:
+    """ReMax advantage  A_i = r_i − r(ŷ_greedy),  rewards (B, G), greedy_rewards (B,) -> (B, G).
+
+    The baseline of prompt b is the reward of its GREEDY completion (Li et al. 2023, arXiv 2310.10505):
+    no critic and no other samples; it costs one extra greedy decode per prompt. No normalisation.
+    Sampled completions that score like the greedy one get exactly 0.
+    """
+    return rewards - greedy_rewards[:, None]
+
+
+def reject_uniform_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE-Rej's filter: (B, G) rewards -> (B,) bool KEEP mask, False for groups with no contrast.
+
+    Xiong et al. 2025 (arXiv 2504.11343) drop the prompts whose G samples are all correct or all wrong; for
+    0/1 rewards those are exactly the groups whose rewards are all equal, and for any other reward this
+    drops the all-equal groups (whose group-centred advantages are 0 anyway). The complement of
+    equal_groups; DAPO's dynamic sampling re-samples these groups instead of dropping them.
+    """
+    return ~equal_groups(rewards)
+
+
+def gpg_scale(adv: torch.Tensor) -> torch.Tensor:
+    """GPG's rescaling  α = N / #(A ≠ 0),  advantages of any shape -> 0-dim tensor.
+
+    Group Policy Gradient (Chu et al. 2025, arXiv 2504.02546): the loss −α·A·log π averaged over
+    all N samples of the batch is diluted by the samples with A = 0 (all-equal groups); α = B/(B − M),
+    M of them zero, undoes that dilution, as if the mean ran over the informative samples only. Pass ONE
+    advantage per completion (B, G): per-token advantages would count tokens. α ≥ 1; a batch with no
+    nonzero advantage gives α = 1 (its loss is 0 whatever α).
+    """
+    nonzero = (adv != 0).sum()
+    one = torch.ones((), dtype=adv.dtype, device=adv.device)
+    return torch.where(nonzero > 0, adv.numel() / nonzero.clamp(min=1).to(adv.dtype), one)

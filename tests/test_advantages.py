@@ -308,3 +308,58 @@ def test_explained_variance_perfect_constant_and_hand_examples():
     v = ret + R([[-0.5, 0.5, -0.5, 0.5, float("nan")]])
     assert abs(ev(v, ret) - 0.8) < 1e-12, f"hand example: expected 0.8, got {ev(v, ret)}"
     assert ev(ret, torch.ones_like(ret)) == 0.0, "Var[returns] = 0 is defined as EV = 0 (no NaN)"
+
+
+# ---- appended: ReMax, REINFORCE-Rej, GPG ----------------------------------------------------------
+
+from minigrpo.advantages import equal_groups, gpg_scale, reject_uniform_groups, remax_advantages  # noqa: E402
+
+
+@SET
+@given(reward_rows(grid), st.integers(0, 10**6))
+def test_remax_is_reward_minus_the_greedy_reward_and_zero_where_they_match(rows, seed):
+    r = R(rows)
+    pick = torch.randint(0, r.size(1), (r.size(0),), generator=torch.Generator().manual_seed(seed))
+    greedy = r[torch.arange(r.size(0)), pick]  # a greedy completion that scored like sample `pick`
+    a = call(remax_advantages, r, greedy, shape=r.shape)
+    assert torch.equal(a, r - greedy[:, None]), f"ReMax must be r − r(greedy) per group: {a.tolist()}"
+    assert (a[r == greedy[:, None]] == 0).all(), "a sample scoring like the greedy completion must get exactly 0"
+    shifted = remax_advantages(r + 2.5, greedy + 2.5)
+    assert torch.equal(shifted, a), "shifting every reward by a constant (greedy included) must change nothing"
+
+
+@SET
+@given(reward_rows(st.sampled_from([0.0, 1.0]), G=(1, 6)))
+def test_reinforce_rej_drops_exactly_the_all_correct_and_all_wrong_groups(rows):
+    r = R(rows)
+    keep = call(reject_uniform_groups, r, shape=(r.size(0),))
+    want = torch.tensor([0.0 < sum(row) < len(row) for row in rows])
+    assert keep.dtype == torch.bool and torch.equal(keep, want), f"0/1 rewards {rows}: keep {keep.tolist()}"
+
+
+@SET
+@given(reward_rows(grid))
+def test_reinforce_rej_keeps_every_group_with_two_different_rewards_and_leaves_no_zero_signal_group(rows):
+    r = R(rows)
+    keep = reject_uniform_groups(r)
+    assert torch.equal(keep, ~equal_groups(r)), "the kept groups are exactly those with ≥ 2 different rewards"
+    kept = group_advantages(r[keep])
+    assert (kept.abs().sum(1) > 0).all(), f"a kept group has all-zero advantages: {kept.tolist()}"
+
+
+@SET
+@given(reward_rows(st.sampled_from([0.0, 1.0]), B=(1, 4), G=(2, 6)))
+def test_gpg_alpha_makes_the_batch_mean_a_mean_over_the_nonzero_advantages(rows):
+    a = group_advantages(R(rows))
+    alpha = call(gpg_scale, a, shape=())
+    nonzero = a[a != 0]
+    if nonzero.numel() == 0:
+        assert alpha == 1, f"no informative sample: α must be 1, got {alpha}"
+        return
+    assert torch.allclose(alpha * nonzero.numel(), R(float(a.numel()))), f"α = N/#(A≠0): {alpha} for {a.tolist()}"
+    assert alpha >= 1
+    assert torch.allclose((alpha * a).mean(), nonzero.mean(), atol=1e-12), "α·mean over all N = mean over A ≠ 0"
+
+
+def test_gpg_hand_value():
+    assert gpg_scale(R([[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])).item() == 4.0, "8 samples, 2 nonzero: α = 4"
