@@ -1,0 +1,131 @@
+"""Learn by implementing: write each piece of GRPO yourself; the library's own tests grade it; your pieces train.
+
+    python -m minigrpo.learn                  # the path: numbered exercises and their status
+    python -m minigrpo.learn start 3          # writes exercise 3's stub into your workspace (runs/learn/)
+    python -m minigrpo.learn check 3          # grades it with the library's property tests
+    python -m minigrpo.learn hint 3           # one hint at a time
+    python -m minigrpo.learn check --all      # the whole path, then the capstone's training run
+
+N is an exercise's number or its function's name (e.g. group_advantages). Your function lives at
+<dir>/<module>.py with the library's own signature; nothing under minigrpo/ is ever changed. `check`
+exits 0 when the exercise passes and 1 when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from minigrpo.cli import UsageError, main_guard
+from minigrpo.learn import grade, workspace
+from minigrpo.learn.path import CAPSTONE, PATH, find
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print its usage and exit 2; we want one clear line
+        raise UsageError(message)
+
+
+def parse(argv):
+    parser = _Parser(prog="python -m minigrpo.learn", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default=workspace.DEFAULT_DIR, help="your workspace (default: runs/learn)")
+    common = _Parser(add_help=False)  # --dir after the command too; SUPPRESS keeps the default above
+    common.add_argument("--dir", default=argparse.SUPPRESS, help="your workspace (default: runs/learn)")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    for name, help_text in (("list", "the path and each exercise's status"), ("start", "write an exercise's stub"),
+                            ("check", "grade an exercise (or --all)"), ("hint", "the next hint of an exercise")):
+        p = sub.add_parser(name, help=help_text, parents=[common])
+        if name != "list":
+            p.add_argument("exercise", nargs="?", help="its number (1-%d) or its function's name" % len(PATH))
+        if name == "check":
+            p.add_argument("--all", action="store_true", help="every exercise in order, then the capstone's run")
+    args = parser.parse_args(argv)
+    args.command = args.command or "list"
+    if Path(args.dir).resolve().is_relative_to(Path(grade.__file__).resolve().parent.parent):
+        raise UsageError(f"--dir {args.dir} is inside the package: choose a folder of yours (default runs/learn)")
+    if args.command in ("start", "hint") or (args.command == "check" and not args.all):
+        if not args.exercise:
+            raise UsageError(f"{args.command} needs an exercise: a number 1-{len(PATH)} or a function's name")
+        try:
+            args.exercise = find(args.exercise)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return args
+
+
+def show_list(folder) -> None:
+    print(f"the path (workspace {folder}):")
+    for ex in PATH:
+        print(f"  {ex.number:2d}  {ex.name:<26} {grade.graded_status(ex, folder):<21} ~{ex.minutes:2d} min  "
+              f"{ex.lesson}")
+    print("start with: python -m minigrpo.learn start 1")
+
+
+def start(ex, folder) -> None:
+    path, written = workspace.write_stub(ex, folder)
+    if not written:
+        print(f"exercise {ex.number} {ex.name} is already in {path} (left as it is)")
+        return
+    print(f"wrote the stub of exercise {ex.number} {ex.name} into {path}: replace its `raise NotImplementedError`")
+    print(f"  what it teaches: {ex.lesson}")
+    print(f"  then: python -m minigrpo.learn check {ex.number}    (stuck? python -m minigrpo.learn hint {ex.number})")
+
+
+def hint(ex, folder) -> None:
+    progress = grade.load_progress(folder)
+    shown = progress.get(ex.name, {}).get("hints", 0)
+    k = min(shown, len(ex.hints) - 1)
+    print(f"hint {k + 1} of {len(ex.hints)} for exercise {ex.number} {ex.name}: {ex.hints[k]}")
+    progress[ex.name] = {**progress.get(ex.name, {}), "hints": k + 1}
+    grade.save_progress(folder, progress)
+
+
+def ensure_pretrained(root: Path) -> None:
+    if not (root / "runs" / "pretrain" / "model.pt").exists():
+        print("the capstone needs the pretrained model: python -m minigrpo.pretrain (about 15 s) ...")
+        subprocess.run([sys.executable, "-m", "minigrpo.pretrain"], cwd=root, check=True, capture_output=True)
+
+
+def check(args) -> bool:
+    folder = args.dir
+    todo = PATH if args.all else (args.exercise,)
+    results = {}
+    for ex in todo:
+        if args.all and workspace.status(ex, folder) == "not started":
+            print(f"exercise {ex.number} {ex.name}: not started")
+            results[ex.name] = False
+            continue
+        try:
+            results[ex.name] = grade.check(ex, folder)
+        except workspace.LearnerError as e:
+            print(f"exercise {ex.number} {ex.name}: your file does not load: {e}")
+            results[ex.name] = False
+    if CAPSTONE in todo and workspace.learner_function(CAPSTONE, folder) is not None:
+        ensure_pretrained(grade.repo_root())
+        results["capstone run"] = grade.capstone(folder)[0]
+    if args.all:
+        print(f"the path: {sum(results.values())} of {len(results)} passing")
+    return all(results.values())
+
+
+@main_guard
+def main(argv=None):
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        grade.repo_root()
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    if args.command == "list":
+        show_list(args.dir)
+    elif args.command == "start":
+        start(args.exercise, args.dir)
+    elif args.command == "hint":
+        hint(args.exercise, args.dir)
+    elif not check(args):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

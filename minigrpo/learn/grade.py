@@ -1,0 +1,185 @@
+"""Grading: the library's own tests run against the learner's function, and the capstone's real run.
+
+`check` runs, in a fresh pytest process, every test of the exercise's test files that uses the function
+(plus the exercise's extra tests), with the learner's function plugged in by minigrpo.learn.plugin. It
+prints each broken property (the test's name) with its message and Hypothesis' smallest failing example,
+then the catalogued mistakes the function shows (mistakes.py). The capstone then trains: a real
+`python -m minigrpo.grpo --reward pizza` with every function the learner wrote plugged in.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import minigrpo
+from minigrpo.learn import mistakes, workspace
+from minigrpo.learn.path import CAPSTONE, PATH, Exercise
+
+GOAL = 0.9  # the capstone passes when ravin's exact P(pizza) reaches this
+
+
+def repo_root() -> Path:
+    root = Path(minigrpo.__file__).resolve().parent.parent
+    if not (root / "tests" / "conftest.py").exists():
+        raise FileNotFoundError(f"grading needs the repository's tests/ folder next to {root / 'minigrpo'}: "
+                                "install from a clone with pip install -e .")
+    return root
+
+
+def test_ids(ex: Exercise, root: Path) -> list[str]:
+    """Node ids of the tests that grade ex: those of ex.tests_from whose body names the function, + extras."""
+    whole_files = {t for t in ex.extra_tests if "::" not in t}
+    ids = []
+    for rel in ex.tests_from:
+        if rel in whole_files:
+            continue
+        functions = {n.name: n for n in ast.parse((root / rel).read_text()).body if isinstance(n, ast.FunctionDef)}
+        uses = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} |  # k1(...)
+                {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)} |  # kl.k1(...)
+                {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}  # ESTIMATORS["k1"]
+                for name, node in functions.items()}
+        for _ in functions:  # a test that calls a helper of its file uses what the helper uses
+            for name in uses:
+                uses[name] = uses[name].union(*(uses[h] for h in uses[name] & functions.keys()))
+        ids += [f"{rel}::{name}" for name in functions if name.startswith("test_") and ex.name in uses[name]]
+    return ids + [t for t in ex.extra_tests if t not in ids]
+
+
+def run_tests(ex: Exercise, folder, only: set[str] | None = None) -> list[dict]:
+    """Run ex's tests with the learner's functions (those in `only`, default ex's) plugged in -> outcomes."""
+    root = repo_root()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        env = {**os.environ, "MINIGRPO_LEARN_DIR": str(Path(folder).resolve()), "OMP_NUM_THREADS": "1",
+               "MINIGRPO_LEARN_ONLY": ",".join(sorted(only or {ex.name})), "MINIGRPO_LEARN_REPORT": str(report),
+               "PYTHONDONTWRITEBYTECODE": "1",  # nothing written next to the library's sources
+               "HYPOTHESIS_STORAGE_DIRECTORY": str(Path(folder).resolve() / ".hypothesis")}
+        cmd = [sys.executable, "-m", "pytest", "-p", "minigrpo.learn.plugin", "-p", "no:cacheprovider", "-q",
+               "--no-header", "-m", "not slow", *test_ids(ex, root)]
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        if not report.exists():  # pytest could not even start (a learner's file that fails to import, ...)
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+            return [{"test": "collection", "outcome": "failed", "message": " | ".join(tail), "example": ""}]
+        return json.loads(report.read_text())
+
+
+MAX_SHOWN = 4  # broken properties printed per exercise
+
+
+def _property(node_id: str) -> str:
+    name = node_id.split("::")[-1].split("[")[0]
+    return name.removeprefix("test_").replace("_", " ")
+
+
+def _short(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _source_hash(fn) -> str:
+    return hashlib.sha1(inspect.getsource(fn).encode()).hexdigest()[:12]
+
+
+def progress_file(folder) -> Path:
+    return Path(folder) / ".learn.json"
+
+
+def load_progress(folder) -> dict:
+    path = progress_file(folder)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_progress(folder, progress: dict) -> None:
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    progress_file(folder).write_text(json.dumps(progress, indent=1, sort_keys=True))
+
+
+def graded_status(ex: Exercise, folder) -> str:
+    """'not started', 'failing', 'passing', or 'written, not checked' (changed since the last check)."""
+    state = workspace.status(ex, folder)
+    if state != "written":
+        return {"stub": "stub written"}.get(state, state)
+    last = load_progress(folder).get(ex.name, {})
+    fn = workspace.learner_function(ex, folder)
+    return last.get("status", "written, not checked") if last.get("hash") == _source_hash(fn) \
+        else "written, not checked"
+
+
+def check(ex: Exercise, folder, log=print) -> bool:
+    """Grade one exercise; print what broke and the mistakes it looks like. -> passed."""
+    fn = workspace.learner_function(ex, folder)
+    if fn is None:
+        state = workspace.status(ex, folder)
+        log(f"exercise {ex.number} {ex.name}: " + (f"not started; python -m minigrpo.learn start {ex.number}"
+            if state == "not started" else f"still the stub: replace its raise NotImplementedError in "
+            f"{workspace.learner_file(ex, folder)}"))
+        return False
+    results = run_tests(ex, folder)
+    failed = [r for r in results if r["outcome"] == "failed"]
+    n_run = sum(r["outcome"] != "skipped" for r in results)
+    passed = not failed and n_run > 0
+    progress = load_progress(folder)
+    progress[ex.name] = {**progress.get(ex.name, {}), "status": "passing" if passed else "failing",
+                         "hash": _source_hash(fn)}
+    save_progress(folder, progress)
+    where = workspace.learner_file(ex, folder)
+    log(f"exercise {ex.number} {ex.name} ({where}): {n_run - len(failed)} of {n_run} tests pass")
+    for m in mistakes.diagnose(ex.name, fn):
+        log(f"  looks like a known mistake: {m.message}")
+    by_property = {}  # a parametrised test fails once per case: show its first case, count the rest
+    for r in failed:
+        by_property.setdefault(_property(r["test"]), []).append(r)
+    for prop, cases in list(by_property.items())[:MAX_SHOWN]:
+        r = cases[0]
+        more = f" ({len(cases)} cases)" if len(cases) > 1 else ""
+        log(f"  x {prop}{more}\n      {_short(r['message'])}")
+        if r["example"]:
+            log(f"      smallest failing example: {_short(r['example'])}")
+    if len(by_property) > MAX_SHOWN:
+        log(f"  ... and {len(by_property) - MAX_SHOWN} more broken properties")
+    if not passed:
+        log(f"  hint: python -m minigrpo.learn hint {ex.number}")
+    elif ex is not CAPSTONE:
+        log(f"  passing. Next: python -m minigrpo.learn start {ex.number + 1}")
+    return passed
+
+
+def capstone(folder, log=print, extra_args: tuple[str, ...] = ()) -> tuple[bool, float | None]:
+    """Train with every function the learner wrote plugged in -> (P(pizza) >= GOAL, the final P(pizza))."""
+    root = repo_root()
+    out = Path(folder).resolve() / "capstone"
+    plugged = [ex for ex in PATH if workspace.learner_function(ex, folder) is not None]
+    log(f"capstone: python -m minigrpo.grpo --reward pizza with your {', '.join(e.name for e in plugged)}")
+    argv = ["--reward", "pizza", "--out", str(out), "--overwrite", *extra_args]
+    code = ("import sys; from minigrpo.learn.workspace import install; install(sys.argv[1]); "
+            "from minigrpo.grpo import main; main(sys.argv[2:])")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(folder).resolve()), *argv], cwd=root, env=env,
+                          capture_output=True, text=True)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    for line in lines[-4:]:
+        log("  " + line)
+    summary = out / "summary.json"
+    rate = json.loads(summary.read_text()).get("target_rate") if summary.exists() else None
+    ok = proc.returncode == 0 and rate is not None and rate >= GOAL
+    if ok:
+        log(f"capstone passed: your GRPO took ravin's exact P(pizza) to {rate:.3f} (>= {GOAL}); "
+            f"the metrics: {out / 'metrics.png'}")
+        return True, rate
+    log(f"capstone: the run did not learn: ravin's exact P(pizza) ended at "
+        f"{'n/a' if rate is None else f'{rate:.3f}'} (needs >= {GOAL}); the metrics: {out / 'metrics.png'}")
+    broken = [ex for ex in plugged if any(r["outcome"] == "failed" for r in run_tests(ex, folder))]
+    for ex in broken:
+        log(f"  revisit exercise {ex.number} {ex.name}: it fails its own tests (python -m minigrpo.learn check "
+            f"{ex.number})")
+    if not broken:
+        log("  every piece you wrote passes its tests: look at how grpo_loss puts them together (exercise 12)")
+    return False, rate

@@ -1,0 +1,179 @@
+"""The learner's workspace: stubs written from the library's own functions, and the learner's functions
+plugged into a running process in place of the library's.
+
+    <workspace>/advantages.py   group_advantages, rloo_advantages, gae as the learner wrote them
+    <workspace>/losses.py       clipped_surrogate, aggregate ...
+
+A stub is the library function's signature and docstring with `raise NotImplementedError` as its body,
+preceded by the imports its reference body uses (so the library's own body, pasted in, also runs).
+`install` replaces the library's function by the learner's in every loaded minigrpo module and in the
+module-level tables that hold it (kl.ESTIMATORS, ...): in memory, in this process only. No file under
+minigrpo/ is ever written, and each workspace loads under its own module names, so two learners'
+workspaces never meet.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+from minigrpo.learn.path import PATH, Exercise
+
+DEFAULT_DIR = "runs/learn"
+LIBRARY_MODULES = ("minigrpo.grpo", "minigrpo.ppo", "minigrpo.rl", "minigrpo.compare")  # import everything a run uses
+
+
+class LearnerError(Exception):
+    """The learner's file cannot be used as it is (a syntax error, a failing import, a missing function)."""
+
+
+def library_function(ex: Exercise):
+    return getattr(importlib.import_module(f"minigrpo.{ex.module}"), ex.name)
+
+
+def _function_node(source: str, name: str) -> ast.FunctionDef | None:
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    return None
+
+
+def _imports_for(ex: Exercise) -> list[str]:
+    """Import lines for the module-level names the library's body of ex uses (torch, F, helpers, constants)."""
+    module = importlib.import_module(f"minigrpo.{ex.module}")
+    node = _function_node(textwrap.dedent(inspect.getsource(library_function(ex))), ex.name)
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - {ex.name}
+    lines, names = [], []
+    for name in sorted(used):
+        value = vars(module).get(name)
+        if isinstance(value, types.ModuleType):
+            lines.append(f"import {value.__name__}" + ("" if value.__name__ == name else f" as {name}"))
+        elif value is not None:
+            names.append(name)
+    if names:
+        lines.append(f"from minigrpo.{ex.module} import {', '.join(names)}")
+    return lines
+
+
+def stub_source(ex: Exercise, body: str | None = None) -> str:
+    """The learner's starting point: imports, then the signature and docstring of the library's function
+    with `body` (default: raise NotImplementedError) in place of its code."""
+    source = textwrap.dedent(inspect.getsource(library_function(ex)))
+    node = _function_node(source, ex.name)
+    lines = source.splitlines()
+    doc_end = node.body[0].end_lineno if ast.get_docstring(node) else node.body[0].lineno - 1
+    body = body or (f'raise NotImplementedError("exercise {ex.number}: write {ex.name} '
+                    f'(python -m minigrpo.learn hint {ex.number})")')
+    head = lines[:doc_end]
+    return "\n".join(_imports_for(ex) + ["", ""] + head + ["    " + line for line in body.splitlines()]) + "\n"
+
+
+def reference_source(ex: Exercise) -> str:
+    """The library's own function with the imports it needs: what a perfect learner would write."""
+    source = textwrap.dedent(inspect.getsource(library_function(ex)))
+    body = source.splitlines()[_function_node(source, ex.name).body[0].end_lineno:]
+    return stub_source(ex, textwrap.dedent("\n".join(body)))
+
+
+def learner_file(ex: Exercise, folder) -> Path:
+    return Path(folder) / f"{ex.module}.py"
+
+
+def write_stub(ex: Exercise, folder, source: str | None = None) -> tuple[Path, bool]:
+    """Append ex's stub (or `source`) to <folder>/<module>.py unless the function is there already.
+    -> (the file, whether it was written)."""
+    path = learner_file(ex, folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = path.read_text() if path.exists() else (
+        f'"""Your minigrpo.{ex.module}: the functions of the path you wrote (python -m minigrpo.learn)."""\n\n'
+        "from __future__ import annotations\n")
+    if f"def {ex.name}(" in text:
+        return path, False
+    path.write_text(text.rstrip("\n") + "\n\n\n" + (source or stub_source(ex)))
+    return path, True
+
+
+def _module_name(folder, module: str) -> str:
+    key = hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:10]
+    return f"minigrpo_learner_{key}.{module}"
+
+
+def load_module(folder, module: str) -> types.ModuleType | None:
+    """The learner's <folder>/<module>.py as a module of its own (loaded once per process); None if absent."""
+    path = Path(folder) / f"{module}.py"
+    if not path.exists():
+        return None
+    name = _module_name(folder, module)
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:  # a learner's file: any error is theirs to see, in one line
+        raise LearnerError(f"{path}: {type(e).__name__}: {e}") from None
+    sys.modules[name] = mod
+    return mod
+
+
+def is_stub(fn) -> bool:
+    """True while fn's body is still only `raise NotImplementedError(...)` (after its docstring)."""
+    node = _function_node(textwrap.dedent(inspect.getsource(fn)), fn.__name__)
+    body = node.body[1:] if ast.get_docstring(node) else node.body
+    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
+
+
+def learner_function(ex: Exercise, folder):
+    """The learner's function for ex, None when it is absent or still a stub."""
+    mod = load_module(folder, ex.module)
+    fn = getattr(mod, ex.name, None) if mod is not None else None
+    return None if fn is None or is_stub(fn) else fn
+
+
+def status(ex: Exercise, folder) -> str:
+    """'not started', 'stub' or 'written' (graded status lives in grade.py)."""
+    path = learner_file(ex, folder)
+    if not path.exists() or f"def {ex.name}(" not in path.read_text():
+        return "not started"
+    return "written" if learner_function(ex, folder) is not None else "stub"
+
+
+def replace_everywhere(old, new) -> int:
+    """Put `new` wherever a loaded minigrpo or toy_tasks module (or a dict at its top level) holds `old`."""
+    count = 0
+    for name, mod in list(sys.modules.items()):
+        if not (name.startswith(("minigrpo.", "toy_tasks")) or name == "minigrpo"):
+            continue
+        for attr, value in list(vars(mod).items()):
+            if value is old:
+                setattr(mod, attr, new)
+                count += 1
+            elif isinstance(value, dict):
+                for key, entry in list(value.items()):
+                    if entry is old:
+                        value[key] = new
+                        count += 1
+    return count
+
+
+def install(folder, only: set[str] | None = None) -> list[Exercise]:
+    """Plug the learner's written functions (all, or those named in `only`) into this process, in path
+    order, so a later piece (the capstone) picks up the earlier ones. -> the exercises plugged in."""
+    for module in LIBRARY_MODULES:
+        importlib.import_module(module)
+    plugged = []
+    for ex in PATH:
+        if only is not None and ex.name not in only:
+            continue
+        fn = learner_function(ex, folder)
+        if fn is not None:
+            replace_everywhere(library_function(ex), fn)
+            plugged.append(ex)
+    return plugged

@@ -1,0 +1,149 @@
+"""minigrpo.learn: stubs, grading by the library's own tests, the catalogue of mistakes, the capstone.
+
+A planted mistake is a textual change of the library's own function (MUTANTS); the reference is the
+library's function itself, pasted into a learner's file (workspace.reference_source)."""
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+import minigrpo
+from minigrpo.learn import grade, mistakes, workspace
+from minigrpo.learn.__main__ import main
+from minigrpo.learn.path import PATH, find
+
+# (exercise, mistake key) -> (text in the library's function, what the mistake writes instead)
+MUTANTS = {
+    ("group_advantages", "population_std"): ("std = _std(r, dims, unbiased)", "std = _std(r, dims, False)"),
+    ("group_advantages", "no_equal_group_guard"): (
+        "return torch.where(equal, torch.zeros_like(adv), adv).to(rewards.dtype)", "return adv.to(rewards.dtype)"),
+    ("group_advantages", "std_underflows"): (
+        "std = _std(r, dims, unbiased)", "std = r.std(dim=dims, keepdim=True, unbiased=unbiased)"),
+    ("rloo_advantages", "mean_includes_self"): ("adv = G / (G - 1) * (", "adv = ("),
+    ("clipped_surrogate", "sign"): ("return torch.where(mask, -objective,", "return torch.where(mask, objective,"),
+    ("clipped_surrogate", "clip_wrong_side"): ("torch.minimum(pg_obj1, pg_obj2)", "torch.maximum(pg_obj1, pg_obj2)"),
+    ("k1", "sign"): ("return logp - ref_logp", "return ref_logp - logp"),
+    ("k3", "sign"): ("delta = (ref_logp - logp)", "delta = (logp - ref_logp)"),
+    ("exact", "swapped"): ("(logp.exp() * (logp - ref_logp))", "(ref_logp.exp() * (ref_logp - logp))"),
+    ("aggregate", "padded_length"): ("](x, mask,", "](x, torch.ones_like(mask),"),
+    ("aggregate", "mask_multiplied"): ("x = torch.where(mask, per_token, _zero(per_token))", "x = per_token * mask"),
+    ("gae", "bootstrap_past_the_end"): ("v = torch.where(mask, values, zero)", "v = values"),
+    ("completion_token_logprobs", "tokens_after_eos"): ("return torch.where(completion_mask, logp,",
+                                                        "return torch.where(completion_mask | True, logp,"),
+    ("completion_token_logprobs", "off_by_one"): ("ids[:, prompt_len:]", "ids[:, prompt_len - 1:-1]"),
+    ("attention", "no_scaling"): ("is_causal=q.size(2) > 1)", "is_causal=q.size(2) > 1, scale=1.0)"),
+    ("grpo_loss", "kl_subtracted"): ("loss = loss + cfg.beta * agg(kl_tok)", "loss = loss - cfg.beta * agg(kl_tok)"),
+}
+
+
+def mutant_source(name, key):
+    old, new = MUTANTS[(name, key)]
+    source = workspace.reference_source(find(name))
+    assert old in source, f"the planted mistake {key} no longer matches {name}'s source: update MUTANTS"
+    return source.replace(old, new)
+
+
+def plant(folder, name, source):
+    path, written = workspace.write_stub(find(name), folder, source)
+    assert written
+    return workspace.learner_function(find(name), folder)
+
+
+def package_fingerprint():
+    root = Path(minigrpo.__file__).parent
+    return {p: hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
+            and "__pycache__" not in p.parts}
+
+
+def test_every_catalogued_mistake_has_a_planted_copy_and_every_exercise_tests():
+    assert {(m.exercise, m.key) for m in mistakes.CATALOGUE} == set(MUTANTS)
+    must = {"population_std", "no_equal_group_guard", "clip_wrong_side", "sign", "tokens_after_eos",
+            "padded_length", "bootstrap_past_the_end"}  # the issue's catalogue
+    assert must <= {m.key for m in mistakes.CATALOGUE}
+    for ex in PATH:
+        ids = grade.test_ids(ex, grade.repo_root())
+        assert len(ids) >= 2, f"exercise {ex.name} is graded by {ids}"
+
+
+@pytest.mark.parametrize("name,key", sorted(MUTANTS))
+def test_each_probe_recognises_its_planted_mistake_and_never_the_library(tmp_path, name, key):
+    (m,) = [m for m in mistakes.CATALOGUE if (m.exercise, m.key) == (name, key)]
+    assert not m.probe(workspace.library_function(find(name))), f"{key} fires on the library's own {name}"
+    planted = plant(tmp_path, name, mutant_source(name, key))
+    assert m in mistakes.diagnose(name, planted), f"the probe of {key} misses its planted copy"
+
+
+@pytest.mark.parametrize("ex", PATH, ids=[e.name for e in PATH])
+def test_a_stub_has_the_library_signature_and_the_reference_loads_and_is_not_a_stub(tmp_path, ex):
+    path, _ = workspace.write_stub(ex, tmp_path / "a")
+    text = path.read_text()
+    assert f"def {ex.name}(" in text and "raise NotImplementedError" in text
+    assert workspace.status(ex, tmp_path / "a") == "stub" and workspace.learner_function(ex, tmp_path / "a") is None
+    assert plant(tmp_path / "b", ex.name, workspace.reference_source(ex)) is not None
+
+
+def test_check_passes_the_reference_fails_a_mistake_with_its_message_and_workspaces_stay_apart(tmp_path, capsys):
+    before = package_fingerprint()
+    right, wrong = tmp_path / "right", tmp_path / "wrong"
+    plant(right, "k3", workspace.reference_source(find("k3")))
+    plant(wrong, "k3", mutant_source("k3", "sign"))
+    assert grade.check(find("k3"), right) is True
+    assert grade.check(find("k3"), wrong) is False
+    out = capsys.readouterr().out
+    assert "passing" in out and "the KL's sign" in out and "x hand values fix the sign convention" in out
+    assert grade.graded_status(find("k3"), right) == "passing" and grade.graded_status(find("k3"), wrong) == "failing"
+    assert package_fingerprint() == before, "grading wrote under minigrpo/"
+
+
+def test_cli_start_list_hint_and_bad_input(tmp_path, capsys):
+    d = str(tmp_path / "ws")
+    main(["start", "group_advantages", "--dir", d])
+    assert (tmp_path / "ws" / "advantages.py").exists()
+    main(["start", "1", "--dir", d])  # again: left as it is
+    main(["list", "--dir", d])
+    out = capsys.readouterr().out
+    assert "already in" in out and "stub written" in out
+    seen = []
+    for _ in range(len(find("1").hints) + 1):
+        main(["hint", "1", "--dir", d])
+        seen.append(capsys.readouterr().out)
+    n = len(find("1").hints)
+    assert [s.split(":")[0] for s in seen[:2]] == [f"hint {k} of {n} for exercise 1 group_advantages" for k in (1, 2)]
+    assert seen[-1] == seen[-2], "after the last hint, the last one again"
+    with pytest.raises(SystemExit) as e:
+        main(["check", "1", "--dir", d])
+    assert e.value.code == 1 and "still the stub" in capsys.readouterr().out
+    for argv in (["start", "99"], ["start"], ["hint", "nope"], ["start", "1", "--dir", str(Path(minigrpo.__file__).parent)]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,key", sorted(MUTANTS))
+def test_each_planted_mistake_fails_its_check_with_its_message(tmp_path, capsys, name, key):
+    plant(tmp_path, name, mutant_source(name, key))
+    assert grade.check(find(name), tmp_path) is False
+    (m,) = [m for m in mistakes.CATALOGUE if (m.exercise, m.key) == (name, key)]
+    assert m.message in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_check_all_on_the_reference_passes_and_the_capstone_learns(tmp_path, capsys):
+    for ex in PATH:
+        plant(tmp_path, ex.name, workspace.reference_source(ex))
+    main(["check", "--all", "--dir", str(tmp_path)])  # exits 1 (SystemExit) when anything fails
+    out = capsys.readouterr().out
+    assert f"the path: {len(PATH) + 1} of {len(PATH) + 1} passing" in out and "capstone passed" in out, out
+
+
+@pytest.mark.slow
+def test_a_capstone_with_a_sign_error_in_the_surrogate_does_not_learn_and_points_at_it(tmp_path, capsys):
+    plant(tmp_path, "clipped_surrogate", mutant_source("clipped_surrogate", "sign"))
+    plant(tmp_path, "grpo_loss", workspace.reference_source(find("grpo_loss")))
+    ok, rate = grade.capstone(tmp_path)
+    assert not ok and rate is not None and rate < grade.GOAL
+    assert "revisit exercise 3 clipped_surrogate" in capsys.readouterr().out
