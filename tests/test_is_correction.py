@@ -7,21 +7,18 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from conftest import SET, T, call, garbage, right_padded
+from conftest import SET, T, call, garbage
 from minigrpo.is_correction import mis_weights, tis_weights
+from test_losses import agg_case as case, agg_unpack  # batches of per-token values in [−5, 5], lengths
 
 LEVELS = ["token", "sequence"]
-case = st.integers(1, 4).flatmap(lambda B: st.integers(1, 6).flatmap(lambda L: st.tuples(
-    st.lists(st.lists(st.floats(-1.5, 1.5), min_size=L, max_size=L), min_size=B, max_size=B),
-    st.lists(st.integers(0, L), min_size=B, max_size=B))))
 
 
 def unpack(c):
-    """(log π_old, log π_sampler, mask) from (per-token log-ratios log π_old − log π_sampler, lengths)."""
-    log_ratio, lengths = c
-    lr = T(log_ratio)
-    sampler = torch.linspace(-4.0, -0.2, lr.numel(), dtype=torch.float64).view_as(lr)
-    return sampler + lr, sampler, right_padded(lengths, lr.size(1))
+    """(log π_old, log π_sampler, mask) from agg_case's (per-token log π_old − log π_sampler, lengths)."""
+    log_ratio, mask = agg_unpack(c)
+    sampler = torch.linspace(-4.0, -0.2, log_ratio.numel(), dtype=torch.float64).view_as(log_ratio)
+    return sampler + log_ratio, sampler, mask
 
 
 def token_ratios(old, sampler, mask):

@@ -7,23 +7,10 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from conftest import SET, T, call, garbage, right_padded
+from conftest import SET, T, call, garbage
 from minigrpo.losses import aggregate, clipped_surrogate
 from minigrpo.policy_losses import POLICY_LOSSES, cispo, gmpo, sapo, sapo_gate
-
-advantage = st.one_of(st.just(0.0), st.floats(0.01, 3), st.floats(-3, -0.01))
-case = st.integers(1, 4).flatmap(lambda B: st.integers(1, 6).flatmap(lambda L: st.tuples(
-    st.lists(st.lists(st.floats(-1.5, 1.5), min_size=L, max_size=L), min_size=B, max_size=B),
-    st.lists(advantage, min_size=B, max_size=B),
-    st.lists(st.integers(0, L), min_size=B, max_size=B))))
-
-
-def unpack(c):
-    """(log π_θ, log π_old, A (B,), mask) from (per-token log-ratios, advantages, valid lengths)."""
-    log_ratio, adv, lengths = c
-    lr = T(log_ratio)
-    old = torch.linspace(-3.0, -0.5, lr.numel(), dtype=torch.float64).view_as(lr)
-    return old + lr, old, T(adv), right_padded(lengths, lr.size(1))
+from test_losses import case, unpack  # the batches of the clipped-surrogate tests: log-ratios, A, lengths
 
 
 def loss_and_grad(fn, logp, old, adv, mask, **kw):
