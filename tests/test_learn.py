@@ -114,7 +114,8 @@ def test_cli_start_list_hint_and_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["check", "1", "--dir", d])
     assert e.value.code == 1 and "still the stub" in capsys.readouterr().out
-    for argv in (["start", "99"], ["start"], ["hint", "nope"], ["start", "1", "--dir", str(Path(minigrpo.__file__).parent)]):
+    inside = str(Path(minigrpo.__file__).parent)
+    for argv in (["start", "99"], ["start"], ["hint", "nope"], ["start", "1", "--dir", inside]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2

@@ -23,7 +23,7 @@ class Exercise:
 
 
 PATH = (
-    Exercise(1, "group_advantages", "advantages", "GRPO's advantage: the group mean as baseline, the group std as scale",
+    Exercise(1, "group_advantages", "advantages", "GRPO's advantage: the group mean as baseline, its std as scale",
              ("tests/test_advantages.py",), (
                  "Centre each row (one prompt's G rewards) on its own mean: r − r.mean(dim=1, keepdim=True).",
                  "The paper's code and TRL use the Bessel-corrected std (÷(G−1)): torch.std(r, dim=1, keepdim=True) "
@@ -47,7 +47,8 @@ PATH = (
                  "further down) and the unclipped ρ·A when ρ > 1+ε_high: the clip is one-sided per sign of A.",
                  "Masked slots may hold NaN or ±1e4: select with torch.where(mask, ·, 0) BEFORE exp, never multiply by "
                  "the mask (0·NaN = NaN). Clamp the log-ratio to ±kl.LOG_RATIO_CLAMP so exp stays finite.",
-                 "level='sequence' (GSPO): one ratio per row, exp of the MEAN valid log-ratio, broadcast to its tokens. "
+                 "level='sequence' (GSPO): one ratio per row, exp of the MEAN valid log-ratio, broadcast to its tokens."
+                 " "
                  "dual_clip = c: for A < 0 the objective is max(objective, c·A).",
                  "At the first of μ updates π_θ = π_old, so ρ ≡ 1 and the clip cannot act: with μ = 1 it never does.")),
     Exercise(4, "k1", "kl", "the naive KL estimate: unbiased, yet its gradient as a loss is zero",
@@ -64,7 +65,7 @@ PATH = (
                  "Clamp Δ to ±kl.LOG_RATIO_CLAMP before exp so the value and gradient stay finite.")),
     Exercise(7, "exact", "kl", "the KL over the whole vocabulary: the yardstick a character model affords",
              ("tests/test_kl.py",), (
-                 "KL(p‖q) = Σ_v p_v (log p_v − log q_v) with p = softmax(logits), q = softmax(ref_logits), per position.",
+                 "KL(p‖q) = Σ_v p_v (log p_v − log q_v), p = softmax(logits), q = softmax(ref_logits), per position.",
                  "Use log_softmax for both (finite at logits ±1e4); a probability that underflows to 0 then multiplies "
                  "a finite number. Clamp the result at 0 against rounding.")),
     Exercise(8, "aggregate", "losses", "how per-token losses become one number, and the length bias each choice has",
@@ -107,7 +108,8 @@ PATH = (
                  "Return (loss, policy_loss, kl_tok, ent)."),
              extra_tests=tuple(f"tests/test_grpo.py::{t}" for t in (
                  "test_one_step_loss_equals_a_hand_computation", "test_only_completion_tokens_receive_gradient",
-                 "test_updates_one_gives_ratio_exactly_one", "test_entropy_bonus_adds_minus_coef_times_the_entropy_gradient",
+                 "test_updates_one_gives_ratio_exactly_one",
+                 "test_entropy_bonus_adds_minus_coef_times_the_entropy_gradient",
                  "test_kl_in_reward_subtracts_beta_times_the_summed_kl_of_each_sequence")),
              minutes=15),
 )

@@ -35,7 +35,8 @@ def falsifying_example(text: str) -> str:
                 call.append(re.sub(r"\s*#.*$", "", part))  # Hypothesis' comments ("# or any other ...")
                 if part == ")":
                     break
-            return re.sub(r"\s+", " ", " ".join(call)).replace("( ", "(").replace(", )", ")").replace(",)", ")").removesuffix(")")
+            text = re.sub(r"\s+", " ", " ".join(call)).replace("( ", "(").replace(", )", ")").replace(",)", ")")
+            return text.removesuffix(")")
     return ""
 
 

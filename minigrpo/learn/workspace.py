@@ -106,19 +106,21 @@ def _module_name(folder, module: str) -> str:
 
 
 def load_module(folder, module: str) -> types.ModuleType | None:
-    """The learner's <folder>/<module>.py as a module of its own (loaded once per process); None if absent."""
+    """The learner's <folder>/<module>.py as a module of its own (loaded again when the file changed); None if
+    absent."""
     path = Path(folder) / f"{module}.py"
     if not path.exists():
         return None
-    name = _module_name(folder, module)
-    if name in sys.modules:
-        return sys.modules[name]
+    name, text = _module_name(folder, module), path.read_text()
+    if name in sys.modules and getattr(sys.modules[name], "__learner_text__", None) == text:
+        return sys.modules[name]  # loaded already, and the file has not changed since
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
     except Exception as e:  # a learner's file: any error is theirs to see, in one line
         raise LearnerError(f"{path}: {type(e).__name__}: {e}") from None
+    mod.__learner_text__ = text
     sys.modules[name] = mod
     return mod
 
