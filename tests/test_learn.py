@@ -114,6 +114,12 @@ def test_cli_start_list_hint_and_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["check", "1", "--dir", d])
     assert e.value.code == 1 and "still the stub" in capsys.readouterr().out
+    (tmp_path / "ws" / "losses.py").write_text("def aggregate(:\n")  # a learner's syntax error
+    main(["list", "--dir", d])
+    assert "does not load" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["check", "aggregate", "--dir", d])
+    assert e.value.code == 1 and "your file does not load" in capsys.readouterr().out
     inside = str(Path(minigrpo.__file__).parent)
     for argv in (["start", "99"], ["start"], ["hint", "nope"], ["start", "1", "--dir", inside]):
         with pytest.raises(SystemExit) as e:

@@ -102,7 +102,7 @@ def check(args) -> bool:
         except workspace.LearnerError as e:
             print(f"exercise {ex.number} {ex.name}: your file does not load: {e}")
             results[ex.name] = False
-    if CAPSTONE in todo and workspace.learner_function(CAPSTONE, folder) is not None:
+    if CAPSTONE in todo and workspace.status(CAPSTONE, folder) == "written":
         ensure_pretrained(grade.repo_root())
         results["capstone run"] = grade.capstone(folder)[0]
     if args.all:

@@ -156,7 +156,7 @@ def capstone(folder, log=print, extra_args: tuple[str, ...] = ()) -> tuple[bool,
     """Train with every function the learner wrote plugged in -> (P(pizza) >= GOAL, the final P(pizza))."""
     root = repo_root()
     out = Path(folder).resolve() / "capstone"
-    plugged = [ex for ex in PATH if workspace.learner_function(ex, folder) is not None]
+    plugged = [ex for ex in PATH if workspace.status(ex, folder) == "written"]
     log(f"capstone: python -m minigrpo.grpo --reward pizza with your {', '.join(e.name for e in plugged)}")
     argv = ["--reward", "pizza", "--out", str(out), "--overwrite", *extra_args]
     code = ("import sys; from minigrpo.learn.workspace import install; install(sys.argv[1]); "

@@ -140,11 +140,14 @@ def learner_function(ex: Exercise, folder):
 
 
 def status(ex: Exercise, folder) -> str:
-    """'not started', 'stub' or 'written' (graded status lives in grade.py)."""
+    """'not started', 'stub', 'does not load' or 'written' (graded status lives in grade.py)."""
     path = learner_file(ex, folder)
     if not path.exists() or f"def {ex.name}(" not in path.read_text():
         return "not started"
-    return "written" if learner_function(ex, folder) is not None else "stub"
+    try:
+        return "written" if learner_function(ex, folder) is not None else "stub"
+    except LearnerError:
+        return "does not load"
 
 
 def replace_everywhere(old, new) -> int:
@@ -174,8 +177,7 @@ def install(folder, only: set[str] | None = None) -> list[Exercise]:
     for ex in PATH:
         if only is not None and ex.name not in only:
             continue
-        fn = learner_function(ex, folder)
-        if fn is not None:
-            replace_everywhere(library_function(ex), fn)
+        if status(ex, folder) == "written":  # a stub, or a file that does not load, leaves the library's
+            replace_everywhere(library_function(ex), learner_function(ex, folder))
             plugged.append(ex)
     return plugged
