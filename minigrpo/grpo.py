@@ -10,7 +10,7 @@ score them; advantages from the group's rewards; then μ = --updates inner updat
 
 with ρ = π_θ/π_old per token (or GSPO's per-sequence ratio). With μ = 1 the ratio is identically 1 at
 the only update, so clipping never acts; the default μ = 2 makes the second update a real PPO-style
-step against π_old.
+step against π_old. --policy-loss cispo|gmpo|sapo replaces the first term (policy_losses.py).
 
 Defaults follow the DeepSeekMath GRPO recipe (group-normalised advantages with the Bessel std, ε 0.2,
 KL in the loss, per-sequence token mean) except where we measured better for this task (median
@@ -33,106 +33,52 @@ figures and the commands: README "Never break the model"):
   --fork-entropy h (off) lets only tokens where π_ref's entropy is >= h carry the policy loss
                (losses.forking_token_mask); measured, it did not lower the malformed peaks (0/10).
 The per-step trust region (trust_region.py, on for every algorithm) and the stop rule (stopping.py)
-belong to the run, not to the loss.
-Presets, each only the flags it names (the run's lr, G, trust region and preservation stay);
-explicit flags override a preset:
-  grpo       the paper's loss, β 0.04 and k3 estimator (μ = 2, ε 1e-4 in the std, warm-up, gradient
-             clip and trust region as everywhere here)
-  dr_grpo    no std division, Σ over tokens / (B·max_len), β 0           (Dr. GRPO, 2503.20783)
-  dapo       ε_high 0.28, equal-reward groups dropped, token-mean, β 0   (DAPO, 2503.14476; dropped, not
-             re-sampled, and no overlong shaping: completions here are far below the length limit)
-  gspo       sequence-level ratio, ε 3e-4 / 4e-4, β 0                  (GSPO, 2507.18071; one ratio per
-             sequence, the paper's GSPO, not verl's GSPO-token variant)
-  rloo       RLOO-style: leave-one-out baseline, no std, k1 KL (β 0.04) folded into the reward (RLOO, 2402.14740;
-             departure: μ = 2 clipped updates, where RLOO takes one REINFORCE step)
-  reinforce  REINFORCE++-style: batch-mean baseline and batch std, token-mean, k1 KL (β 0.04) folded into
-             the reward as ONE scalar per sequence (2501.03262 puts it per token into token-level returns)
-  j_beta     the exact gradient of J_β(π) = E_y[r(y)] − β·KL(π(·|x)‖π_ref(·|x)) over whole completions
-             (β 0.1). Differentiating, with E[∇log π] = 0:
-                 ∇J_β = E_{y~π}[(r(y) − β·log(π(y)/π_ref(y)) − b)·∇log π(y)], any b independent of y,
-             and log π(y)/π_ref(y) = Σ_t log(π/π_ref)(y_t). So: k1 summed over the completion, in the reward
-             (on-policy π_old = π_θ); RLOO's leave-one-out baseline (independent of y_i); no std division
-             (a y-dependent rescaling per group); Σ over tokens per sequence, mean over sequences (no 1/|o|);
-             μ = 1 (ρ ≡ 1: the expected update IS the gradient). Its fixed point is the exact optimum
-             π*_β ∝ π_ref·e^{r/β} (minigrpo/frontier.py): measured in bench's optimum section (README, "What
-             only exact ground truth can show"). Every other preset changes the objective it climbs: the
-             default's per-token KL under a 1/|o| mean is a length-dependent β, std division and clipping
-             reweight groups and samples.
+belong to the run, not to the loss. The flags, their checks and the presets (--preset NAME: grpo, dr_grpo,
+dapo, gspo, rloo, reinforce, j_beta and the second wave: cispo, gmpo, sapo, clip_cov, kl_cov, entropy_8020,
+remax, reinforce_rej, gpg, random_reward), each with its paper and departures: grpo_config.py.
 """
 
 from __future__ import annotations
 
+import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import torch
 
-from minigrpo.advantages import batch_scaled, equal_groups, group_advantages, rloo_advantages
-from minigrpo.cli import UsageError, main_guard, meta
-from minigrpo.kl import ESTIMATORS, exact
-from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, forking_token_mask, surrogate_stats
+from minigrpo.advantages import (batch_scaled, equal_groups, gpg_scale, group_advantages, remax_advantages,
+                                 rloo_advantages)
+from minigrpo.cli import UsageError, main_guard
+from minigrpo.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
+                                      top_entropy_mask)
+from minigrpo.grpo_config import LOSS_HYPER, PRESETS, GRPOConfig, check_grpo_config
+from minigrpo.kl import ALL_ESTIMATORS, ESTIMATORS, exact, k3_iw
+from minigrpo.losses import aggregate, entropy, forking_token_mask, surrogate_stats
 from minigrpo.metrics import combine_stats
-from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
-from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.policy_losses import POLICY_LOSSES
+from minigrpo.rewards import score
+from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
+from minigrpo.rl_config import parse_rl_config
 from minigrpo.rollout import RolloutBatch, generation_logprobs
+from minigrpo.sampling import decode_completions, encode_prompts, generate
 
-PRESETS = {
-    "grpo": {"kl": "k3", "beta": 0.04},
-    "dr_grpo": {"adv_scale": "none", "loss_agg": "seq-mean-token-sum-norm", "beta": 0.0},
-    "dapo": {"clip_high": 0.28, "skip_equal_groups": True, "loss_agg": "token-mean", "beta": 0.0},
-    "gspo": {"ratio": "sequence", "clip_low": 3e-4, "clip_high": 4e-4, "beta": 0.0},
-    "rloo": {"baseline": "rloo", "adv_scale": "none", "kl": "k1", "kl_in": "reward", "loss_agg": "token-mean",
-             "beta": 0.04},
-    "reinforce": {"baseline": "batch", "adv_scale": "batch", "kl": "k1", "kl_in": "reward", "loss_agg": "token-mean",
-                  "beta": 0.04},
-    "j_beta": {"baseline": "rloo", "adv_scale": "none", "kl": "k1", "kl_in": "reward", "loss_agg": "seq-mean-token-sum",
-               "updates": 1, "beta": 0.1},
-}
+__all__ = ["GRPO", "GRPOConfig", "PRESETS", "advantages", "grpo_loss", "kl_per_token", "main", "train"]
 
 
-@dataclass
-class GRPOConfig(RLConfig):
-    preset: str | None = field(default=None, metadata=meta(
-        "set several flags at once (explicit flags win)", choices=sorted(PRESETS)))
-    updates: int = field(default=2, metadata=meta(
-        "μ: inner updates per rollout (1 makes the ratio identically 1 and the clip dead)"))
-    clip_low: float = field(default=0.2, metadata={"help": "ε_low: ratio clipped below at 1−ε_low"})
-    clip_high: float | None = field(default=None, metadata=meta(
-        "ε_high: ratio clipped above at 1+ε_high (default ε_low; DAPO 0.28)"))
-    dual_clip: float | None = field(default=None, metadata=meta(
-        "dual-clip constant c > 1 bounding the loss for negative advantages"))
-    beta: float = field(default=0.3, metadata=meta("β: KL(π‖π_ref) weight (the paper: 0.04; see the docstring)"))
-    kl: str = field(default="exact", metadata=meta(
-        "KL estimator per token (exact: full vocabulary; the paper uses k3)", choices=["k1", "k2", "k3", "exact"]))
-    kl_in: str = field(default="loss", metadata=meta(
-        "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)", choices=["loss", "reward"]))
-    baseline: str = field(default="group", metadata=meta(
-        "reward baseline: group mean, leave-one-out (rloo), or batch mean", choices=["group", "rloo", "batch"]))
-    adv_scale: str = field(default="group", metadata=meta(
-        "divide advantages by the group std, the batch std, or nothing", choices=["group", "batch", "none"]))
-    adv_std: str = field(default="unbiased", metadata=meta(
-        "std with Bessel's correction (paper, TRL) or the population std", choices=["unbiased", "population"]))
-    adv_eps: float = field(default=1e-4, metadata={"help": "ε added to the std"})
-    loss_agg: str = field(default="seq-mean-token-mean", metadata=meta(
-        "loss aggregation over tokens and sequences", choices=list(AGG_MODES)))
-    ratio: str = field(default="token", metadata=meta(
-        "importance ratio per token, or one per sequence (GSPO; not GSPO-token)", choices=["token", "sequence"]))
-    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
-    fork_entropy: float = field(default=0.0, metadata=meta(
-        "only tokens where π_ref's entropy is >= this (nats) carry the policy loss (0 = all; "
-        "losses.forking_token_mask)"))
-    skip_equal_groups: bool = field(default=False, metadata=meta(
-        "drop groups whose rewards are all equal (they carry no signal)"))
-
-
-def advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
-    """(N,) rewards grouped G by G -> (N,) advantages per the --baseline / --adv-scale flags."""
+def advantages(rewards: torch.Tensor, cfg: GRPOConfig, greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
+    """(N,) rewards grouped G by G -> (N,) advantages per the --baseline / --adv-scale flags; greedy_rewards
+    (prompts,): the reward of each prompt's greedy completion, ReMax's baseline (--baseline remax)."""
+    if cfg.adv_scale == "gpg":  # GPG (2504.02546): centred, not divided, times α = N/#(Â ≠ 0) over the batch
+        adv = advantages(rewards, replace(cfg, adv_scale="none"), greedy_rewards)
+        return adv * gpg_scale(adv)
     r = rewards.view(-1, cfg.group_size)  # (prompts, G)
     unbiased = cfg.adv_std == "unbiased"
     if cfg.baseline == "group":
         return group_advantages(r, cfg.adv_scale, unbiased, cfg.adv_eps).flatten()
     if cfg.baseline == "rloo":
         adv = rloo_advantages(r).flatten()
+    elif cfg.baseline == "remax":
+        adv = remax_advantages(r, greedy_rewards).flatten()
     else:  # batch mean (REINFORCE++)
         adv = rewards - rewards.mean()
     if cfg.adv_scale == "none":
@@ -142,38 +88,69 @@ def advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
     raise UsageError(f"--adv-scale group needs --baseline group (got --baseline {cfg.baseline}); use batch or none")
 
 
-def kl_per_token(logp, ref_logp, logits, ref_logits, kind: str) -> torch.Tensor:
-    """(N, T) per-token KL(π‖π_ref) by the chosen estimator; 'exact' sums over the whole vocabulary."""
-    return exact(logits, ref_logits) if kind == "exact" else ESTIMATORS[kind](logp, ref_logp)
+def kl_per_token(logp, ref_logp, logits, ref_logits, kind: str, old_logp=None) -> torch.Tensor:
+    """(N, T) per-token KL(π‖π_ref) by the chosen estimator; 'exact' sums over the whole vocabulary, 'k3_iw'
+    weights k3 by ρ = π_θ/π_old (old_logp: π_old's log-probs of the tokens)."""
+    if kind == "exact":
+        return exact(logits, ref_logits)
+    return k3_iw(logp, ref_logp, old_logp) if kind == "k3_iw" else ALL_ESTIMATORS[kind](logp, ref_logp)
 
 
-def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPOConfig, policy_mask=None):
+def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPOConfig, policy_mask=None,
+              generator=None):
     """The loss of one GRPO update (preservation, added by the run, aside) -> (loss, policy_loss, KL_t, H_t).
 
-        loss = aggregate(−min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â)) + β·aggregate(KL_t) − c_H·aggregate(H_t)
+        loss = aggregate(L_t) + β·aggregate(KL_t) − c_H·aggregate(H_t),   L_t = POLICY_LOSSES[cfg.policy_loss]
 
+    by default (ppo_clip) L_t = −min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â).
     logp (N, T): log π_θ of the sampled completion tokens (with gradient); old_logp, ref_logp (N, T):
     π_old's and π_ref's (no gradient); logits, ref_logits (N, T, V): π_θ's and π_ref's next-token logits
     at those positions; adv (N,): one advantage per completion; mask (N, T) bool: valid tokens.
-    The surrogate (losses.clipped_surrogate, ε = cfg.clip_low / clip_high, cfg.dual_clip, cfg.ratio) runs
-    over policy_mask (default mask; --fork-entropy narrows it), every aggregate over mask with
-    cfg.loss_agg and max_len cfg.max_new_tokens. KL_t = kl_per_token(…, cfg.kl) enters the loss only when
-    cfg.beta > 0 and cfg.kl_in == "loss" (with "reward" the run folded it into the rewards already);
-    H_t = losses.entropy(logits), subtracted when cfg.entropy_coef ≠ 0. KL_t and H_t (N, T) are returned
-    for logging. (DeepSeekMath 2402.03300 eq. 3; the flags: the module docstring.)
+    L_t (policy_losses.py; its hyper-parameters from the flags: grpo_config.LOSS_HYPER) runs over policy_mask
+    (default mask; --fork-entropy narrows it), narrowed further with --top-entropy ρ < 1 to the top ρ share by
+    H_t (entropy_control.top_entropy_mask, the 80/20 rule). --cov-control (cov_controlled): clip_cov detaches
+    a few high-covariance tokens drawn with `generator`; kl_cov drops the clip and adds k·|log ρ_t|. Every
+    aggregate runs over mask with cfg.loss_agg and max_len cfg.max_new_tokens. KL_t = kl_per_token(…, cfg.kl,
+    old_logp) enters the loss only when cfg.beta > 0 and cfg.kl_in == "loss" (with "reward" the run folded
+    it into the rewards already); H_t = losses.entropy(logits), subtracted when cfg.entropy_coef ≠ 0. KL_t
+    and H_t (N, T) are returned for logging. (DeepSeekMath 2402.03300 eq. 3; the flags: grpo_config.py.)
     """
     agg = lambda x: aggregate(x, mask, cfg.loss_agg, cfg.max_new_tokens)  # noqa: E731 (one reduction for all)
-    per_token = clipped_surrogate(logp, old_logp, adv[:, None], mask if policy_mask is None else policy_mask,
-                                  cfg.clip_low, cfg.clip_high, cfg.dual_clip, cfg.ratio)
-    policy_loss = agg(per_token)
-    kl_tok = kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl)
     ent = entropy(logits)
+    pmask = mask if policy_mask is None else policy_mask
+    if cfg.top_entropy < 1:  # the 80/20 rule: only the current policy's highest-entropy tokens
+        pmask = top_entropy_mask(ent.detach(), pmask, cfg.top_entropy)
+    hyper = LOSS_HYPER[cfg.policy_loss](cfg)
+    if cfg.cov_control == "kl_cov":  # KL-Cov replaces the clip: the unclipped −ρ·Â
+        hyper.update(eps_low=math.inf, eps_high=math.inf, dual_clip=None)
+    per_token = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, adv[:, None], pmask, **hyper)
+    if cfg.cov_control != "none":
+        per_token = cov_controlled(per_token, logp, old_logp, adv, pmask, cfg, generator)
+    policy_loss = agg(per_token)
+    kl_tok = kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl, old_logp)
     loss = policy_loss
     if cfg.beta > 0 and cfg.kl_in == "loss":
         loss = loss + cfg.beta * agg(kl_tok)
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * agg(ent)
     return loss, policy_loss, kl_tok, ent
+
+
+def cov_controlled(per_token, logp, old_logp, adv, mask, cfg: GRPOConfig, generator=None) -> torch.Tensor:
+    """Clip-Cov or KL-Cov (Cui et al. 2505.22617, verl) on ppo_clip's per-token loss, (N, T) -> (N, T).
+
+    c_t = (Â_t − Ā)(log π_t − mean log π) over the valid tokens (entropy_control.token_covariance).
+    kl_cov: + k·|log ρ_t| on the top --cov-ratio share by c_t. clip_cov: a random --cov-ratio share of the
+    tokens with c_t in [--clip-cov-low, --clip-cov-high] that the clip does not already stop is detached.
+    """
+    cov = token_covariance(logp, adv, mask)
+    if cfg.cov_control == "kl_cov":
+        return per_token + kl_cov_penalty(logp, old_logp, cov, mask, cfg.cov_ratio, cfg.kl_cov_coef)
+    ratio, a = (logp - old_logp).detach().exp(), adv[:, None]
+    high = 1 + (cfg.clip_low if cfg.clip_high is None else cfg.clip_high)
+    stopped = ((a > 0) & (ratio > high)) | ((a < 0) & (ratio < 1 - cfg.clip_low))  # verl's clip_by_origin
+    chosen = clip_cov_mask(cov, mask, cfg.cov_ratio, cfg.clip_cov_low, cfg.clip_cov_high, generator, stopped)
+    return torch.where(chosen, per_token.detach(), per_token)
 
 
 class GRPO:
@@ -184,27 +161,39 @@ class GRPO:
         # π_old's log-probs are needed before the first update only to fold the KL into the reward;
         # otherwise the first update's own forward pass gives them (π_θ = π_old there): one forward saved.
         self.needs_old_logp = self.cfg.beta > 0 and self.cfg.kl_in == "reward"
+        # the second wave's random streams, never the run's (rl.purpose_seed), and the adaptive entropy state c_k
+        device = next(self.policy.parameters()).device
+        self.gens = {"random_reward": torch.Generator().manual_seed(purpose_seed(self.cfg.seed, "random_reward")),
+                     "clip_cov": torch.Generator(device).manual_seed(purpose_seed(self.cfg.seed, "clip_cov"))}
+        self.entropy_coef = self.cfg.entropy_coef
 
     def parameters(self):
         return list(self.policy.parameters())
 
     def state_dict(self) -> dict:
-        return {}
+        return {"gens": {k: g.get_state() for k, g in self.gens.items()}, "entropy_coef": self.entropy_coef}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        for k, g_state in state.get("gens", {}).items():  # a checkpoint of an older minigrpo holds none
+            self.gens[k].set_state(g_state)
+        self.entropy_coef = state.get("entropy_coef", self.entropy_coef)
 
     def update(self, batch: RolloutBatch, opt) -> dict:
         cfg, G = self.cfg, self.cfg.group_size
-        rewards = batch.rewards
-        stats = {}
+        rewards, stats, greedy = batch.rewards, {}, None
+        if cfg.random_reward:  # the control of 2506.10947: Bernoulli(0.5) draws, blind to the completions
+            rewards = torch.bernoulli(torch.full(rewards.shape, 0.5), generator=self.gens["random_reward"]).to(rewards)
+            stats["random_reward_mean"] = rewards.mean().item()
+        if cfg.baseline == "remax":
+            greedy = self.greedy_rewards(batch.prompts[::G])
+            stats["greedy_reward_mean"] = greedy.mean().item()
         if self.needs_old_logp:  # fold β·Σ_t k(π_old, π_ref) into each sequence's reward
             kl_seq = torch.where(batch.mask, ESTIMATORS[cfg.kl](batch.old_logp, batch.ref_logp), 0.0).sum(1)
             rewards = rewards - cfg.beta * kl_seq
             stats["kl_reward_penalty"] = (cfg.beta * kl_seq).mean().item()
         equal = equal_groups(rewards.view(-1, G))  # (prompts,)
         stats["equal_groups"] = equal.float().mean().item()
-        adv = advantages(rewards, cfg)
+        adv = advantages(rewards, cfg, greedy)
         stats.update(adv_mean=adv.mean().item(), adv_std=adv.std().item())
         if cfg.skip_equal_groups:
             keep = (~equal).repeat_interleave(G).nonzero().flatten()
@@ -215,7 +204,7 @@ class GRPO:
                     stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
                 return {**stats, "skipped": 1.0}
             batch, adv = batch.select(keep), adv[keep]
-        mask, per_update, ratio_stats, fork = batch.mask, [], [], None
+        mask, per_update, ratio_stats, fork, loss_cfg = batch.mask, [], [], None, cfg
         for i in range(cfg.updates):
             logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
@@ -223,8 +212,10 @@ class GRPO:
             if fork is None:  # once per rollout, from π_ref's entropies
                 fork = forking_token_mask(entropy(batch.ref_logits), mask, cfg.fork_entropy) \
                     if cfg.fork_entropy else mask
+            if i == 0 and cfg.entropy_target is not None:  # this step's coefficient, from π_old's entropy
+                loss_cfg = self.adapt_entropy_coef(logits, mask, stats)
             loss, policy_loss, kl_tok, ent = grpo_loss(logp, batch.old_logp, batch.ref_logp, logits, batch.ref_logits,
-                                                       adv, mask, cfg, fork)
+                                                       adv, mask, loss_cfg, fork, self.gens["clip_cov"])
             anchor = self.run.anchor_term()
             if anchor is not None:
                 loss = loss + anchor
@@ -235,6 +226,33 @@ class GRPO:
             per_update[-1]["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
         # losses: the mean over the μ updates; ratio and clip statistics: over updates 2..μ (max ratio: the max)
         return {**stats, **combine_stats(per_update), **combine_stats(ratio_stats)}
+
+    @torch.no_grad()
+    def adapt_entropy_coef(self, logits, mask, stats: dict) -> GRPOConfig:
+        """Skywork-OR1's adaptive entropy control (2505.22312): this step's bonus α_k = c_k·1[e_k ≤ target] from
+        the rollout's mean token entropy e_k under π_old, then c_{k+1} = clip(c_k ± Δ, 0, max) toward the target
+        (entropy_control.next_coef). -> the config with entropy_coef α_k; logs e_k, c_k and α_k into stats."""
+        cfg = self.cfg
+        e = aggregate(entropy(logits), mask, "token-mean").item()
+        alpha = applied_coef(self.entropy_coef, e, cfg.entropy_target)
+        stats.update(entropy_rollout=e, entropy_coef=self.entropy_coef, entropy_coef_applied=alpha)
+        self.entropy_coef = next_coef(self.entropy_coef, e, cfg.entropy_target, cfg.entropy_step, 0.0,
+                                      cfg.entropy_coef_max)
+        return replace(cfg, entropy_coef=alpha)
+
+    @torch.no_grad()
+    def greedy_rewards(self, prompts: list[str]) -> torch.Tensor:
+        """ReMax's baseline (2310.10505): the reward of π_old's greedy completion of each prompt -> (prompts,)."""
+        run, device = self.run, next(self.policy.parameters()).device
+        ids, key_mask = encode_prompts(run.tok, prompts, device)
+        was_training = self.policy.training
+        self.policy.eval()
+        gen = generate(self.policy, ids, key_mask, self.cfg.max_new_tokens, top_k=1,  # top-1: the draw is the argmax
+                       generator=torch.Generator(device).manual_seed(0))
+        self.policy.train(was_training)
+        rewards = score(run.reward, prompts, decode_completions(run.tok, gen), gen.finished.tolist(),
+                        self.cfg.unfinished_reward)
+        return torch.tensor(rewards, device=device)
 
 
 @torch.no_grad()
@@ -250,28 +268,20 @@ def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, 
 
 
 PANELS = OUTCOME_PANELS + [
-    ("KL to π_ref per token (lower = closer)", ["kl_exact", "kl_k1", "kl_k2", "kl_k3"]),
-    ("entropy per token", ["entropy"]),
+    ("KL to π_ref per token (lower = closer)", ["kl_exact", "kl_k1", "kl_k2", "kl_k3", "kl_k3+", "kl_k3_iw"]),
+    ("entropy per token", ["entropy", "entropy_rollout"]),
+    ("adaptive entropy coefficient", ["entropy_coef", "entropy_coef_applied"]),
     ("clip fractions", ["clip_frac_low", "clip_frac_high"]),
     ("ratio π/π_old", ["ratio_mean", "ratio_max"]),
     ("advantage mean / std", ["adv_mean", "adv_std"]),
+    ("rewards in the update: random control, greedy baseline", ["random_reward_mean", "greedy_reward_mean"]),
     ("share of equal-reward groups (lower = more signal)", ["equal_groups"]),
     ("completion length (tokens)", ["completion_len"]),
 ] + COST_PANELS
 
 
 def train(cfg: GRPOConfig, log=print) -> dict:
-    check_ranges(cfg, {"clip_low": (0, 1), "clip_high": (0, None), "beta": (0, None), "adv_eps": (0, None),
-                       "entropy_coef": (None, None), "fork_entropy": (0, None)})
-    if cfg.updates < 1:
-        raise UsageError(f"--updates must be >= 1, got {cfg.updates}")
-    if cfg.dual_clip is not None and cfg.dual_clip <= 1:
-        raise UsageError(f"--dual-clip must be > 1, got {cfg.dual_clip}")
-    if cfg.kl == "exact" and cfg.kl_in == "reward" and cfg.beta > 0:
-        raise UsageError("--kl exact works only with --kl-in loss (the reward penalty uses k1, k2 or k3)")
-    if cfg.adv_scale == "group" and cfg.baseline != "group":
-        raise UsageError(f"--adv-scale group needs --baseline group (got {cfg.baseline}); "
-                         f"use --adv-scale batch or none")
+    check_grpo_config(cfg)
     return run(cfg, GRPO, "grpo", PANELS, log)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
 from minigrpo.metrics import read_jsonl
+from minigrpo.policy_losses import POLICY_LOSSES
 from minigrpo.preserve import anchor_loss
 from minigrpo.rewards import make_reward
 from minigrpo.rl import Run
@@ -348,16 +349,20 @@ def test_entropy_bonus_adds_minus_coef_times_the_entropy_gradient(tiny_pretraine
 
 # ---- the presets' distinguishing behaviour, through train ---------------------------------------
 
-def spy(monkeypatch, name, record):
-    """Wrap minigrpo.grpo.<name> so every call's arguments and result are appended to `record`."""
+def spy(monkeypatch, name, record, table=None):
+    """Wrap minigrpo.grpo.<name> (or table[name], e.g. a POLICY_LOSSES entry) so every call's arguments and
+    result are appended to `record`."""
     import minigrpo.grpo as grpo_module
-    original = getattr(grpo_module, name)
+    original = getattr(grpo_module, name) if table is None else table[name]
 
     def wrapped(*args, **kw):
         out = original(*args, **kw)
         record.append((args, kw, out))
         return out
-    monkeypatch.setattr(grpo_module, name, wrapped)
+    if table is None:
+        monkeypatch.setattr(grpo_module, name, wrapped)
+    else:
+        monkeypatch.setitem(table, name, wrapped)
 
 
 def test_dapo_drops_equal_reward_groups_and_trains_on_the_rest(tmp_path, tiny_pretrained, monkeypatch):
@@ -395,7 +400,7 @@ def test_gspo_uses_one_ratio_per_sequence(tmp_path, tiny_pretrained, monkeypatch
     init, _, _ = tiny_pretrained
     for preset, constant in (("gspo", True), ("grpo", False)):
         calls = []
-        spy(monkeypatch, "clipped_surrogate", calls)
+        spy(monkeypatch, "ppo_clip", calls, table=POLICY_LOSSES)  # grpo_loss picks its loss from the table
         cfg = cfg_for(tmp_path, init, **PRESETS[preset], preset=preset, steps=2, goal=0.0, lr=1e-2,
                       out=str(tmp_path / preset), reward="length")  # rewards differ in every group
         train(cfg, log=lambda *a: None)
