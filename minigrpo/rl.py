@@ -232,7 +232,7 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
     last_eval = r.evaluate()
     if not r.resume_state:
         logger.log({"step": 0, **flat(last_eval)})
-    r.stop_reason, last_batch = None, None
+    r.stop_reason, last_batch, guard = None, None, None
     try:
         with StopOnCtrlC() as stop:
             while r.step < cfg.steps and not stop.requested and r.stop_reason is None:
@@ -245,7 +245,7 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                                 progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions "
                                                             f"(the reward is slow)"))
                 probes = r.probes(batch)
-                guard = StepGuard(r.policy, probes) if probes else None  # snapshot for the trust region
+                guard = StepGuard(r.policy, probes, previous=guard) if probes else None  # the trust region's snapshot
                 stats = algo.update(batch, opt)
                 if guard is not None:
                     stats.update(guard.enforce(r.policy))

@@ -58,13 +58,16 @@ class StepGuard:
     probes: [(name, generation, limit, weights, group)]: each limit the largest allowed sequence-level KL in
     nats, checked on the worst group of rows (the anchor: one group per person; `sequence_kl`)."""
 
-    def __init__(self, policy, probes: list[tuple], max_halvings: int = 5):
+    def __init__(self, policy, probes: list[tuple], max_halvings: int = 5, previous: "StepGuard | None" = None):
         self.params = [p.detach().clone() for p in policy.parameters()]
-        self.probes = [(name, gen, limit, _logits(policy, gen), (w, g)) for name, gen, limit, w, g in probes]
+        self.probes = [(name, gen, limit, _snapshot(previous, policy, name, gen), (w, g))
+                       for name, gen, limit, w, g in probes]
         self.max_halvings = max_halvings
+        self.final = None  # after enforce: (the weights' versions, {probe name: (its generation, its logits)})
 
     def _kls(self, policy) -> dict[str, float]:
-        return {name: sequence_kl(old, _logits(policy, gen), gen.completion_mask, *wg)
+        self.last = {name: _logits(policy, gen) for name, gen, _, _, _ in self.probes}
+        return {name: sequence_kl(old, self.last[name], gen.completion_mask, *wg)
                 for name, gen, _, old, wg in self.probes}
 
     @torch.no_grad()
@@ -86,4 +89,24 @@ class StepGuard:
                 for p, old in zip(params, self.params):
                     p.copy_(old)
                 scale, kls = 0.0, {name: 0.0 for name in kls}
+                self.last = {name: old for name, _, _, old, _ in self.probes}
+        self.final = (_versions(policy), {name: (gen, self.last[name]) for name, gen, _, _, _ in self.probes})
         return {"tr_scale": scale, **{f"tr_kl_{name}": v for name, v in kls.items()}}
+
+
+def _versions(policy) -> tuple[int, ...]:
+    """The in-place version counter of every weight: any change to the weights (an optimiser step, a copy_)
+    bumps one."""
+    return tuple(p._version for p in policy.parameters())
+
+
+def _snapshot(previous: StepGuard | None, policy, name: str, gen: Generation) -> torch.Tensor:
+    """The policy's logits on a probe now: the previous step's final logits of the same rows if the weights
+    have not changed since, else one forward. The anchor probe is the same rows every step, so its snapshot
+    is the last step's final measurement (bit for bit: the same forward of the same weights): one no-grad
+    forward of the anchor rows saved per step (about 6 ms of a default GRPO step's 125 ms, one CPU thread)."""
+    if previous is not None and previous.final is not None and previous.final[0] == _versions(policy):
+        old_gen, logits = previous.final[1].get(name, (None, None))
+        if old_gen is gen:
+            return logits
+    return _logits(policy, gen)
