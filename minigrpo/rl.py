@@ -34,12 +34,12 @@ from minigrpo.algorithm import Algorithm
 from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
                                  save_checkpoint)
 from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
-from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
+from minigrpo.metrics import JsonlLogger
 from minigrpo.optim import AdamW
 from minigrpo.preserve import Anchor, anchor_loss, build_anchor, build_anchor_tree
 from minigrpo.rewards import RewardError, make_reward
 from minigrpo.rl_config import RLConfig, check_rl_config
-from minigrpo.rl_report import StopOnCtrlC, flat, progress_line, write_samples
+from minigrpo.rl_report import StopOnCtrlC, draw_figure, flat, progress_line, write_samples
 from minigrpo.rollout import collect
 from minigrpo.stopping import Peaks, StopRule
 from minigrpo.trust_region import StepGuard
@@ -283,10 +283,8 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
         print(f"\ninterrupted: checkpoint at step {r.step} written to {r.out / 'model.pt'}; "
               f"continue with --resume {r.out}", flush=True)
         raise SystemExit(130)
-    rows = read_jsonl(r.out / "metrics.jsonl")
-    title = f"{getattr(cfg, 'preset', None) or algo_name}: {cfg.task}, reward {cfg.reward}" + \
-        ("" if cfg.preserve else ", --no-preserve") + (f", {cfg.person}" if cfg.task == "food" else "")
-    plot_panels(rows, panels, r.out / "metrics.png", title=title)
+    if cfg.plot:  # --no-plot (compare's runs): python -m minigrpo.metrics <out> draws it on request
+        draw_figure(r.out, panels)
     if last_batch is not None:
         write_samples(r.out / "samples.txt", last_batch)
     r.log(f"stopped at step {r.step}: {r.stop_reason}")
@@ -294,6 +292,7 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
     details = {k: v for k, v in last_eval.items() if k not in flat(last_eval)}  # e.g. food: every person's shares
     summary = {"step": r.step, "stop_reason": r.stop_reason, **flat(last_eval), **details, "baseline": r.baseline}
     write_json(r.out / "summary.json", summary)
-    r.log(f"wrote {r.out}/ (metrics.jsonl, metrics.png, summary.json, samples.txt, model.pt); look at it with:\n"
+    r.log(f"wrote {r.out}/ (metrics.jsonl, {'metrics.png, ' * cfg.plot}summary.json, samples.txt, model.pt); "
+          f"look at it with:\n"
           f"  python -m minigrpo.sample --checkpoint {r.out / 'model.pt'} --prompt {r.prompts[0]!r} --num 1000")
     return summary

@@ -75,6 +75,8 @@ class RLConfig:
     threads: int = field(default=1, metadata=meta("torch CPU threads (1 is fastest for models this small)"))
     device: str = field(default="auto", metadata=meta("auto, cpu or cuda", choices=["auto", "cpu", "cuda"]))
     quiet: bool = field(default=False, metadata=meta("no progress lines"))
+    plot: bool = field(default=True, metadata=meta(
+        "draw metrics.png at the end (--no-plot: later, on request: python -m minigrpo.metrics <out>)"))
 
 
 def check_rl_config(cfg: RLConfig) -> None:
@@ -99,7 +101,7 @@ def check_rl_config(cfg: RLConfig) -> None:
 
 # flags a resumed run may change: how long it runs and how it reports, never what experiment it is
 RESUMABLE = {"steps", "goal", "goal_patience", "goal_malformed", "goal_drift", "plateau", "eval_every", "ckpt_every",
-             "quiet", "threads", "device", "resume", "out", "overwrite", "init"}
+             "quiet", "plot", "threads", "device", "resume", "out", "overwrite", "init"}
 
 
 def check_resume_flags(cfg, saved: dict, folder: str, argv) -> None:

@@ -1,11 +1,15 @@
-"""What an RL run shows the person watching it: the progress line, the last rollout's samples, and a
-Ctrl-C that stops cleanly at the end of the step in flight."""
+"""What an RL run shows the person watching it: the progress line, the last rollout's samples, its
+metrics.png, and a Ctrl-C that stops cleanly at the end of the step in flight."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import signal
 import threading
 from pathlib import Path
+
+from minigrpo.metrics import plot_panels, read_jsonl
 
 
 class StopOnCtrlC:
@@ -62,3 +66,20 @@ def write_samples(path: Path, batch) -> None:
              for p, c, r, f in zip(batch.prompts, batch.completions, batch.rewards.tolist(),
                                    batch.gen.finished.tolist())]
     path.write_text("reward\tprompt -> completion (last step's rollout)\n" + "\n".join(lines) + "\n")
+
+
+def run_title(config: dict) -> str:
+    """metrics.png's title from a run's config.json: the preset or algorithm, the task, the reward, ..."""
+    food = config["task"] == "food"
+    return f"{config.get('preset') or config['algo']}: {config['task']}, reward {config['reward']}" + \
+        ("" if config["preserve"] else ", --no-preserve") + (f", {config['person']}" if food else "")
+
+
+def draw_figure(folder: Path, panels: list | None = None) -> Path:
+    """Draw the RL run in `folder` (its metrics.jsonl and config.json) as folder/metrics.png, with `panels`
+    (default: its algorithm's PANELS); -> the figure's path."""
+    config = json.loads((folder / "config.json").read_text())
+    if panels is None:
+        panels = importlib.import_module(f"minigrpo.{config['algo']}").PANELS
+    plot_panels(read_jsonl(folder / "metrics.jsonl"), panels, folder / "metrics.png", title=run_title(config))
+    return folder / "metrics.png"
