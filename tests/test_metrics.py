@@ -35,7 +35,7 @@ def test_plot_panels_skips_empty_panels_and_the_cli_refuses_a_folder_without_an_
     from minigrpo.metrics import main, plot_panels
     rows = [{"step": s, "a": s * 0.1, "b": None if s % 2 else 1.0} for s in range(5)]
     plot_panels(rows, [("a and b", ["a", "b"]), ("never logged", ["c"])], tmp_path / "m.png", title="t")
-    assert imread(tmp_path / "m.png").shape[:2] == (288, 1134)  # one row of 3 panels (2.8 in + the title's 0.4) at 90 dpi
+    assert imread(tmp_path / "m.png").shape[:2] == (288, 1134)  # 1 row of 3 panels: (2.8 + 0.4) x 12.6 in, 90 dpi
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
     assert e.value.code == 2 and "holds no RL run" in capsys.readouterr().err
