@@ -4,13 +4,15 @@
     python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
     python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags pass through
 
-Each run is its own process with one thread (--jobs at a time, default: the cores), writing to
-<out>/<algo>-s<seed>/. Budgets are fixed by default (--budget fixed: every run takes the same --steps,
-the stop rule off), so algorithms are compared on equal work; --budget goal lets each run stop at its
-goal as the trainers do by default. A run whose folder already holds a finished run of exactly the same
-command is kept, so rerunning after an interruption only runs what is missing; any other flag reruns it.
-A later invocation for a subset of the algorithms keeps the others' finished runs of the same flags in
-the table and figures (runs of other flags are left out, never mixed in).
+The runs go to --jobs worker processes (default: the cores), one thread each, that import torch once and
+run their runs in process (pool.py: the same metrics as separate processes), each writing to
+<out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m
+minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
+fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
+--budget goal lets each run stop at its goal as the trainers do by default. A run whose folder already
+holds a finished run of exactly the same command is kept, so rerunning after an interruption only runs
+what is missing; any other flag reruns it. A later invocation for a subset of the algorithms keeps the
+others' finished runs of the same flags in the table and figures (runs of other flags are left out).
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
@@ -27,16 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench_rl import first_reaching, med, quality_ok, run_module
+from minigrpo.bench_rl import first_reaching, med, quality_ok
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
+from minigrpo.pool import finished_by, run_one, run_pool
 from minigrpo.rl_config import default_out
 
 DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
@@ -71,32 +72,14 @@ def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str
     steps = cfg.steps or (60 if cfg.budget == "fixed" and task == "food" else None)
     budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + \
         (["--steps", str(steps)] if steps else [])
-    return [*preset, *reward, "--seed", str(seed), "--threads", "1", "--quiet", *budget, *passthrough]
+    return [*preset, *reward, "--seed", str(seed), "--threads", "1", "--quiet", "--no-plot", *budget, *passthrough]
 
 
-def trainer_module(algo: str) -> str:
-    return "minigrpo.ppo" if algo in PPO_ALGOS else "minigrpo.grpo"
-
-
-def finished_by(folder: Path, cmd: list[str]) -> bool:
-    """Whether `folder` holds a finished run made by exactly this command."""
-    stamp = folder / "compare_command.json"
-    return (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == cmd[1:]
-
-
-def run_one(args) -> tuple[str, int, str | None]:
-    algo, seed, cmd, folder = args
-    stamp = folder / "compare_command.json"
-    if finished_by(folder, cmd):
-        return algo, seed, None  # the same run finished in an earlier invocation
-    if folder.exists():
-        shutil.rmtree(folder)  # a run of another command, or an unfinished one: this command reruns it
-    folder.mkdir(parents=True)
-    stamp.write_text(json.dumps(cmd[1:]))
-    _, error, _ = run_module(cmd[2:])  # cmd is [python, "-m", module, ...]
-    if error:
-        (folder / "summary.json").unlink(missing_ok=True)
-    return algo, seed, error
+def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path) -> list[str]:
+    """One run's whole command line: [python, "-m", its trainer, its flags, "--out", <out>/<algo>-s<seed>]."""
+    module = "minigrpo.ppo" if algo in PPO_ALGOS else "minigrpo.grpo"
+    return [sys.executable, "-m", module, *trainer_args(algo, seed, cfg, passthrough, task), "--out",
+            str(out / f"{algo}-s{seed}")]
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> None:
@@ -267,22 +250,29 @@ def main(argv=None):
     out = prepare_out(cfg.out or (default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare")
                                   if cfg.reward else f"runs/compare-{task}"))
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    tasks = [(a, s, [sys.executable, "-m", trainer_module(a), *trainer_args(a, s, cfg, passthrough, task), "--out",
-                     str(out / f"{a}-s{s}")], out / f"{a}-s{s}") for a in algos for s in range(cfg.seeds)]
-    print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds, {jobs} at a time -> {out}", flush=True)
-    errors, results = {}, {a: [] for a in algos}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for algo, seed, err in pool.map(run_one, tasks):
-            print(f"  {algo} seed {seed}: {'ok' if err is None else 'FAILED: ' + err}", flush=True)
-            if err is None:
-                results[algo].append(curves(out / f"{algo}-s{seed}"))
-            else:
-                errors.setdefault(algo, []).append((seed, err))
+    tasks = [(a, s, command(a, s, cfg, passthrough, task, out), out / f"{a}-s{s}") for a in algos
+             for s in range(cfg.seeds)]
+    # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch updates a
+    # step), so they go first: the sweep ends on short runs, not on one core idle while the other ends a long one
+    todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: t[0] not in PPO_ALGOS)
+    print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run), {jobs} at a time -> {out}",
+          flush=True)
+    errors, finished = {}, {a: {} for a in algos}
+
+    def done(run, err):
+        algo, seed, _, folder = run
+        print(f"  {algo} seed {seed}: {'ok' if err is None else 'FAILED: ' + err}", flush=True)
+        if err is None:
+            finished[algo][seed] = curves(folder)
+        else:
+            errors.setdefault(algo, []).append((seed, err))
+    for kept in (t for t in tasks if t not in todo):
+        done(kept, None)
+    run_pool(run_one, todo, max(1, jobs), done)
+    results = {a: [runs[s] for s in sorted(runs)] for a, runs in finished.items()}
     for algo in [a for a in ALGOS if a not in algos]:  # finished runs of the SAME flags stay in the table
         same = [out / f"{algo}-s{s}" for s in range(cfg.seeds)]
-        if all(finished_by(f, [sys.executable, "-m", trainer_module(algo),
-                               *trainer_args(algo, s, cfg, passthrough, task), "--out", str(f)])
-               for s, f in enumerate(same)):
+        if all(finished_by(f, command(algo, s, cfg, passthrough, task, out)) for s, f in enumerate(same)):
             results[algo] = [curves(f) for f in same]
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"

@@ -1,13 +1,20 @@
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
+from minigrpo import metrics
 from minigrpo.compare import main
+
+TINY = ["--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
 
 
 def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path, tiny_pretrained, capsys):
     init, _, _ = tiny_pretrained
     out = tmp_path / "cmp"
-    args = ["--algos", "grpo,ppo", "--seeds", "1", "--out", str(out), "--init", str(init), "--steps", "3",
-            "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--jobs", "2"]
+    args = ["--algos", "grpo,ppo", "--seeds", "1", "--out", str(out), "--init", str(init), *TINY, "--jobs", "2"]
     main(args)
     assert {"curves.png", "frontier.png", "table.md"} <= {p.name for p in out.iterdir()}
     table = (out / "table.md").read_text()
@@ -44,3 +51,35 @@ def test_compare_bad_input(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         main([*argv, "--out", str(tmp_path / "x")])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_pooled_run_is_the_separate_process_run(tmp_path, tiny_pretrained):
+    """One worker runs ppo s0, ppo s1, grpo s0, grpo s1 in turn, in process (pool.py); each of its last runs
+    writes the same metrics (all but the timings) and summary as its command run as a process of its own."""
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "cmp"
+    main(["--algos", "ppo,grpo", "--seeds", "2", "--jobs", "1", "--out", str(out), "--init", str(init), *TINY])
+    untimed = lambda folder: [{k: v for k, v in row.items() if k not in ("step_time", "tokens_per_s")}  # noqa: E731
+                              for row in metrics.read_jsonl(folder / "metrics.jsonl")]
+    for run in ("ppo-s1", "grpo-s1"):
+        cmd = json.loads((out / run / "compare_command.json").read_text())  # ["-m", module, ..., "--out", folder]
+        alone = tmp_path / f"alone-{run}"
+        subprocess.run([sys.executable, *cmd[:-1], str(alone)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert untimed(out / run) == untimed(alone) and len(untimed(alone)) == 4
+        assert (out / run / "summary.json").read_text() == (alone / "summary.json").read_text()
+    assert not (out / "grpo-s1" / "metrics.png").exists()  # compare skips the runs' figures (--no-plot) ...
+    metrics.main([str(out / "grpo-s1")])  # ... and draws one on request
+    assert (out / "grpo-s1" / "metrics.png").stat().st_size > 0
+
+
+def test_compare_survives_a_dying_worker(tmp_path, tiny_pretrained, capsys):
+    """A run that kills its worker process fails alone (a fresh worker takes the next run); exit code 1."""
+    init, _, _ = tiny_pretrained
+    deadly = tmp_path / "deadly.py"
+    deadly.write_text(f"import os\ndef f(prompt, completion):\n    if os.getpid() != {os.getpid()}:  # a worker\n"
+                      f"        os._exit(3)\n    return 0.0\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--algos", "grpo", "--seeds", "2", "--jobs", "1", "--out", str(tmp_path / "cmp"), "--init", str(init),
+              *TINY, "--reward", f"{deadly}:f"])
+    assert e.value.code == 1
+    assert capsys.readouterr().out.count("FAILED: the worker process died (exit code 3)") == 2

@@ -1,0 +1,150 @@
+"""Many runs in a few long-lived worker processes: compare's pool.
+
+A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's import (about 1 s on one
+CPU thread here), its set-up and exit before and after its steps; compare's runs are ~60 steps of ~0.1 s
+each, so that was a quarter of a sweep. Here `jobs` worker processes (one per core, one thread each)
+import once and run their share of the runs one after another IN PROCESS, each through the very
+`main(argv)` its command line would run (`run_in_process`). Nothing of a run outlives it: every random
+generator it draws from is seeded from its own --seed when it starts (rl.Run: torch's global generator and
+one per purpose), and its model, π_ref, anchor and optimiser are its own, so a pooled run writes the same
+metrics.jsonl as the separate process `python -m <module> <argv>` (tests/test_compare.py checks it). One
+thing is shared by design: a reward given as `package.module:function` is imported once per worker, so a
+reward that keeps state in its module sees the earlier runs' calls (a `file.py:function` is loaded afresh
+for every run).
+
+Ctrl-C reaches the workers too (the terminal signals the whole process group): a run in flight finishes
+its step, writes its checkpoint and ends as interrupted, as a separate process would; no further run
+starts, and `run_pool` raises KeyboardInterrupt once the runs in flight have ended (a second Ctrl-C:
+at once). A worker that dies (killed, out of memory) fails its run only; a fresh worker takes its place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import multiprocessing
+import shutil
+import signal
+import threading
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from minigrpo.cli import release_out
+
+
+def run_in_process(module: str, argv: list[str]) -> str | None:
+    """Run `python -m <module> <argv>`'s main here, its output captured; -> None if it succeeded, else the
+    last line its process would have printed (its error)."""
+    out, err = io.StringIO(), io.StringIO()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run stops on Ctrl-C as a process does
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            importlib.import_module(module).main(argv)
+        return None
+    except SystemExit as e:
+        if e.code in (None, 0):
+            return None
+        lines = (err.getvalue() or out.getvalue()).strip().splitlines()
+        return lines[-1] if lines else f"exit code {e.code}"
+    except KeyboardInterrupt:  # before main's own handler took over
+        return "interrupted"
+    except Exception as e:  # what an uncaught exception's traceback ends with
+        return traceback.format_exception_only(e)[-1].strip()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def finished_by(folder: Path, cmd: list[str]) -> bool:
+    """Whether `folder` holds a finished run made by exactly this command."""
+    stamp = folder / "compare_command.json"
+    return (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == cmd[1:]
+
+
+def run_one(task) -> str | None:
+    """One run, in a worker of the pool: its folder made afresh (a run of another command, or an unfinished
+    one, is replaced), the command stamped, then run in process; -> its error, or None."""
+    _, _, cmd, folder = task  # cmd is [python, "-m", module, ...]
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    (folder / "compare_command.json").write_text(json.dumps(cmd[1:]))
+    error = run_in_process(cmd[2], cmd[3:])
+    release_out(folder)  # the run's lock on its folder: this worker goes on to other runs
+    if error:
+        (folder / "summary.json").unlink(missing_ok=True)
+    return error
+
+
+def _worker(conn, fn, stop) -> None:
+    """A worker's life: fn(item) for each item the parent sends, until the parent closes the pipe. It starts
+    with Ctrl-C ignored (inherited, see _Worker: an import cut short would print a traceback), which
+    `run_in_process` turns back on for the length of a run; after a Ctrl-C (`stop`), no new item starts."""
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:
+            return
+        conn.send(None if stop.is_set() else fn(item))
+
+
+class _Worker:
+    def __init__(self, ctx, fn, stop):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, fn, stop), daemon=True)
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # the new process inherits it
+        try:
+            self.proc.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
+        child.close()
+        self.item = None  # what it is working on
+
+
+def run_pool(fn, items: list, jobs: int, done) -> None:
+    """fn(item) for every item in `jobs` worker processes (started fresh with 'spawn': each imports what fn
+    needs once; fn must be a module-level function), calling done(item, result) here as each finishes. A
+    worker that dies gives its item the result "the worker process died (exit code N)"."""
+    ctx = multiprocessing.get_context("spawn")  # never fork a parent that holds torch's threads
+    todo, workers, stop = list(items), [], ctx.Event()
+    try:
+        workers = [_Worker(ctx, fn, stop) for _ in range(min(jobs, len(todo)))]
+        while todo or any(w.item is not None for w in workers):
+            for i, w in enumerate(workers):
+                if w.item is None and todo:
+                    if not w.proc.is_alive():  # it died between two runs
+                        workers[i] = w = _Worker(ctx, fn, stop)
+                    w.item = todo.pop(0)
+                    w.conn.send(w.item)
+            busy = [w for w in workers if w.item is not None]
+            wait([w.conn for w in busy] + [w.proc.sentinel for w in busy])
+            for w in busy:
+                if w.conn.poll() or not w.proc.is_alive():
+                    try:
+                        result = w.conn.recv()
+                    except EOFError:  # it died in this run: the run failed; the next item gets a fresh worker
+                        w.proc.join()
+                        result = f"the worker process died (exit code {w.proc.exitcode})"
+                    item, w.item = w.item, None
+                    done(item, result)
+    except KeyboardInterrupt:  # the runs in flight got the Ctrl-C too: let them checkpoint and end
+        stop.set()
+        for w in workers:
+            if w.item is not None:
+                try:
+                    w.conn.recv()
+                except (EOFError, OSError):
+                    pass
+                w.item = None
+        raise
+    finally:
+        for w in workers:  # an idle worker exits at once; one still in a run (an error, a 2nd Ctrl-C) is stopped
+            w.conn.close()
+            w.proc.join(timeout=10 if w.item is None else 0)
+            if w.proc.is_alive():
+                w.proc.terminate()
+                w.proc.join()
