@@ -27,7 +27,7 @@ from pathlib import Path
 from minigrpo.learn.path import PATH, Exercise
 
 DEFAULT_DIR = "runs/learn"
-LIBRARY_MODULES = ("minigrpo.grpo", "minigrpo.ppo", "minigrpo.rl", "minigrpo.compare")  # import everything a run uses
+LIBRARY_MODULES = ("minigrpo.grpo", "minigrpo.ppo")  # with what they import: everything a run uses
 
 
 class LearnerError(Exception):
