@@ -55,6 +55,8 @@ The second wave (the math: policy_losses.py, entropy_control.py, kl.py, advantag
 Departures common to the second wave: the KL term (β 0.3, exact) stays in every preset but gpg, whose paper
 names its removal; the papers' own KL settings differ and are not what each one changes. Clip-Cov detaches
 (the loss value keeps the token, its gradient is 0) where verl multiplies by 0 (the same gradient).
+The logged clip_frac_low/high always count PPO's bounds (--clip-low/--clip-high) on the token ratios: for
+gmpo, sapo and kl_cov they say how far ρ went, not what their loss cut.
 """
 
 from __future__ import annotations
