@@ -51,7 +51,7 @@ from minigrpo.advantages import (batch_scaled, equal_groups, gpg_scale, group_ad
 from minigrpo.cli import UsageError, main_guard
 from minigrpo.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
                                       top_entropy_mask)
-from minigrpo.grpo_config import LOSS_HYPER, PRESETS, GRPOConfig, check_grpo_config
+from minigrpo.grpo_config import LOSS_HYPER, PRESETS, SEQUENCE_LOSSES, GRPOConfig, check_grpo_config
 from minigrpo.kl import ALL_ESTIMATORS, ESTIMATORS, exact, k3_iw
 from minigrpo.losses import aggregate, entropy, forking_token_mask, surrogate_stats
 from minigrpo.metrics import combine_stats
@@ -110,7 +110,8 @@ def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPO
     (default mask; --fork-entropy narrows it), narrowed further with --top-entropy ρ < 1 to the top ρ share by
     H_t (entropy_control.top_entropy_mask, the 80/20 rule). --cov-control (cov_controlled): clip_cov detaches
     a few high-covariance tokens drawn with `generator`; kl_cov drops the clip and adds k·|log ρ_t|. Every
-    aggregate runs over mask with cfg.loss_agg and max_len cfg.max_new_tokens. KL_t = kl_per_token(…, cfg.kl,
+    aggregate runs over mask with cfg.loss_agg (a sequence loss, gmpo, with its own: SEQUENCE_LOSSES) and
+    max_len cfg.max_new_tokens. KL_t = kl_per_token(…, cfg.kl,
     old_logp) enters the loss only when cfg.beta > 0 and cfg.kl_in == "loss" (with "reward" the run folded
     it into the rewards already); H_t = losses.entropy(logits), subtracted when cfg.entropy_coef ≠ 0. KL_t
     and H_t (N, T) are returned for logging. (DeepSeekMath 2402.03300 eq. 3; the flags: grpo_config.py.)
@@ -126,7 +127,7 @@ def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPO
     per_token = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, adv[:, None], pmask, **hyper)
     if cfg.cov_control != "none":
         per_token = cov_controlled(per_token, logp, old_logp, adv, pmask, cfg, generator)
-    policy_loss = agg(per_token)
+    policy_loss = aggregate(per_token, mask, SEQUENCE_LOSSES.get(cfg.policy_loss, cfg.loss_agg), cfg.max_new_tokens)
     kl_tok = kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl, old_logp)
     loss = policy_loss
     if cfg.beta > 0 and cfg.kl_in == "loss":

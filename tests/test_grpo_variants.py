@@ -61,13 +61,18 @@ def test_cispo_keeps_the_gradient_of_a_token_that_ppo_clip_stops():
     assert g_cispo[2, 1].item() == pytest.approx(-5.0 * 2.0 / 8), "CISPO: −(1+ε_high)·A/N past its cap: still a push"
 
 
-def test_gmpo_with_its_aggregation_is_minus_the_mean_advantage_at_ratio_one():
-    cfg = GRPOConfig(**{**PRESETS["gmpo"], "beta": 0.0, "max_new_tokens": 4})
-    grad, (loss, policy_loss, _, _), (_, _, _, _, _, adv, mask) = logp_grad(cfg)
+@pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean"])
+def test_gmpo_is_reduced_as_the_papers_sequence_loss_while_loss_agg_reduces_the_kl(loss_agg):
+    cfg = GRPOConfig(**{**PRESETS["gmpo"], "beta": 0.0, "max_new_tokens": 4, "loss_agg": loss_agg})
+    grad, (_, policy_loss, _, _), (_, _, _, _, _, adv, mask) = logp_grad(cfg)
     assert policy_loss.item() == pytest.approx(-adv.mean().item()), "(1/B)·Σ_i −J_i with J_i = A_i at ρ ≡ 1"
     n = mask.sum(1, keepdim=True).double()
     assert torch.allclose(grad, torch.where(mask, -adv[:, None] / (3 * n), torch.zeros(()))), \
         "at ρ ≡ 1 each token of row i gets −A_i/(B·|o_i|)"
+    cfg.beta = 0.3
+    _, (loss, policy_loss, kl_tok, _), _ = logp_grad(cfg)
+    kl = kl_tok[mask].mean() if loss_agg == "token-mean" else (torch.where(mask, kl_tok, 0.0).sum(1) / n[:, 0]).mean()
+    assert (loss - policy_loss).item() == pytest.approx(0.3 * kl.item()), "the KL term keeps --loss-agg"
 
 
 def test_sapo_gate_replaces_the_clip_with_a_smooth_weight():
