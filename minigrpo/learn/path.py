@@ -19,6 +19,7 @@ class Exercise:
     tests_from: tuple[str, ...]  # test files whose tests that use `name` grade it
     hints: tuple[str, ...]
     extra_tests: tuple[str, ...] = ()  # pytest node ids that reach the function indirectly
+    extra_imports: tuple[str, ...] = ()  # import lines the stub offers beyond what the library's body uses
     minutes: int = 10  # about how long it takes
 
 
@@ -105,12 +106,16 @@ PATH = (
                  "kl_tok = kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl); the KL is a PENALTY: add "
                  "β·aggregate(kl_tok) to the loss, and only when cfg.beta > 0 and cfg.kl_in == 'loss'.",
                  "ent = entropy(logits); subtract cfg.entropy_coef·aggregate(ent) when the coefficient is not 0. "
-                 "Return (loss, policy_loss, kl_tok, ent)."),
+                 "Return (loss, policy_loss, kl_tok, ent).",
+                 "The library's own grpo_loss also serves the second-wave flags (--policy-loss, --top-entropy, "
+                 "--cov-control); the capstone's run and tests use the defaults, which need only the pieces above."),
              extra_tests=tuple(f"tests/test_grpo.py::{t}" for t in (
                  "test_one_step_loss_equals_a_hand_computation", "test_only_completion_tokens_receive_gradient",
                  "test_updates_one_gives_ratio_exactly_one",
                  "test_entropy_bonus_adds_minus_coef_times_the_entropy_gradient",
                  "test_kl_in_reward_subtracts_beta_times_the_summed_kl_of_each_sequence")),
+             extra_imports=("from minigrpo.losses import aggregate, clipped_surrogate, entropy",
+                            "from minigrpo.grpo import kl_per_token"),
              minutes=15),
 )
 CAPSTONE = PATH[-1]

@@ -59,7 +59,7 @@ def _imports_for(ex: Exercise) -> list[str]:
             names.append(name)
     if names:
         lines.append(f"from minigrpo.{ex.module} import {', '.join(names)}")
-    return lines
+    return lines + list(ex.extra_imports)
 
 
 def stub_source(ex: Exercise, body: str | None = None) -> str:
