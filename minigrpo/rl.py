@@ -7,6 +7,8 @@ the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap
 Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C) hold the policy, the reference, the
 optimiser, the algorithm's own state (e.g. PPO's critic), every random generator's state, the anchor
 set, the baseline and the stop rule, so `--resume` gives the same metrics on CPU as an uninterrupted run.
+At the end: summary.json, samples.txt and metrics.png (not with --no-plot, as compare's runs: compare draws
+its own figures; `python -m minigrpo.metrics <out>` draws it on request).
 
 One random generator per purpose (rollout sampling, prompt draws, the anchor's construction, the
 anchor's minibatches, PPO's shuffles), each seeded from (seed, purpose): turning preservation off or
