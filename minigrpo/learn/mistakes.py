@@ -68,10 +68,9 @@ def _clip_wrong_side(fn):
     return g_low != 0 or g_high == 0  # A < 0: clipped (no gradient) below 1−ε, unclipped above 1+ε
 
 
-def _kl_sign(fn):
-    a, b = _t([math.log(0.5)]), _t([math.log(0.25)])  # π_θ(x) = 0.5, π_ref(x) = 0.25
-    wrong = {"k1": -math.log(2), "k3": 2 - math.log(2) - 1}[fn.__name__ if fn.__name__ in ("k1", "k3") else "k3"]
-    return _close(fn(a, b), [wrong], 1e-6)
+def _sign_swapped(swapped_value):
+    """A probe: does the estimator give, at π_θ(x) = 0.5 and π_ref(x) = 0.25, what it gives with the two swapped?"""
+    return lambda fn: _close(fn(_t([math.log(0.5)]), _t([math.log(0.25)])), [swapped_value], 1e-6)
 
 
 def _exact_swapped(fn):
@@ -145,10 +144,10 @@ CATALOGUE = (
     Mistake("clipped_surrogate", "clip_wrong_side", _clip_wrong_side,
             "the clip is on the wrong side for a negative advantage: with A < 0, min(ρA, clip(ρ)A) takes the "
             "CLIPPED value (no gradient) when ρ < 1−ε and the unclipped ρA (a gradient) when ρ > 1+ε"),
-    Mistake("k1", "sign", _kl_sign,
+    Mistake("k1", "sign", _sign_swapped(-math.log(2)),  # right: +log 2
             "the KL's sign: k1 = log π_θ(x) − log π_ref(x) (positive where the policy likes x more than the "
             "reference); swapping them estimates nothing useful"),
-    Mistake("k3", "sign", _kl_sign,
+    Mistake("k3", "sign", _sign_swapped(2 - math.log(2) - 1),  # Δ = +log 2; right: Δ = −log 2, 0.193
             "the KL's sign: Δ = log π_ref(x) − log π_θ(x), then k3 = e^Δ − Δ − 1. With Δ the other way round "
             "it is still ≥ 0 but is not an unbiased estimate of KL(π_θ‖π_ref) under x ~ π_θ"),
     Mistake("exact", "swapped", _exact_swapped,

@@ -49,7 +49,8 @@ def _imports_for(ex: Exercise) -> list[str]:
     """Import lines for the module-level names the library's body of ex uses (torch, F, helpers, constants)."""
     module = importlib.import_module(f"minigrpo.{ex.module}")
     node = _function_node(textwrap.dedent(inspect.getsource(library_function(ex))), ex.name)
-    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - {ex.name}
+    offered = {alias.name for line in ex.extra_imports for alias in ast.parse(line).body[0].names}
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - {ex.name} - offered
     lines, names = [], []
     for name in sorted(used):
         value = vars(module).get(name)
