@@ -42,16 +42,24 @@ from minigrpo.rl_config import default_out
 
 DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
                "passes through to the trainers (see python -m minigrpo.grpo --help).")
-# default: `python -m minigrpo.grpo` with no preset; ppo_oracle: PPO with the exact critic (toy_tasks/oracle.py)
-PPO_ALGOS = {"ppo": [], "ppo_oracle": ["--critic", "oracle"]}
-ALGOS = ["default"] + sorted(PRESETS) + list(PPO_ALGOS)
+# default: `python -m minigrpo.grpo` with no preset; every other name not below is a grpo --preset.
+# Algorithms with a trainer of their own: its module and flags (ppo_oracle: PPO with the exact critic).
+OWN_TRAINERS = {"ppo": ("minigrpo.ppo", []), "ppo_oracle": ("minigrpo.ppo", ["--critic", "oracle"]),
+                "dpo": ("minigrpo.dpo", []), "online_dpo": ("minigrpo.dpo", ["--online"])}
+PPO_ALGOS = [a for a, (module, _) in OWN_TRAINERS.items() if module == "minigrpo.ppo"]
+ALGOS = ["default"] + sorted(PRESETS) + list(OWN_TRAINERS)
+
+
+def module_of(algo: str) -> str:
+    return OWN_TRAINERS[algo][0] if algo in OWN_TRAINERS else "minigrpo.grpo"
 
 
 @dataclass
 class CompareConfig:
     algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo,ppo_oracle",
                        metadata=meta(f"comma-separated, of {','.join(ALGOS)} (default = minigrpo.grpo without "
-                                     f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound)"))
+                                     f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound; dpo, "
+                                     f"online_dpo = minigrpo.dpo [--online])"))
     seeds: int = field(default=5, metadata=meta("seeds per algorithm (0, 1, ...)"))
     budget: str = field(default="fixed", metadata=meta(
         "fixed: every run takes --steps steps (equal work); goal: each run stops at its goal",
@@ -67,7 +75,7 @@ class CompareConfig:
 
 def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str) -> list[str]:
     """The trainer's flags for one run (without the module and --out)."""
-    preset = PPO_ALGOS.get(algo, [] if algo == "default" else ["--preset", algo])
+    preset = OWN_TRAINERS[algo][1] if algo in OWN_TRAINERS else [] if algo == "default" else ["--preset", algo]
     reward = ["--reward", cfg.reward] if cfg.reward else []
     steps = cfg.steps or (60 if cfg.budget == "fixed" and task == "food" else None)
     budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + \
@@ -77,14 +85,14 @@ def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str
 
 def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path) -> list[str]:
     """One run's whole command line: [python, "-m", its trainer, its flags, "--out", <out>/<algo>-s<seed>]."""
-    module = "minigrpo.ppo" if algo in PPO_ALGOS else "minigrpo.grpo"
-    return [sys.executable, "-m", module, *trainer_args(algo, seed, cfg, passthrough, task), "--out",
+    return [sys.executable, "-m", module_of(algo), *trainer_args(algo, seed, cfg, passthrough, task), "--out",
             str(out / f"{algo}-s{seed}")]
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> None:
     """Parse every run's flags, build its reward and find its --init in this process, so a bad flag,
     task, reward or checkpoint is one line before any run starts."""
+    from minigrpo.dpo import DPOConfig
     from minigrpo.grpo import GRPOConfig
     from minigrpo.ppo import PPOConfig
     from minigrpo.rewards import RewardError, make_reward
@@ -92,9 +100,10 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     from toy_tasks import get_task
 
     for algo in algos:
-        cls = PPOConfig if algo in PPO_ALGOS else GRPOConfig
+        module = module_of(algo)
+        cls = {"minigrpo.ppo": PPOConfig, "minigrpo.dpo": DPOConfig}.get(module, GRPOConfig)
         rc = parse_rl_config(cls, trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"], "", algo,
-                             PRESETS if algo not in PPO_ALGOS else None)
+                             PRESETS if module == "minigrpo.grpo" else None)
         check_rl_config(rc)
         try:
             t = get_task(rc.task)

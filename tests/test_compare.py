@@ -83,3 +83,16 @@ def test_compare_survives_a_dying_worker(tmp_path, tiny_pretrained, capsys):
               *TINY, "--reward", f"{deadly}:f"])
     assert e.value.code == 1
     assert capsys.readouterr().out.count("FAILED: the worker process died (exit code 3)") == 2
+
+
+def test_dpo_and_online_dpo_map_to_minigrpo_dpo(tmp_path, tiny_pretrained):
+    from minigrpo.compare import ALGOS, CompareConfig, check_all, command
+    init, _, _ = tiny_pretrained
+    cfg = CompareConfig(seeds=1, reward="pizza")
+    for algo, flags in (("dpo", []), ("online_dpo", ["--online"]), ("ppo_oracle", ["--critic", "oracle"])):
+        cmd = command(algo, 2, cfg, ["--beta", "0.2"], "food", tmp_path)
+        module = "minigrpo.ppo" if algo.startswith("ppo") else "minigrpo.dpo"
+        assert algo in ALGOS and cmd[1:3] == ["-m", module] and cmd[-1] == str(tmp_path / f"{algo}-s2")
+        assert cmd[3:3 + len(flags)] == flags and "--preset" not in cmd and cmd[cmd.index("--beta") + 1] == "0.2"
+        assert ("--online" in cmd) == (algo == "online_dpo")
+    check_all(["dpo", "online_dpo"], cfg, ["--init", str(init), "--offline-samples", "32"], "food")  # DPOConfig's flags

@@ -1,0 +1,223 @@
+"""DPO (Rafailov et al. 2023, arXiv 2305.18290) and online DPO (Guo et al. 2024, arXiv 2402.04792).
+
+    python -m minigrpo.dpo --reward pizza              # offline: pairs from a fixed set of π_ref samples
+    python -m minigrpo.dpo --reward pizza --online     # online: pairs from each step's own rollout
+
+Per pair (y_w preferred to y_l) and per update, with sequence log-probs (preference.sequence_logp):
+
+    L = mean over the update's pairs of  −log σ(β·m)  +  preservation (the run's anchor, as for every algorithm)
+    m = (log π_θ − log π_ref)(y_w) − (log π_θ − log π_ref)(y_l)
+
+Pairs come from the task's reward, not from human labels: within one prompt's samples, y_w is preferred to
+y_l when r(y_w) > r(y_l) (preference.preference_pairs: --pairs all, every such ordered pair; best_worst,
+one per prompt's group). Offline: K = --offline-samples completions per RL prompt are drawn ONCE from π_ref
+(their own seeded generator, rl.purpose_seed(seed, "dpo_pairs")), ranked, and their π_ref log-probs kept;
+every update draws --pairs-per-step of those pairs. Online: the pairs of the step's own rollout (G samples
+per prompt from the current policy, the batch rl.run collects), so they follow the policy; an update draws
+--pairs-per-step of them (all, if fewer). A step with no pair (every group's rewards equal) updates the
+anchor only. rl.run owns the rest: the rollout, exact evaluation, the stop rule, the trust region,
+preservation, metrics, checkpoints and --resume (the pair set and the minibatch generator are this
+algorithm's state).
+
+Departures from the papers:
+  - the run's per-step rollout (G x prompts samples of the current policy) is collected in offline mode too
+    (rl.py does so for every algorithm); offline DPO trains on none of it: it logs the on-policy reward, the
+    exact KL per token and the trust region's probe. It costs a share of each step (see README "DPO").
+  - preservation (the anchor on the other people), the 5-step warm-up, the gradient clip and the run's trust
+    region apply as to every algorithm; lr 6e-4 (the paper: 1e-6 on billion-parameter models).
+  - the preferences are deterministic reward rankings, not Bradley–Terry draws: P(y_w ≻ y_l) = 1 has no
+    finite β·margin, so DPO's minimiser is not π*_β ∝ π_ref·e^{r/β} (preference.py, frontier.py) but a
+    policy that pushes every rejected completion to 0; how far it goes depends on the steps taken. compare's
+    "KL to π*_β, own β" column reads --beta as that sequence-level β and measures the overshoot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from minigrpo.cli import UsageError, main_guard, meta
+from minigrpo.kl import exact
+from minigrpo.losses import aggregate
+from minigrpo.metrics import combine_stats
+from minigrpo.preference import PAIR_MODES, dpo_loss, preference_pairs, sequence_logp
+from minigrpo.rewards import score
+from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
+from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.rollout import RolloutBatch, generation_logprobs
+from minigrpo.sampling import Generation, decode_completions, encode_prompts, generate
+
+
+@dataclass
+class DPOConfig(RLConfig):
+    beta: float = field(default=0.1, metadata=meta(
+        "β: DPO's sequence-level β, the scale of the log-ratio margin (the paper's 0.1; see dpo.py)"))
+    online: bool = field(default=False, metadata=meta(
+        "online DPO: pairs from each step's rollout of the current policy (off: a fixed set of π_ref samples)"))
+    pairs: str = field(default="all", metadata=meta(
+        "pairs per group of samples: every ordered pair with r_w > r_l, or the best against the worst",
+        choices=list(PAIR_MODES)))
+    offline_samples: int = field(default=256, metadata=meta(
+        "offline: K, π_ref samples per RL prompt, drawn once (a rare target, p = 0.02, needs K of a few hundred)"))
+    pairs_per_step: int = field(default=64, metadata=meta(
+        "pairs drawn (without replacement) for each update: from the fixed set offline, from the rollout online"))
+    updates: int = field(default=1, metadata=meta("updates per step, each on a fresh draw of pairs"))
+
+
+def sample_pair_set(policy, tok, prompts: list[str], k: int, reward, cfg, generator) -> dict:
+    """K completions per prompt from `policy` (π_ref), scored and ranked -> the fixed offline pair set:
+    the samples' Generation fields, their rewards (n·K,), their π_ref sequence log-probs (n·K,) and the
+    pairs' row indices "chosen", "rejected" (P,) into those samples."""
+    device = policy.wte.weight.device
+    rows = [p for p in prompts for _ in range(k)]
+    ids, key_mask = encode_prompts(tok, rows, device)
+    was_training = policy.training
+    policy.eval()
+    with torch.no_grad():
+        gen = generate(policy, ids, key_mask, cfg.max_new_tokens, cfg.temperature, generator=generator)
+        ref_seq = sequence_logp(generation_logprobs(policy, gen, cfg.temperature), gen.completion_mask)
+    policy.train(was_training)
+    rewards = torch.tensor(score(reward, rows, decode_completions(tok, gen), gen.finished.tolist(),
+                                 cfg.unfinished_reward), device=device)
+    group, chosen, rejected = preference_pairs(rewards.view(len(prompts), k), cfg.pairs)
+    if len(group) == 0:
+        raise UsageError(f"the {k} π_ref samples per prompt hold no two with different rewards: no pair to learn "
+                         f"from; raise --offline-samples (or use --online)")
+    return {"ids": gen.ids, "key_mask": gen.key_mask, "prompt_len": gen.prompt_len,
+            "completion_mask": gen.completion_mask, "logprobs": gen.logprobs, "finished": gen.finished,
+            "rewards": rewards, "ref_seq_logp": ref_seq, "chosen": group * k + chosen, "rejected": group * k + rejected}
+
+
+def pair_generation(s: dict) -> Generation:
+    return Generation(s["ids"], s["key_mask"], s["prompt_len"], s["completion_mask"], s["logprobs"], s["finished"])
+
+
+class DPO:
+    needs_ref_logits = True  # the exact KL per token on the rollout (logged; the vocabulary is ~30 characters)
+    needs_old_logp = False
+    sampler = None  # rollouts from π_old (rl.py's protocol; the sampler-mismatch flags are GRPO's)
+
+    def __init__(self, run):
+        self.run, self.cfg, self.policy = run, run.cfg, run.policy
+        device = next(self.policy.parameters()).device
+        self.draws = torch.Generator().manual_seed(purpose_seed(self.cfg.seed, "dpo_minibatch"))
+        self.pair_set = None
+        if not self.cfg.online and run.resume_state is None:  # on resume, load_state_dict brings it back
+            g = torch.Generator(device).manual_seed(purpose_seed(self.cfg.seed, "dpo_pairs"))
+            self.pair_set = sample_pair_set(run.ref, run.tok, run.prompts, self.cfg.offline_samples, run.reward,
+                                            self.cfg, g)
+            run.log(f"offline DPO: {len(self.pair_set['chosen'])} pairs from {self.cfg.offline_samples} π_ref "
+                    f"samples per prompt (mean reward {self.pair_set['rewards'].mean().item():.3f})")
+
+    def parameters(self):
+        return list(self.policy.parameters())
+
+    def state_dict(self) -> dict:
+        pairs = None if self.pair_set is None else {k: v.detach().cpu() if torch.is_tensor(v) else v
+                                                    for k, v in self.pair_set.items()}
+        return {"draws": self.draws.get_state(), "pair_set": pairs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.draws.set_state(state["draws"])
+        device = next(self.policy.parameters()).device
+        if state["pair_set"] is not None:
+            self.pair_set = {k: v.to(device) if torch.is_tensor(v) else v for k, v in state["pair_set"].items()}
+
+    def draw(self, n_pairs: int) -> torch.Tensor:
+        """--pairs-per-step pair indices out of n_pairs, without replacement (all of them, if fewer)."""
+        return torch.randperm(n_pairs, generator=self.draws)[: self.cfg.pairs_per_step]
+
+    def update(self, batch: RolloutBatch, opt) -> dict:
+        cfg, stats = self.cfg, {}
+        logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True) \
+            if cfg.online else self.rollout_forward(batch)
+        stats["kl_exact"] = aggregate(exact(logits.detach(), batch.ref_logits), batch.mask, "token-mean").item()
+        if cfg.online:  # the rollout's pairs: rows of the batch, grouped G by G
+            G = batch.group_size
+            group, chosen, rejected = preference_pairs(batch.rewards.view(-1, G), cfg.pairs)
+            chosen, rejected = group * G + chosen, group * G + rejected
+            ref_seq = sequence_logp(batch.ref_logp, batch.mask)
+        else:
+            s = self.pair_set
+            chosen, rejected, ref_seq = s["chosen"], s["rejected"], s["ref_seq_logp"]
+        stats["pairs_available"] = float(len(chosen))
+        if len(chosen) == 0:  # no preference in this rollout; preservation still gets its update
+            anchor = self.run.anchor_term()
+            if anchor is not None:
+                stats["preserve_loss"] = anchor.item()
+                stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
+            return {**stats, "skipped": 1.0}
+        per_update = []
+        for i in range(cfg.updates):
+            pick = self.draw(len(chosen)).to(chosen.device)
+            w, l = chosen[pick], rejected[pick]
+            if cfg.online:
+                seq = sequence_logp(logp, batch.mask) if i == 0 else \
+                    sequence_logp(generation_logprobs(self.policy, batch.gen, cfg.temperature), batch.mask)
+            else:  # one forward over the distinct samples the drawn pairs use
+                rows, inverse = torch.unique(torch.cat([w, l]), return_inverse=True)
+                gen = pair_generation(self.pair_set).select(rows)
+                seq = torch.zeros_like(ref_seq).index_copy(
+                    0, rows, sequence_logp(generation_logprobs(self.policy, gen, cfg.temperature), gen.completion_mask))
+            per_update.append(self.step(opt, seq[w], seq[l], ref_seq[w], ref_seq[l]))
+        return {**stats, **combine_stats(per_update)}
+
+    def step(self, opt, pc, pr, rc, rr) -> dict:
+        """One DPO update on the drawn pairs' sequence log-probs (P,) each; -> its statistics."""
+        policy_loss = dpo_loss(pc, pr, rc, rr, self.cfg.beta).mean()
+        anchor = self.run.anchor_term()
+        loss = policy_loss if anchor is None else policy_loss + anchor
+        with torch.no_grad():
+            chosen_ratio, rejected_ratio = pc - rc, pr - rr
+            margin = chosen_ratio - rejected_ratio
+            out = {"policy_loss": policy_loss.item(), "loss": loss.item(), "pairs": float(len(pc)),
+                   "dpo_margin": (self.cfg.beta * margin).mean().item(),
+                   "dpo_accuracy": (margin > 0).float().mean().item(),
+                   "chosen_logratio": chosen_ratio.mean().item(), "rejected_logratio": rejected_ratio.mean().item(),
+                   **({"preserve_loss": anchor.item()} if anchor is not None else {})}
+        out["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
+        return out
+
+    @torch.no_grad()
+    def rollout_forward(self, batch: RolloutBatch):
+        """Offline: the policy's log-probs and logits on the rollout it does not train on (for the logged KL)."""
+        return generation_logprobs(self.policy, batch.gen, self.cfg.temperature, return_logits=True)
+
+
+PANELS = OUTCOME_PANELS + [
+    ("DPO margin β·m, mean over the pairs (higher = more separated)", ["dpo_margin"]),
+    ("pair accuracy: share with m > 0", ["dpo_accuracy"]),
+    ("log π_θ/π_ref: chosen, rejected", ["chosen_logratio", "rejected_logratio"]),
+    ("pairs: available, used per update", ["pairs_available", "pairs"]),
+    ("KL to π_ref per token on the rollout (lower = closer)", ["kl_exact"]),
+] + COST_PANELS
+
+
+def check_dpo_config(cfg: DPOConfig) -> None:
+    check_ranges(cfg, {"beta": (1e-9, None)})
+    for name in ("offline_samples", "pairs_per_step", "updates"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.offline_samples < 2 and not cfg.online:
+        raise UsageError(f"--offline-samples must be >= 2 (a pair needs two samples), got {cfg.offline_samples}")
+
+
+def train(cfg: DPOConfig, log=print) -> dict:
+    check_dpo_config(cfg)
+    return run(cfg, DPO, "dpo", PANELS, log)
+
+
+@main_guard
+def main(argv=None):
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--online", action=argparse.BooleanOptionalAction, default=False)
+    online = pre.parse_known_args(argv)[0].online  # only names the default --out: runs/online_dpo-<reward>
+    cfg = parse_rl_config(DPOConfig, argv, __doc__.split("\n\n")[0], "online_dpo" if online else "dpo")
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
