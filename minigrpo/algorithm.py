@@ -13,12 +13,13 @@ from typing import Protocol
 
 import torch
 
-from minigrpo.rollout import RolloutBatch
+from minigrpo.rollout import RolloutBatch, Sampler
 
 
 class Algorithm(Protocol):
     needs_ref_logits: bool  # keep π_ref's full logits in the rollout (the exact KL needs them)
     needs_old_logp: bool  # compute π_old's log-probs at rollout time (else the first update's forward gives them)
+    sampler: Sampler | None  # where rollouts come from when not π_old (rollout.Sampler; GRPO's --sample-* flags)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """Everything the optimiser updates (the policy, and e.g. PPO's critic)."""

@@ -51,16 +51,16 @@ from minigrpo.advantages import (batch_scaled, equal_groups, gpg_scale, group_ad
 from minigrpo.cli import UsageError, main_guard
 from minigrpo.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
                                       top_entropy_mask)
-from minigrpo.grpo_config import LOSS_HYPER, PRESETS, SEQUENCE_LOSSES, GRPOConfig, check_grpo_config
+from minigrpo.grpo_config import (LOSS_HYPER, PRESETS, SEQUENCE_LOSSES, GRPOConfig, check_grpo_config, is_band,
+                                  mismatch)
 from minigrpo.kl import ALL_ESTIMATORS, ESTIMATORS, exact, k3_iw
 from minigrpo.losses import aggregate, entropy, forking_token_mask, surrogate_stats
 from minigrpo.metrics import combine_stats
 from minigrpo.policy_losses import POLICY_LOSSES
-from minigrpo.rewards import score
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
 from minigrpo.rl_config import parse_rl_config
-from minigrpo.rollout import RolloutBatch, generation_logprobs
-from minigrpo.sampling import decode_completions, encode_prompts, generate
+from minigrpo.is_correction import correction
+from minigrpo.rollout import RolloutBatch, Sampler, generation_logprobs, greedy_rewards
 
 __all__ = ["GRPO", "GRPOConfig", "PRESETS", "advantages", "grpo_loss", "kl_per_token", "main", "train"]
 
@@ -97,7 +97,7 @@ def kl_per_token(logp, ref_logp, logits, ref_logits, kind: str, old_logp=None) -
 
 
 def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPOConfig, policy_mask=None,
-              generator=None):
+              generator=None, is_weights=None):
     """The loss of one GRPO update (preservation, added by the run, aside) -> (loss, policy_loss, KL_t, H_t).
 
         loss = aggregate(L_t) + β·aggregate(KL_t) − c_H·aggregate(H_t),   L_t = POLICY_LOSSES[cfg.policy_loss]
@@ -110,6 +110,8 @@ def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPO
     (default mask; --fork-entropy narrows it), narrowed further with --top-entropy ρ < 1 to the top ρ share by
     H_t (entropy_control.top_entropy_mask, the 80/20 rule). --cov-control (cov_controlled): clip_cov detaches
     a few high-covariance tokens drawn with `generator`; kl_cov drops the clip and adds k·|log ρ_t|. Every
+    is_weights (N, T), --is-correction's constants (is_correction.correction), multiply L_t before its aggregate,
+    as TRL and verl apply them (grpo_config.py). Every
     aggregate runs over mask with cfg.loss_agg (a sequence loss, gmpo, with its own: SEQUENCE_LOSSES) and
     max_len cfg.max_new_tokens. KL_t = kl_per_token(…, cfg.kl,
     old_logp) enters the loss only when cfg.beta > 0 and cfg.kl_in == "loss" (with "reward" the run folded
@@ -127,6 +129,8 @@ def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPO
     per_token = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, adv[:, None], pmask, **hyper)
     if cfg.cov_control != "none":
         per_token = cov_controlled(per_token, logp, old_logp, adv, pmask, cfg, generator)
+    if is_weights is not None:  # the sampler-mismatch correction: constants, no gradient
+        per_token = per_token * is_weights
     policy_loss = aggregate(per_token, mask, SEQUENCE_LOSSES.get(cfg.policy_loss, cfg.loss_agg), cfg.max_new_tokens)
     kl_tok = kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl, old_logp)
     loss = policy_loss
@@ -167,17 +171,22 @@ class GRPO:
         self.gens = {"random_reward": torch.Generator().manual_seed(purpose_seed(self.cfg.seed, "random_reward")),
                      "clip_cov": torch.Generator(device).manual_seed(purpose_seed(self.cfg.seed, "clip_cov"))}
         self.entropy_coef = self.cfg.entropy_coef
+        c = self.cfg  # rollouts from π_sampler ≠ π_old (rollout.Sampler), or None: from π_old
+        self.sampler = Sampler(c.sample_temperature, c.sample_top_p, c.sample_stale) if mismatch(c) else None
 
     def parameters(self):
         return list(self.policy.parameters())
 
     def state_dict(self) -> dict:
-        return {"gens": {k: g.get_state() for k, g in self.gens.items()}, "entropy_coef": self.entropy_coef}
+        return {"gens": {k: g.get_state() for k, g in self.gens.items()}, "entropy_coef": self.entropy_coef,
+                **({"sampler": self.sampler.state_dict()} if self.sampler is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         for k, g_state in state.get("gens", {}).items():  # a checkpoint of an older minigrpo holds none
             self.gens[k].set_state(g_state)
         self.entropy_coef = state.get("entropy_coef", self.entropy_coef)
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state["sampler"])
 
     def update(self, batch: RolloutBatch, opt) -> dict:
         cfg, G = self.cfg, self.cfg.group_size
@@ -186,7 +195,8 @@ class GRPO:
             rewards = torch.bernoulli(torch.full(rewards.shape, 0.5), generator=self.gens["random_reward"]).to(rewards)
             stats["random_reward_mean"] = rewards.mean().item()
         if cfg.baseline == "remax":
-            greedy = self.greedy_rewards(batch.prompts[::G])
+            greedy = greedy_rewards(self.policy, self.run.tok, self.run.reward, batch.prompts[::G],
+                                    cfg.max_new_tokens, cfg.unfinished_reward)
             stats["greedy_reward_mean"] = greedy.mean().item()
         if self.needs_old_logp:  # fold β·Σ_t k(π_old, π_ref) into each sequence's reward
             kl_seq = torch.where(batch.mask, ESTIMATORS[cfg.kl](batch.old_logp, batch.ref_logp), 0.0).sum(1)
@@ -205,18 +215,23 @@ class GRPO:
                     stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
                 return {**stats, "skipped": 1.0}
             batch, adv = batch.select(keep), adv[keep]
-        mask, per_update, ratio_stats, fork, loss_cfg = batch.mask, [], [], None, cfg
+        mask, per_update, ratio_stats, fork, loss_cfg, is_w = batch.mask, [], [], None, cfg, {}
         for i in range(cfg.updates):
             logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
             if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
                 batch.old_logp = logp.detach()
+            if i == 0 and (self.sampler is not None or cfg.is_correction != "none"):  # π_old/π_sampler, once
+                w, s = correction(cfg.is_correction, batch.old_logp, batch.sampler_logp, mask, cfg.is_level,
+                                  cfg.is_cap or 2.0, is_band(cfg))
+                stats.update(s)
+                is_w = {} if w is None else {"is_weights": w}  # passed only when on (a learner's grpo_loss has none)
             if fork is None:  # once per rollout, from π_ref's entropies
                 fork = forking_token_mask(entropy(batch.ref_logits), mask, cfg.fork_entropy) \
                     if cfg.fork_entropy else mask
             if i == 0 and cfg.entropy_target is not None:  # this step's coefficient, from π_old's entropy
                 loss_cfg = self.adapt_entropy_coef(logits, mask, stats)
             loss, policy_loss, kl_tok, ent = grpo_loss(logp, batch.old_logp, batch.ref_logp, logits, batch.ref_logits,
-                                                       adv, mask, loss_cfg, fork, self.gens["clip_cov"])
+                                                       adv, mask, loss_cfg, fork, self.gens["clip_cov"], **is_w)
             anchor = self.run.anchor_term()
             if anchor is not None:
                 loss = loss + anchor
@@ -241,20 +256,6 @@ class GRPO:
                                       cfg.entropy_coef_max)
         return replace(cfg, entropy_coef=alpha)
 
-    @torch.no_grad()
-    def greedy_rewards(self, prompts: list[str]) -> torch.Tensor:
-        """ReMax's baseline (2310.10505): the reward of π_old's greedy completion of each prompt -> (prompts,)."""
-        run, device = self.run, next(self.policy.parameters()).device
-        ids, key_mask = encode_prompts(run.tok, prompts, device)
-        was_training = self.policy.training
-        self.policy.eval()
-        gen = generate(self.policy, ids, key_mask, self.cfg.max_new_tokens, top_k=1,  # top-1: the draw is the argmax
-                       generator=torch.Generator(device).manual_seed(0))
-        self.policy.train(was_training)
-        rewards = score(run.reward, prompts, decode_completions(run.tok, gen), gen.finished.tolist(),
-                        self.cfg.unfinished_reward)
-        return torch.tensor(rewards, device=device)
-
 
 @torch.no_grad()
 def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, anchor) -> dict:
@@ -276,6 +277,8 @@ PANELS = OUTCOME_PANELS + [
     ("ratio π/π_old", ["ratio_mean", "ratio_max"]),
     ("advantage mean / std", ["adv_mean", "adv_std"]),
     ("rewards in the update: random control, greedy baseline", ["random_reward_mean", "greedy_reward_mean"]),
+    ("sampler mismatch: mean IS weight, share capped / masked, KL(π_sampler‖π_old)",
+     ["is_weight_mean", "is_capped", "is_masked", "sampler_kl"]),
     ("share of equal-reward groups (lower = more signal)", ["equal_groups"]),
     ("completion length (tokens)", ["completion_len"]),
 ] + COST_PANELS

@@ -58,6 +58,27 @@ The second wave (the math: policy_losses.py, entropy_control.py, kl.py, advantag
 Departures common to the second wave: the KL term (β 0.3, exact) stays in every preset but gpg, whose paper
 names its removal; the papers' own KL settings differ and are not what each one changes. Clip-Cov detaches
 (the loss value keeps the token, its gradient is 0) where verl multiplies by 0 (the same gradient).
+The sampler-trainer mismatch lab (is_correction.py; rollout.Sampler): rollouts from a distribution π_sampler
+other than π_old, and the importance weights w = π_old/π_sampler that correct it.
+  --sample-temperature T   sample at temperature T (π_old and π_ref stay at --temperature)
+  --sample-top-p P         sample from the top-p nucleus (the truncated mass can never be sampled: no weight
+                           corrects that part of the gradient; bench's mismatch section measures it)
+  --sample-stale N         sample from the policy as it was N steps earlier (asynchronous RL; the first N
+                           steps sample from the initial policy); the snapshots are in the checkpoint
+  --is-correction tis|mis  multiply each token's policy loss by the weight before aggregation, as TRL
+                           (vllm_importance_sampling_correction: per_token_loss *= ratio, before the KL term is
+                           added) and verl (rollout correction: pg_losses * rollout_is_weights) do; the KL,
+                           entropy and preservation terms are not weighted. tis: min(w, C), --is-cap C (default
+                           2, verl's; TRL's cap default differs by version); mis (IcePop): w·1[LOW ≤ w ≤ HIGH],
+                           --is-band LOW,HIGH (default 0.5,2, verl's). Departures: MIS zeroes the weight and keeps
+                           the token in the aggregation's denominator (TRL's token_mask/sequence_mask), where
+                           verl's rejection removes it from the response mask; our band has a lower edge (TRL
+                           masks only above the cap). π_old is the current policy's log-probs from the first
+                           update's forward pass (TRL recomputes them with the trainer, as here).
+  --is-level token|sequence  w per token, or Π_t w_t over the completion on each of its tokens
+Without a --sample-* flag the sampler is π_old itself through the KV cache: --is-correction is allowed there
+and corrects only its rounding (weights within ~1e-6 of 1). Logged: sampler_kl (KL(π_sampler‖π_old) per
+token, sampled), is_weight_mean, is_capped / is_masked (share of valid tokens). PPO has none of these flags.
 The logged clip_frac_low/high always count PPO's bounds (--clip-low/--clip-high) on the token ratios: for
 gmpo, sapo and kl_cov they say how far ρ went, not what their loss cut.
 """
@@ -174,6 +195,20 @@ class GRPOConfig(RLConfig):
         "drop groups whose rewards are all equal (they carry no signal; DAPO's and REINFORCE-Rej's filter)"))
     random_reward: bool = field(default=False, metadata=meta(
         "a control: replace every reward by a seeded Bernoulli(0.5) draw, blind to the completion (2506.10947)"))
+    sample_temperature: float | None = field(default=None, metadata=meta(
+        "sample the rollouts at this temperature (default --temperature; π_old stays at --temperature)"))
+    sample_top_p: float | None = field(default=None, metadata=meta(
+        "sample the rollouts from the top-p nucleus of the sampler's distribution (default: no truncation)"))
+    sample_stale: int = field(default=0, metadata=meta(
+        "sample the rollouts from the policy as it was N steps earlier (asynchronous RL; 0 = the current one)"))
+    is_correction: str = field(default="none", metadata=meta(
+        "importance weights π_old/π_sampler on the per-token policy loss: truncated (tis) or masked (mis, "
+        "IcePop) (is_correction.py)", choices=["none", "tis", "mis"]))
+    is_level: str = field(default="token", metadata=meta(
+        "the weight per token, or Π_t over the completion (sequence)", choices=["token", "sequence"]))
+    is_cap: float | None = field(default=None, metadata=meta("TIS: the cap C >= 1 of min(w, C) (default 2, verl's)"))
+    is_band: str | None = field(default=None, metadata=meta(
+        "MIS: LOW,HIGH, the band of weights kept, LOW <= 1 <= HIGH (default 0.5,2, verl's)"))
 
 
 def check_grpo_config(cfg: GRPOConfig) -> None:
@@ -201,7 +236,39 @@ def check_grpo_config(cfg: GRPOConfig) -> None:
                          f"(Cui et al.'s loss), got {cfg.policy_loss} with --ratio {cfg.ratio}")
     if cfg.clip_cov_low > cfg.clip_cov_high:
         raise UsageError(f"--clip-cov-low {cfg.clip_cov_low} is above --clip-cov-high {cfg.clip_cov_high}")
+    check_mismatch(cfg)
     if cfg.random_reward and cfg.baseline == "remax":
         raise UsageError("--random-reward replaces the sampled rewards; --baseline remax would compare them with "
                          "a real greedy reward: use another baseline")
 
+
+
+def mismatch(cfg: GRPOConfig) -> bool:
+    """True when the rollouts come from a distribution other than π_old (a --sample-* flag is set)."""
+    return cfg.sample_temperature is not None or cfg.sample_top_p is not None or cfg.sample_stale > 0
+
+
+def is_band(cfg: GRPOConfig) -> tuple[float, float]:
+    """--is-band LOW,HIGH as two floats (default verl's 0.5, 2)."""
+    if cfg.is_band is None:
+        return 0.5, 2.0
+    try:
+        low, high = (float(x) for x in cfg.is_band.split(","))
+    except ValueError:
+        raise UsageError(f"--is-band must be LOW,HIGH (two numbers), got {cfg.is_band!r}") from None
+    if not (0 <= low <= 1 <= high < float("inf")):
+        raise UsageError(f"--is-band needs 0 <= LOW <= 1 <= HIGH (a weight of 1 must pass), got {cfg.is_band!r}")
+    return low, high
+
+
+def check_mismatch(cfg: GRPOConfig) -> None:
+    """The sampler-mismatch flags: ranges, and no flag that the chosen correction would ignore."""
+    check_ranges(cfg, {"sample_temperature": (1e-3, None), "sample_top_p": (1e-6, 1), "is_cap": (1, None)})
+    if cfg.sample_stale < 0:
+        raise UsageError(f"--sample-stale must be >= 0, got {cfg.sample_stale}")
+    is_band(cfg)
+    ignored = [(cfg.is_level != "token", "--is-level", "tis or mis"), (cfg.is_cap is not None, "--is-cap", "tis"),
+               (cfg.is_band is not None, "--is-band", "mis")]
+    for given, flag, kinds in ignored:
+        if given and cfg.is_correction not in kinds.split(" or "):
+            raise UsageError(f"{flag} belongs to --is-correction {kinds}, got --is-correction {cfg.is_correction}")

@@ -15,6 +15,9 @@ every valid token of the row. Shapes: old_logp, sampler_logp (B, T), mask (B, T)
 -> weights (B, T), masked slots 0. The weights carry no gradient (they multiply a per-token loss as
 constants), and NaN or ±1e4 in masked slots reach nothing. Equal sampler and trainer log-probs give
 weights of exactly 1.
+
+`correction` is what GRPO's --is-correction calls (a table of the two, no if/elif): the weights and the
+figures a run logs (the mean weight, the share of tokens capped or masked, the sampler's KL).
 """
 
 from __future__ import annotations
@@ -70,3 +73,39 @@ def mis_weights(old_logp, sampler_logp, mask=None, low=0.5, high=2.0, level="tok
     keep = mask & (log_w >= log_low) & (log_w <= math.log(high))
     zero = torch.zeros_like(log_w)
     return torch.where(keep, torch.where(keep, log_w, zero).exp(), zero)  # exp only of kept, finite log-weights
+
+
+def _band_share(log_w, mask, low, high):
+    """Share of the valid tokens whose (token or sequence) weight lies outside [low, high] (no cap: high = inf)."""
+    log_low = math.log(low) if low > 0 else -math.inf
+    out = mask & ((log_w < log_low) | (log_w > math.log(high)))
+    return out.sum() / mask.sum().clamp(min=1)
+
+
+# kind -> (its weights from (old_logp, sampler_logp, mask, level, cap, band), the logged share, that share's test)
+CORRECTIONS = {
+    "tis": (lambda o, s, m, level, cap, band: tis_weights(o, s, m, cap, level), "is_capped",
+            lambda log_w, m, cap, band: _band_share(log_w, m, 0.0, cap)),
+    "mis": (lambda o, s, m, level, cap, band: mis_weights(o, s, m, band[0], band[1], level), "is_masked",
+            lambda log_w, m, cap, band: _band_share(log_w, m, *band)),
+}
+
+
+@torch.no_grad()
+def correction(kind, old_logp, sampler_logp, mask, level="token", cap=2.0, band=(0.5, 2.0)):
+    """--is-correction `kind` ("none", "tis" or "mis") -> (weights (B, T) or None for "none", stats).
+
+    stats (floats): sampler_kl = the token mean of log π_sampler − log π_old, the sampled (k1) estimate of
+    KL(π_sampler‖π_old) per token, logged with every kind; with a correction, is_weight_mean = the mean
+    weight over the valid tokens and is_capped (tis: the raw weight above C) or is_masked (mis: outside the
+    band) = the share of valid tokens (of the tokens of whole rows at level "sequence") it changed.
+    """
+    n = mask.sum().clamp(min=1)
+    stats = {"sampler_kl": (torch.where(mask, sampler_logp - old_logp, 0.0).sum() / n).item()}
+    if kind == "none":
+        return None, stats
+    weights_fn, share_name, share_fn = CORRECTIONS[kind]
+    w = weights_fn(old_logp, sampler_logp, mask, level, cap, band)
+    _, log_w = _log_weights(old_logp, sampler_logp, mask, level)
+    stats.update({"is_weight_mean": (w.sum() / n).item(), share_name: share_fn(log_w, mask, cap, band).item()})
+    return w, stats

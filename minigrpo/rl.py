@@ -5,7 +5,7 @@ Each step:  collect a rollout (rollout.py)  ->  algorithm.update (its inner upda
 evaluation (every --eval-every steps, default every step: one batched forward for all people)  ->
 the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap).
 Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C) hold the policy, the reference, the
-optimiser, the algorithm's own state (e.g. PPO's critic), every random generator's state, the anchor
+optimiser, the algorithm's own state (PPO's critic, GRPO's stale-sampler snapshots), every generator's state, the anchor
 set, the baseline and the stop rule, so `--resume` gives the same metrics on CPU as an uninterrupted run.
 At the end: summary.json, samples.txt and metrics.png (not with --no-plot, as compare's runs: compare draws
 its own figures; `python -m minigrpo.metrics <out>` draws it on request).
@@ -244,8 +244,8 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                 batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
                                 r.gens["rollout"], cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
                                 keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp,
-                                progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions "
-                                                            f"(the reward is slow)"))
+                                progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions (the "
+                                                            f"reward is slow)"), sampler=algo.sampler)
                 probes = r.probes(batch)
                 guard = StepGuard(r.policy, probes, previous=guard) if probes else None  # the trust region's snapshot
                 stats = algo.update(batch, opt)

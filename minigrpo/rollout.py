@@ -3,6 +3,13 @@ log-probs of π_old and π_ref in one batched no-grad forward pass each.
 
     batch = collect(policy, ref, tok, prompts, group_size=8, reward=r, generator=g)
 
+By default the completions come from π_old itself (the policy at --temperature). A `Sampler` (GRPO's
+--sample-temperature, --sample-top-p, --sample-stale) makes them come from another distribution π_sampler:
+the policy at another temperature, nucleus-truncated, or as it was N steps earlier (asynchronous RL). π_old
+stays the current policy at --temperature; `batch.sampler_logp` holds π_sampler's own log-probs of the
+tokens (the sampling engine's, KV cache included: sampling.Generation.logprobs), which is what the
+importance weights of is_correction.py compare π_old with.
+
 Layout: rows are grouped prompt by prompt, so `batch.rewards.view(-1, G)` is (prompts, G). Every
 per-token tensor is (N, T) over COMPLETION tokens only (T = longest completion), with `batch.mask`
 marking the valid ones (up to and including the first EOS); prompt tokens never receive gradient.
@@ -10,6 +17,7 @@ marking the valid ones (up to and including the first EOS); prompt tokens never 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +46,10 @@ class RolloutBatch:
         return self.gen.completion_mask
 
     @property
+    def sampler_logp(self) -> torch.Tensor:  # (N, T) log π_sampler of each completion token (0 where masked)
+        return self.gen.logprobs
+
+    @property
     def num_tokens(self) -> int:
         return int(self.mask.sum())
 
@@ -64,19 +76,53 @@ def generation_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, r
     return (logp, *extra) if extra else logp
 
 
+class Sampler:
+    """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the run's),
+    truncated to its top-p nucleus (None: no truncation), and, with stale = N > 0, the policy as it was N
+    steps earlier (the first N steps sample from the initial policy). `pick(policy)`, called once per step
+    before sampling, records the live policy and returns the model to sample from; the last N + 1 policies'
+    weights are kept (state_dict: they go into the checkpoint, so --resume samples exactly as before)."""
+
+    def __init__(self, temperature: float | None = None, top_p: float | None = None, stale: int = 0):
+        self.temperature, self.top_p, self.stale = temperature, top_p, stale
+        self.states: list[dict] = []  # oldest first: the weights of the last stale + 1 policies
+        self.frozen: GPT | None = None  # a copy of the policy holding the stale weights
+
+    def pick(self, policy: GPT) -> GPT:
+        if self.stale == 0:
+            return policy
+        self.states = (self.states + [{k: v.detach().clone() for k, v in policy.state_dict().items()}])
+        self.states = self.states[-(self.stale + 1):]
+        if self.frozen is None:
+            self.frozen = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.frozen.load_state_dict(self.states[0])
+        return self.frozen
+
+    def state_dict(self) -> dict:
+        return {"states": self.states}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.states = list(state["states"])
+
+
 @torch.no_grad()
 def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group_size: int, reward: Reward,
             generator: torch.Generator, max_new_tokens: int = 16, temperature: float = 1.0,
             unfinished_reward: float | None = None, keep_ref_logits: bool = False,
-            old_logp: bool = True, progress=None) -> RolloutBatch:
-    """Sample `group_size` completions for each prompt from the policy (π_old), score them, and
-    compute π_ref's (and, with old_logp, π_old's) log-probs of every completion token."""
+            old_logp: bool = True, progress=None, sampler: Sampler | None = None) -> RolloutBatch:
+    """Sample `group_size` completions for each prompt from the policy (π_old), or from `sampler`'s
+    distribution, score them, and compute π_ref's (and, with old_logp, π_old's) log-probs of every
+    completion token at `temperature`."""
     device = policy.wte.weight.device
     rows = [p for p in prompts for _ in range(group_size)]  # grouped: prompt 0 x G, prompt 1 x G, ...
     ids, mask = encode_prompts(tok, rows, device)
     was_training = policy.training
     policy.eval()
-    gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
+    if sampler is None:
+        gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
+    else:
+        t = temperature if sampler.temperature is None else sampler.temperature
+        gen = generate(sampler.pick(policy), ids, mask, max_new_tokens, t, top_p=sampler.top_p, generator=generator)
     completions = decode_completions(tok, gen)
     rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward, progress)
     old = generation_logprobs(policy, gen, temperature) if old_logp else None
@@ -84,3 +130,19 @@ def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group
     policy.train(was_training)
     return RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=device), group_size, old,
                         ref_logp, ref_logits if keep_ref_logits else None)
+
+
+@torch.no_grad()
+def greedy_rewards(policy: GPT, tok: CharTokenizer, reward: Reward, prompts: list[str], max_new_tokens: int,
+                   unfinished_reward: float | None = None) -> torch.Tensor:
+    """ReMax's baseline (2310.10505; GRPO's --baseline remax): the reward of the policy's greedy completion of
+    each prompt -> (prompts,)."""
+    device = policy.wte.weight.device
+    ids, key_mask = encode_prompts(tok, prompts, device)
+    was_training = policy.training
+    policy.eval()
+    gen = generate(policy, ids, key_mask, max_new_tokens, top_k=1,  # top-1: the draw is the argmax
+                   generator=torch.Generator(device).manual_seed(0))
+    policy.train(was_training)
+    rewards = score(reward, prompts, decode_completions(tok, gen), gen.finished.tolist(), unfinished_reward)
+    return torch.tensor(rewards, device=device)
