@@ -30,10 +30,11 @@ from minigrpo.bench_rl import (ROW_HEADER, bench_optimum, med, passes, rarest_fo
                                table, write_rare_reward)
 from minigrpo.bench_speed import bench_sampling, bench_scale, bench_threads
 from minigrpo.bench_entropy import bench_entropy
+from minigrpo.bench_mismatch import bench_mismatch
 from toy_tasks import default_pretrain_dir, get_task
 
 SECTIONS = ["sampling", "threads", "scale", "pretrain", "grpo", "presets", "targets", "rarest", "custom", "optimum",
-            "entropy"]
+            "entropy", "mismatch"]
 
 
 @dataclass
@@ -220,9 +221,10 @@ def main(argv=None):
         raise UsageError(str(e)) from None
     if cfg.seeds < 1 or cfg.jobs < 0:
         raise UsageError(f"--seeds must be >= 1 and --jobs >= 0, got {cfg.seeds} and {cfg.jobs}")
-    if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom", "optimum", "entropy")):
-        raise UsageError("the targets, rarest, custom, optimum and entropy sections are food's (people and foods): "
-                         "use --task food")
+    if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom", "optimum", "entropy",
+                                                          "mismatch")):
+        raise UsageError("the targets, rarest, custom, optimum, entropy and mismatch sections are food's (people and "
+                         "foods): use --task food")
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     device = setup_runtime(cfg.threads, cfg.device)
     out = prepare_out(cfg.out)  # one line for an impossible or read-only folder; one bench per folder
@@ -237,7 +239,8 @@ def main(argv=None):
                "targets": lambda: bench_targets(out, jobs), "rarest": lambda: bench_rarest(out, cfg.seeds, jobs),
                "custom": lambda: bench_rarest(out, cfg.seeds, jobs, custom=True),
                "optimum": lambda: bench_optimum(out, _task_init(out, "food"), cfg.seeds, jobs),
-               "entropy": lambda: bench_entropy(out, _task_init(out, "food"), cfg.seeds)}
+               "entropy": lambda: bench_entropy(out, _task_init(out, "food"), cfg.seeds),
+               "mismatch": lambda: bench_mismatch(out, _task_init(out, "food"), cfg.seeds, jobs)}
     for s in sections:
         print(runners[s](), flush=True)
 

@@ -51,9 +51,10 @@ def update_with(model, batch, lr=0.1, **kw):
 # ---- sampler = trainer: weights exactly 1, the uncorrected loss ------------------------------------------------
 
 @pytest.mark.parametrize("kind, level", [("tis", "token"), ("tis", "sequence"), ("mis", "token"), ("mis", "sequence")])
-def test_a_sampler_equal_to_the_trainer_gives_weights_of_exactly_one_and_the_uncorrected_update(model, batch_of, kind, level):
+def test_a_sampler_equal_to_the_trainer_gives_weights_of_exactly_one_and_the_uncorrected_update(model, batch_of, kind,
+                                                                                                 level):
     batch = batch_of(model)
-    batch.gen.logprobs = generation_logprobs(model, batch.gen).detach()  # π_sampler's log-probs ARE π_old's, bit for bit
+    batch.gen.logprobs = generation_logprobs(model, batch.gen).detach()  # log π_sampler IS log π_old, bit for bit
     w, stats = correction(kind, generation_logprobs(model, batch.gen).detach(), batch.sampler_logp, batch.mask, level)
     assert torch.equal(w[batch.mask], torch.ones(int(batch.mask.sum()))) and stats["sampler_kl"] == 0.0
     plain, plain_w = update_with(model, batch)
