@@ -1,6 +1,6 @@
 """The `entropy` section of `python -m minigrpo.bench`: two exact entropy measurements (issue 15).
 
-    python -m minigrpo.bench --only entropy        # about a minute on one thread
+    python -m minigrpo.bench --only entropy        # about 3 minutes on one thread (20 runs)
 
 1. The forking tokens (Wang et al. 2506.01939, "the 80/20 rule"). For each person's prompt, every completion
    with π ≥ 1e-4 (preserve.build_anchor_tree), each weighted by its probability; at every state s the tree
@@ -10,14 +10,17 @@
    entropy are the forking tokens, and their share of Σ_s w_s·H_s is the share of all the entropy they
    carry. For π_ref, then for the policy after a default GRPO pizza run (seed 0).
 2. Does the entropy change track the covariance? Cui et al. 2505.22617 (for softmax policies under natural
-   policy gradient, step η): H(π_{k+1}) − H(π_k) ≈ −η·Cov_{a~π}(log π(a|s), A(s, a)). Real GRPO runs on
-   pizza (the default recipe, --preset dapo, --preset cispo; seeds 0..n−1, each to its own stop rule): at
-   every step, on the step's own rollout, the token-mean exact entropy under π before the step and after
-   it (after the trust region too: what the step really did), and the batch covariance
-   mean_t (A_t − Ā)(log π_old(o_t) − mean log π_old) (entropy_control.token_covariance, the step's group
-   advantages). Per run: Pearson r and the least-squares slope of ΔH on Cov across steps, and the share
-   of steps where sign(ΔH) = −sign(Cov). rl.py and grpo.py are untouched: EntropyProbe wraps the algorithm
-   and adds two no-grad forwards per step, which change no random stream (the runs are the CLI's runs).
+   policy gradient, step η): H(π_{k+1}) − H(π_k) ≈ −η·Cov_{a~π}(log π(a|s), A(s, a)). Real GRPO runs
+   (pizza: the default recipe, --preset dapo, --preset cispo; apple pie, p = 0.02, the default recipe: its
+   rewarded tokens are unlikely, so Cov < 0 at first; seeds 0..n−1, each to its own stop rule): at every
+   step, on the step's own rollout, the token-mean exact entropy under π before the step and after it
+   (after the trust region too: what the step really did), and two covariances with the step's group
+   advantages: the batch one, mean_t (A_t − Ā)(log π_old(o_t) − mean log π_old) (entropy_control's
+   token_covariance, verl's), and the within-state one, centred inside each state (the claim's per-state
+   Cov, estimated from the states the group visits more than once; covariance_split). Per run: Pearson r
+   and the least-squares slope of ΔH on Cov across steps, and the share of steps where sign(ΔH) = −sign(Cov).
+   rl.py and grpo.py are untouched: EntropyProbe wraps the algorithm and adds two no-grad forwards per step,
+   which change no random stream (the runs are the CLI's runs).
 """
 
 from __future__ import annotations
@@ -246,6 +249,12 @@ def scatter(points: dict[str, list[dict]], png: Path) -> None:
     plt.close(fig)
 
 
+def _rises(steps: list[dict], key: str) -> str:
+    """'k/n': of the n steps (all seeds) with a negative covariance, k raised the entropy (the claim's sign)."""
+    neg = [s for s in steps if s[key] < 0]
+    return f"{sum(s['dh'] > 0 for s in neg)}/{len(neg)}"
+
+
 def bench_entropy(out: Path, init: Path, seeds: int) -> str:
     """The section: the forking tables (π_ref, then after a default pizza run) and the ΔH-vs-Cov table."""
     from minigrpo.checkpoint import load_checkpoint
@@ -266,7 +275,8 @@ def bench_entropy(out: Path, init: Path, seeds: int) -> str:
         rows.append([name, med([len(points[name]) / seeds], "{:.0f}"), med(pick("cov", "r"), "{:+.2f}"),
                      med(pick("cov", "slope"), "{:+.3f}"), med(pick("cov", "sign"), "{:.2f}"),
                      med(pick("cov_within", "r"), "{:+.2f}"), med(pick("cov_within", "slope"), "{:+.3f}"),
-                     med(pick("cov_within", "sign"), "{:.2f}")])
+                     med(pick("cov_within", "sign"), "{:.2f}"), _rises(points[name], "cov"),
+                     _rises(points[name], "cov_within")])
     png = folder / "entropy_vs_cov.png"
     scatter(points, png)
     ref, tok, _ = load_checkpoint(init)
@@ -284,4 +294,4 @@ def bench_entropy(out: Path, init: Path, seeds: int) -> str:
     return text + table(f"ΔH vs Cov(log π_old, Â) per step (Cui et al. 2505.22617: ΔH ≈ −η·Cov): per run "
                         f"over its steps, medians (min–max) over seeds 0-{seeds - 1}; scatter: {png}",
                         ["run", "steps", "r(ΔH, Cov)", "slope", "sign(ΔH) = −sign(Cov)", "r(ΔH, Cov within)",
-                         "slope within", "sign within"], rows)
+                         "slope within", "sign within", "Cov < 0: ΔH > 0", "within < 0: ΔH > 0"], rows)

@@ -9,21 +9,9 @@ import torch
 
 from minigrpo.bench_entropy import State, covariance_split, fit, grpo_run, state_keys, top_share, visited_states
 from minigrpo.entropy_control import token_covariance
-from minigrpo.model import GPT, GPTConfig
 from minigrpo.preserve import build_anchor_tree
-from minigrpo.tokenizer import EOS_ID, CharTokenizer
-
-TOK = CharTokenizer("ab")
-PROMPTS = ["a", "ba"]
-
-
-def tiny_gpt(seed: int = 2) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=TOK.vocab_size, block_size=8, n_layer=1, n_head=1, n_embd=8))
-    with torch.no_grad():
-        model.wte.weight.normal_(0.0, 0.3)
-        model.wpe.weight.normal_(0.0, 0.3)
-    return model.eval()
+from minigrpo.tokenizer import EOS_ID
+from test_preserve import PROMPTS, TOK, tiny_gpt  # a 1-layer GPT over BOS, EOS, PAD, a, b; prompts "a", "ba"
 
 
 def test_visit_weights_flow_down_the_tree_and_entropies_are_exact():
