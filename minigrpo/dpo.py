@@ -65,6 +65,12 @@ class DPOConfig(RLConfig):
     pairs_per_step: int = field(default=64, metadata=meta(
         "pairs drawn (without replacement) for each update: from the fixed set offline, from the rollout online"))
     updates: int = field(default=1, metadata=meta("updates per step, each on a fresh draw of pairs"))
+    sft_coef: float = field(default=0.0, metadata=meta(
+        "α: + α·NLL of each chosen completion per token (RPO, Pang et al. 2404.19733, TRL's rpo_alpha; the "
+        "paper's DPO: 0)"))
+    kl_coef: float = field(default=0.0, metadata=meta(
+        "+ this x the exact KL(π‖π_ref) per token (full vocabulary) on the step's rollout, as GRPO's β "
+        "(the paper's DPO: 0)"))
 
 
 def sample_pair_set(policy, tok, prompts: list[str], k: int, reward, cfg, generator) -> dict:
@@ -130,61 +136,71 @@ class DPO:
         """--pairs-per-step pair indices out of n_pairs, without replacement (all of them, if fewer)."""
         return torch.randperm(n_pairs, generator=self.draws)[: self.cfg.pairs_per_step]
 
-    def update(self, batch: RolloutBatch, opt) -> dict:
-        cfg, stats = self.cfg, {}
-        logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True) \
-            if cfg.online else self.rollout_forward(batch)
-        stats["kl_exact"] = aggregate(exact(logits.detach(), batch.ref_logits), batch.mask, "token-mean").item()
-        if cfg.online:  # the rollout's pairs: rows of the batch, grouped G by G
+    def pairs(self, batch: RolloutBatch):
+        """-> the chosen and rejected rows (P,) each, the rows' π_ref sequence log-probs and lengths: of the
+        rollout (online), or of the fixed π_ref samples (offline)."""
+        if self.cfg.online:  # the rollout's pairs: rows of the batch, grouped G by G
             G = batch.group_size
-            group, chosen, rejected = preference_pairs(batch.rewards.view(-1, G), cfg.pairs)
-            chosen, rejected = group * G + chosen, group * G + rejected
-            ref_seq = sequence_logp(batch.ref_logp, batch.mask)
-        else:
-            s = self.pair_set
-            chosen, rejected, ref_seq = s["chosen"], s["rejected"], s["ref_seq_logp"]
-        stats["pairs_available"] = float(len(chosen))
-        if len(chosen) == 0:  # no preference in this rollout; preservation still gets its update
-            anchor = self.run.anchor_term()
-            if anchor is not None:
-                stats["preserve_loss"] = anchor.item()
-                stats["grad_norm"] = self.run.clip_and_step(opt, anchor, self.parameters())
-            return {**stats, "skipped": 1.0}
-        per_update = []
-        for i in range(cfg.updates):
+            group, chosen, rejected = preference_pairs(batch.rewards.view(-1, G), self.cfg.pairs)
+            return group * G + chosen, group * G + rejected, sequence_logp(batch.ref_logp, batch.mask), \
+                batch.mask.sum(1)
+        s = self.pair_set
+        return s["chosen"], s["rejected"], s["ref_seq_logp"], s["completion_mask"].sum(1)
+
+    def update(self, batch: RolloutBatch, opt) -> dict:
+        cfg = self.cfg
+        chosen, rejected, ref_seq, lengths = self.pairs(batch)
+        stats, per_update = {"pairs_available": float(len(chosen))}, []
+        for i in range(cfg.updates if len(chosen) else 1):
+            logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
+            kl_tok = exact(logits, batch.ref_logits)  # (N, T): the exact KL(π‖π_ref) at the rollout's states
+            if i == 0:
+                stats["kl_exact"] = aggregate(kl_tok.detach(), batch.mask, "token-mean").item()
+            kl = aggregate(kl_tok, batch.mask, "seq-mean-token-mean") if cfg.kl_coef else None
+            if len(chosen) == 0:  # no preference in this rollout: the KL term and preservation still act
+                per_update.append(self.step(opt, None, kl))
+                stats["skipped"] = 1.0
+                continue
             pick = self.draw(len(chosen)).to(chosen.device)
             w, l = chosen[pick], rejected[pick]
             if cfg.online:
-                seq = sequence_logp(logp, batch.mask) if i == 0 else \
-                    sequence_logp(generation_logprobs(self.policy, batch.gen, cfg.temperature), batch.mask)
+                seq = sequence_logp(logp, batch.mask)
             else:  # one forward over the distinct samples the drawn pairs use
-                rows, inverse = torch.unique(torch.cat([w, l]), return_inverse=True)
+                rows = torch.unique(torch.cat([w, l]))
                 gen = pair_generation(self.pair_set).select(rows)
                 seq = torch.zeros_like(ref_seq).index_copy(
                     0, rows, sequence_logp(generation_logprobs(self.policy, gen, cfg.temperature), gen.completion_mask))
-            per_update.append(self.step(opt, seq[w], seq[l], ref_seq[w], ref_seq[l]))
+            per_update.append(self.step(opt, (seq[w], seq[l], ref_seq[w], ref_seq[l], lengths[w]), kl))
         return {**stats, **combine_stats(per_update)}
 
-    def step(self, opt, pc, pr, rc, rr) -> dict:
-        """One DPO update on the drawn pairs' sequence log-probs (P,) each; -> its statistics."""
-        policy_loss = dpo_loss(pc, pr, rc, rr, self.cfg.beta).mean()
+    def step(self, opt, pair, kl) -> dict:
+        """One update: DPO on the drawn pairs (log π_θ and log π_ref of y_w and y_l, (P,) each, and y_w's
+        lengths in tokens; None: no pair), + α·NLL(y_w) per token, + the KL term, + preservation."""
+        cfg, out, loss = self.cfg, {}, None
+        add = lambda a, b: b if a is None else a + b  # noqa: E731
+        if pair is not None:
+            pc, pr, rc, rr, chosen_len = pair
+            loss = dpo_loss(pc, pr, rc, rr, cfg.beta).mean()
+            nll = -(pc / chosen_len.clamp(min=1)).mean()  # RPO's term: the chosen completions' NLL per token
+            with torch.no_grad():
+                margin = (pc - rc) - (pr - rr)
+                out.update(policy_loss=loss.item(), pairs=float(len(pc)), nll=nll.item(),
+                           dpo_margin=(cfg.beta * margin).mean().item(),
+                           dpo_accuracy=(margin > 0).float().mean().item(),
+                           chosen_logratio=(pc - rc).mean().item(), rejected_logratio=(pr - rr).mean().item())
+            if cfg.sft_coef:
+                loss = loss + cfg.sft_coef * nll
+        if kl is not None:
+            loss = add(loss, cfg.kl_coef * kl)
+            out["kl_loss"] = kl.item()
         anchor = self.run.anchor_term()
-        loss = policy_loss if anchor is None else policy_loss + anchor
-        with torch.no_grad():
-            chosen_ratio, rejected_ratio = pc - rc, pr - rr
-            margin = chosen_ratio - rejected_ratio
-            out = {"policy_loss": policy_loss.item(), "loss": loss.item(), "pairs": float(len(pc)),
-                   "dpo_margin": (self.cfg.beta * margin).mean().item(),
-                   "dpo_accuracy": (margin > 0).float().mean().item(),
-                   "chosen_logratio": chosen_ratio.mean().item(), "rejected_logratio": rejected_ratio.mean().item(),
-                   **({"preserve_loss": anchor.item()} if anchor is not None else {})}
-        out["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
+        if anchor is not None:
+            loss = add(loss, anchor)
+            out["preserve_loss"] = anchor.item()
+        if loss is not None:
+            out["loss"] = loss.item()
+            out["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
         return out
-
-    @torch.no_grad()
-    def rollout_forward(self, batch: RolloutBatch):
-        """Offline: the policy's log-probs and logits on the rollout it does not train on (for the logged KL)."""
-        return generation_logprobs(self.policy, batch.gen, self.cfg.temperature, return_logits=True)
 
 
 PANELS = OUTCOME_PANELS + [
@@ -197,7 +213,7 @@ PANELS = OUTCOME_PANELS + [
 
 
 def check_dpo_config(cfg: DPOConfig) -> None:
-    check_ranges(cfg, {"beta": (1e-9, None)})
+    check_ranges(cfg, {"beta": (1e-9, None), "sft_coef": (0, None), "kl_coef": (0, None)})
     for name in ("offline_samples", "pairs_per_step", "updates"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")

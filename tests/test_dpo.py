@@ -29,8 +29,8 @@ def setup(tmp_path, init, name="r", **kw):
 
 
 def rollout(run, seed=0):
-    return collect(run.policy, run.ref, run.tok, ["ravin likes "] * 2, 4, run.reward, torch.Generator().manual_seed(seed),
-                   12, keep_ref_logits=True, old_logp=False)
+    return collect(run.policy, run.ref, run.tok, ["ravin likes "] * 2, 4, run.reward,
+                   torch.Generator().manual_seed(seed), 12, keep_ref_logits=True, old_logp=False)
 
 
 def seq_logp(model, gen):
@@ -60,7 +60,7 @@ def test_offline_pairs_are_sampled_once_from_pi_ref_and_stay_fixed(tmp_path, tin
     assert torch.equal(s["ids"], want.ids) and torch.allclose(s["ref_seq_logp"], seq_logp(run.ref, want))
     assert (s["rewards"][s["chosen"]] > s["rewards"][s["rejected"]]).all(), "y_w must have the higher reward"
     seen = []
-    monkeypatch.setattr(DPO, "step", lambda self, opt, pc, pr, rc, rr: seen.append((rc, rr)) or {"policy_loss": 0.0})
+    monkeypatch.setattr(DPO, "step", lambda self, opt, pair, kl: seen.append(pair[2:4]) or {})
     frozen = {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
     for seed in range(3):  # different rollouts: the pairs still come from the fixed set only
         algo.update(rollout(run, seed), opt)
@@ -77,7 +77,7 @@ def test_online_pairs_come_from_the_rollout_ranked_by_its_rewards(tmp_path, tiny
     batch = rollout(run)
     batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])  # group 1 has no contrast
     seen = []
-    monkeypatch.setattr(DPO, "step", lambda self, opt, pc, pr, rc, rr: seen.append((pc, pr, rc, rr)) or {})
+    monkeypatch.setattr(DPO, "step", lambda self, opt, pair, kl: seen.append(pair and pair[:4]) or {})
     algo.update(batch, opt)
     ref = sequence_logp(batch.ref_logp, batch.mask)
     pol = seq_logp(run.policy, batch.gen)
@@ -85,8 +85,8 @@ def test_online_pairs_come_from_the_rollout_ranked_by_its_rewards(tmp_path, tiny
     got = sorted(zip(rc.tolist(), rr.tolist()))
     assert got == sorted((ref[w].item(), ref[l].item()) for w, l in [(0, 1), (0, 2), (3, 1), (3, 2)]), got
     assert torch.allclose(torch.sort(pc.detach()).values, torch.sort(pol[[0, 0, 3, 3]]).values, atol=1e-5)
-    batch.rewards = torch.ones(8)  # no pair at all: the step skips (preservation would still update)
-    assert algo.update(batch, opt)["skipped"] == 1.0
+    batch.rewards = torch.ones(8)  # no pair at all: the step skips DPO (preservation, the KL term still act)
+    assert algo.update(batch, opt)["skipped"] == 1.0 and seen[1:] == [None]
 
 
 @pytest.mark.parametrize("online", [False, True])
