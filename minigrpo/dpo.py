@@ -68,6 +68,10 @@ class DPOConfig(RLConfig):
     sft_coef: float = field(default=0.0, metadata=meta(
         "α: + α·NLL of each chosen completion per token (RPO, Pang et al. 2404.19733, TRL's rpo_alpha; the "
         "paper's DPO: 0)"))
+    labels: str = field(default="hard", metadata=meta(
+        "hard: y_w is preferred with probability 1 (the paper's DPO on ranked pairs); bt: the Bradley–Terry "
+        "probability σ(r_w − r_l) as a soft label (cDPO's form), whose minimiser is π*_β exactly (see dpo.py)",
+        choices=["hard", "bt"]))
     kl_coef: float = field(default=0.0, metadata=meta(
         "+ this x the exact KL(π‖π_ref) per token (full vocabulary) on the step's rollout, as GRPO's β "
         "(the paper's DPO: 0)"))
@@ -137,19 +141,19 @@ class DPO:
         return torch.randperm(n_pairs, generator=self.draws)[: self.cfg.pairs_per_step]
 
     def pairs(self, batch: RolloutBatch):
-        """-> the chosen and rejected rows (P,) each, the rows' π_ref sequence log-probs and lengths: of the
-        rollout (online), or of the fixed π_ref samples (offline)."""
+        """-> the chosen and rejected rows (P,) each, the rows' π_ref sequence log-probs, lengths and rewards:
+        of the rollout (online), or of the fixed π_ref samples (offline)."""
         if self.cfg.online:  # the rollout's pairs: rows of the batch, grouped G by G
             G = batch.group_size
             group, chosen, rejected = preference_pairs(batch.rewards.view(-1, G), self.cfg.pairs)
             return group * G + chosen, group * G + rejected, sequence_logp(batch.ref_logp, batch.mask), \
-                batch.mask.sum(1)
+                batch.mask.sum(1), batch.rewards
         s = self.pair_set
-        return s["chosen"], s["rejected"], s["ref_seq_logp"], s["completion_mask"].sum(1)
+        return s["chosen"], s["rejected"], s["ref_seq_logp"], s["completion_mask"].sum(1), s["rewards"]
 
     def update(self, batch: RolloutBatch, opt) -> dict:
         cfg = self.cfg
-        chosen, rejected, ref_seq, lengths = self.pairs(batch)
+        chosen, rejected, ref_seq, lengths, rewards = self.pairs(batch)
         stats, per_update = {"pairs_available": float(len(chosen))}, []
         for i in range(cfg.updates if len(chosen) else 1):
             logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
@@ -170,17 +174,23 @@ class DPO:
                 gen = pair_generation(self.pair_set).select(rows)
                 seq = torch.zeros_like(ref_seq).index_copy(
                     0, rows, sequence_logp(generation_logprobs(self.policy, gen, cfg.temperature), gen.completion_mask))
-            per_update.append(self.step(opt, (seq[w], seq[l], ref_seq[w], ref_seq[l], lengths[w]), kl))
+            label = torch.sigmoid(rewards[w] - rewards[l]) if cfg.labels == "bt" else None
+            per_update.append(self.step(opt, (seq[w], seq[l], ref_seq[w], ref_seq[l], lengths[w], label), kl))
         return {**stats, **combine_stats(per_update)}
 
     def step(self, opt, pair, kl) -> dict:
-        """One update: DPO on the drawn pairs (log π_θ and log π_ref of y_w and y_l, (P,) each, and y_w's
-        lengths in tokens; None: no pair), + α·NLL(y_w) per token, + the KL term, + preservation."""
+        """One update: DPO on the drawn pairs (log π_θ and log π_ref of y_w and y_l, y_w's lengths in tokens and
+        the label P(y_w ≻ y_l) (None: 1), (P,) each; pair None: no pair), + α·NLL(y_w) per token, + the KL
+        term, + preservation.
+        A label p < 1 gives p·L(y_w, y_l) + (1 − p)·L(y_l, y_w) (cDPO; TRL's label_smoothing = 1 − p)."""
         cfg, out, loss = self.cfg, {}, None
         add = lambda a, b: b if a is None else a + b  # noqa: E731
         if pair is not None:
-            pc, pr, rc, rr, chosen_len = pair
-            loss = dpo_loss(pc, pr, rc, rr, cfg.beta).mean()
+            pc, pr, rc, rr, chosen_len, label = pair
+            loss = dpo_loss(pc, pr, rc, rr, cfg.beta)
+            if label is not None:  # soft: the expected loss when y_w wins with probability `label`
+                loss = label * loss + (1 - label) * dpo_loss(pr, pc, rr, rc, cfg.beta)
+            loss = loss.mean()
             nll = -(pc / chosen_len.clamp(min=1)).mean()  # RPO's term: the chosen completions' NLL per token
             with torch.no_grad():
                 margin = (pc - rc) - (pr - rr)

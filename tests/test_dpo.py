@@ -126,3 +126,18 @@ def test_a_target_absent_from_the_offline_samples_is_one_line(tmp_path, tiny_pre
     err = one_line_error(main, ["--init", str(init), "--reward", "exact:zzz", "--offline-samples", "4",
                                 "--out", str(tmp_path / "x"), "--quiet"], capsys)
     assert "no two with different rewards" in err
+
+
+def test_bradley_terry_labels_stop_pushing_at_the_optimums_margin(tmp_path, tiny_pretrained):
+    """--labels bt: label p = σ(r_w − r_l), loss p·L(w, l) + (1 − p)·L(l, w); its gradient in the margin vanishes
+    at β·m = r_w − r_l, π*_β's own margin (log π*/π_ref = r/β − log Z); hard labels push on past it."""
+    init, _, _ = tiny_pretrained
+    grads = {}
+    for labels in ("bt", "hard"):
+        run, algo, opt = setup(tmp_path, init, name=labels, labels=labels, beta=0.5)
+        pc = torch.tensor([-1.0 + 1.0 / 0.5], requires_grad=True)  # m = (pc − rc) − (pr − rr) = Δr/β = 2
+        pair = (pc, torch.tensor([-3.0]), torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([5]),
+                torch.sigmoid(torch.tensor([1.0])) if labels == "bt" else None)
+        algo.step(opt, pair, None)
+        grads[labels] = pc.grad.item()
+    assert abs(grads["bt"]) < 1e-7 and grads["hard"] < -0.1, grads
