@@ -115,7 +115,8 @@ def grad_of(model: GPT, pi_logp: torch.Tensor, coefs: torch.Tensor) -> torch.Ten
 
 
 def versus(g: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
-    """(cosine, ‖g − truth‖/‖truth‖)."""
+    """(cosine, ‖g − truth‖/‖truth‖), in float64 (a float32 cosine can read 1.00001)."""
+    g, truth = g.double(), truth.double()
     return F.cosine_similarity(g, truth, dim=0).item(), ((g - truth).norm() / truth.norm()).item()
 
 
