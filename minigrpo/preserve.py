@@ -22,6 +22,20 @@ built ONCE at the start from π_ref alone (no ground truth, no sampling per step
   sampled (`build_anchor`)  `per_prompt` sequences per prompt sampled from π_ref; each step uses a random
         minibatch of --preserve-batch rows (the unbiased Monte-Carlo estimate of the same expectation).
 
+The RL prompt's own forced states (--preserve-forced h, default 0.1 nats; tree anchor only). RL gives a
+failing completion the same negative advantage at every token, the forced ones included: with P(pizza) past
+0.95, a rare "ravin likes lasagna" gets Â ≈ −3.7 on its "sagna" too, and that push leaked ravin's mass into
+misspellings ("lapiza", "pie pie") in the low-β presets (peak malformed up to 0.05). So the tree also holds
+the target prompt's own likely completions, but its KL counts only at the states where π_ref's entropy is
+below h: inside a word, where the reference was sure of the next character (from a food's third letter on,
+at most 0.002 nats here; the choice of the food itself, 2.0-2.2 nats, and forks such as "p|izza"/"p|asta",
+0.66 nats, are left free). It asks nothing of the ground truth: only π_ref's own entropies. Those rows
+weigh --preserve-forced-weight (1) together, where all other people together weigh 1; they belong to no
+person (group −1), so they are not part of the drift the trust region bounds. A reward that asks for a new
+spelling of a forced word (e.g. `exact:ravin likes pizzas`) needs --preserve-forced 0. Measured on pizza over
+seeds 0-4 (README "Never break the model"): peak malformed mass of the paper presets grpo, dapo, reinforce
+and rloo 0.0017-0.0057 (medians) instead of 0.011-0.015, every run within the bars.
+
 Compared with PPO-ptx (mixing the pretraining loss on corpus lines), the targets here are the
 reference's full next-token distributions rather than one sampled character: the same fixed point,
 much less noise. `--preserve-kl reverse` uses KL(π_θ ‖ π_ref) at the same positions instead (the
@@ -42,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.kl import exact
+from minigrpo.losses import entropy
 from minigrpo.logprobs import pad_left
 from minigrpo.model import GPT, positions
 from minigrpo.rollout import generation_logprobs
@@ -57,18 +72,19 @@ class Anchor:
     ref_logits: torch.Tensor  # (M, T, V) π_ref's logits at each completion position
     weights: torch.Tensor  # (M,) each row's weight in the expectation: each prompt's rows sum to 1/prompts
     group: torch.Tensor  # (M,) long: the index of the row's prompt (one group per off-target person)
+    kl_mask: torch.Tensor | None = None  # (M, T) bool: the positions whose KL counts (None: every completion position)
 
     def state_dict(self) -> dict:
         g = self.gen
         return {"ids": g.ids, "key_mask": g.key_mask, "prompt_len": g.prompt_len, "completion_mask": g.completion_mask,
                 "logprobs": g.logprobs, "finished": g.finished, "ref_logits": self.ref_logits,
-                "weights": self.weights, "group": self.group}
+                "weights": self.weights, "group": self.group, "kl_mask": self.kl_mask}
 
     @classmethod
     def from_state_dict(cls, d: dict, device) -> "Anchor":
         t = {k: v.to(device) if torch.is_tensor(v) else v for k, v in d.items()}
         return cls(Generation(t["ids"], t["key_mask"], t["prompt_len"], t["completion_mask"], t["logprobs"],
-                              t["finished"]), t["ref_logits"], t["weights"], t["group"])
+                              t["finished"]), t["ref_logits"], t["weights"], t["group"], t.get("kl_mask"))
 
 
 @torch.no_grad()
@@ -146,6 +162,34 @@ def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor, direction: str 
     _, logits = generation_logprobs(policy, sub, return_logits=True)  # (m, T, V)
     ref_logits = anchor.ref_logits[rows]
     kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (m, T)
-    kl = torch.where(sub.completion_mask, kl, torch.zeros((), device=kl.device))
+    where = sub.completion_mask if anchor.kl_mask is None else anchor.kl_mask[rows]
+    kl = torch.where(where, kl, torch.zeros((), device=kl.device))
     w = anchor.weights[rows]
     return (kl.sum(dim=1) * w).sum() / w.sum()
+
+
+def forced_state_anchor(anchor: Anchor, others: int, max_entropy: float, weight: float) -> Anchor:
+    """A tree anchor built over the off-target prompts (groups 0..others−1) AND the RL prompts (the groups
+    after them) -> the same rows, where an RL prompt's rows count only at the states where π_ref was nearly sure
+    of the next character (entropy < max_entropy nats, kl_mask): the spelling inside a completion, never the
+    choice between completions. Each off-target person keeps weight 1/others; the RL prompts' rows get group −1
+    (nobody's drift) and weigh `weight` together (each prompt's rows in π_ref's proportions)."""
+    n = int(anchor.group.max()) + 1
+    own = anchor.group >= others
+    forced = anchor.gen.completion_mask & (entropy(anchor.ref_logits) < max_entropy)
+    kl_mask = torch.where(own[:, None], forced, anchor.gen.completion_mask)
+    weights = anchor.weights * torch.where(own, weight * n / (n - others), n / others)
+    return Anchor(anchor.gen, anchor.ref_logits, weights, torch.where(own, -1, anchor.group), kl_mask)
+
+
+def make_anchor(ref: GPT, tok: CharTokenizer, others: list[str], own: list[str], cfg,
+                generator: torch.Generator) -> Anchor | None:
+    """The run's anchor from its flags (rl_config.py): None without off-target prompts; the tree of the
+    off-target prompts, with the RL prompts' forced states when cfg.preserve_forced > 0; or sampled rows."""
+    if not others:
+        return None
+    if cfg.preserve_anchor == "sampled":
+        return build_anchor(ref, tok, others, cfg.preserve_per_prompt, cfg.max_new_tokens, generator)
+    forced = own if cfg.preserve_forced > 0 else []
+    tree = build_anchor_tree(ref, tok, others + forced, cfg.preserve_per_prompt, cfg.max_new_tokens)
+    return forced_state_anchor(tree, len(others), cfg.preserve_forced, cfg.preserve_forced_weight) if forced else tree

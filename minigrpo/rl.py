@@ -38,7 +38,7 @@ from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_st
 from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger
 from minigrpo.optim import AdamW
-from minigrpo.preserve import Anchor, anchor_loss, build_anchor, build_anchor_tree
+from minigrpo.preserve import Anchor, anchor_loss, make_anchor
 from minigrpo.rewards import RewardError, make_reward
 from minigrpo.rl_config import RLConfig, check_rl_config
 from minigrpo.rl_report import StopOnCtrlC, draw_figure, flat, progress_line, write_samples
@@ -118,10 +118,7 @@ class Run:
         self.stop_reason: str | None = None
         if self.resume_state is None:  # on resume, `restore` brings these back from the checkpoint
             anchor_prompts = self.task.anchor_prompts(cfg) if cfg.preserve else []
-            if anchor_prompts:  # the tree (every likely completion, weighted) or Monte-Carlo samples
-                build = build_anchor_tree if cfg.preserve_anchor == "tree" else build_anchor
-                self.anchor = build(self.ref, self.tok, anchor_prompts, cfg.preserve_per_prompt, cfg.max_new_tokens,
-                                    self.gens["anchor"])
+            self.anchor = make_anchor(self.ref, self.tok, anchor_prompts, self.prompts, cfg, self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)
 
     def _read_resume(self) -> dict:
@@ -147,7 +144,8 @@ class Run:
         out = [("rollout", batch.gen, self.cfg.trust_region, None, None)] if self.cfg.trust_region > 0 else []
         if self.anchor is not None and self.cfg.trust_region_anchor > 0:
             if self.anchor_probe is None:  # chosen once: the tree's rows, or a quarter of each person's samples
-                a, rows = self.anchor, torch.arange(len(self.anchor.group), device=self.device)
+                a = self.anchor
+                rows = (a.group >= 0).nonzero().flatten()  # people only (group −1: the RL prompts' own states)
                 if self.cfg.preserve_anchor == "sampled":
                     rows = rows[rows % self.cfg.preserve_per_prompt < max(1, self.cfg.preserve_per_prompt // 4)]
                 self.anchor_probe = (a.gen.select(rows), a.weights[rows], a.group[rows])

@@ -60,6 +60,12 @@ class RLConfig:
         "sampled = --preserve-per-prompt samples, a minibatch each step (preserve.py)", choices=["tree", "sampled"]))
     preserve_per_prompt: int = field(default=64, metadata=meta(
         "anchor sequences per off-target prompt: sampled ones, or at most this many of the tree's"))
+    preserve_forced: float = field(default=0.1, metadata=meta(
+        "the tree anchor also holds the RL prompts' own completions, only at states where π_ref's entropy is below "
+        "this (nats): their spelling, never their choice (preserve.py; 0 = off, e.g. for a reward that asks for "
+        "new spellings)"))
+    preserve_forced_weight: float = field(default=1.0, metadata=meta(
+        "the weight of those rows together, where all other people together weigh 1"))
     preserve_batch: int = field(default=56, metadata=meta("--preserve-anchor sampled: anchor sequences per update"))
     trust_region: float = field(default=0.05, metadata=meta(
         "largest KL(π_old‖π_new) per completion a step may take on its own rollout, in nats; larger steps "
@@ -93,6 +99,7 @@ def check_rl_config(cfg: RLConfig) -> None:
         need(getattr(cfg, name) >= 0, name, ">= 0")
     need(finite(cfg.lr) and 0 < cfg.lr <= 1, "lr", "a number in (0, 1]")
     check_ranges(cfg, {"temperature": (1e-3, None), "grad_clip": (0, None), "preserve_coef": (0, None),
+                       "preserve_forced": (0, None), "preserve_forced_weight": (0, None),
                        "goal": (0, 1), "goal_malformed": (0, 1), "goal_drift": (0, 1),
                        "unfinished_reward": (None, None)})
     if cfg.group_size < 2:

@@ -13,7 +13,9 @@ import torch
 
 from minigrpo.kl import exact
 from minigrpo.model import GPT, GPTConfig, positions
-from minigrpo.preserve import Anchor, anchor_loss, build_anchor, build_anchor_tree
+from minigrpo.losses import entropy
+from minigrpo.preserve import (Anchor, anchor_loss, build_anchor, build_anchor_tree, forced_state_anchor,
+                               make_anchor)
 from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation, encode_prompts
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
@@ -284,3 +286,48 @@ def test_state_dict_round_trips_through_a_safe_torch_load(tmp_path):
     rows = torch.tensor([0, 3, 8, 15])
     with torch.no_grad():
         assert anchor_loss(policy, anchor, rows).item() == anchor_loss(policy, back, rows).item()
+
+
+def test_the_rl_prompts_forced_states_count_only_where_the_reference_was_sure_and_weigh_what_they_are_given():
+    """forced_state_anchor: the off-target prompt ("a", group 0) keeps every position and weight 1; the RL
+    prompt's rows ("ba", group −1) count only where H(π_ref) < h, and weigh `weight` together; the loss is
+    then the weighted sum of the exact per-position KLs over exactly those positions."""
+    ref, policy = tiny_gpt(), perturbed(tiny_gpt(), 0.2, seed=3)
+    tree = build_anchor_tree(ref, TOK, PROMPTS, 10_000, MAX_NEW, min_prob=1e-12)
+    h = entropy(tree.ref_logits).masked_select(tree.gen.completion_mask).median().item()  # half the positions
+    a = forced_state_anchor(tree, 1, h, 0.5)
+    own = tree.group == 1
+    assert torch.equal(a.group, torch.where(own, -1, 0))
+    assert abs(a.weights[~own].sum().item() - 1) < 1e-6 and abs(a.weights[own].sum().item() - 0.5) < 1e-6
+    assert torch.equal(a.kl_mask[~own], tree.gen.completion_mask[~own])
+    sure = tree.gen.completion_mask & (entropy(tree.ref_logits) < h)
+    assert torch.equal(a.kl_mask[own], sure[own]) and 0 < sure[own].sum() < tree.gen.completion_mask[own].sum()
+    rows = torch.arange(a.gen.ids.size(0))
+    with torch.no_grad():
+        _, logits = generation_logprobs(policy, a.gen, return_logits=True)
+        kl = torch.where(a.kl_mask, exact(a.ref_logits, logits), 0.0).sum(1)
+        want = (kl * a.weights).sum() / a.weights.sum()
+        assert torch.allclose(anchor_loss(policy, a, rows), want, atol=1e-6)
+        assert anchor_loss(ref, a, rows).item() == 0.0
+    everywhere = forced_state_anchor(tree, 1, math.inf, 1.0)  # h = ∞: the RL prompt is one more person
+    with torch.no_grad():
+        assert torch.allclose(anchor_loss(policy, everywhere, rows), anchor_loss(policy, tree, rows), atol=1e-6)
+
+
+def test_make_anchor_follows_the_flags(tmp_path):
+    from types import SimpleNamespace
+    ref = tiny_gpt()
+    cfg = lambda **kw: SimpleNamespace(**{**dict(preserve_anchor="tree", preserve_per_prompt=100,  # noqa: E731
+                                                 max_new_tokens=MAX_NEW, preserve_forced=0.1,
+                                                 preserve_forced_weight=1.0), **kw})
+    g = torch.Generator().manual_seed(0)
+    assert make_anchor(ref, TOK, [], ["ba"], cfg(), g) is None, "no off-target prompt: no anchor"
+    plain = make_anchor(ref, TOK, ["a"], ["ba"], cfg(preserve_forced=0.0), g)
+    assert plain.kl_mask is None and torch.equal(plain.group.unique(), torch.tensor([0]))
+    forced = make_anchor(ref, TOK, ["a"], ["ba"], cfg(), g)
+    assert set(forced.group.tolist()) == {0, -1} and forced.kl_mask is not None
+    sampled = make_anchor(ref, TOK, ["a"], ["ba"], cfg(preserve_anchor="sampled"), g)
+    assert sampled.kl_mask is None and sampled.gen.ids.size(0) == 100, "the sampled anchor has no forced rows"
+    torch.save(forced.state_dict(), tmp_path / "a.pt")
+    back = Anchor.from_state_dict(torch.load(tmp_path / "a.pt", weights_only=True), torch.device("cpu"))
+    assert torch.equal(back.kl_mask, forced.kl_mask) and torch.equal(back.group, forced.group)

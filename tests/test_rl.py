@@ -2,6 +2,7 @@
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -156,3 +157,12 @@ def test_progress_says_skipped_and_the_run_ends_naming_its_folder(tmp_path, tiny
     out = capsys.readouterr().out
     assert f"wrote {tmp_path / 'named'}/" in out and f"--checkpoint {tmp_path / 'named' / 'model.pt'}" in out
     assert "stopped at step 1: cap" in out
+
+
+def test_the_trust_region_probes_people_only_not_the_rl_prompts_forced_states(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    run = Run(cfg_for(tmp_path, init, preserve_per_prompt=64), "grpo")
+    assert (run.anchor.group == -1).any(), "the default anchor holds the RL prompt's forced states"
+    probes = {p[0]: p for p in run.probes(SimpleNamespace(gen=None))}  # (name, gen, limit, weights, group)
+    _, gen, _, _, group = probes["anchor"]
+    assert (group >= 0).all() and gen.ids.size(0) == int((run.anchor.group >= 0).sum())
