@@ -21,7 +21,8 @@ others finish, and the command then exits with code 1. Writes to <out> (default 
   table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and 0.95, final
                 target rate and exact E[r], exact KL, worst drift and malformed mass at the end and at
                 their peak over every evaluated step; food: the regret to the frontier, the implied β, the
-                KL to the optimum of equal reward and to the optimum of the run's own β; exact pass@8
+                KL to the optimum of equal reward and to π*_β of the run's own --beta (DPO's is that
+                sequence-level β exactly; GRPO's per-token β only points near it); exact pass@8
 """
 
 from __future__ import annotations
