@@ -2,13 +2,13 @@
 
     python -m minigrpo.dpo --reward pizza              # offline: pairs from a fixed set of π_ref samples
     python -m minigrpo.dpo --reward pizza --online     # online: pairs from each step's own rollout
-    python -m minigrpo.dpo --reward pizza --labels hard               # the paper's loss on ranked pairs
+    python -m minigrpo.dpo --reward pizza --labels bt --beta 0.3      # lands on π*_β (see below)
 
 Per update, over the drawn pairs (y_w ranked above y_l), with sequence log-probs (preference.sequence_logp):
 
     L = mean_pairs[ p·ℓ(m) + (1 − p)·ℓ(−m) ]  (+ α·NLL(y_w)/|y_w|  + c·KL_exact on the rollout)  + preservation
     ℓ(m) = −log σ(β·m),   m = (log π_θ − log π_ref)(y_w) − (log π_θ − log π_ref)(y_l)    (preference.dpo_loss)
-    p = σ(r(y_w) − r(y_l))  (--labels bt, default)   or   p = 1  (--labels hard: the paper's eq. 7 on ranked pairs)
+    p = 1  (--labels hard, default: the paper's eq. 7 on ranked pairs)   or   p = σ(r(y_w) − r(y_l))  (--labels bt)
 
 Pairs: within one prompt's samples, y_w ranks above y_l when r(y_w) > r(y_l) (preference.preference_pairs:
 --pairs all, every such ordered pair; best_worst, one per group). Offline: K = --offline-samples completions
@@ -19,31 +19,25 @@ group's rewards equal) runs the other terms only. rl.run owns the rest: the roll
 stop rule, the trust region, preservation, metrics, checkpoints and --resume (the pair set and the pair-draw
 generator are this algorithm's state).
 
-Why p = σ(Δr) by default. DPO's loss is the likelihood of Bradley–Terry preferences P(y_w ≻ y_l) = σ(r_w − r_l);
-its minimiser is π*_β ∝ π_ref·e^{r/β} (frontier.optimum) only when the labels ARE such draws. A ranking by
-the reward says y_w wins with probability 1: no finite margin fits it, so hard labels push every rejected
-completion down without end. The loss is linear in the label, so the soft label σ(Δr) is the expected loss
-over Bradley–Terry draws, and its gradient vanishes at β·m = Δr, π*_β's own margin (tests/test_dpo.py).
-Measured on pizza (compare, 60 steps, seeds 0-4, medians; π*_β(pizza) = 0.324 at β 1, 0.83 at β 0.3):
-  hard, β 0.1 (the paper)  offline: peak malformed 0.375 (0.287-0.41), 0/5 runs within the bars: the pairs
-                           push down every first letter of the sampled foods, and the mass goes to one no
-                           sample holds ("lalad": 28 % at step 32, seed 0); online 3/5 (peak 0.040)
-  hard, β 1.0              both end near pizza only (online 0.996, implied β 0.14): KL(π‖π*_β) 1.1
-  bt, β 1.0 / 0.3          end ON π*_β: target 0.325 / 0.823 online, implied β 0.996 / 0.306, KL to π*_β
-                           0.0009 / 0.006; peak malformed 0.0012 / 0.0014
-  bt, β 0.1 (the default)  5/5 offline and online, 0.95 after 27 / 26 steps, peak malformed 0.0055 / 0.0019
-  hard, --kl-coef 0.3      5/5 and 5/5 too (0.95 after 19 / 21 steps): the exact KL on the rollout's states,
-                           GRPO's term, holds the letters no pair covers
-(README "DPO": the commands and every figure.)
+Where DPO ends. Its loss is the likelihood of Bradley–Terry preferences P(y_w ≻ y_l) = σ(r_w − r_l), and its
+minimiser is π*_β ∝ π_ref·e^{r/β} (frontier.optimum) only when the labels ARE such draws. A ranking by the
+reward says y_w wins with probability 1: no finite margin fits it, so hard labels push every rejected
+completion down without end and overshoot π*_β. The loss is linear in the label, so the soft label σ(Δr)
+(--labels bt) is the expected loss over Bradley–Terry draws; its gradient vanishes at β·m = Δr, π*_β's own
+margin (tests/test_dpo.py). Measured on pizza (compare, 60 steps, seeds 0-4, medians; π*_1(pizza) = 0.324):
+hard labels at β 1 end at P(pizza) 0.996 (implied β 0.136, KL(π‖π*_β) 1.11); bt labels at β 1 end at 0.325
+online (implied β 0.996, KL to π*_β 0.0009), at β 0.3 at 0.823 (π*: 0.832). At β 0.1 π*_β is nearly all
+pizza (0.9997) and both reach the goal; the bars and the commands: README "DPO".
 
 Departures from the papers:
-  - the soft label above (--labels hard: the paper's); --sft-coef α adds RPO's NLL of y_w (Pang et al.
-    2404.19733, TRL's rpo_alpha; 0 here) and --kl-coef c the exact per-token KL on the rollout (0 here).
+  - none in the loss by default; --labels bt (above), --sft-coef α (RPO's NLL of y_w, Pang et al. 2404.19733,
+    TRL's rpo_alpha) and --kl-coef c (the exact per-token KL on the rollout, GRPO's term) are flags, all off.
   - the run's per-step rollout (G x prompts samples of the current policy) is collected in offline mode too
     (rl.py does so for every algorithm); offline DPO trains on none of it: it logs the on-policy reward and
     exact KL and is the trust region's probe (about a fifth of an offline step's time, measured here).
-  - preservation (the anchor on the other people), the 5-step warm-up, the gradient clip and the trust region
-    apply as to every algorithm; lr 6e-4 (the papers: ~5e-7 on billion-parameter models).
+  - preservation (preserve.py: the other people, and the RL prompt's own forced states), the 5-step warm-up,
+    the gradient clip and the trust region apply as to every algorithm; lr 6e-4 (the papers: ~5e-7 on
+    billion-parameter models).
 """
 
 from __future__ import annotations
@@ -83,9 +77,9 @@ class DPOConfig(RLConfig):
     sft_coef: float = field(default=0.0, metadata=meta(
         "α: + α·NLL of each chosen completion per token (RPO, Pang et al. 2404.19733, TRL's rpo_alpha; the "
         "paper's DPO: 0)"))
-    labels: str = field(default="bt", metadata=meta(
-        "bt: the Bradley–Terry probability σ(r_w − r_l) as a soft label (cDPO's form), whose minimiser is π*_β; "
-        "hard: y_w preferred with probability 1 (the paper's DPO on ranked pairs; overshoots π*_β, see dpo.py)",
+    labels: str = field(default="hard", metadata=meta(
+        "hard: y_w preferred with probability 1 (the paper's DPO on ranked pairs; overshoots π*_β, see dpo.py); "
+        "bt: the Bradley–Terry probability σ(r_w − r_l) as a soft label (cDPO's form), whose minimiser is π*_β",
         choices=["hard", "bt"]))
     kl_coef: float = field(default=0.0, metadata=meta(
         "+ this x the exact KL(π‖π_ref) per token (full vocabulary) on the step's rollout, as GRPO's β "
