@@ -251,9 +251,10 @@ def test_second_wave_presets_set_only_their_papers_flags():
     assert PRESETS["sapo"]["sapo_tau_pos"] == 1.0 and PRESETS["sapo"]["sapo_tau_neg"] == 1.05
     assert PRESETS["gmpo"]["gmpo_eps"] == 0.4 and PRESETS["kl_cov"]["cov_ratio"] == 2e-4
     assert (PRESETS["clip_cov"]["clip_cov_low"], PRESETS["clip_cov"]["clip_cov_high"]) == (1.0, 5.0)
-    for name in ("cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "entropy_8020", "remax", "reinforce_rej",
-                 "random_reward"):
+    for name in ("cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "entropy_8020", "random_reward"):
         assert "beta" not in PRESETS[name] and "kl" not in PRESETS[name], f"{name} keeps the run's KL term"
+    for name in ("remax", "reinforce_rej"):  # no std division: the run's exact KL at a third of its weight
+        assert PRESETS[name]["beta"] == 0.1 and "kl" not in PRESETS[name], name
 
 
 @pytest.mark.parametrize("argv, message", [
