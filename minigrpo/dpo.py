@@ -53,11 +53,10 @@ from minigrpo.kl import exact
 from minigrpo.losses import aggregate
 from minigrpo.metrics import combine_stats
 from minigrpo.preference import PAIR_MODES, dpo_loss, preference_pairs, sequence_logp
-from minigrpo.rewards import score
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
 from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
-from minigrpo.rollout import RolloutBatch, generation_logprobs
-from minigrpo.sampling import Generation, decode_completions, encode_prompts, generate
+from minigrpo.rollout import RolloutBatch, collect, generation_logprobs
+from minigrpo.sampling import Generation
 
 
 @dataclass
@@ -90,17 +89,10 @@ def sample_pair_set(policy, tok, prompts: list[str], k: int, reward, cfg, genera
     """K completions per prompt from `policy` (π_ref), scored and ranked -> the fixed offline pair set:
     the samples' Generation fields, their rewards (n·K,), their π_ref sequence log-probs (n·K,) and the
     pairs' row indices "chosen", "rejected" (P,) into those samples."""
-    device = policy.wte.weight.device
-    rows = [p for p in prompts for _ in range(k)]
-    ids, key_mask = encode_prompts(tok, rows, device)
-    was_training = policy.training
-    policy.eval()
-    with torch.no_grad():
-        gen = generate(policy, ids, key_mask, cfg.max_new_tokens, cfg.temperature, generator=generator)
-        ref_seq = sequence_logp(generation_logprobs(policy, gen, cfg.temperature), gen.completion_mask)
-    policy.train(was_training)
-    rewards = torch.tensor(score(reward, rows, decode_completions(tok, gen), gen.finished.tolist(),
-                                 cfg.unfinished_reward), device=device)
+    # the rollout's own sampling, scoring and π_ref log-probs (policy = ref = π_ref; no π_old needed)
+    batch = collect(policy, policy, tok, prompts, k, reward, generator, cfg.max_new_tokens, cfg.temperature,
+                    cfg.unfinished_reward, old_logp=False)
+    gen, rewards, ref_seq = batch.gen, batch.rewards, sequence_logp(batch.ref_logp, batch.mask)
     group, chosen, rejected = preference_pairs(rewards.view(len(prompts), k), cfg.pairs)
     if len(group) == 0:
         raise UsageError(f"the {k} π_ref samples per prompt hold no two with different rewards: no pair to learn "
