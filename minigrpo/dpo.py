@@ -97,13 +97,8 @@ def sample_pair_set(policy, tok, prompts: list[str], k: int, reward, cfg, genera
     if len(group) == 0:
         raise UsageError(f"the {k} π_ref samples per prompt hold no two with different rewards: no pair to learn "
                          f"from; raise --offline-samples (or use --online)")
-    return {"ids": gen.ids, "key_mask": gen.key_mask, "prompt_len": gen.prompt_len,
-            "completion_mask": gen.completion_mask, "logprobs": gen.logprobs, "finished": gen.finished,
-            "rewards": rewards, "ref_seq_logp": ref_seq, "chosen": group * k + chosen, "rejected": group * k + rejected}
-
-
-def pair_generation(s: dict) -> Generation:
-    return Generation(s["ids"], s["key_mask"], s["prompt_len"], s["completion_mask"], s["logprobs"], s["finished"])
+    return {**gen.to_dict(), "rewards": rewards, "ref_seq_logp": ref_seq, "chosen": group * k + chosen,
+            "rejected": group * k + rejected}
 
 
 class DPO:
@@ -172,7 +167,7 @@ class DPO:
                 seq = sequence_logp(logp, batch.mask)
             else:  # one forward over the distinct samples the drawn pairs use
                 rows = torch.unique(torch.cat([w, l]))
-                gen = pair_generation(self.pair_set).select(rows)
+                gen = Generation.from_dict(self.pair_set).select(rows)
                 seq = torch.zeros_like(ref_seq).index_copy(
                     0, rows, sequence_logp(generation_logprobs(self.policy, gen, cfg.temperature), gen.completion_mask))
             label = torch.sigmoid(rewards[w] - rewards[l]) if cfg.labels == "bt" else None

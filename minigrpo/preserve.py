@@ -75,16 +75,13 @@ class Anchor:
     kl_mask: torch.Tensor | None = None  # (M, T) bool: the positions whose KL counts (None: every completion position)
 
     def state_dict(self) -> dict:
-        g = self.gen
-        return {"ids": g.ids, "key_mask": g.key_mask, "prompt_len": g.prompt_len, "completion_mask": g.completion_mask,
-                "logprobs": g.logprobs, "finished": g.finished, "ref_logits": self.ref_logits,
-                "weights": self.weights, "group": self.group, "kl_mask": self.kl_mask}
+        return {**self.gen.to_dict(), "ref_logits": self.ref_logits, "weights": self.weights, "group": self.group,
+                "kl_mask": self.kl_mask}
 
     @classmethod
     def from_state_dict(cls, d: dict, device) -> "Anchor":
         t = {k: v.to(device) if torch.is_tensor(v) else v for k, v in d.items()}
-        return cls(Generation(t["ids"], t["key_mask"], t["prompt_len"], t["completion_mask"], t["logprobs"],
-                              t["finished"]), t["ref_logits"], t["weights"], t["group"], t.get("kl_mask"))
+        return cls(Generation.from_dict(t), t["ref_logits"], t["weights"], t["group"], t.get("kl_mask"))
 
 
 @torch.no_grad()

@@ -24,6 +24,9 @@ from minigrpo.model import GPT, positions
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 
 
+GENERATION_FIELDS = ("ids", "key_mask", "prompt_len", "completion_mask", "logprobs", "finished")
+
+
 @dataclass
 class Generation:
     ids: torch.Tensor  # (B, P+N) left-padded prompt, then completion (PAD after the first EOS)
@@ -36,6 +39,14 @@ class Generation:
     @property
     def completion_ids(self) -> torch.Tensor:  # (B, N)
         return self.ids[:, self.prompt_len:]
+
+    def to_dict(self) -> dict:
+        """The fields by name (what checkpoints store: tensors and the prompt width)."""
+        return {f: getattr(self, f) for f in GENERATION_FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Generation":
+        return cls(*(d[f] for f in GENERATION_FIELDS))
 
     def select(self, rows: torch.Tensor) -> "Generation":
         """The rows `rows` (a 1-D index tensor) of every per-row tensor."""

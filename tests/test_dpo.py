@@ -6,13 +6,13 @@ import torch
 
 from conftest import one_line_error
 from minigrpo.checkpoint import read_checkpoint
-from minigrpo.dpo import DPO, DPOConfig, main, pair_generation, train
+from minigrpo.dpo import DPO, DPOConfig, main, train
 from minigrpo.metrics import read_jsonl
 from minigrpo.optim import AdamW
 from minigrpo.preference import sequence_logp
 from minigrpo.rl import Run, purpose_seed
 from minigrpo.rollout import collect, generation_logprobs
-from minigrpo.sampling import encode_prompts, generate
+from minigrpo.sampling import Generation, encode_prompts, generate
 
 TIME_KEYS = {"step_time", "tokens_per_s"}
 TINY = dict(prompts_per_step=2, group_size=4, max_new_tokens=12, quiet=True, preserve_per_prompt=2, preserve_batch=8,
@@ -42,7 +42,7 @@ def test_one_update_raises_the_chosen_log_ratio_against_the_rejected(tmp_path, t
     init, _, _ = tiny_pretrained
     run, algo, opt = setup(tmp_path, init, pairs_per_step=10_000)  # every pair of the fixed set in the update
     s = algo.pair_set
-    gen = pair_generation(s)
+    gen = Generation.from_dict(s)
     margin = lambda: ((seq_logp(run.policy, gen) - s["ref_seq_logp"])[s["chosen"]]  # noqa: E731
                       - (seq_logp(run.policy, gen) - s["ref_seq_logp"])[s["rejected"]]).mean().item()
     assert abs(margin()) < 1e-4, "π_θ = π_ref at the start: every log-ratio is 0"
