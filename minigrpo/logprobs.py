@@ -7,10 +7,13 @@ toy tasks all call it, so none of them can disagree about masks or positions.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from minigrpo.model import GPT, positions
+from minigrpo.prefix_tree import PrefixTree, build_prefix_tree
 from minigrpo.tokenizer import CharTokenizer
 
 
@@ -33,13 +36,20 @@ def completion_token_logprobs(logits: torch.Tensor, ids: torch.Tensor, prompt_le
     return torch.where(completion_mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
 
 
-def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None, temperature: float = 1.0):
+def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None, temperature: float = 1.0,
+                    tree: PrefixTree | None = None, shared_prefixes: bool = True):
     """The one forward pass over ids[:, :-1] (left-padded; key_mask (B, T) bool or None = all real):
     -> (logits (B, T-1, V) at the given temperature, final hidden states (B, T-1, C)); logits[:, t]
-    predicts ids[:, t+1]."""
+    predicts ids[:, t+1]. It runs once per distinct prefix (prefix_tree.py; `tree`: the tree of ids[:, :-1]
+    if the caller keeps one); shared_prefixes=False runs every slot of every row: the plain forward, kept as
+    the tests' oracle (the two agree to float rounding, about 1e-6 on the logits)."""
     km = key_mask[:, :-1] if key_mask is not None else None
-    hidden = model.hidden(ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km)
-    return model.head(hidden) / temperature, hidden
+    if not shared_prefixes:
+        hidden = model.hidden(ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km)
+        return model.head(hidden) / temperature, hidden
+    tree = tree if tree is not None else build_prefix_tree(ids[:, :-1], km)
+    hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)  # (G, N, C): each node once
+    return tree.gather(model.head(hidden) / temperature), tree.gather(hidden)
 
 
 def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None,
@@ -79,7 +89,18 @@ def completion_logprobs(model: GPT, tok: CharTokenizer, prompts: list[str], comp
     Teacher-forced scoring: the exact probability that sampling (temperature 1) produces exactly this
     completion and then stops. -> (N,) float tensor of summed log-probs.
     """
-    device = model.wte.weight.device
+    ids, mask, is_completion, tree = scoring_batch(tok, tuple(prompts), tuple(completions), end,
+                                                   model.wte.weight.device)
+    logits, _ = shifted_forward(model, ids, mask, tree=tree)
+    logp = gather_logprobs(logits, ids[:, 1:])  # (N, width-1)
+    return torch.where(is_completion, logp, torch.zeros_like(logp)).sum(dim=1)
+
+
+@functools.lru_cache(maxsize=16)
+def scoring_batch(tok: CharTokenizer, prompts: tuple[str, ...], completions: tuple[str, ...], end: bool, device):
+    """completion_logprobs' rows, kept: an exact evaluation scores the same pairs at every step.
+    -> ids, key_mask (N, width), is_completion (N, width-1) bool (the targets that are completion tokens), and
+    the prefix tree of ids[:, :-1]."""
     rows, n_prompt = [], []
     for p, c in zip(prompts, completions):
         head = tok.encode(p, bos=True)
@@ -87,9 +108,8 @@ def completion_logprobs(model: GPT, tok: CharTokenizer, prompts: list[str], comp
         n_prompt.append(len(head))
     width = max(len(r) for r in rows)
     ids, mask = pad_left(rows, tok.pad_id, device)
-    logp = sequence_logprobs(model, ids, mask)  # (N, width-1)
     # the completion of row i occupies its last (len(row) - n_prompt) targets
     n_comp = torch.tensor([len(r) - n for r, n in zip(rows, n_prompt)], device=device)
     col = torch.arange(width - 1, device=device)[None, :]
     is_completion = col >= (width - 1 - n_comp)[:, None]  # (N, width-1)
-    return torch.where(is_completion, logp, torch.zeros_like(logp)).sum(dim=1)
+    return ids, mask, is_completion, build_prefix_tree(ids[:, :-1], mask[:, :-1])

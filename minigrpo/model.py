@@ -138,15 +138,18 @@ class GPT(nn.Module):
         w = self.wte.weight
         return KVCache(self.cfg, batch, t_max, w.device, w.dtype)
 
-    def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None):
-        """Final hidden states (B, T, C): everything but the output head."""
+    def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
+        """Final hidden states (B, T, C): everything but the output head. attn_mask: a ready bool mask
+        (B, 1, T, T), True = may attend (prefix_tree.py's tree attention), instead of key_mask and the cache."""
         B, T = idx.shape
         offset = cache.length if cache is not None else 0
-        if offset + T > self.cfg.block_size:
-            raise ValueError(f"sequence of {offset + T} tokens exceeds block_size {self.cfg.block_size}")
+        longest = offset + T if attn_mask is None else int(pos.max()) + 1  # a tree's positions are its depths
+        if longest > self.cfg.block_size:
+            raise ValueError(f"sequence of {longest} tokens exceeds block_size {self.cfg.block_size}")
         if pos is None:
             pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
-        attn_mask = None
+        if attn_mask is not None and (key_mask is not None or cache is not None):
+            raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
         if key_mask is not None or offset > 0:
             # query i (absolute position offset+i) may see key j iff j <= offset+i and key j is real;
             # it always sees itself, so a padding query never has an empty row (which would give NaN).

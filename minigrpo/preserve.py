@@ -152,16 +152,17 @@ def _most_likely(items: list[tuple], per_prompt: int) -> list[tuple]:
     return [item for i, item in enumerate(items) if i in keep]
 
 
-def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor, direction: str = "forward") -> torch.Tensor:
-    """Weighted mean over the chosen anchor rows of the summed exact per-position KL (module docstring):
-    Σ_rows w·Σ_t KL / Σ_rows w (a plain mean for the sampled anchor's equal weights)."""
-    sub = anchor.gen.select(rows)
+def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor | None = None, direction: str = "forward") -> torch.Tensor:
+    """Weighted mean over the chosen anchor rows (None: all of them) of the summed exact per-position KL (module
+    docstring): Σ_rows w·Σ_t KL / Σ_rows w (a plain mean for the sampled anchor's equal weights)."""
+    every = slice(None) if rows is None else rows
+    sub = anchor.gen if rows is None else anchor.gen.select(rows)  # all rows: the anchor's own kept prefix tree
     _, logits = generation_logprobs(policy, sub, return_logits=True)  # (m, T, V)
-    ref_logits = anchor.ref_logits[rows]
+    ref_logits = anchor.ref_logits[every]
     kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (m, T)
-    where = sub.completion_mask if anchor.kl_mask is None else anchor.kl_mask[rows]
+    where = sub.completion_mask if anchor.kl_mask is None else anchor.kl_mask[every]
     kl = torch.where(where, kl, torch.zeros((), device=kl.device))
-    w = anchor.weights[rows]
+    w = anchor.weights[every]
     return (kl.sum(dim=1) * w).sum() / w.sum()
 
 

@@ -158,7 +158,7 @@ class Run:
         if self.anchor is None:
             return None
         m = self.anchor.gen.ids.size(0)
-        rows = torch.arange(m, device=self.device) if self.cfg.preserve_anchor == "tree" else \
+        rows = None if self.cfg.preserve_anchor == "tree" else \
             torch.randperm(m, generator=self.gens["anchor_rows"])[: self.cfg.preserve_batch].to(self.device)
         return self.cfg.preserve_coef * anchor_loss(self.policy, self.anchor, rows, self.cfg.preserve_kl)
 

@@ -70,7 +70,7 @@ def generation_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, r
     (logprobs.completion_logprobs is its text-level sibling: prompt and completion strings in, one summed
     log-prob per pair out, for exact evaluation; both run logprobs.shifted_forward.)"""
     P = gen.prompt_len
-    logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature)  # (N, P+T−1, ·)
+    logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature, gen.prefix_tree())  # (N, P+T−1, ·)
     logp = completion_token_logprobs(logits, gen.ids, P, gen.completion_mask)  # (N, T)
     extra = ([logits[:, P - 1:]] if return_logits else []) + ([hidden[:, P - 1:]] if return_hidden else [])
     return (logp, *extra) if extra else logp

@@ -14,13 +14,14 @@ at every step: the slow, obviously-correct path that tests and `bench` compare t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from minigrpo.logprobs import pad_left
 from minigrpo.model import GPT, positions
+from minigrpo.prefix_tree import PrefixTree, build_prefix_tree
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 
 
@@ -35,6 +36,15 @@ class Generation:
     completion_mask: torch.Tensor  # (B, N) bool: completion tokens up to and including the first EOS
     logprobs: torch.Tensor  # (B, N) log-prob of each sampled token under the sampling distribution (0 where masked)
     finished: torch.Tensor  # (B,) bool: the row produced an EOS
+    _tree: PrefixTree | None = field(default=None, init=False, repr=False, compare=False)
+
+    def prefix_tree(self) -> PrefixTree:
+        """The tree of the distinct prefixes of ids[:, :-1] (prefix_tree.py), built on first use and kept: every
+        forward over these rows (π_ref, π_old, each update, the trust region) shares it. A Generation's tensors
+        are never changed in place."""
+        if self._tree is None:
+            self._tree = build_prefix_tree(self.ids[:, :-1], self.key_mask[:, :-1])
+        return self._tree
 
     @property
     def completion_ids(self) -> torch.Tensor:  # (B, N)

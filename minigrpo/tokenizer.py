@@ -74,3 +74,6 @@ class CharTokenizer:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, CharTokenizer) and other.chars == self.chars
+
+    def __hash__(self) -> int:  # equal alphabets, equal tokenizers (logprobs.scoring_batch keys on it)
+        return hash(self.chars)

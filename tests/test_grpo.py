@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from minigrpo import rollout
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
 from minigrpo.metrics import read_jsonl
 from minigrpo.policy_losses import POLICY_LOSSES
@@ -64,19 +65,20 @@ def test_one_step_loss_equals_a_hand_computation(tiny_pretrained):
     assert abs(stats["loss"] - total / n_tok) < 1e-5, (stats["loss"], total / n_tok)
 
 
-def test_only_completion_tokens_receive_gradient(tiny_pretrained):
+def test_only_completion_tokens_receive_gradient(tiny_pretrained, monkeypatch):
     _, model, tok = tiny_pretrained
     model = __import__("copy").deepcopy(model)
     batch = two_completion_batch(model, tok, seed=1)
     batch.rewards = torch.tensor([1.0, 0.0])
     captured = {}
-    original = model.head
-    def head(h):  # capture the logits of the training forward pass
-        out = original(h)
-        out.retain_grad()
-        captured["logits"] = out
-        return out
-    model.head = head
+    original = rollout.shifted_forward
+    def forward(*args, **kwargs):  # capture each row's logits (B, P+T-1, V) of the training forward pass
+        logits, hidden = original(*args, **kwargs)
+        if logits.requires_grad:
+            logits.retain_grad()
+            captured["logits"] = logits
+        return logits, hidden
+    monkeypatch.setattr(rollout, "shifted_forward", forward)
     cfg = GRPOConfig(group_size=2, updates=1, beta=0.0)
     GRPO(fake_run(cfg, model)).update(batch, torch.optim.SGD(model.parameters(), lr=0.0))
     grad = captured["logits"].grad.abs().sum(-1)  # (N, P+T-1): position t predicts token t+1
