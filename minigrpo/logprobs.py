@@ -44,7 +44,7 @@ def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None
     if the caller keeps one); shared_prefixes=False runs every slot of every row: the plain forward, kept as
     the tests' oracle (the two agree to float rounding, about 1e-6 on the logits)."""
     km = key_mask[:, :-1] if key_mask is not None else None
-    if not shared_prefixes:
+    if not shared_prefixes or ids.size(1) < 2 or (km is not None and not km.any()):  # (nothing to share)
         hidden = model.hidden(ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km)
         return model.head(hidden) / temperature, hidden
     tree = tree if tree is not None else build_prefix_tree(ids[:, :-1], km)

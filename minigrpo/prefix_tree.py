@@ -13,8 +13,8 @@ prefixes out as the nodes of a tree and runs the model ONCE per node:
     h = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)   # (G, N, C): one forward
     h_rows = tree.gather(h)                      # (B, T, C): each row's state at each of its slots
 
-Tree attention. The nodes are packed into G sequences of N slots (G = one per first token after BOS, e.g.
-one per person; unused slots are padding). Node i attends to node j iff j is an ancestor of i or i itself
+Tree attention. The nodes are packed into G sequences of N slots (about GROUP_SIZE nodes each, cut between
+rows in sorted order; unused slots are padding). Node i attends to node j iff j is an ancestor of i or i itself
 (`mask`), at position id = its depth: exactly the keys and positions it has in its own row, so in exact
 arithmetic every row's logits and every gradient are those of the plain forward (floats round
 differently: about 1e-6 on the logits; tests/test_prefix_tree.py checks both against the plain forward).
@@ -46,7 +46,7 @@ class PrefixTree:
     pos: torch.Tensor  # (G, N) long: each node's position id, its depth (0 = the first real token)
     mask: torch.Tensor  # (G, 1, N, N) bool: node i may attend to node j (its ancestors and itself)
     index: torch.Tensor  # (B, T) long: the flat slot (g·N + k) of the node at each real (row, slot); 0 elsewhere
-    num_nodes: int  # distinct prefixes: the positions one forward computes (G·N counts the padding too)
+    num_nodes: int  # the positions one forward computes: each distinct prefix once per sequence holding it
 
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
         """(G, N, ...) per-node values -> (B, T, ...) per-row values (padding slots: some node's value)."""
@@ -58,11 +58,13 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, g
     all real) are contiguous: left padding, the tokens, right padding. Vectorised, no loop over rows or tokens:
 
     1. left-align each row's real tokens: L (B, T), −1 after the row's end;
-    2. sort the distinct rows by (first token after BOS, L): a row's new nodes are its slots past the longest
-       common prefix with the row sorted before it (lcp), so numbering the new (row, slot) pairs in row-major
-       order numbers the nodes depth-first, and each slot's node is the last one created in its column
-       (a cumulative max down the rows);
-    3. pack each group's nodes into a sequence of N slots; node i sees node j iff j is on i's path.
+    2. sort the distinct rows: a row's new nodes are its slots past the longest common prefix (lcp) with the row
+       sorted before it, so numbering the new (row, slot) pairs in row-major order numbers the nodes depth-first,
+       and each slot's node is the last one created in its column (a cumulative max down the rows);
+    3. cut the sorted rows into sequences of about `group_size` nodes (attention costs Σ N², every other layer
+       Σ N): a sequence's first row brings its own copy of its ancestors (lcp 0), so a sequence holds fewer than
+       group_size + 2T nodes, and a prefix shared across a cut is computed once in each sequence;
+    4. node i sees node j iff j is on i's path, at position id = its depth.
     """
     B, T = ids.shape
     dev = ids.device
