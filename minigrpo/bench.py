@@ -9,7 +9,8 @@ scale, only on request: a 6 x 384 model, where a GPU wins); pretrain (the defaul
 with its exact quality report, beside the minibatch recipe it replaced); then the RL sections of
 bench_rl.py (grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and
 checked against the bars written there; grpo adds the spill-over figure and the per-step time of a
-4-layer model.
+4-layer model; step (bench_step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is
+importable (otherwise through the ratio recorded in issue 13).
 Subprocess runs write under --out (default runs/bench), --jobs at a time.
 """
 
@@ -31,10 +32,11 @@ from minigrpo.bench_rl import (ROW_HEADER, bench_optimum, med, passes, rarest_fo
 from minigrpo.bench_speed import bench_sampling, bench_scale, bench_threads
 from minigrpo.bench_entropy import bench_entropy
 from minigrpo.bench_mismatch import bench_mismatch
+from minigrpo.bench_step import bench_step
 from toy_tasks import default_pretrain_dir, get_task
 
 SECTIONS = ["sampling", "threads", "scale", "pretrain", "grpo", "presets", "targets", "rarest", "custom", "optimum",
-            "entropy", "mismatch"]
+            "entropy", "mismatch", "step"]
 
 
 @dataclass
@@ -240,7 +242,8 @@ def main(argv=None):
                "custom": lambda: bench_rarest(out, cfg.seeds, jobs, custom=True),
                "optimum": lambda: bench_optimum(out, _task_init(out, "food"), cfg.seeds, jobs),
                "entropy": lambda: bench_entropy(out, _task_init(out, "food"), cfg.seeds),
-               "mismatch": lambda: bench_mismatch(out, _task_init(out, "food"), cfg.seeds, jobs)}
+               "mismatch": lambda: bench_mismatch(out, _task_init(out, "food"), cfg.seeds, jobs),
+               "step": lambda: bench_step()}
     for s in sections:
         print(runners[s](), flush=True)
 
