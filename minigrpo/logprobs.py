@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.model import GPT, positions
-from minigrpo.prefix_tree import PrefixTree, build_prefix_tree
+from minigrpo.prefix_tree import PrefixTree, next_token_tree
 from minigrpo.tokenizer import CharTokenizer
 
 
@@ -40,14 +40,15 @@ def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None
                     tree: PrefixTree | None = None, shared_prefixes: bool = True):
     """The one forward pass over ids[:, :-1] (left-padded; key_mask (B, T) bool or None = all real):
     -> (logits (B, T-1, V) at the given temperature, final hidden states (B, T-1, C)); logits[:, t]
-    predicts ids[:, t+1]. It runs once per distinct prefix (prefix_tree.py; `tree`: the tree of ids[:, :-1]
-    if the caller keeps one); shared_prefixes=False runs every slot of every row: the plain forward, kept as
-    the tests' oracle (the two agree to float rounding, about 1e-6 on the logits)."""
+    predicts ids[:, t+1]; entries whose target is padding are meaningless (callers mask them). It runs once per
+    distinct prefix (prefix_tree.py; `tree`: next_token_tree(ids, key_mask) if the caller keeps one);
+    shared_prefixes=False runs every slot of every row: the plain forward, kept as the tests' oracle (the two
+    agree to float rounding, about 1e-6 on the logits, wherever the target is real)."""
     km = key_mask[:, :-1] if key_mask is not None else None
-    if not shared_prefixes or ids.size(1) < 2 or (km is not None and not km.any()):  # (nothing to share)
+    if not shared_prefixes or ids.size(1) < 2:
         hidden = model.hidden(ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km)
         return model.head(hidden) / temperature, hidden
-    tree = tree if tree is not None else build_prefix_tree(ids[:, :-1], km)
+    tree = tree if tree is not None else next_token_tree(ids, key_mask)
     hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)  # (G, N, C): each node once
     return tree.gather(model.head(hidden) / temperature), tree.gather(hidden)
 
@@ -112,4 +113,4 @@ def scoring_batch(tok: CharTokenizer, prompts: tuple[str, ...], completions: tup
     n_comp = torch.tensor([len(r) - n for r, n in zip(rows, n_prompt)], device=device)
     col = torch.arange(width - 1, device=device)[None, :]
     is_completion = col >= (width - 1 - n_comp)[:, None]  # (N, width-1)
-    return ids, mask, is_completion, build_prefix_tree(ids[:, :-1], mask[:, :-1])
+    return ids, mask, is_completion, next_token_tree(ids, mask)

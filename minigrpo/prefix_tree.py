@@ -69,6 +69,10 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, g
     B, T = ids.shape
     dev = ids.device
     key_mask = torch.ones_like(ids, dtype=torch.bool) if key_mask is None else key_mask
+    if not key_mask.any():  # nothing real: one padding node that every slot points at
+        one = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
+        return PrefixTree(torch.full((1, 1), PAD_ID, dtype=ids.dtype, device=dev), torch.zeros(1, 1, dtype=torch.long,
+                          device=dev), one, torch.zeros(B, T, dtype=torch.long, device=dev), 0)
     length = key_mask.sum(1)  # (B,)
     j = torch.arange(T, device=dev)
     real = j[None] < length[:, None]  # (B, T): slot j of the left-aligned row is real
@@ -102,3 +106,11 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, g
     index = torch.zeros(B, T, dtype=torch.long, device=dev)
     index[key_mask] = node_slot[row_of][real]  # row b's real slots in order are L's slots 0..length−1
     return PrefixTree(tokens.view(G, N), pos.view(G, N), mask.view(G, 1, N, N), index, tok.numel())
+
+
+def next_token_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None) -> PrefixTree:
+    """The tree a next-token forward over ids (B, T) needs: the input slots ids[:, :-1] whose target ids[:, t+1] is
+    a real token (a row's last real token predicts padding: nobody reads it; its slot maps to some node)."""
+    if key_mask is None:
+        return build_prefix_tree(ids[:, :-1])
+    return build_prefix_tree(ids[:, :-1], key_mask[:, :-1] & key_mask[:, 1:])

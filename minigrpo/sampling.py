@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from minigrpo.logprobs import pad_left
 from minigrpo.model import GPT, positions
-from minigrpo.prefix_tree import PrefixTree, build_prefix_tree
+from minigrpo.prefix_tree import PrefixTree, next_token_tree
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 
 
@@ -39,11 +39,11 @@ class Generation:
     _tree: PrefixTree | None = field(default=None, init=False, repr=False, compare=False)
 
     def prefix_tree(self) -> PrefixTree:
-        """The tree of the distinct prefixes of ids[:, :-1] (prefix_tree.py), built on first use and kept: every
+        """The tree of the distinct prefixes the next-token forward needs (prefix_tree.py), built on first use and kept: every
         forward over these rows (π_ref, π_old, each update, the trust region) shares it. A Generation's tensors
         are never changed in place."""
         if self._tree is None:
-            self._tree = build_prefix_tree(self.ids[:, :-1], self.key_mask[:, :-1])
+            self._tree = next_token_tree(self.ids, self.key_mask)
         return self._tree
 
     @property

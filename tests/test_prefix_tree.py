@@ -48,12 +48,20 @@ def distinct_prefixes(ids, key_mask):
     return {r[:k] for r in real_rows(ids, key_mask) for k in range(1, len(r) + 1)}
 
 
+def predicts_a_token(ids, key_mask):
+    """(B, T-1) bool: input slot t is real and so is its target t+1."""
+    if key_mask is None:
+        return torch.ones_like(ids[:, :-1], dtype=torch.bool)
+    return key_mask[:, :-1] & key_mask[:, 1:]
+
+
 def assert_same_forward(ids, key_mask, tree=None):
-    """Tree and plain forward agree (logits and hidden states) at every real input slot of ids[:, :-1]."""
+    """Tree and plain forward agree (logits and hidden states) at every input slot of ids[:, :-1] whose target is real
+    (a row's last real token predicts padding: the forward need not compute it)."""
     with torch.no_grad():
         logits, hidden = shifted_forward(MODEL, ids, key_mask, tree=tree)
         want_logits, want_hidden = shifted_forward(MODEL, ids, key_mask, shared_prefixes=False)
-    real = key_mask[:, :-1] if key_mask is not None else torch.ones_like(ids[:, :-1], dtype=torch.bool)
+    real = predicts_a_token(ids, key_mask)
     assert logits.shape == want_logits.shape and hidden.shape == want_hidden.shape
     for got, want, what in ((logits, want_logits, "logits"), (hidden, want_hidden, "hidden")):
         err = (got - want)[real].abs().max().item() if real.any() else 0.0
@@ -73,7 +81,7 @@ def test_tree_gradients_equal_the_plain_forwards(batch, seed):
     """A random weighted sum of the real slots' logits gives the same parameter gradients along both paths."""
     ids, key_mask = batch
     w = torch.randn(ids.size(0), ids.size(1) - 1, V, generator=torch.Generator().manual_seed(seed))
-    w = w * key_mask[:, :-1, None]
+    w = w * predicts_a_token(ids, key_mask)[:, :, None]
     grads = []
     for shared in (True, False):
         MODEL.zero_grad()
