@@ -48,6 +48,15 @@ class PrefixTree:
     index: torch.Tensor  # (B, T) long: the flat slot (g·N + k) of the node at each real (row, slot); 0 elsewhere
     num_nodes: int  # the positions one forward computes: each distinct prefix once per sequence holding it
 
+    @property
+    def bias(self) -> torch.Tensor:
+        """The mask as what attention adds to its scores, (G, 1, N, N) float: 0 where allowed, −inf elsewhere
+        (scaled_dot_product_attention converts a bool mask into this at every call: at the anchor's shapes the float
+        one saves about 0.25 ms of 2 per layer's forward and backward, measured alone), built once and kept."""
+        if "_bias" not in self.__dict__:
+            self._bias = torch.zeros(self.mask.shape, device=self.mask.device).masked_fill_(~self.mask, float("-inf"))
+        return self._bias
+
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
         """(G, N, ...) per-node values -> (B, T, ...) per-row values (padding slots: some node's value)."""
         return node_values.flatten(0, 1)[self.index]
