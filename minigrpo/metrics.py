@@ -62,7 +62,7 @@ def plot_panels(rows: list[dict], panels: list[tuple[str, list[str]]], path, x: 
     Drawn for speed (a default GRPO run's 14 panels: 0.55 s instead of 1.2 s with matplotlib's import, one CPU
     thread): a bare Figure on the Agg canvas (pyplot is never imported), margins fixed in inches instead of
     tight_layout (which draws every tick label once more to measure it), titles at a fixed height (matplotlib
-    otherwise measures each axis' tick labels to place them) and legends in a fixed corner (no search)."""
+    otherwise measures each axis' tick labels to place them)."""
     from matplotlib.figure import Figure
 
     panels = [(t, keys) for t, keys in panels if any(k in r for r in rows for k in keys)]
