@@ -1,6 +1,6 @@
 """minigrpo: a tiny, from-scratch, character-level sandbox for RL on language models.
 
-Imports point one way: tokenizer -> model -> logprobs -> sampling -> rollout -> algorithms -> CLIs.
+Imports point one way: tokenizer -> model -> prefix_tree -> logprobs -> sampling -> rollout -> algorithms -> CLIs.
 
 Started as `python -m minigrpo.<cli>`, the package first installs a Ctrl-C handler that prints the one
 line "interrupted" and exits with code 130, so a Ctrl-C while torch is still importing shows no

@@ -10,8 +10,9 @@ prefixes out as the nodes of a tree and runs the model ONCE per node:
                  └ie<EOS>
 
     tree = build_prefix_tree(ids, key_mask)      # (B, T) left-padded rows -> nodes packed (G, N)
-    h = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)   # (G, N, C): one forward
+    h = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.bias)   # (G, N, C): one forward
     h_rows = tree.gather(h)                      # (B, T, C): each row's state at each of its slots
+    # logprobs.shifted_forward does this (with next_token_tree); sampling.Generation keeps its tree
 
 Tree attention. The nodes are packed into G sequences of N slots (about GROUP_SIZE nodes each, cut between
 rows in sorted order; unused slots are padding). Node i attends to node j iff j is an ancestor of i or i itself
@@ -24,9 +25,9 @@ Sources: tree attention as in SpecInfer (Miao et al. 2023, arXiv 2305.09781) and
 2401.10774), which verify a tree of drafts in one pass; Prefix Grouper (Liu et al. 2025, 2506.05433) shares
 a GRPO group's prompt in training. Here every shared prefix is shared, completions included.
 
-What it buys (one CPU thread, the default food run, `python -m minigrpo.bench --only prefix`): the anchor's
-97 rows × 24 slots become 714 nodes and a rollout's 64 × 23 about 90; the default GRPO step takes about
-half the time it took with the plain forward.
+What it buys (one CPU thread, the default food run): the anchor's 97 rows × 24 input slots (1,923 real tokens)
+become 799 nodes, a first rollout's 64 × 23 (1,329 real) 90; a default GRPO step takes about half the time it
+took with the plain forward (README, "speed", for the commands and the figures).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class PrefixTree:
         return node_values.flatten(0, 1)[self.index]
 
 
-def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, group_size: int = GROUP_SIZE) -> PrefixTree:
+def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None,
+                      group_size: int = GROUP_SIZE) -> PrefixTree:
     """The tree of the distinct prefixes of rows `ids` (B, T) whose real tokens (key_mask (B, T) bool, None =
     all real) are contiguous: left padding, the tokens, right padding. Vectorised, no loop over rows or tokens:
 

@@ -39,9 +39,9 @@ class Generation:
     _tree: PrefixTree | None = field(default=None, init=False, repr=False, compare=False)
 
     def prefix_tree(self) -> PrefixTree:
-        """The tree of the distinct prefixes the next-token forward needs (prefix_tree.py), built on first use and kept: every
-        forward over these rows (π_ref, π_old, each update, the trust region) shares it. A Generation's tensors
-        are never changed in place."""
+        """The tree of the distinct prefixes the next-token forward needs (prefix_tree.py), built on first use and
+        kept: every forward over these rows (π_ref, π_old, each update, the trust region) shares it. A Generation's
+        tensors are never changed in place."""
         if self._tree is None:
             self._tree = next_token_tree(self.ids, self.key_mask)
         return self._tree
