@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from minigrpo import logprobs, rollout, sampling
-from minigrpo.bench_step import OURS, PLAIN, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
+from minigrpo.bench_step import OURS, PLAIN, RECORDED, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
 
 
 def test_our_rows_have_positive_finite_times_without_trl():
     text = bench_step(steps=3, rounds=1, n_layer=1, n_head=2, n_embd=16, use_trl=False)
     rows = {r.split("|")[1].strip(): r for r in text.splitlines() if r.startswith("| minigrpo")}
     assert set(rows) == {OURS, PLAIN}, text
-    assert TRL not in text and "via the recorded 0.57 plain/TRL ratio" in text, text
+    assert TRL not in text and f"via the recorded plain/TRL {RECORDED}" in text, text
     for row in rows.values():
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[1] == "3", row
