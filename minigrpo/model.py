@@ -144,6 +144,8 @@ class GPT(nn.Module):
         (prefix_tree.py's tree attention)."""
         B, T = idx.shape
         offset = cache.length if cache is not None else 0
+        if attn_mask is not None and pos is None:
+            raise ValueError("attn_mask needs pos: the position id of each token (a tree's depths)")
         longest = offset + T if attn_mask is None else int(pos.max()) + 1  # a tree's positions are its depths
         if longest > self.cfg.block_size:
             raise ValueError(f"sequence of {longest} tokens exceeds block_size {self.cfg.block_size}")

@@ -42,9 +42,9 @@ import torch.nn as nn
 from minigrpo.advantages import explained_variance, gae, whiten
 from minigrpo.cli import UsageError, main_guard, meta
 from minigrpo.kl import exact, k1
+from minigrpo.logprobs import shifted_forward
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 from minigrpo.metrics import combine_stats
-from minigrpo.logprobs import shifted_forward
 from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
 from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
 from minigrpo.rollout import RolloutBatch, generation_logprobs
@@ -117,7 +117,7 @@ class PPO:
 
     def trunk_values(self, gen):
         """The separate critic's (N, T) values: its trunk only (no LM head, no log-softmax)."""
-        _, hidden = shifted_forward(self.critic_trunk, gen.ids, gen.key_mask, tree=gen.prefix_tree())  # (N, P+T-1, C)
+        _, hidden = shifted_forward(self.critic_trunk, gen.ids, gen.key_mask, tree=gen.prefix_tree())  # (N, P+T−1, C)
         return self.value_head(hidden[:, gen.prompt_len - 1:])
 
     def oracle_values(self, batch: RolloutBatch):

@@ -152,7 +152,8 @@ def _most_likely(items: list[tuple], per_prompt: int) -> list[tuple]:
     return [item for i, item in enumerate(items) if i in keep]
 
 
-def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor | None = None, direction: str = "forward") -> torch.Tensor:
+def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor | None = None,
+                direction: str = "forward") -> torch.Tensor:
     """Weighted mean over the chosen anchor rows (None: all of them) of the summed exact per-position KL (module
     docstring): Σ_rows w·Σ_t KL / Σ_rows w (a plain mean for the sampled anchor's equal weights)."""
     every = slice(None) if rows is None else rows
