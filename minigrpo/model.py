@@ -153,7 +153,7 @@ class GPT(nn.Module):
             pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
         if attn_mask is not None and (key_mask is not None or cache is not None):
             raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
-        if key_mask is not None or offset > 0:
+        if key_mask is not None or (offset > 0 and T > 1):  # one cached query without padding sees every key
             # query i (absolute position offset+i) may see key j iff j <= offset+i and key j is real;
             # it always sees itself, so a padding query never has an empty row (which would give NaN).
             q_abs = torch.arange(offset, offset + T, device=idx.device)[:, None]  # (T, 1)
@@ -162,9 +162,8 @@ class GPT(nn.Module):
             if key_mask is not None:
                 attn_mask = (causal & key_mask[:, None, :]) | (k_abs == q_abs)  # (B, T, T_keys)
                 attn_mask = attn_mask[:, None]  # (B, 1, T, T_keys), broadcast over heads
-            elif T > 1:
+            else:
                 attn_mask = causal[None, None]  # (1, 1, T, T_keys)
-            # T == 1 without padding: the single new query may see every cached key: no mask needed.
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             x = block(x, attn_mask, cache, layer)
