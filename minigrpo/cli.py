@@ -113,6 +113,20 @@ def check_positive(cfg, *names: str) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
 
+def exit_now() -> None:
+    """End a command that has finished: flush stdout and stderr, then leave without the interpreter's teardown
+    (os._exit(0)). Every file the command wrote is already closed; what is skipped is freeing torch's and
+    matplotlib's modules and the tensors one by one: 0.3–0.4 s of a 3 s `python -m minigrpo.grpo --reward
+    pizza` (`python -c "import torch"` alone spends 0.27 s of its 1.1 s there). Only in a CLI's __main__ block,
+    after main() returned: never where a caller goes on (tests call main(), compare's workers the trainers)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # the reader went away: nothing left to say
+        pass
+    os._exit(0)
+
+
 def main_guard(main):
     """Run `main(argv)`; a UsageError or a full disk -> one line on stderr and exit code 2; Ctrl-C -> 130.
 

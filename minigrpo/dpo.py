@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.cli import UsageError, main_guard, meta
+from minigrpo.cli import UsageError, exit_now, main_guard, meta
 from minigrpo.kl import exact
 from minigrpo.losses import aggregate
 from minigrpo.metrics import combine_stats
@@ -243,3 +243,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_now()  # the files are closed: skip the interpreter's teardown (cli.exit_now)

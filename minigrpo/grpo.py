@@ -48,7 +48,7 @@ import torch
 
 from minigrpo.advantages import (batch_scaled, equal_groups, gpg_scale, group_advantages, remax_advantages,
                                  rloo_advantages)
-from minigrpo.cli import UsageError, main_guard
+from minigrpo.cli import UsageError, exit_now, main_guard
 from minigrpo.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
                                       top_entropy_mask)
 from minigrpo.grpo_config import (LOSS_HYPER, PRESETS, SEQUENCE_LOSSES, GRPOConfig, check_grpo_config, is_band,
@@ -297,3 +297,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_now()  # the files are closed: skip the interpreter's teardown (cli.exit_now)

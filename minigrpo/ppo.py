@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from minigrpo.advantages import explained_variance, gae, whiten
-from minigrpo.cli import UsageError, main_guard, meta
+from minigrpo.cli import UsageError, exit_now, main_guard, meta
 from minigrpo.kl import exact, k1
 from minigrpo.logprobs import shifted_forward
 from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
@@ -233,3 +233,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_now()  # the files are closed: skip the interpreter's teardown (cli.exit_now)

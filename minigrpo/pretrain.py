@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from minigrpo.cli import UsageError, check_positive, main_guard, parse_config, prepare_out, setup_runtime, write_json
+from minigrpo.cli import (UsageError, check_positive, exit_now, main_guard, parse_config,
+                          prepare_out, setup_runtime, write_json)
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
@@ -238,3 +239,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_now()  # the files are closed: skip the interpreter's teardown (cli.exit_now)

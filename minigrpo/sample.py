@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.cli import UsageError, check_positive, main_guard, parse_config, setup_runtime
+from minigrpo.cli import UsageError, check_positive, exit_now, main_guard, parse_config, setup_runtime
 from minigrpo.sampling import decode_completions, encode_prompts, generate
 
 
@@ -126,3 +126,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_now()  # the files are closed: skip the interpreter's teardown (cli.exit_now)

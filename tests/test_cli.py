@@ -114,3 +114,20 @@ def test_a_closed_pipe_ends_a_cli_quietly(tiny_pretrained):
     p.stdout.close()  # like `head` exiting after the lines it wanted
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and "Traceback" not in err, err
+
+
+def test_a_finished_command_leaves_every_output_whole_and_exits_0(tmp_path, tiny_pretrained):
+    """The CLIs end with cli.exit_now (no interpreter teardown): every file and the last printed line are complete."""
+    import torch
+    from minigrpo.metrics import read_jsonl
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "minigrpo.grpo", "--init", str(init), "--reward", "pizza", "--steps", "2",
+                        "--goal", "0", "--group-size", "4", "--max-new-tokens", "8", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.rstrip().endswith("--num 1000"), p.stdout[-300:]  # the last line printed arrived whole
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2]
+    assert json.loads((out / "summary.json").read_text())["step"] == 2
+    assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / "samples.txt").stat().st_size > 0
+    assert torch.load(out / "model.pt", weights_only=False)["step"] == 2
