@@ -49,7 +49,7 @@ def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None
         hidden = model.hidden(ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km)
         return model.head(hidden) / temperature, hidden
     tree = tree if tree is not None else next_token_tree(ids, key_mask)
-    hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.bias)  # (G, N, C): each node once
+    hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)  # (G, N, C): each node once
     return tree.gather(model.head(hidden) / temperature), tree.gather(hidden)
 
 

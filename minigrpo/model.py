@@ -139,9 +139,8 @@ class GPT(nn.Module):
         return KVCache(self.cfg, batch, t_max, w.device, w.dtype)
 
     def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
-        """Final hidden states (B, T, C): everything but the output head. attn_mask: a ready mask (B, 1, T, T),
-        bool (True = may attend) or float (added to the scores: 0 or −inf), instead of key_mask and the cache
-        (prefix_tree.py's tree attention)."""
+        """Final hidden states (B, T, C): everything but the output head. attn_mask: a ready bool mask (B, 1, T, T),
+        True = may attend (prefix_tree.py's tree attention), instead of key_mask and the cache."""
         B, T = idx.shape
         offset = cache.length if cache is not None else 0
         if attn_mask is not None and pos is None:

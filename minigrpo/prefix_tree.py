@@ -10,7 +10,7 @@ prefixes out as the nodes of a tree and runs the model ONCE per node:
                  └ie<EOS>
 
     tree = build_prefix_tree(ids, key_mask)      # (B, T) left-padded rows -> nodes packed (G, N)
-    h = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.bias)   # (G, N, C): one forward
+    h = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)   # (G, N, C): one forward
     h_rows = tree.gather(h)                      # (B, T, C): each row's state at each of its slots
     # logprobs.shifted_forward does this (with next_token_tree); sampling.Generation keeps its tree
 
@@ -48,15 +48,6 @@ class PrefixTree:
     mask: torch.Tensor  # (G, 1, N, N) bool: node i may attend to node j (its ancestors and itself)
     index: torch.Tensor  # (B, T) long: the flat slot (g·N + k) of the node at each real (row, slot); 0 elsewhere
     num_nodes: int  # the positions one forward computes: each distinct prefix once per sequence holding it
-
-    @property
-    def bias(self) -> torch.Tensor:
-        """The mask as what attention adds to its scores, (G, 1, N, N) float: 0 where allowed, −inf elsewhere
-        (scaled_dot_product_attention converts a bool mask into this at every call: at the anchor's shapes the float
-        one saves about 0.25 ms of 2 per layer's forward and backward, measured alone), built once and kept."""
-        if "_bias" not in self.__dict__:
-            self._bias = torch.zeros(self.mask.shape, device=self.mask.device).masked_fill_(~self.mask, float("-inf"))
-        return self._bias
 
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
         """(G, N, ...) per-node values -> (B, T, ...) per-row values (padding slots: some node's value)."""
