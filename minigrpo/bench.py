@@ -5,12 +5,13 @@
     python -m minigrpo.bench --only grpo,presets
 
 Sections: machine; the speed sections of bench_speed.py (sampling: KV cache vs the slow path; threads;
-scale, only on request: a 6 x 384 model, where a GPU wins); pretrain (the default command over --seeds,
+scale, only on request: a 6 x 384 model, where a GPU wins; prefix: the shared-prefix forward against the plain
+one); pretrain (the default command over --seeds,
 with its exact quality report, beside the minibatch recipe it replaced); then the RL sections of
 bench_rl.py (grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and
 checked against the bars written there; grpo adds the spill-over figure and the per-step time of a
 4-layer model; step (bench_step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is
-importable (otherwise through the ratio recorded in issue 13).
+importable (otherwise through a plain/TRL ratio recorded on this machine).
 Subprocess runs write under --out (default runs/bench), --jobs at a time.
 """
 
@@ -29,14 +30,14 @@ import torch
 from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out, setup_runtime
 from minigrpo.bench_rl import (ROW_HEADER, bench_optimum, med, passes, rarest_foods, run_all, run_module, seed_row,
                                table, write_rare_reward)
-from minigrpo.bench_speed import bench_sampling, bench_scale, bench_threads
+from minigrpo.bench_speed import bench_prefix, bench_sampling, bench_scale, bench_threads
 from minigrpo.bench_entropy import bench_entropy
 from minigrpo.bench_mismatch import bench_mismatch
 from minigrpo.bench_step import bench_step
 from toy_tasks import default_pretrain_dir, get_task
 
-SECTIONS = ["sampling", "threads", "scale", "pretrain", "grpo", "presets", "targets", "rarest", "custom", "optimum",
-            "entropy", "mismatch", "step"]
+SECTIONS = ["sampling", "threads", "scale", "prefix", "pretrain", "grpo", "presets", "targets", "rarest", "custom",
+            "optimum", "entropy", "mismatch", "step"]
 
 
 @dataclass
@@ -224,9 +225,9 @@ def main(argv=None):
     if cfg.seeds < 1 or cfg.jobs < 0:
         raise UsageError(f"--seeds must be >= 1 and --jobs >= 0, got {cfg.seeds} and {cfg.jobs}")
     if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom", "optimum", "entropy",
-                                                          "mismatch")):
-        raise UsageError("the targets, rarest, custom, optimum, entropy and mismatch sections are food's (people and "
-                         "foods): use --task food")
+                                                          "mismatch", "prefix")):
+        raise UsageError("the targets, rarest, custom, optimum, entropy, mismatch and prefix sections are food's "
+                         "(people and foods): use --task food")
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     device = setup_runtime(cfg.threads, cfg.device)
     out = prepare_out(cfg.out)  # one line for an impossible or read-only folder; one bench per folder
@@ -234,7 +235,7 @@ def main(argv=None):
     print(f"machine: {platform.machine()} {cores} cores | torch {torch.__version__} | device {device} | "
           f"threads {torch.get_num_threads()} | python {platform.python_version()}", flush=True)
     runners = {"sampling": lambda: bench_sampling(device), "threads": lambda: bench_threads(device),
-               "scale": lambda: bench_scale(device),
+               "scale": lambda: bench_scale(device), "prefix": lambda: bench_prefix(out, _task_init(out, "food")),
                "pretrain": lambda: bench_pretrain(out, cfg.task, cfg.seeds),
                "grpo": lambda: bench_grpo(out, cfg.task, cfg.seeds, jobs),
                "presets": lambda: bench_presets(out, cfg.task, cfg.seeds, jobs),

@@ -1,4 +1,4 @@
-"""bench's speed sections (`python -m minigrpo.bench --only sampling,threads,scale`), in process.
+"""bench's speed sections (`python -m minigrpo.bench --only sampling,threads,scale,prefix`), in process.
 
     sampling  the KV-cache sampler against the slow full-recompute path (batch 8, 64, 512; 16 new tokens)
               and their log-prob agreement, on the default food model's shape
@@ -6,6 +6,8 @@
     scale     a 6-layer 384-wide model (10.6M parameters, 100x the default): one training step and
               KV-cache sampling on --device; the size where a GPU wins (not in the default sections:
               it takes about half a minute on one CPU thread)
+    prefix    the shared-prefix forward (prefix_tree.py) against the plain one on the default food run: nodes,
+              one forward + backward of the anchor, a rollout and the exact evaluation, and whole GRPO runs
 """
 
 from __future__ import annotations
@@ -99,3 +101,63 @@ def bench_scale(device) -> str:
     rows.append(["KV-cache sampling, 512 x 16 new tokens", f"{1000 * t:.1f}", f"{512 * 16 / t:,.0f}"])
     return table(f"scale: {model.num_params():,}-parameter model (6 x 384) on {device}, "
                  f"{torch.get_num_threads()} thread(s)", ["what", "ms (median)", "tokens/s"], rows)
+
+
+def bench_prefix(out, init, steps: int = 40, repeat: int = 20) -> str:
+    """The shared-prefix forward (prefix_tree.py) against the plain one on the default food run: the nodes of the
+    anchor, a first rollout and the exact evaluation; one forward + backward of each, both ways; then whole default
+    GRPO runs of `steps` fixed steps (seed 0) both ways, in alternating rounds: the median step time and whether
+    the two runs drew the same rewards."""
+    from minigrpo import rl
+    from minigrpo.bench_step import plain_forward
+    from minigrpo.grpo import GRPO, PANELS, GRPOConfig
+    from minigrpo.logprobs import scoring_batch, shifted_forward
+    from minigrpo.metrics import read_jsonl
+    from minigrpo.rollout import collect
+    from toy_tasks.food import FOODS, PEOPLE, prompt
+
+    def config(name, n):
+        return GRPOConfig(reward="pizza", init=str(init), out=str(out / name), overwrite=True, quiet=True,
+                          plot=False, steps=n, goal=0.0, plateau=0)
+    run = rl.Run(config("prefix-probe", 1), "grpo")
+    policy = run.policy
+    rollout = collect(policy, run.ref, run.tok, run.prompts * 4, 16, run.reward, run.gens["rollout"], 14).gen
+    ev = scoring_batch(run.tok, tuple(prompt(p) for p in PEOPLE for _ in FOODS), tuple(FOODS * len(PEOPLE)), True,
+                       next(policy.parameters()).device)
+
+    def fwd_bwd(ids, key_mask, tree, shared=True):
+        return lambda: shifted_forward(policy, ids, key_mask, tree=tree, shared_prefixes=shared)[0].sum().backward()
+    rows = []
+    for name, ids, key_mask, tree in [("anchor (tree)", run.anchor.gen.ids, run.anchor.gen.key_mask,
+                                       run.anchor.gen.prefix_tree()),
+                                      ("first rollout (16 x 4)", rollout.ids, rollout.key_mask, rollout.prefix_tree()),
+                                      ("exact evaluation (8 people x 12 foods)", *ev[:2], ev[3])]:
+        needed = key_mask[:, :-1] & key_mask[:, 1:]
+        shared, plain = _time(fwd_bwd(ids, key_mask, tree), repeat), _time(fwd_bwd(ids, key_mask, None, False), repeat)
+        want = shifted_forward(policy, ids, key_mask, shared_prefixes=False)[0]
+        got = shifted_forward(policy, ids, key_mask, tree=tree)[0]
+        rows.append([name, f"{ids.size(0)} x {ids.size(1) - 1}", int(needed.sum()), tree.num_nodes,
+                     f"{1e3 * plain:.2f}", f"{1e3 * shared:.2f}", f"{plain / shared:.1f}x",
+                     f"{(got - want)[needed].abs().max().item():.1e}"])
+    parts = [table("prefix: the shared-prefix forward against the plain one, default food run, one forward + backward"
+                   f" (median of {repeat})", ["rows", "rows x input slots", "real tokens", "nodes", "plain ms",
+                                             "shared ms", "speed-up", "max abs Δ logit"], rows)]
+    step_times, rewards = {"shared": [], "plain": []}, {}
+    for _ in range(2):  # alternating rounds: load on a shared machine falls on both alike
+        for way in ("shared", "plain"):
+            if way == "plain":
+                with plain_forward():
+                    rl.run(config("prefix-plain", steps), GRPO, "grpo", PANELS)
+            else:
+                rl.run(config("prefix-shared", steps), GRPO, "grpo", PANELS)
+            logged = [r for r in read_jsonl(out / f"prefix-{way}" / "metrics.jsonl") if "step_time" in r]
+            step_times[way] += [r["step_time"] for r in logged]
+            rewards[way] = [r["reward_mean"] for r in logged]
+    same = sum(a == b for a, b in zip(rewards["shared"], rewards["plain"]))
+    ms = {w: 1e3 * statistics.median(t) for w, t in step_times.items()}
+    parts.append(table(f"prefix: whole default GRPO runs on pizza, seed 0, {steps} fixed steps, 2 alternating rounds "
+                       f"(step time: rollout, updates and trust region; the exact evaluation not included)",
+                       ["forward", "median step ms", "speed-up", f"steps with the same mean reward (of {steps})"],
+                       [["plain", f"{ms['plain']:.1f}", "1.0x", "-"],
+                        ["shared prefixes", f"{ms['shared']:.1f}", f"{ms['plain'] / ms['shared']:.1f}x", same]]))
+    return "\n".join(parts)
