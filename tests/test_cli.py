@@ -131,3 +131,16 @@ def test_a_finished_command_leaves_every_output_whole_and_exits_0(tmp_path, tiny
     assert json.loads((out / "summary.json").read_text())["step"] == 2
     assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / "samples.txt").stat().st_size > 0
     assert torch.load(out / "model.pt", weights_only=False)["step"] == 2
+
+
+def test_under_a_profiler_a_command_exits_the_ordinary_way_so_the_profile_is_written(tmp_path, tiny_pretrained):
+    """cli.exit_now leaves the exit to a watching profiler (`python -m cProfile -o F -m minigrpo.grpo ...`)."""
+    init, _, _ = tiny_pretrained
+    prof = tmp_path / "grpo.prof"
+    p = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "minigrpo.grpo", "--init",
+                        str(init), "--reward", "pizza", "--steps", "1", "--goal", "0", "--group-size", "4",
+                        "--max-new-tokens", "8", "--no-plot", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    import pstats
+    assert pstats.Stats(str(prof)).total_calls > 0
