@@ -21,7 +21,7 @@ SMALL = settings(SET, max_examples=25)  # the property tests that run the model
 def batches(draw, max_rows=12):
     """(ids, key_mask) (B, T): rows = one of a few stems + one of a few tails (many repeats, shared prefixes),
     each placed at a random offset (left padding, the tokens, right padding), random tokens in the padding.
-    Row 0 has ≥ 2 real tokens: a batch with no real token in ids[:, :-1] is left out (see the report)."""
+    Row 0 has ≥ 2 real tokens (a batch with no token to predict is test_a_batch_with_nothing_to_predict_...'s)."""
     token = st.integers(0, V - 1)
     stems = draw(st.lists(st.lists(token, max_size=6), min_size=1, max_size=3))
     tails = draw(st.lists(st.lists(token, max_size=4), min_size=1, max_size=4))
@@ -197,3 +197,16 @@ def test_key_mask_none_means_every_slot_is_real(batch):
     for field in ("tokens", "pos", "mask", "index"):
         assert torch.equal(getattr(a, field), getattr(b, field)), field
     assert_same_forward(ids, None)
+
+
+def test_a_batch_with_nothing_to_predict_still_gives_the_plain_forwards_shapes():
+    """No input slot predicts a real token (one real token per row, or ids one token wide): no node to compute, but
+    the forward still returns (B, T-1, ·) logits and hidden states, as the plain forward does."""
+    for ids, key_mask in [(torch.tensor([[3, 4]]), torch.tensor([[False, True]])),
+                          (torch.tensor([[3, 4], [5, 6]]), torch.tensor([[True, False], [False, True]])),
+                          (torch.tensor([[3]]), torch.tensor([[True]]))]:
+        with torch.no_grad():
+            logits, hidden = shifted_forward(MODEL, ids, key_mask)
+            want_logits, want_hidden = shifted_forward(MODEL, ids, key_mask, shared_prefixes=False)
+        assert logits.shape == want_logits.shape and hidden.shape == want_hidden.shape
+        assert torch.isfinite(logits).all() and torch.isfinite(hidden).all()
