@@ -25,14 +25,19 @@ from minigrpo.optim import AdamW
 from minigrpo.sampling import generate
 
 
-def _time(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
+def timed(step, n: int, warmup: int = 1) -> list[float]:
+    """Seconds of each of n calls of step(), after `warmup` untimed ones."""
+    out = []
+    for _ in range(warmup + n):
         t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        step()
+        out.append(time.perf_counter() - t)
+    return out[warmup:]
+
+
+def _time(fn, repeat: int) -> float:
+    """The median of `repeat` timed calls after one warm-up."""
+    return statistics.median(timed(fn, repeat))
 
 
 def bench_sampling(device) -> str:
@@ -122,8 +127,8 @@ def bench_prefix(out, init, steps: int = 40, repeat: int = 20) -> str:
     run = rl.Run(config("prefix-probe", 1), "grpo")
     policy = run.policy
     rollout = collect(policy, run.ref, run.tok, run.prompts * 4, 16, run.reward, run.gens["rollout"], 14).gen
-    ev = scoring_batch(run.tok, tuple(prompt(p) for p in PEOPLE for _ in FOODS), tuple(FOODS * len(PEOPLE)), True,
-                       next(policy.parameters()).device)
+    ev_ids, ev_mask, _, ev_tree = scoring_batch(run.tok, tuple(prompt(p) for p in PEOPLE for _ in FOODS),
+                                                tuple(FOODS * len(PEOPLE)), True, next(policy.parameters()).device)
 
     def fwd_bwd(ids, key_mask, tree, shared=True):
         return lambda: shifted_forward(policy, ids, key_mask, tree=tree, shared_prefixes=shared)[0].sum().backward()
@@ -131,7 +136,7 @@ def bench_prefix(out, init, steps: int = 40, repeat: int = 20) -> str:
     for name, ids, key_mask, tree in [("anchor (tree)", run.anchor.gen.ids, run.anchor.gen.key_mask,
                                        run.anchor.gen.prefix_tree()),
                                       ("first rollout (16 x 4)", rollout.ids, rollout.key_mask, rollout.prefix_tree()),
-                                      ("exact evaluation (8 people x 12 foods)", *ev[:2], ev[3])]:
+                                      ("exact evaluation (8 people x 12 foods)", ev_ids, ev_mask, ev_tree)]:
         needed = key_mask[:, :-1] & key_mask[:, 1:]
         shared, plain = _time(fwd_bwd(ids, key_mask, tree), repeat), _time(fwd_bwd(ids, key_mask, None, False), repeat)
         want = shifted_forward(policy, ids, key_mask, shared_prefixes=False)[0]

@@ -33,6 +33,7 @@ import torch
 
 from minigrpo import logprobs, sampling
 from minigrpo.bench_rl import table
+from minigrpo.bench_speed import timed
 from minigrpo.grpo import GRPO, GRPOConfig
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
@@ -99,16 +100,6 @@ def plain_forward():
         for m in mods:
             m.shifted_forward = orig
         sampling.Generation.prefix_tree = tree
-
-
-def timed(step, n: int, warmup: int = 1) -> list[float]:
-    """Seconds of each of n calls of step(), after `warmup` untimed ones."""
-    out = []
-    for _ in range(warmup + n):
-        t = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - t)
-    return out[warmup:]
 
 
 def as_gpt2(model: GPT, transformers):

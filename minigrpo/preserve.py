@@ -56,8 +56,8 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.kl import exact
-from minigrpo.losses import entropy
 from minigrpo.logprobs import pad_left
+from minigrpo.losses import entropy
 from minigrpo.model import GPT, positions
 from minigrpo.rollout import generation_logprobs
 from minigrpo.sampling import Generation, encode_prompts, generate
