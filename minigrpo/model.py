@@ -54,6 +54,21 @@ def positions(key_mask: torch.Tensor) -> torch.Tensor:
     return (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
+def causal_mask(offset: int, T: int, key_mask: torch.Tensor | None = None, device=None) -> torch.Tensor | None:
+    """The attention mask of T new tokens after `offset` cached ones: bool (B or 1, 1, T, offset+T), True = may attend;
+    None where attention() needs none (no padding, and either nothing cached or a single new query).
+    Query i (absolute position offset+i) may see key j iff j <= offset+i and key j is real (key_mask (B, ≥ offset+T));
+    it always sees itself, so a padding query never has an empty row (which would give NaN)."""
+    if key_mask is None and (offset == 0 or T == 1):
+        return None
+    q_abs = torch.arange(offset, offset + T, device=device)[:, None]  # (T, 1)
+    k_abs = torch.arange(offset + T, device=device)[None, :]  # (1, T_keys)
+    causal = k_abs <= q_abs  # (T, T_keys)
+    if key_mask is None:
+        return causal[None, None]  # (1, 1, T, T_keys)
+    return ((causal & key_mask[:, None, : offset + T]) | (k_abs == q_abs))[:, None]  # (B, 1, T, T_keys), over heads
+
+
 def attention(q, k, v, attn_mask=None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
     """Causal scaled dot-product attention of T new queries, over the cached keys too: softmax(QKᵀ/√D)·V.
 
@@ -152,17 +167,8 @@ class GPT(nn.Module):
             pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
         if attn_mask is not None and (key_mask is not None or cache is not None):
             raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
-        if key_mask is not None or (offset > 0 and T > 1):  # one cached query without padding sees every key
-            # query i (absolute position offset+i) may see key j iff j <= offset+i and key j is real;
-            # it always sees itself, so a padding query never has an empty row (which would give NaN).
-            q_abs = torch.arange(offset, offset + T, device=idx.device)[:, None]  # (T, 1)
-            k_abs = torch.arange(offset + T, device=idx.device)[None, :]  # (1, T_keys)
-            causal = k_abs <= q_abs  # (T, T_keys)
-            if key_mask is not None:
-                attn_mask = (causal & key_mask[:, None, :]) | (k_abs == q_abs)  # (B, T, T_keys)
-                attn_mask = attn_mask[:, None]  # (B, 1, T, T_keys), broadcast over heads
-            else:
-                attn_mask = causal[None, None]  # (1, 1, T, T_keys)
+        if attn_mask is None:
+            attn_mask = causal_mask(offset, T, key_mask, idx.device)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             x = block(x, attn_mask, cache, layer)

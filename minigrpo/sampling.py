@@ -3,9 +3,10 @@
     out = generate(model, prompt_ids, prompt_mask, max_new_tokens=16, generator=g)
 
 Prompts of different lengths are LEFT-PADDED (see `logprobs.pad_left`) and carry a key mask; position
-ids count real tokens only, so a padded row samples exactly what it would alone. The prompt is run once
-(prefill) and then one token per step for the whole batch. Each row stops at its first EOS (later
-slots hold PAD and are masked out); the loop stops as soon as every row has stopped.
+ids count real tokens only, so a padded row samples exactly what it would alone. The prompts are run once
+(prefill; each distinct prompt once, its keys and values copied to the rows that repeat it) and then one token
+per step for the whole batch, both through decode.Decoder (the model's fast KV-cache forward). Each row stops
+at its first EOS (later slots hold PAD and are masked out); the loop stops as soon as every row has stopped.
 
 Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p), which at
 temperature 1 without filtering are the model's own. `use_cache=False` recomputes the whole sequence
@@ -20,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.logprobs import pad_left
-from minigrpo.model import GPT, positions
+from minigrpo.decode import Decoder
+from minigrpo.model import GPT, KVCache, positions
 from minigrpo.prefix_tree import PrefixTree, next_token_tree
 from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 
@@ -80,6 +82,26 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     return logits
 
 
+def prefill(model: GPT, decode: Decoder, prompt_ids: torch.Tensor, pos: torch.Tensor, key_mask: torch.Tensor | None,
+            t_max: int) -> tuple[torch.Tensor, KVCache]:
+    """Run the (left-padded) prompts (B, P) through the model into a new KV cache of t_max slots: -> the logits
+    (B, V) of each row's first completion token, and the cache of B rows. Rows holding the same prompt (a GRPO
+    group is G copies of one) are computed once and their keys and values copied: unlike a decoding step, a
+    prefill is arithmetic (8 copies of a 13-token prompt on bench's 4 x 128 step model: 2.3 ms, one copy 0.4 ms)."""
+    key = prompt_ids if key_mask is None else prompt_ids.masked_fill(~key_mask, -1)  # padding compares equal
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)  # uniq[inverse] == key
+    B, U = key.size(0), uniq.size(0)
+    if U == B:  # every prompt distinct: nothing to share
+        cache = model.new_cache(B, t_max)
+        return decode(prompt_ids, pos, cache, key_mask), cache
+    first = torch.full((U,), B, device=key.device).scatter_reduce_(0, inverse, torch.arange(B, device=key.device),
+                                                                    "amin")  # a row holding each distinct prompt
+    cache = model.new_cache(U, t_max)
+    logits = decode(prompt_ids[first], pos[first], cache, None if key_mask is None else key_mask[first])
+    cache.k, cache.v = cache.k[:, inverse], cache.v[:, inverse]  # (n_layer, B, H, t_max, D): row i is its prompt's
+    return logits[inverse], cache
+
+
 @torch.no_grad()
 def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
              max_new_tokens: int = 16, temperature: float = 1.0, top_k: int | None = None,
@@ -104,12 +126,13 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
     done = torch.zeros(B, dtype=torch.bool, device=device)
     completion_mask = torch.zeros((B, max_new_tokens), dtype=torch.bool, device=device)
 
-    cache = model.new_cache(B, P + max_new_tokens) if use_cache else None
     pos_all = positions(key_mask)  # (B, P+N) position ids of every slot
     padded = not bool(prompt_mask.all())  # without padding, plain causal attention needs no mask
     km = key_mask if padded else None
-    if use_cache:  # prefill: the whole prompt at once
-        logits = model(prompt_ids, pos=pos_all[:, :P], key_mask=km[:, :P] if padded else None, cache=cache)[:, -1]
+    if use_cache:
+        decode = Decoder(model)  # the fast forward through the KV cache (decode.py); GPT.forward is its oracle
+        logits, cache = prefill(model, decode, prompt_ids, pos_all[:, :P], km[:, :P] if padded else None,
+                                P + max_new_tokens)
     n = 0
     for n in range(max_new_tokens):
         t = P + n  # the slot being filled
@@ -119,15 +142,14 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
         nxt = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)  # (B,)
         lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
         completion_mask[:, n] = ~done
-        nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
-        logprobs[:, n] = torch.where(done, torch.zeros_like(lp), lp)
+        nxt = nxt.masked_fill(done, PAD_ID)
+        logprobs[:, n] = lp.masked_fill(done, 0.0)
         ids[:, t] = nxt
         done = done | (nxt == EOS_ID)
-        if bool(done.all()):
+        if bool(done.all()) or n + 1 == max_new_tokens:
             break
         if use_cache:
-            logits = model(nxt[:, None], pos=pos_all[:, t:t + 1], key_mask=km[:, :t + 1] if padded else None,
-                           cache=cache)[:, -1]
+            logits = decode(nxt[:, None], pos_all[:, t:t + 1], cache, km[:, :t + 1] if padded else None)
     N = n + 1
     return Generation(ids=ids[:, :P + N], key_mask=torch.cat([prompt_mask, completion_mask[:, :N]], 1),
                       prompt_len=P, completion_mask=completion_mask[:, :N], logprobs=logprobs[:, :N],

@@ -8,15 +8,16 @@ from minigrpo.tokenizer import EOS_ID, PAD_ID
 PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # different lengths
 
 
-def _gen(model, tok, use_cache, seed=0, n=4, **kw):
-    ids, mask = encode_prompts(tok, PROMPTS * n)
+def _gen(model, tok, use_cache, seed=0, n=4, prompts=PROMPTS, **kw):
+    ids, mask = encode_prompts(tok, prompts * n)
     return generate(model, ids, mask, max_new_tokens=14, generator=torch.Generator().manual_seed(seed),
                     use_cache=use_cache, **kw)
 
 
 def test_kv_cache_logprobs_equal_the_slow_path_for_prompts_of_different_lengths(tiny_pretrained):
     _, model, tok = tiny_pretrained
-    for kw in ({}, {"temperature": 0.7, "top_k": 5}):
+    mixed = PROMPTS[2:] + PROMPTS + PROMPTS[:1]  # the prefill computes each distinct prompt once (sampling.prefill)
+    for kw in ({}, {"temperature": 0.7, "top_k": 5}, {"n": 1}, {"n": 1, "prompts": mixed}):
         fast, slow = _gen(model, tok, True, **kw), _gen(model, tok, False, **kw)
         assert torch.equal(fast.ids, slow.ids), "cache and slow path sampled different tokens"
         assert torch.equal(fast.completion_mask, slow.completion_mask)

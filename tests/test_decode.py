@@ -1,0 +1,89 @@
+"""decode.Decoder against its oracle, GPT.forward through the KV cache: logits, the cache it fills, padding, and
+the prefill's sharing of repeated prompts (sampling.prefill)."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from minigrpo.decode import Decoder
+from minigrpo.model import GPT, GPTConfig, positions
+from minigrpo.sampling import prefill
+
+
+def model_of(n_layer=2, n_head=2, n_embd=16, seed=0, block_size=16):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=11, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                         n_embd=n_embd)).double().eval()
+
+
+def left_padded(lengths, width, seed):
+    """Rows of random ids, row i's last lengths[i] slots real, the rest padding: -> ids, key_mask (B, width)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 11, (len(lengths), width), generator=g)
+    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, 2), mask
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5), steps=st.integers(1, 6),
+       shape=st.sampled_from([(1, 1, 8), (2, 2, 16), (3, 4, 16)]), seed=st.integers(0, 2**16))
+def test_decoder_equals_the_model_through_the_cache(lengths, steps, shape, seed):
+    """A prefill of left-padded prompts, then one token per step: every step's logits and the whole cache agree
+    with GPT.forward's (float64: to 1e-10)."""
+    model, width = model_of(*shape, seed=seed % 7), max(lengths)
+    ids, prompt_mask = left_padded(lengths, width, seed)
+    new = torch.randint(3, 11, (len(lengths), steps), generator=torch.Generator().manual_seed(seed + 1))
+    key_mask = torch.cat([prompt_mask, torch.ones_like(new, dtype=torch.bool)], 1)
+    padded = not bool(prompt_mask.all())
+    km, pos = (key_mask if padded else None), positions(key_mask)
+    decode = Decoder(model)
+    with torch.no_grad():
+        want_cache, got_cache = model.new_cache(len(lengths), width + steps), model.new_cache(len(lengths), width + steps)
+        want = model(ids, pos[:, :width], None if km is None else km[:, :width], want_cache)[:, -1]
+        got = decode(ids, pos[:, :width], got_cache, None if km is None else km[:, :width])
+        assert (got - want).abs().max() < 1e-10
+        for t in range(width, width + steps):
+            m = None if km is None else km[:, : t + 1]
+            want = model(new[:, t - width : t - width + 1], pos[:, t : t + 1], m, want_cache)[:, -1]
+            got = decode(new[:, t - width : t - width + 1], pos[:, t : t + 1], got_cache, m)
+            assert (got - want).abs().max() < 1e-10, f"step {t}"
+    assert got_cache.length == want_cache.length == width + steps
+    assert (got_cache.k - want_cache.k).abs().max() < 1e-10 and (got_cache.v - want_cache.v).abs().max() < 1e-10
+
+
+def test_decoder_refuses_to_run_past_block_size():
+    model = model_of(block_size=6)
+    cache = model.new_cache(2, 6)
+    decode = Decoder(model)
+    with torch.no_grad():
+        decode(torch.full((2, 6), 3), torch.arange(6).expand(2, 6), cache)
+        with pytest.raises(ValueError, match="block_size"):
+            decode(torch.full((2, 1), 3), torch.full((2, 1), 6), cache)
+
+
+def test_decoder_keeps_the_weights_it_was_built_with():
+    """A Decoder is a snapshot of the linear layers: generate() builds one per call, after any update."""
+    model, x = model_of(), torch.randint(3, 11, (2, 4))
+    decode = Decoder(model)
+    with torch.no_grad():
+        before = decode(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4))
+        model.blocks[0].mlp[0].weight.add_(torch.randn_like(model.blocks[0].mlp[0].weight))
+        assert torch.equal(decode(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)), before)
+        assert not torch.allclose(Decoder(model)(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)), before)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [2, 0, 2, 1, 0, 2], [1, 1, 1]])  # distinct, some repeated, all one
+def test_prefill_computes_each_distinct_prompt_once_and_fills_every_row(rows):
+    """sampling.prefill shares repeated prompts (a GRPO group): logits and cache per row equal a prefill of every row,
+    in the rows' own order."""
+    model = model_of()
+    ids, mask = left_padded([3, 5, 2, 5], 5, seed=1)
+    ids, mask = ids[rows], mask[rows]
+    pos, km = positions(mask), (mask if not bool(mask.all()) else None)
+    with torch.no_grad():
+        want_cache = model.new_cache(len(rows), 9)
+        want = model(ids, pos, km, want_cache)[:, -1]
+        got, cache = prefill(model, Decoder(model), ids, pos, km, 9)
+    assert (got - want).abs().max() < 1e-10
+    assert cache.k.shape == want_cache.k.shape and cache.length == want_cache.length == 5
+    assert (cache.k - want_cache.k).abs().max() < 1e-10 and (cache.v - want_cache.v).abs().max() < 1e-10
