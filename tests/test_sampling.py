@@ -2,7 +2,7 @@ import torch
 
 from minigrpo.logprobs import sequence_logprobs
 from minigrpo.model import GPT, GPTConfig
-from minigrpo.sampling import decode_completions, encode_prompts, generate, process_logits
+from minigrpo.sampling import decode_completions, encode_prompts, exponential_race, generate, process_logits
 from minigrpo.tokenizer import EOS_ID, PAD_ID
 
 PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # different lengths
@@ -89,3 +89,13 @@ def test_prompt_too_long_for_block_size_is_an_error():
         assert "block_size" in str(e)
     else:
         raise AssertionError("expected ValueError")
+
+
+def test_exponential_race_draws_what_multinomial_draws_and_follows_the_probabilities():
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 1.0, 0.0], [0.1, 0.1, 0.1, 0.7]])
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    draws = torch.stack([exponential_race(probs, g1) for _ in range(20000)])  # (20000, 3)
+    same = torch.stack([torch.multinomial(probs, 1, generator=g2).squeeze(1) for _ in range(20000)])
+    assert torch.equal(draws, same), "the race no longer draws what torch.multinomial draws (a torch change?)"
+    freq = torch.stack([(draws == v).float().mean(0) for v in range(4)], 1)  # (3, 4)
+    assert (freq - probs).abs().max() < 0.015 and (freq[probs == 0] == 0).all()
