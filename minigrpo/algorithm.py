@@ -17,6 +17,7 @@ from minigrpo.rollout import RolloutBatch, Sampler
 
 
 class Algorithm(Protocol):
+    needs_ref: bool  # compute π_ref's log-probs at rollout time (False: the rollout's ref_logp is None)
     needs_ref_logits: bool  # keep π_ref's full logits in the rollout (the exact KL needs them)
     needs_old_logp: bool  # compute π_old's log-probs at rollout time (else the first update's forward gives them)
     sampler: Sampler | None  # where rollouts come from when not π_old (rollout.Sampler; GRPO's --sample-* flags)

@@ -4,18 +4,19 @@ Issue 13's setting: a 4-layer, 4-head, 128-wide GPT over the food task's 27 ids,
 completions, at most 12 new tokens, μ = 1, TRL's default β (0 in trl 1.16) and lr (1e-6), AdamW, a trivial reward
 (the share of 'a'), one thread. Both sides start from the SAME random weights (ours copied into GPT-2's layout; the
 table prints the largest logit difference), so their completions share one length distribution (means printed).
-  minigrpo  rollout.collect (KV-cache sampling, reward, π_ref's log-probs, which collect always computes) +
+  minigrpo  rollout.collect (KV-cache sampling, reward, and by default π_ref's log-probs for the rollout's KL) +
             GRPO.update (advantages, loss, backward, clip, AdamW) through Run.clip_and_step: the library's code, with
-            no anchor, trust region or exact evaluation (TRL has none). Timed with the default shared-prefix forward
-            and with the plain one (shifted_forward(..., shared_prefixes=False), patched in for that timing only).
+            no anchor, trust region or exact evaluation (TRL has none). Timed three ways: the default; with
+            --no-rollout-kl (at β = 0 no π_ref forward: TRL's work, so the ratio the bar compares); and with the
+            plain forward (shifted_forward(..., shared_prefixes=False), patched in for that timing only).
   TRL       GRPOTrainer (only if `import trl` works: never a dependency) on a GPT2LMHeadModel, use_cpu, no vLLM, a
             character-level PreTrainedTokenizerFast; a step is on_step_begin to on_step_end (generation, reward,
             loss, backward, clip, optimizer step; data loading and the logging hook fall outside, as ours do).
 They alternate in rounds (the order rotating), a warm-up step then the round's timed steps, so load on a shared
 machine falls on all alike. Reported: median (min–max) ms per step, and each median over TRL's with the range of the
 per-round ratios. Without trl the ratio goes through a recorded paired figure (ours with the plain forward over
-TRL's, 0.72 on the 2-core x86_64 machine of the README, trl 1.16.0: 0.72 x ours / ours-plain), and the table says
-so; that ratio depends on the machine (issue 13's other machine gave 0.57), so trust a paired run.
+TRL's on the 2-core x86_64 machine of the README, trl 1.16.0: RECORDED x ours / ours-plain), and the table says so;
+that ratio depends on the machine, so trust a paired run.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ from minigrpo.tokenizer import SPECIALS, CharTokenizer
 from toy_tasks.food import ALPHABET
 
 PROMPT, BLOCK, LR = "ravin likes ", 32, 1e-6  # LR: TRL's default, on both sides
-RECORDED = 0.72  # ours (plain forward) / TRL's GRPOTrainer, paired here 3 times: 0.72, 0.73, 0.72 (2026-11-25)
-OURS, PLAIN, TRL = "minigrpo, shared-prefix forward (default)", "minigrpo, plain forward", "TRL GRPOTrainer"
+RECORDED = 0.56  # ours (plain forward) / TRL's GRPOTrainer, paired here 3 times: 0.56, 0.57, 0.56 (2026-11-25, decode.py in)
+OURS, PLAIN, TRL = "minigrpo (default)", "minigrpo, plain forward", "TRL GRPOTrainer"
+NO_KL = "minigrpo --no-rollout-kl (TRL's work at β = 0)"
 
 
 def share_of_a(prompt: str, completion: str) -> float:
@@ -60,14 +62,14 @@ def fresh_gpt(n_layer: int, n_head: int, n_embd: int, seed: int = 0) -> GPT:
                          n_head=n_head, n_embd=n_embd))
 
 
-def our_step(init: GPT, group: int, new_tokens: int, beta: float, seed: int = 0):
+def our_step(init: GPT, group: int, new_tokens: int, beta: float, seed: int = 0, rollout_kl: bool = True):
     """-> a function running one of our GRPO steps (rollout + update) on a copy of `init`; step.lengths collects
     each rollout's mean completion length (tokens, EOS included)."""
     tok, policy = CharTokenizer(ALPHABET), copy.deepcopy(init).train()
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
     cfg = GRPOConfig(group_size=group, prompts_per_step=1, max_new_tokens=new_tokens, updates=1, beta=beta,
                      loss_agg="token-mean", preserve=False, trust_region=0.0, trust_region_anchor=0.0, lr=LR,
-                     warmup=0, seed=seed, quiet=True)  # token-mean: TRL's default loss_type "dapo"
+                     warmup=0, seed=seed, quiet=True, rollout_kl=rollout_kl)  # token-mean: TRL's default loss_type "dapo"
     run = SimpleNamespace(cfg=cfg, policy=policy, anchor_term=lambda: None)  # what GRPO.update reads of a Run
     run.clip_and_step = lambda opt, loss, params: Run.clip_and_step(run, opt, loss, params)
     algo, reward, gen = GRPO(run), Reward("share_of_a", share_of_a), torch.Generator().manual_seed(seed)
@@ -76,7 +78,7 @@ def our_step(init: GPT, group: int, new_tokens: int, beta: float, seed: int = 0)
     def step():
         batch = collect(policy, ref, tok, [PROMPT], group, reward, gen, new_tokens, cfg.temperature,
                         cfg.unfinished_reward, keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp,
-                        sampler=algo.sampler)
+                        sampler=algo.sampler, ref_logp=algo.needs_ref)
         algo.update(batch, opt)
         step.lengths.append(batch.mask.sum(1).float().mean().item())
     step.lengths = []
@@ -185,12 +187,15 @@ def bench_step(steps: int = 20, rounds: int = 4, n_layer: int = 4, n_head: int =
     trl_side = trl_runner(init, group, new_tokens) if use_trl else None
     beta = trl_side.beta if trl_side is not None else 0.0  # TRL's default β (0.0 in trl 1.16)
     shared, plain = our_step(init, group, new_tokens, beta), our_step(init, group, new_tokens, beta)
+    no_kl = our_step(init, group, new_tokens, beta, rollout_kl=False) if beta == 0 else None
 
     def plain_times(n):
         with plain_forward():
             return timed(plain, n)
 
     impls = {OURS: (lambda n: timed(shared, n), shared.lengths), PLAIN: (plain_times, plain.lengths)}
+    if no_kl is not None:
+        impls[NO_KL] = (lambda n: timed(no_kl, n), no_kl.lengths)
     if trl_side is not None:
         impls[TRL] = (trl_side.run, trl_side.lengths)
     names = list(impls)

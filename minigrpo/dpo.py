@@ -102,6 +102,7 @@ def sample_pair_set(policy, tok, prompts: list[str], k: int, reward, cfg, genera
 
 
 class DPO:
+    needs_ref = True  # the implicit reward is log π/π_ref
     needs_ref_logits = True  # the exact KL per token on the rollout (logged; the vocabulary is ~30 characters)
     needs_old_logp = False
     sampler = None  # rollouts from π_old (rl.py's protocol; the sampler-mismatch flags are GRPO's)

@@ -116,7 +116,8 @@ def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPO
     max_len cfg.max_new_tokens. KL_t = kl_per_token(…, cfg.kl,
     old_logp) enters the loss only when cfg.beta > 0 and cfg.kl_in == "loss" (with "reward" the run folded
     it into the rewards already); H_t = losses.entropy(logits), subtracted when cfg.entropy_coef ≠ 0. KL_t
-    and H_t (N, T) are returned for logging. (DeepSeekMath 2402.03300 eq. 3; the flags: grpo_config.py.)
+    and H_t (N, T) are returned for logging (KL_t None without π_ref: --no-rollout-kl at β = 0). (DeepSeekMath
+    2402.03300 eq. 3; the flags: grpo_config.py.)
     """
     agg = lambda x: aggregate(x, mask, cfg.loss_agg, cfg.max_new_tokens)  # noqa: E731 (one reduction for all)
     ent = entropy(logits)
@@ -132,7 +133,7 @@ def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPO
     if is_weights is not None:  # the sampler-mismatch correction: constants, no gradient
         per_token = per_token * is_weights
     policy_loss = aggregate(per_token, mask, SEQUENCE_LOSSES.get(cfg.policy_loss, cfg.loss_agg), cfg.max_new_tokens)
-    kl_tok = kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl, old_logp)
+    kl_tok = None if ref_logp is None else kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl, old_logp)
     loss = policy_loss
     if cfg.beta > 0 and cfg.kl_in == "loss":
         loss = loss + cfg.beta * agg(kl_tok)
@@ -166,6 +167,7 @@ class GRPO:
         # π_old's log-probs are needed before the first update only to fold the KL into the reward;
         # otherwise the first update's own forward pass gives them (π_θ = π_old there): one forward saved.
         self.needs_old_logp = self.cfg.beta > 0 and self.cfg.kl_in == "reward"
+        self.needs_ref = self.cfg.rollout_kl or self.cfg.beta > 0 or self.cfg.fork_entropy > 0
         # the second wave's random streams, never the run's (rl.purpose_seed), and the adaptive entropy state c_k
         device = next(self.policy.parameters()).device
         self.gens = {"random_reward": torch.Generator().manual_seed(purpose_seed(self.cfg.seed, "random_reward")),
@@ -259,14 +261,13 @@ class GRPO:
 
 @torch.no_grad()
 def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, anchor) -> dict:
-    """What one inner update logs: its losses, the KL per token (the chosen estimator's and the exact one)
-    and the entropy, token-means over the completions."""
-    exact_kl = kl_tok if cfg.kl == "exact" else exact(logits, ref_logits)
-    return {"policy_loss": policy_loss.item(), "loss": loss.item(),
-            f"kl_{cfg.kl}": aggregate(kl_tok, mask, "token-mean").item(),
-            "kl_exact": aggregate(exact_kl, mask, "token-mean").item(),
-            "entropy": aggregate(ent, mask, "token-mean").item(),
-            **({"preserve_loss": anchor.item()} if anchor is not None else {})}
+    """What one inner update logs: its losses, the KL per token (the chosen estimator's and the exact one; not
+    without π_ref) and the entropy, token-means over the completions."""
+    mean = lambda x: aggregate(x, mask, "token-mean").item()  # noqa: E731
+    kl = {} if kl_tok is None else {f"kl_{cfg.kl}": mean(kl_tok),
+                                    "kl_exact": mean(kl_tok if cfg.kl == "exact" else exact(logits, ref_logits))}
+    return {"policy_loss": policy_loss.item(), "loss": loss.item(), **kl,
+            "entropy": mean(ent), **({"preserve_loss": anchor.item()} if anchor is not None else {})}
 
 
 PANELS = OUTCOME_PANELS + [

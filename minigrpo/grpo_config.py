@@ -155,6 +155,10 @@ class GRPOConfig(RLConfig):
     kl: str = field(default="exact", metadata=meta(
         "KL estimator per token (exact: full vocabulary; the paper uses k3; k3+: k3's value, k2's gradient; "
         "k3_iw: ρ·k3, DeepSeek-V3.2; kl.py)", choices=KL_CHOICES))
+    rollout_kl: bool = field(default=True, metadata=meta(
+        "log the per-token KL(π‖π_ref) on each rollout even when nothing else needs π_ref's log-probs (β = 0, no "
+        "--fork-entropy): one no-grad forward of π_ref a step, which --no-rollout-kl skips, as TRL does at β = 0 "
+        "(the exact evaluation's kl_ref is logged either way)"))
     kl_in: str = field(default="loss", metadata=meta(
         "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)", choices=["loss", "reward"]))
     baseline: str = field(default="group", metadata=meta(
@@ -240,6 +244,10 @@ def check_grpo_config(cfg: GRPOConfig) -> None:
                          f"(Cui et al.'s loss), got {cfg.policy_loss} with --ratio {cfg.ratio}")
     if cfg.clip_cov_low > cfg.clip_cov_high:
         raise UsageError(f"--clip-cov-low {cfg.clip_cov_low} is above --clip-cov-high {cfg.clip_cov_high}")
+    if not cfg.rollout_kl and (cfg.beta > 0 or cfg.fork_entropy > 0):
+        raise UsageError(f"--no-rollout-kl skips π_ref's log-probs, which --beta {cfg.beta:g}"
+                         f"{' and --fork-entropy' if cfg.fork_entropy > 0 else ''} need: add --beta 0"
+                         f"{' and drop --fork-entropy' if cfg.fork_entropy > 0 else ''}, or keep the metrics")
     check_mismatch(cfg)
     if cfg.random_reward and cfg.baseline == "remax":
         raise UsageError("--random-reward replaces the sampled rewards; --baseline remax would compare them with "

@@ -82,6 +82,7 @@ class ValueHead(nn.Module):
 
 
 class PPO:
+    needs_ref = True  # the KL penalty in the reward
     needs_ref_logits = True
     needs_old_logp = True  # the KL penalty in the reward needs π_old before any update
     sampler = None  # rollouts always from π_old: the sampler-mismatch flags are GRPO's (grpo_config.py)

@@ -241,7 +241,8 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                 idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.gens["prompts"]).tolist()
                 batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
                                 r.gens["rollout"], cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
-                                keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp,
+                                ref_logp=algo.needs_ref, keep_ref_logits=algo.needs_ref_logits,
+                                old_logp=algo.needs_old_logp,
                                 progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions (the "
                                                             f"reward is slow)"), sampler=algo.sampler)
                 probes = r.probes(batch)

@@ -38,7 +38,7 @@ class RolloutBatch:
     group_size: int
     old_logp: torch.Tensor | None  # (N, T) log π_old of each completion token (0 where masked); None = not
     # computed here: the algorithm takes it from its first update's forward pass (π_θ = π_old there)
-    ref_logp: torch.Tensor  # (N, T) log π_ref of each completion token
+    ref_logp: torch.Tensor | None  # (N, T) log π_ref of each completion token; None = not computed (collect's ref_logp)
     ref_logits: torch.Tensor | None = None  # (N, T, V) π_ref's logits, kept only for the exact KL
 
     @property
@@ -58,7 +58,8 @@ class RolloutBatch:
         pick = rows.tolist()
         return RolloutBatch([self.prompts[i] for i in pick], [self.completions[i] for i in pick], self.gen.select(rows),
                             self.rewards[rows], self.group_size,
-                            None if self.old_logp is None else self.old_logp[rows], self.ref_logp[rows],
+                            None if self.old_logp is None else self.old_logp[rows],
+                            None if self.ref_logp is None else self.ref_logp[rows],
                             None if self.ref_logits is None else self.ref_logits[rows])
 
 
@@ -109,10 +110,10 @@ class Sampler:
 def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group_size: int, reward: Reward,
             generator: torch.Generator, max_new_tokens: int = 16, temperature: float = 1.0,
             unfinished_reward: float | None = None, keep_ref_logits: bool = False,
-            old_logp: bool = True, progress=None, sampler: Sampler | None = None) -> RolloutBatch:
+            old_logp: bool = True, progress=None, sampler: Sampler | None = None, ref_logp: bool = True) -> RolloutBatch:
     """Sample `group_size` completions for each prompt from the policy (π_old), or from `sampler`'s
-    distribution, score them, and compute π_ref's (and, with old_logp, π_old's) log-probs of every
-    completion token at `temperature`."""
+    distribution, score them, and compute π_ref's (with ref_logp; else None) and, with old_logp, π_old's
+    log-probs of every completion token at `temperature`."""
     device = policy.wte.weight.device
     rows = [p for p in prompts for _ in range(group_size)]  # grouped: prompt 0 x G, prompt 1 x G, ...
     ids, mask = encode_prompts(tok, rows, device)
@@ -126,10 +127,10 @@ def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group
     completions = decode_completions(tok, gen)
     rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward, progress)
     old = generation_logprobs(policy, gen, temperature) if old_logp else None
-    ref_logp, ref_logits = generation_logprobs(ref, gen, temperature, return_logits=True)
+    ref_lp, ref_logits = generation_logprobs(ref, gen, temperature, return_logits=True) if ref_logp else (None, None)
     policy.train(was_training)
     return RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=device), group_size, old,
-                        ref_logp, ref_logits if keep_ref_logits else None)
+                        ref_lp, ref_logits if keep_ref_logits else None)
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
 """bench's `step` section (minigrpo/bench_step.py), our side only, on a tiny model for a few steps: it must run
-without trl, print our two rows with positive finite times, leave the shared-prefix forward in place afterwards, and
+without trl, print our three rows with positive finite times, leave the shared-prefix forward in place afterwards, and
 copy our weights into GPT-2's layout exactly when transformers is there. No timed asserts."""
 
 import math
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from minigrpo import logprobs, rollout, sampling
-from minigrpo.bench_step import OURS, PLAIN, RECORDED, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
+from minigrpo.bench_step import NO_KL, OURS, PLAIN, RECORDED, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
 
 
 def test_our_rows_have_positive_finite_times_without_trl():
     text = bench_step(steps=3, rounds=1, n_layer=1, n_head=2, n_embd=16, use_trl=False)
     rows = {r.split("|")[1].strip(): r for r in text.splitlines() if r.startswith("| minigrpo")}
-    assert set(rows) == {OURS, PLAIN}, text
+    assert set(rows) == {OURS, PLAIN, NO_KL}, text  # β = 0 without trl: the --no-rollout-kl row too
     assert TRL not in text and f"via the recorded plain/TRL {RECORDED}" in text, text
     for row in rows.values():
         cells = [c.strip() for c in row.split("|")[1:-1]]

@@ -182,6 +182,8 @@ def test_preset_values_land_in_config_and_explicit_flags_win(tmp_path, tiny_pret
     (["--person", "zed"], "unknown --person 'zed'"),
     (["--preset", "ppo2"], "unknown --preset 'ppo2'"),
     (["--init", "missing.pt"], "python -m minigrpo.pretrain"),
+    (["--no-rollout-kl"], "--no-rollout-kl skips π_ref's log-probs, which --beta 0.3 need"),
+    (["--no-rollout-kl", "--beta", "0", "--fork-entropy", "0.5"], "and --fork-entropy need"),
 ])
 def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, tiny_pretrained, capsys, argv, message):
     init, _, _ = tiny_pretrained
@@ -190,6 +192,27 @@ def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, tiny_pretrained, cap
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_no_rollout_kl_at_beta_zero_trains_identically_without_the_reference_forward(tmp_path, tiny_pretrained,
+                                                                                      monkeypatch):
+    """At β = 0 the rollout's π_ref log-probs only feed its KL metrics: --no-rollout-kl skips their forward, and
+    every other metric (the exact evaluation's kl_ref too) is unchanged."""
+    init, _, _ = tiny_pretrained
+    forwards = []
+    orig = rollout.generation_logprobs
+    monkeypatch.setattr(rollout, "generation_logprobs", lambda model, *a, **k: forwards.append(model) or orig(model, *a, **k))
+    rows = {}
+    for on in (True, False):
+        forwards.clear()
+        train(cfg_for(tmp_path, init, preset="dapo", **PRESETS["dapo"], steps=3, out=str(tmp_path / str(on)),
+                      rollout_kl=on), log=lambda *a: None)
+        rows[on] = [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in read_jsonl(tmp_path / str(on) / "metrics.jsonl")]
+        assert len(forwards) == (3 if on else 0), "collect's π_ref forwards (one a step, only with the metrics)"
+    kl = {"kl_exact"}  # dapo's --kl: exact, so the estimator's key is kl_exact too
+    assert all(kl <= set(r) for r in rows[True] if "loss" in r) and not any(kl & set(r) for r in rows[False])
+    assert [{k: v for k, v in r.items() if k not in kl} for r in rows[True]] == rows[False]
+    assert any("kl_ref" in r for r in rows[False])
 
 
 def test_resume_of_a_folder_without_checkpoint_is_refused(tmp_path, capsys):
