@@ -13,6 +13,7 @@ things buy the speed:
      W stored (in, out) (8 rows, 128 -> 384: 11.9 vs 6.9 µs). The copies cost 0.65 ms per generate() call on the
      4 x 128 model, 0.1 ms on the default 2 x 64 one; they pay for themselves within 3 steps.
   2. One flat loop over the layers: no module calls, no attention mask for a single new token without padding.
+The attention itself, cache writes included, is model.py's `attention`, the same function the modules call.
 
 Measured (one thread, 2-core x86_64, bench's step model: 4 layers x 128, batch 8, 13 cached keys): GPT.forward
 815 µs per one-token step, this 473 µs. Only no-grad sampling uses it: training runs GPT.forward.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minigrpo.model import GPT, KVCache, causal_mask
+from minigrpo.model import GPT, KVCache, attention, causal_mask
 
 
 class Decoder:
@@ -57,11 +58,7 @@ class Decoder:
         for i, (ln1, qkv, proj, ln2, fc, out) in enumerate(self.layers):
             h = F.layer_norm(x, *ln1)
             q, k, v = torch.addmm(qkv[0], h, qkv[1]).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
-            keys, values = cache.k[i], cache.v[i]  # (B, H, T_max, D)
-            keys.narrow(2, L, T).copy_(k)
-            values.narrow(2, L, T).copy_(v)
-            y = F.scaled_dot_product_attention(q, keys.narrow(2, 0, L + T), values.narrow(2, 0, L + T),
-                                               attn_mask=mask, is_causal=mask is None and T > 1)
+            y = attention(q, k, v, mask, cache, i)  # model.py's: writes k, v into the cache, attends over L+T keys
             y = y.transpose(1, 2).reshape(B * T, H * D)  # a view when T = 1
             x = x + torch.addmm(proj[0], y, proj[1])
             h = F.layer_norm(x, *ln2)
