@@ -72,18 +72,24 @@ def test_decoder_keeps_the_weights_it_was_built_with():
         assert not torch.allclose(Decoder(model)(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)), before)
 
 
-@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [2, 0, 2, 1, 0, 2], [1, 1, 1]])  # distinct, some repeated, all one
-def test_prefill_computes_each_distinct_prompt_once_and_fills_every_row(rows):
-    """sampling.prefill shares repeated prompts (a GRPO group): logits and cache per row equal a prefill of every row,
-    in the rows' own order."""
+call = Decoder.__call__  # the original, for the spy below
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [2, 2, 0, 1, 1, 1, 2], [2, 0, 2, 1, 0, 2], [1, 1, 1]])
+def test_prefill_computes_each_run_of_one_prompt_once_and_fills_every_row(rows, monkeypatch):
+    """sampling.prefill shares a prompt repeated in neighbouring rows (a GRPO group): logits and cache per row equal a
+    prefill of every row, in the rows' own order, and the model ran once per run of equal rows."""
     model = model_of()
     ids, mask = left_padded([3, 5, 2, 5], 5, seed=1)
     ids, mask = ids[rows], mask[rows]
     pos, km = positions(mask), (mask if not bool(mask.all()) else None)
+    decode, seen = Decoder(model), []
+    monkeypatch.setattr(Decoder, "__call__", lambda self, ids, *a: seen.append(len(ids)) or call(self, ids, *a))
     with torch.no_grad():
         want_cache = model.new_cache(len(rows), 9)
         want = model(ids, pos, km, want_cache)[:, -1]
-        got, cache = prefill(model, Decoder(model), ids, pos, km, 9)
+        got, cache = prefill(model, decode, ids, pos, km, 9)
+    assert seen == [1 + sum(a != b for a, b in zip(rows[1:], rows[:-1]))]
     assert (got - want).abs().max() < 1e-10
     assert cache.k.shape == want_cache.k.shape and cache.length == want_cache.length == 5
     assert (cache.k - want_cache.k).abs().max() < 1e-10 and (cache.v - want_cache.v).abs().max() < 1e-10
