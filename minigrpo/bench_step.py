@@ -45,7 +45,7 @@ from minigrpo.tokenizer import SPECIALS, CharTokenizer
 from toy_tasks.food import ALPHABET
 
 PROMPT, BLOCK, LR = "ravin likes ", 32, 1e-6  # LR: TRL's default, on both sides
-RECORDED = 0.56  # ours (plain forward) / TRL's GRPOTrainer, paired here 3 times: 0.56, 0.57, 0.56 (2026-11-25, decode.py in)
+RECORDED = 0.56  # ours (plain forward) / TRL's GRPOTrainer, paired here 3 times: 0.56, 0.57, 0.56 (2026-11-25)
 OURS, PLAIN, TRL = "minigrpo (default)", "minigrpo, plain forward", "TRL GRPOTrainer"
 NO_KL = "minigrpo --no-rollout-kl (TRL's work at β = 0)"
 
@@ -69,7 +69,7 @@ def our_step(init: GPT, group: int, new_tokens: int, beta: float, seed: int = 0,
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
     cfg = GRPOConfig(group_size=group, prompts_per_step=1, max_new_tokens=new_tokens, updates=1, beta=beta,
                      loss_agg="token-mean", preserve=False, trust_region=0.0, trust_region_anchor=0.0, lr=LR,
-                     warmup=0, seed=seed, quiet=True, rollout_kl=rollout_kl)  # token-mean: TRL's default loss_type "dapo"
+                     warmup=0, seed=seed, quiet=True, rollout_kl=rollout_kl)  # token-mean: TRL's loss_type "dapo"
     run = SimpleNamespace(cfg=cfg, policy=policy, anchor_term=lambda: None)  # what GRPO.update reads of a Run
     run.clip_and_step = lambda opt, loss, params: Run.clip_and_step(run, opt, loss, params)
     algo, reward, gen = GRPO(run), Reward("share_of_a", share_of_a), torch.Generator().manual_seed(seed)

@@ -10,8 +10,9 @@ run their runs in process (pool.py: the same metrics as separate processes), eac
 minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
 fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
 --budget goal lets each run stop at its goal as the trainers do by default. A run whose folder already
-holds a finished run of exactly the same command is kept, so rerunning after an interruption only runs
-what is missing; any other flag reruns it. A later invocation for a subset of the algorithms keeps the
+holds a finished run of exactly the same command and code is kept (pool.code_version: a hash of minigrpo/'s
+and toy_tasks/' source and torch's version), so rerunning after an interruption only runs what is missing;
+any other flag, an edit of the library or another torch reruns it. A later invocation for a subset of the algorithms keeps the
 others' finished runs of the same flags in the table and figures (runs of other flags are left out).
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):

@@ -21,6 +21,8 @@ at once). A worker that dies (killed, out of memory) fails its run only; a fresh
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import io
 import json
@@ -58,10 +60,31 @@ def run_in_process(module: str, argv: list[str]) -> str | None:
         signal.signal(signal.SIGINT, previous)
 
 
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """What made a run besides its command: a hash of the source of minigrpo/ and toy_tasks/ (every .py file) and
+    torch's version. A finished run is kept only if both match, so after an edit or an upgrade compare makes its
+    runs again (a reward file named on the command line is not hashed: edit it, and pass --out anew)."""
+    import minigrpo
+    import toy_tasks
+    import torch
+    digest = hashlib.sha256(torch.__version__.encode())
+    for package in (minigrpo, toy_tasks):
+        root = Path(package.__file__).parent
+        for f in sorted(root.rglob("*.py")):
+            digest.update(f"{package.__name__}/{f.relative_to(root)}".encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def stamp_of(cmd: list[str]) -> dict:
+    """What compare_command.json holds: the run's command line (after the interpreter) and the code that ran it."""
+    return {"command": cmd[1:], "code": code_version()}
+
+
 def finished_by(folder: Path, cmd: list[str]) -> bool:
-    """Whether `folder` holds a finished run made by exactly this command."""
+    """Whether `folder` holds a finished run made by exactly this command and this code (code_version)."""
     stamp = folder / "compare_command.json"
-    return (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == cmd[1:]
+    return (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == stamp_of(cmd)
 
 
 def run_one(task) -> str | None:
@@ -71,7 +94,7 @@ def run_one(task) -> str | None:
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    (folder / "compare_command.json").write_text(json.dumps(cmd[1:]))
+    (folder / "compare_command.json").write_text(json.dumps(stamp_of(cmd)))
     error = run_in_process(cmd[2], cmd[3:])
     release_out(folder)  # the run's lock on its folder: this worker goes on to other runs
     if error:

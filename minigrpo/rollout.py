@@ -38,7 +38,7 @@ class RolloutBatch:
     group_size: int
     old_logp: torch.Tensor | None  # (N, T) log π_old of each completion token (0 where masked); None = not
     # computed here: the algorithm takes it from its first update's forward pass (π_θ = π_old there)
-    ref_logp: torch.Tensor | None  # (N, T) log π_ref of each completion token; None = not computed (collect's ref_logp)
+    ref_logp: torch.Tensor | None  # (N, T) log π_ref of each completion token; None: not computed (collect's ref_logp)
     ref_logits: torch.Tensor | None = None  # (N, T, V) π_ref's logits, kept only for the exact KL
 
     @property
@@ -110,7 +110,8 @@ class Sampler:
 def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group_size: int, reward: Reward,
             generator: torch.Generator, max_new_tokens: int = 16, temperature: float = 1.0,
             unfinished_reward: float | None = None, keep_ref_logits: bool = False,
-            old_logp: bool = True, progress=None, sampler: Sampler | None = None, ref_logp: bool = True) -> RolloutBatch:
+            old_logp: bool = True, progress=None, sampler: Sampler | None = None,
+            ref_logp: bool = True) -> RolloutBatch:
     """Sample `group_size` completions for each prompt from the policy (π_old), or from `sampler`'s
     distribution, score them, and compute π_ref's (with ref_logp; else None) and, with old_logp, π_old's
     log-probs of every completion token at `temperature`."""

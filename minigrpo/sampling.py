@@ -4,9 +4,10 @@
 
 Prompts of different lengths are LEFT-PADDED (see `logprobs.pad_left`) and carry a key mask; position
 ids count real tokens only, so a padded row samples exactly what it would alone. The prompts are run once
-(prefill; each distinct prompt once, its keys and values copied to the rows that repeat it) and then one token
-per step for the whole batch, both through decode.Decoder (the model's fast KV-cache forward). Each row stops
-at its first EOS (later slots hold PAD and are masked out); the loop stops as soon as every row has stopped.
+(prefill; a run of neighbouring rows holding one prompt, a GRPO group, once, its keys and values copied to
+them) and then one token per step for the whole batch, both through decode.Decoder (the model's fast KV-cache
+forward). Each row stops at its first EOS (later slots hold PAD and are masked out); the loop stops as soon as
+every row has stopped.
 
 Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p), which at
 temperature 1 without filtering are the model's own. `use_cache=False` recomputes the whole sequence
@@ -86,7 +87,8 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     """One draw per row of (B, V) probabilities: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. The race is exact:
     E_i / p_i ~ Exp(p_i), and the smallest of independent exponentials is i with probability p_i / Σ_j p_j. It is
     how torch.multinomial(probs, 1) draws one sample (same generator calls, same draws: tests/test_sampling.py),
-    minus that function's input checks (two reductions and a sync, ~25 % of a batch-8 draw). -> (B,) long."""
+    minus that function's input checks (two reductions and a sync: 14.0 against 7.9 µs a draw of 8 rows). -> (B,)
+    long."""
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
@@ -119,7 +121,8 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
     # inference_mode, not no_grad: no version counters or autograd dispatch, 8-9 % faster sampling (one thread,
     # batch 8 and 64); its tensors cannot be saved for backward later, so the results leave as ordinary copies
     with torch.inference_mode():
-        gen = _generate(model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
+        gen = _generate(model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator,
+                        use_cache)
     return Generation.from_dict({k: v.clone() if torch.is_tensor(v) else v for k, v in gen.to_dict().items()})
 
 

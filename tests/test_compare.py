@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from minigrpo import metrics
+from minigrpo import metrics, pool
 from minigrpo.compare import main
 
 TINY = ["--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
 
 
-def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path, tiny_pretrained, capsys):
+def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path, tiny_pretrained, capsys, monkeypatch):
     init, _, _ = tiny_pretrained
     out = tmp_path / "cmp"
     args = ["--algos", "grpo,ppo", "--seeds", "1", "--out", str(out), "--init", str(init), *TINY, "--jobs", "2"]
@@ -25,8 +25,14 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
     main(args[:1] + ["grpo"] + args[2:])  # a subset with the same flags: ppo's finished run stays in the table
     table = (out / "table.md").read_text()
     assert "| grpo | 1 ok" in table and "| ppo | 1 ok" in table
-    main(args + ["--group-size", "2"])  # another command: the cached runs are not reused
-    assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns != stamp
+    code = json.loads((out / "grpo-s0" / "compare_command.json").read_text())["code"]
+    assert code == pool.code_version() and len(code) == 16
+    monkeypatch.setattr(pool, "code_version", lambda: "an edited library")  # other code: finished runs made again
+    main(args[:1] + ["grpo"] + args[2:])
+    again = (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns
+    assert again != stamp
+    main(args[:1] + ["grpo"] + args[2:] + ["--group-size", "2"])  # another command: the cached runs are not reused
+    assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns != again
     with pytest.raises(SystemExit) as e:  # --updates is GRPO's only: refused before any run starts
         main(args[:-2] + ["--updates", "2", "--out", str(tmp_path / "bad"), "--jobs", "2"])
     assert e.value.code == 2 and "unrecognized arguments: --updates 2" in capsys.readouterr().err
@@ -62,7 +68,7 @@ def test_a_pooled_run_is_the_separate_process_run(tmp_path, tiny_pretrained):
     untimed = lambda folder: [{k: v for k, v in row.items() if k not in ("step_time", "tokens_per_s")}  # noqa: E731
                               for row in metrics.read_jsonl(folder / "metrics.jsonl")]
     for run in ("ppo-s1", "grpo-s1"):
-        cmd = json.loads((out / run / "compare_command.json").read_text())  # ["-m", module, ..., "--out", folder]
+        cmd = json.loads((out / run / "compare_command.json").read_text())["command"]  # ["-m", module, …, folder]
         alone = tmp_path / f"alone-{run}"
         subprocess.run([sys.executable, *cmd[:-1], str(alone)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert untimed(out / run) == untimed(alone) and len(untimed(alone)) == 4

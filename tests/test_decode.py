@@ -38,7 +38,7 @@ def test_decoder_equals_the_model_through_the_cache(lengths, steps, shape, seed)
     km, pos = (key_mask if padded else None), positions(key_mask)
     decode = Decoder(model)
     with torch.no_grad():
-        want_cache, got_cache = model.new_cache(len(lengths), width + steps), model.new_cache(len(lengths), width + steps)
+        want_cache, got_cache = (model.new_cache(len(lengths), width + steps) for _ in range(2))
         want = model(ids, pos[:, :width], None if km is None else km[:, :width], want_cache)[:, -1]
         got = decode(ids, pos[:, :width], got_cache, None if km is None else km[:, :width])
         assert (got - want).abs().max() < 1e-10

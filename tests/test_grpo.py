@@ -201,13 +201,15 @@ def test_no_rollout_kl_at_beta_zero_trains_identically_without_the_reference_for
     init, _, _ = tiny_pretrained
     forwards = []
     orig = rollout.generation_logprobs
-    monkeypatch.setattr(rollout, "generation_logprobs", lambda model, *a, **k: forwards.append(model) or orig(model, *a, **k))
+    monkeypatch.setattr(rollout, "generation_logprobs",
+                        lambda model, *a, **k: forwards.append(model) or orig(model, *a, **k))
     rows = {}
     for on in (True, False):
         forwards.clear()
         train(cfg_for(tmp_path, init, preset="dapo", **PRESETS["dapo"], steps=3, out=str(tmp_path / str(on)),
                       rollout_kl=on), log=lambda *a: None)
-        rows[on] = [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in read_jsonl(tmp_path / str(on) / "metrics.jsonl")]
+        logged = read_jsonl(tmp_path / str(on) / "metrics.jsonl")
+        rows[on] = [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in logged]
         assert len(forwards) == (3 if on else 0), "collect's π_ref forwards (one a step, only with the metrics)"
     kl = {"kl_exact"}  # dapo's --kl: exact, so the estimator's key is kl_exact too
     assert all(kl <= set(r) for r in rows[True] if "loss" in r) and not any(kl & set(r) for r in rows[False])
