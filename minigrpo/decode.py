@@ -30,7 +30,8 @@ from minigrpo.model import GPT, KVCache, attention, causal_mask
 
 class Decoder:
     """The model's weights at the moment of construction, laid out for one-token steps (see the module docstring).
-    Build a new one whenever the weights change: it holds copies, not views, of the linear layers."""
+    It holds copies of the linear layers' weights and views of the rest (embeddings, layer norms), so it matches the
+    model only until the weights change: generate() builds one per call."""
 
     def __init__(self, model: GPT):
         c = model.cfg
