@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from minigrpo.logprobs import sequence_logprobs
@@ -99,3 +100,12 @@ def test_exponential_race_draws_what_multinomial_draws_and_follows_the_probabili
     assert torch.equal(draws, same), "the race no longer draws what torch.multinomial draws (a torch change?)"
     freq = torch.stack([(draws == v).float().mean(0) for v in range(4)], 1)  # (3, 4)
     assert (freq - probs).abs().max() < 0.015 and (freq[probs == 0] == 0).all()
+
+
+def test_a_model_with_nan_weights_is_an_error_not_silent_samples():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=8)).eval()
+    with torch.no_grad():
+        model.blocks[0].mlp[0].weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        generate(model, torch.full((2, 3), 4), max_new_tokens=4, generator=torch.Generator().manual_seed(0))
