@@ -10,9 +10,10 @@ run their runs in process (pool.py: the same metrics as separate processes), eac
 minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
 fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
 --budget goal lets each run stop at its goal as the trainers do by default. A run whose folder already
-holds a finished run of exactly the same command and code is kept (pool.code_version: a hash of minigrpo/'s
-and toy_tasks/' source and torch's version), so rerunning after an interruption only runs what is missing;
-any other flag, an edit of the library or another torch reruns it. A later invocation for a subset of the algorithms keeps the
+holds a finished run of exactly the same command, code and input files is kept (pool.stamp_of: the command,
+a hash of minigrpo/'s and toy_tasks/' source and torch's version, and the content of the --init checkpoint and
+of a reward file), so rerunning after an interruption only runs what is missing; any other flag, an edit of
+the library, another torch, a re-pretrained checkpoint or an edited reward file reruns it. A later invocation for a subset of the algorithms keeps the
 others' finished runs of the same flags in the table and figures (runs of other flags are left out).
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
@@ -91,9 +92,9 @@ def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], ta
             str(out / f"{algo}-s{seed}")]
 
 
-def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> None:
+def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
     """Parse every run's flags, build its reward and find its --init in this process, so a bad flag,
-    task, reward or checkpoint is one line before any run starts."""
+    task, reward or checkpoint is one line before any run starts. -> the --init checkpoint the runs start from."""
     from minigrpo.dpo import DPOConfig
     from minigrpo.grpo import GRPOConfig
     from minigrpo.ppo import PPOConfig
@@ -115,6 +116,7 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
         if not Path(rc.init).is_file():
             raise UsageError(f"--init {rc.init!r} does not exist (run `python -m minigrpo.pretrain"
                              f"{'' if rc.task == 'food' else ' --task ' + rc.task}` first)")
+    return rc.init
 
 
 def curves(folder: Path) -> dict:
@@ -257,7 +259,9 @@ def main(argv=None):
         raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
                          "use --seeds, --out, --algos and --budget")
     task = pre_task.parse_known_args(passthrough)[0].task
-    check_all(algos, cfg, passthrough, task)
+    init = check_all(algos, cfg, passthrough, task)
+    if "--init" not in passthrough:  # named on every command line, so the runs' stamps hold its content (pool.py)
+        passthrough = [*passthrough, "--init", init]
     out = prepare_out(cfg.out or (default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare")
                                   if cfg.reward else f"runs/compare-{task}"))
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)

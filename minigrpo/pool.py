@@ -62,9 +62,8 @@ def run_in_process(module: str, argv: list[str]) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """What made a run besides its command: a hash of the source of minigrpo/ and toy_tasks/ (every .py file) and
-    torch's version. A finished run is kept only if both match, so after an edit or an upgrade compare makes its
-    runs again (a reward file named on the command line is not hashed: edit it, and pass --out anew)."""
+    """What made a run besides its command and the files it names (stamp_of): a hash of the source of minigrpo/ and
+    toy_tasks/ (every .py file) and torch's version. After an edit or an upgrade compare makes its runs again."""
     import minigrpo
     import toy_tasks
     import torch
@@ -76,9 +75,18 @@ def code_version() -> str:
     return digest.hexdigest()[:16]
 
 
+def named_files(cmd: list[str]) -> dict[str, str]:
+    """Every existing file the command line names, an argument itself or the part before a ':' (the --init
+    checkpoint, a reward's path/to/file.py:function) -> its content hash (the default food checkpoint, 0.4 MB: 0.3 ms)."""
+    paths = {p for arg in cmd[3:] for p in (arg, arg.rpartition(":")[0]) if p and Path(p).is_file()}
+    return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16] for p in sorted(paths)}
+
+
 def stamp_of(cmd: list[str]) -> dict:
-    """What compare_command.json holds: the run's command line (after the interpreter) and the code that ran it."""
-    return {"command": cmd[1:], "code": code_version()}
+    """What compare_command.json holds: the run's command line (after the interpreter), the code that ran it and the
+    content of the files it names. A finished run is kept only if all three match: a re-pretrained --init
+    checkpoint or an edited reward file makes the run again."""
+    return {"command": cmd[1:], "code": code_version(), "files": named_files(cmd)}
 
 
 def finished_by(folder: Path, cmd: list[str]) -> bool:

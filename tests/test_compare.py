@@ -102,3 +102,25 @@ def test_dpo_and_online_dpo_map_to_minigrpo_dpo(tmp_path, tiny_pretrained):
         assert cmd[3:3 + len(flags)] == flags and "--preset" not in cmd and cmd[cmd.index("--beta") + 1] == "0.2"
         assert ("--online" in cmd) == (algo == "online_dpo")
     check_all(["dpo", "online_dpo"], cfg, ["--init", str(init), "--offline-samples", "32"], "food")  # DPOConfig's flags
+
+
+def test_a_finished_run_is_kept_only_while_its_named_files_are_unchanged(tmp_path, monkeypatch):
+    """pool.stamp_of holds the content hash of every file the command line names (the --init checkpoint, a reward
+    file.py:fn), so a re-pretrained checkpoint or an edited reward file makes the run again."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "init.pt").write_bytes(b"weights")
+    (tmp_path / "r.py").write_text("def f(p, c):\n    return 1.0\n")
+    cmd = [sys.executable, "-m", "minigrpo.grpo", "--init", "init.pt", "--reward", "r.py:f", "--reward", "food:pizza",
+           "--out", str(tmp_path / "run")]
+    assert set(pool.named_files(cmd)) == {"init.pt", "r.py"}  # not the folder, not "food:pizza"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
+    assert pool.finished_by(run, cmd)
+    (tmp_path / "r.py").write_text("def f(p, c):\n    return 0.0\n")
+    assert not pool.finished_by(run, cmd), "an edited reward file kept the old run"
+    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
+    assert pool.finished_by(run, cmd)
+    (tmp_path / "init.pt").write_bytes(b"other weights")
+    assert not pool.finished_by(run, cmd), "a re-pretrained checkpoint kept the old run"
