@@ -77,7 +77,7 @@ def code_version() -> str:
 
 def named_files(cmd: list[str]) -> dict[str, str]:
     """Every existing file the command line names, an argument itself or the part before a ':' (the --init
-    checkpoint, a reward's path/to/file.py:function) -> its content hash (the default food checkpoint, 0.4 MB: 0.3 ms)."""
+    checkpoint, a reward's path/to/file.py:function) -> its content hash (the food checkpoint, 0.4 MB: 0.3 ms)."""
     paths = {p for arg in cmd[3:] for p in (arg, arg.rpartition(":")[0]) if p and Path(p).is_file()}
     return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16] for p in sorted(paths)}
 
