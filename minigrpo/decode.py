@@ -46,16 +46,12 @@ class Decoder:
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                  key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """ids, pos (B, T) long: the T new tokens of each row (a prompt's prefill, or one sampled token) and their
-        position ids; key_mask None (every key real) or (B, ≥ L+T) bool over the L cached keys and the new ones
-        (a single new token must be real: True at slot L; a prompt's padding may be False).
+        position ids; key_mask None (every key real) or (B, ≥ L+T) bool over the L cached keys and the new ones.
         -> logits (B, V) of the token after each row's last new one; cache.length advances by T."""
         (B, T), L, H, D = ids.shape, cache.length, self.n_head, self.head_dim
         if L + T > self.block_size:
             raise ValueError(f"sequence of {L + T} tokens exceeds block_size {self.block_size}")
-        if T == 1:  # one new (real) token sees every real key: no causal part to build
-            mask = None if key_mask is None else key_mask[:, None, None, : L + 1]  # (B, 1, 1, L+1), over heads
-        else:
-            mask = causal_mask(L, T, key_mask, ids.device)
+        mask = causal_mask(L, T, key_mask, ids.device)  # None for one new token without padding
         x = (F.embedding(ids, self.wte) + F.embedding(pos, self.wpe)).view(B * T, -1)  # (B*T, C)
         for i, (ln1, qkv, proj, ln2, fc, out) in enumerate(self.layers):
             h = F.layer_norm(x, *ln1)

@@ -61,6 +61,10 @@ def causal_mask(offset: int, T: int, key_mask: torch.Tensor | None = None, devic
     it always sees itself, so a padding query never has an empty row (which would give NaN)."""
     if key_mask is None and (offset == 0 or T == 1):
         return None
+    if T == 1:  # one query (a decoding step): every key before it is causal, so it sees the real keys and itself
+        mask = key_mask[:, : offset + 1].clone()
+        mask[:, offset] = True
+        return mask[:, None, None]  # (B, 1, 1, offset+1)
     q_abs = torch.arange(offset, offset + T, device=device)[:, None]  # (T, 1)
     k_abs = torch.arange(offset + T, device=device)[None, :]  # (1, T_keys)
     causal = k_abs <= q_abs  # (T, T_keys)

@@ -114,3 +114,16 @@ def test_attention_writes_the_new_keys_into_the_cache_and_attends_over_all_of_th
     keys, values = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
     assert torch.allclose(got, naive_attention(q, keys, values, torch.ones(1, 5, dtype=torch.bool)), atol=1e-10), (
         "one new query must attend over every cached key and itself")
+
+
+def test_causal_mask_of_one_query_is_the_general_mask():
+    """causal_mask's shortcut for a decoding step (T = 1) equals the general rule: key j <= offset and real, or
+    the query itself, whatever the key mask (the query's own slot may even be padding)."""
+    from minigrpo.model import causal_mask
+    g = torch.Generator().manual_seed(0)
+    for offset in range(6):
+        key_mask = torch.rand(4, offset + 3, generator=g) < 0.5
+        q_abs, k_abs = torch.tensor([[offset]]), torch.arange(offset + 1)[None, :]
+        want = (((k_abs <= q_abs) & key_mask[:, None, : offset + 1]) | (k_abs == q_abs))[:, None]
+        assert torch.equal(causal_mask(offset, 1, key_mask), want)
+    assert causal_mask(3, 1, None) is None
