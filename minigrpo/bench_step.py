@@ -22,6 +22,7 @@ that ratio depends on the machine, so trust a paired run.
 from __future__ import annotations
 
 import copy
+import itertools
 import statistics
 import sys
 import tempfile
@@ -160,7 +161,10 @@ def trl_runner(init: GPT, group: int, new_tokens: int, seed: int = 0):
         def on_log(self, args, state, control, logs=None, **kw):  # the train()'s mean, EOS included
             lengths.append((logs or {}).get("completions/mean_length"))
 
+    calls = itertools.count(seed)
+
     def run(n: int, warmup: int = 1) -> list[float]:
+        """Each call seeds TRL anew (seed, seed+1, ...): fresh completions every round, as our steps draw them."""
         timer, threads = Timer(), torch.get_num_threads()
         with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # transformers' deprecation notices about its own defaults
@@ -168,7 +172,7 @@ def trl_runner(init: GPT, group: int, new_tokens: int, seed: int = 0):
                                   per_device_train_batch_size=group, max_completion_length=new_tokens, beta=beta,
                                   num_iterations=1, learning_rate=LR, lr_scheduler_type="constant",
                                   max_steps=warmup + n, save_strategy="no", report_to=[], disable_tqdm=True,
-                                  logging_steps=10_000, seed=seed)
+                                  logging_steps=10_000, seed=next(calls))
             trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=hf_tok,
                                       train_dataset=Dataset.from_dict({"prompt": [PROMPT] * (warmup + n)}),
                                       callbacks=[timer])
@@ -180,7 +184,7 @@ def trl_runner(init: GPT, group: int, new_tokens: int, seed: int = 0):
                            version=f"trl {trl.__version__}, transformers {transformers.__version__}")
 
 
-def bench_step(steps: int = 20, rounds: int = 4, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
+def bench_step(steps: int = 40, rounds: int = 8, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
                group: int = 8, new_tokens: int = 12, use_trl: bool = True) -> str:
     """Time ours (shared-prefix and plain forward) and TRL's GRPO step, alternating; -> a markdown table."""
     init = fresh_gpt(n_layer, n_head, n_embd)

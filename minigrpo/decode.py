@@ -8,10 +8,11 @@ tests/test_decode.py compares it with, to float rounding) for the calls sampling
 is ~80 tiny operations and its cost is per-operation overhead, not arithmetic (about 0.2 MFLOP per token). Two
 things buy the speed:
 
-  1. Weights transposed once to (in, out) and made contiguous. nn.Linear computes x @ Wᵀ with W stored (out, in);
-     for the few rows of a decoding step MKL's sgemm runs that transposed product about 1.7x slower than x @ W with
-     W stored (in, out) (8 rows, 128 -> 384: 11.9 vs 6.9 µs). The copies cost 0.65 ms per generate() call on the
-     4 x 128 model, 0.1 ms on the default 2 x 64 one; they pay for themselves within 3 steps.
+  1. x @ W with W contiguous (in, out). nn.Linear computes x @ Wᵀ with W stored (out, in); for the few rows of a
+     decoding step MKL's sgemm runs that transposed product about 1.7x slower (8 rows, 128 -> 384: 12.0 vs 7.0 µs).
+     GPT stores every Linear weight in (in, out) memory order (model.in_out_order), so w.t() is that matrix as it
+     is. (Until 2026-11-25 the Decoder copied every weight into that order per generate() call: 1.35 ms of a 21 ms
+     GRPO step on bench's 4 x 128 step model.)
   2. One flat loop over the layers: no module calls, no attention mask for a single new token without padding.
 The attention itself, cache writes included, is model.py's `attention`, the same function the modules call.
 
@@ -29,15 +30,16 @@ from minigrpo.model import GPT, KVCache, attention, causal_mask
 
 
 class Decoder:
-    """The model's weights at the moment of construction, laid out for one-token steps (see the module docstring).
-    It holds copies of the linear layers' weights and views of the rest (embeddings, layer norms), so it matches the
-    model only until the weights change: generate() builds one per call."""
+    """The model's weights, laid out for one-token steps (see the module docstring): views of a GPT's own tensors,
+    plus a copy of the tied head's transpose (V x C, small), and of any Linear weight not in (in, out) order. Use it
+    while the weights stay as they were: generate() builds one per call."""
 
     def __init__(self, model: GPT):
         c = model.cfg
         self.block_size, self.n_head, self.head_dim = c.block_size, c.n_head, c.n_embd // c.n_head
         ln = lambda m: (m.normalized_shape, m.weight, m.bias, m.eps)  # F.layer_norm's arguments after x
-        t = lambda lin: (lin.bias, lin.weight.t().contiguous())  # (bias, W (in, out)) for torch.addmm
+        t = lambda lin: (lin.bias, lin.weight.t().contiguous())  # (bias, W (in, out)) for torch.addmm: GPT's own
+        # weights are stored that way (model.in_out_order), so .contiguous() copies only a model built otherwise
         self.layers = [(ln(b.ln1), t(b.attn.qkv), t(b.attn.proj), ln(b.ln2), t(b.mlp[0]), t(b.mlp[2]))
                        for b in model.blocks]
         self.wte, self.wpe, self.ln_f = model.wte.weight, model.wpe.weight, ln(model.ln_f)

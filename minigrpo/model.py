@@ -115,6 +115,19 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y)
 
 
+def in_out_order(w: torch.Tensor) -> torch.Tensor:
+    """The same (out, in) matrix, laid out in memory as its transpose (in, out): w.t() is then contiguous.
+
+    Why: a decoding step multiplies a few rows by every weight, and for so few rows MKL's sgemm runs x @ W with W
+    contiguous (in, out) about 1.7x faster than nn.Linear's x @ Wᵀ over W (out, in) (8 rows, 128 -> 384: 7.0 against
+    12.0 µs). With this layout the sampler (decode.py) uses w.t() as it is, where it used to copy every weight into
+    that order per generate() call (1.35 ms of a 21 ms GRPO step on bench's 4 x 128 step model). Nothing else
+    changes: the values and shapes are nn.Linear's, state_dicts and checkpoints are the same, copy_, deepcopy and
+    .to() keep the order, and autograd gives each gradient the parameter's order. From about 64 rows up (training,
+    evaluation) sgemm returns bit-identical results for either order; below, the last bit may differ."""
+    return w.t().contiguous().t()
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -142,6 +155,9 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():  # GPT-2: scale the residual projections by depth
             if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        for m in self.modules():  # each Linear's W (out, in) lies in memory as Wᵀ (in, out): see in_out_order
+            if isinstance(m, nn.Linear):
+                m.weight = nn.Parameter(in_out_order(m.weight.detach()))
 
     @staticmethod
     def _init_weights(m):

@@ -1,4 +1,4 @@
-"""AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", 2019), written out.
+"""AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", 2019) and gradient-norm clipping, written out.
 
 Why not torch.optim.AdamW: constructing any torch.optim optimiser imports torch's compiler stack
 (torch._dynamo), which costs ~1.4 s per process on a 2-core CPU — 15% of a 10-second RL run. This
@@ -51,3 +51,24 @@ class AdamW:
         self.param_groups[0]["lr"] = state["lr"]
         for mine, saved in zip(self.m + self.v, state["m"] + state["v"]):
             mine.copy_(saved)
+
+
+@torch.no_grad()
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """Scale the gradients so their global L2 norm is at most max_norm: g ← g · min(1, max_norm / (‖g‖ + 1e-6)),
+    ‖g‖ over all parameters as one vector. -> ‖g‖ before clipping (a 0-dim tensor).
+
+    torch.nn.utils.clip_grad_norm_ computes the same, to the bit (tests/test_optim.py), but multiplies every
+    gradient by the coefficient even when it is exactly 1, so as not to make a GPU wait for the comparison. Here
+    the norm is read at once anyway (it is logged), and skipping that no-op halves the clip: one GRPO step of
+    bench's 4 x 128 step model, 52 gradients, 0.45 -> 0.22 ms (one thread). A NaN norm still reaches every
+    gradient, as in torch."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    coef = max_norm / (norm + 1e-6)
+    if not bool(coef >= 1.0):  # coef < 1, or NaN
+        for g in grads:
+            g.mul_(coef)
+    return norm

@@ -37,7 +37,7 @@ from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_st
                                  save_checkpoint)
 from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
 from minigrpo.metrics import JsonlLogger
-from minigrpo.optim import AdamW
+from minigrpo.optim import AdamW, clip_grad_norm
 from minigrpo.preserve import Anchor, anchor_loss, make_anchor
 from minigrpo.rewards import RewardError, make_reward
 from minigrpo.rl_config import RLConfig, check_rl_config
@@ -165,7 +165,7 @@ class Run:
     def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        norm = clip_grad_norm(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
         opt.step()
         return float(norm)
 

@@ -61,15 +61,21 @@ def test_decoder_refuses_to_run_past_block_size():
             decode(torch.full((2, 1), 3), torch.full((2, 1), 6), cache)
 
 
-def test_decoder_keeps_the_weights_it_was_built_with():
-    """A Decoder is a snapshot of the linear layers: generate() builds one per call, after any update."""
+def test_decoder_uses_the_models_linear_weights_as_they_lie_and_copies_any_other_order():
+    """GPT keeps each Linear weight in (in, out) memory order, so the Decoder needs no copy of it; a model whose
+    weights are ordinary (out, in) tensors decodes the same, through copies."""
     model, x = model_of(), torch.randint(3, 11, (2, 4))
     decode = Decoder(model)
+    qkv = model.blocks[0].attn.qkv.weight
+    assert decode.layers[0][1][1].data_ptr() == qkv.data_ptr()  # the (in, out) matrix is the weight's own memory
     with torch.no_grad():
-        before = decode(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4))
-        model.blocks[0].mlp[0].weight.add_(torch.randn_like(model.blocks[0].mlp[0].weight))
-        assert torch.equal(decode(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)), before)
-        assert not torch.allclose(Decoder(model)(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)), before)
+        want = decode(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4))
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight = torch.nn.Parameter(m.weight.detach().contiguous())  # (out, in), as nn.Linear makes it
+        other = Decoder(model)
+        assert other.layers[0][1][1].is_contiguous() and other.layers[0][1][1].data_ptr() != qkv.data_ptr()
+        assert (other(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)) - want).abs().max() < 1e-12
 
 
 call = Decoder.__call__  # the original, for the spy below

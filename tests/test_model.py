@@ -1,6 +1,7 @@
-import torch
-
 import math
+import tempfile
+
+import torch
 
 from minigrpo.model import GPT, GPTConfig, KVCache, attention, positions
 
@@ -127,3 +128,36 @@ def test_causal_mask_of_one_query_is_the_general_mask():
         want = (((k_abs <= q_abs) & key_mask[:, None, : offset + 1]) | (k_abs == q_abs))[:, None]
         assert torch.equal(causal_mask(offset, 1, key_mask), want)
     assert causal_mask(3, 1, None) is None
+
+
+def test_linear_weights_lie_in_in_out_order_through_copies_loads_and_training():
+    """model.in_out_order: each Linear weight keeps nn.Linear's (out, in) shape and values, but w.t() is contiguous,
+    and stays so wherever a model goes: deepcopy, .double(), load_state_dict, a checkpoint, a backward and AdamW."""
+    import copy
+
+    from minigrpo.checkpoint import load_checkpoint, save_checkpoint
+    from minigrpo.optim import AdamW
+    from minigrpo.tokenizer import CharTokenizer
+
+    def linear_weights(m):
+        return [mod.weight for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+
+    def in_out(m):
+        ws = linear_weights(m)
+        return len(ws) == 4 * m.cfg.n_layer and all(w.t().is_contiguous() and not w.is_contiguous() for w in ws)
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    qkv = model.blocks[0].attn.qkv.weight
+    assert qkv.shape == (24, 8) and in_out(model)
+    opt = AdamW(model.parameters(), lr=1e-2)
+    model(torch.randint(0, 11, (3, 8))).logsumexp(-1).mean().backward()
+    assert qkv.grad.stride() == qkv.stride()  # autograd gives the gradient the weight's order
+    opt.step()
+    assert in_out(model) and opt.m[[p is qkv for p in opt.params].index(True)].stride() == qkv.stride()
+    twin = GPT(model.cfg)
+    twin.load_state_dict(model.state_dict())
+    assert in_out(twin) and in_out(copy.deepcopy(model)) and in_out(copy.deepcopy(model).double())
+    with tempfile.TemporaryDirectory() as d:
+        save_checkpoint(f"{d}/m.pt", model, CharTokenizer("abcdefgh"), "food", step=1)
+        loaded, _, _ = load_checkpoint(f"{d}/m.pt")
+    assert in_out(loaded) and all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))

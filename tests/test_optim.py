@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from minigrpo.optim import AdamW
+from minigrpo.optim import AdamW, clip_grad_norm
 
 
 def test_matches_torch_adamw_step_for_step():
@@ -37,3 +38,26 @@ def test_state_dict_round_trip_continues_identically():
     step(model, opt)
     step(twin, twin_opt)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1e9, float("inf")])
+def test_clip_grad_norm_is_torchs_to_the_bit(max_norm):
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(*s)) for s in [(7, 3), (3,), (64, 5)]]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    for p, q in zip(a, b):
+        p.grad = torch.randn_like(p) * 0.1
+        q.grad = p.grad.clone()
+    ours = clip_grad_norm(a, max_norm)
+    theirs = torch.nn.utils.clip_grad_norm_(b, max_norm)
+    assert torch.equal(ours, theirs)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(a, b))
+    if max_norm < 1:  # it did clip: the new norm is max_norm
+        assert abs(torch.cat([p.grad.flatten() for p in a]).norm().item() - max_norm) < 1e-6
+
+
+def test_clip_grad_norm_lets_a_nan_through_like_torch():
+    a = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    a[0].grad, a[1].grad = torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([3.0, 4.0])
+    assert torch.isnan(clip_grad_norm(a, 1.0))
+    assert torch.isnan(a[1].grad).all()  # torch multiplies every gradient by the NaN coefficient too
