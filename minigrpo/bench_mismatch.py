@@ -165,7 +165,7 @@ def bench_exact(out: Path, init: Path) -> str:
 
 def bench_runs(out: Path, init: Path, seeds: int, jobs: int) -> str:
     """Part 2 (module docstring): whole runs with each mismatch and correction."""
-    configs = [("default (on-policy)", [])] + [(f"{m} | {c}", margs + cargs) for m, margs in RUN_MISMATCHES.items()
+    configs = [("default (on-policy)", [])] + [(f"{m} + {c}", margs + cargs) for m, margs in RUN_MISMATCHES.items()
                                                for c, cargs in RUN_CORRECTIONS.items()]
     runs = [(f"{label}|{s}", ["minigrpo.grpo", "--reward", "pizza", *args, "--init", str(init), "--seed", str(s),
                               "--no-plot"], out / "mismatch" / f"c{i}" / f"s{s}")
