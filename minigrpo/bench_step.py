@@ -2,8 +2,9 @@
 
 Issue 13's setting: a 4-layer, 4-head, 128-wide GPT over the food task's 27 ids, 1 prompt ('ravin likes ') x 8
 completions, at most 12 new tokens, μ = 1, TRL's default β (0 in trl 1.16) and lr (1e-6), AdamW, a trivial reward
-(the share of 'a'), one thread. Both sides start from the SAME random weights (ours copied into GPT-2's layout; the
-table prints the largest logit difference), so their completions share one length distribution (means printed).
+(the share of 'a'), one thread. Both sides start from the SAME random weights (ours copied into GPT-2's layout, which
+is ours transposed; the table prints the largest logit difference), so their completions share one length
+distribution (means printed).
   minigrpo  rollout.collect (KV-cache sampling, reward, and by default π_ref's log-probs for the rollout's KL) +
             GRPO.update (advantages, loss, backward, clip, AdamW) through Run.clip_and_step: the library's code, with
             no anchor, trust region or exact evaluation (TRL has none). Timed three ways: the default; with
@@ -13,10 +14,11 @@ table prints the largest logit difference), so their completions share one lengt
             character-level PreTrainedTokenizerFast; a step is on_step_begin to on_step_end (generation, reward,
             loss, backward, clip, optimizer step; data loading and the logging hook fall outside, as ours do).
 They alternate in rounds (the order rotating), a warm-up step then the round's timed steps, so load on a shared
-machine falls on all alike. Reported: median (min–max) ms per step, and each median over TRL's with the range of the
-per-round ratios. Without trl the ratio goes through a recorded paired figure (ours with the plain forward over
-TRL's on the 2-core x86_64 machine of the README, trl 1.16.0: RECORDED x ours / ours-plain), and the table says so;
-that ratio depends on the machine, so trust a paired run.
+machine falls on all alike; each round seeds TRL anew, so both sides time fresh completions (with one seed TRL
+repeated the same ones every round). Reported: median (min–max) ms per step, and each median over TRL's with the
+range of the per-round ratios. Without trl the ratio goes through a recorded paired figure (ours with the plain
+forward over TRL's on the 2-core x86_64 machine of the README, trl 1.16.0: RECORDED x ours / ours-plain), and the
+table says so; that ratio depends on the machine, so trust a paired run.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from minigrpo.tokenizer import SPECIALS, CharTokenizer
 from toy_tasks.food import ALPHABET
 
 PROMPT, BLOCK, LR = "ravin likes ", 32, 1e-6  # LR: TRL's default, on both sides
-RECORDED = 0.56  # ours (plain forward) / TRL's GRPOTrainer, paired here 3 times: 0.56, 0.57, 0.56 (2026-11-25)
+RECORDED = 0.56  # ours (plain forward) / TRL's GRPOTrainer, paired here: 0.56, 0.57, 0.56; then with the (in, out)
+# weight order and 8 rounds 0.55, 0.55, 0.58, 0.57, 0.57 (2026-11-25)
 OURS, PLAIN, TRL = "minigrpo (default)", "minigrpo, plain forward", "TRL GRPOTrainer"
 NO_KL = "minigrpo --no-rollout-kl (TRL's work at β = 0)"
 
