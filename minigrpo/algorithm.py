@@ -32,3 +32,9 @@ class Algorithm(Protocol):
         """The algorithm's own state for checkpoints (not the policy's, not the optimiser's)."""
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+def rollout_flags(algo: Algorithm) -> dict:
+    """What rollout.collect takes from an algorithm: which log-probs and logits to compute, and the sampler."""
+    return {"ref_logp": algo.needs_ref, "keep_ref_logits": algo.needs_ref_logits, "old_logp": algo.needs_old_logp,
+            "sampler": algo.sampler}

@@ -36,6 +36,7 @@ from types import SimpleNamespace
 import torch
 
 from minigrpo import logprobs, sampling
+from minigrpo.algorithm import rollout_flags
 from minigrpo.bench_rl import table
 from minigrpo.bench_speed import timed
 from minigrpo.grpo import GRPO, GRPOConfig
@@ -81,8 +82,7 @@ def our_step(init: GPT, group: int, new_tokens: int, beta: float, seed: int = 0,
 
     def step():
         batch = collect(policy, ref, tok, [PROMPT], group, reward, gen, new_tokens, cfg.temperature,
-                        cfg.unfinished_reward, keep_ref_logits=algo.needs_ref_logits, old_logp=algo.needs_old_logp,
-                        sampler=algo.sampler, ref_logp=algo.needs_ref)
+                        cfg.unfinished_reward, **rollout_flags(algo))
         algo.update(batch, opt)
         step.lengths.append(batch.mask.sum(1).float().mean().item())
     step.lengths = []

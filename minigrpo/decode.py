@@ -35,8 +35,8 @@ class Decoder:
     while the weights stay as they were: generate() builds one per call."""
 
     def __init__(self, model: GPT):
-        c = model.cfg
-        self.block_size, self.n_head, self.head_dim = c.block_size, c.n_head, c.n_embd // c.n_head
+        self.cfg = c = model.cfg
+        self.n_head, self.head_dim = c.n_head, c.n_embd // c.n_head
         ln = lambda m: (m.normalized_shape, m.weight, m.bias, m.eps)  # F.layer_norm's arguments after x
         t = lambda lin: (lin.bias, lin.weight.t().contiguous())  # (bias, W (in, out)) for torch.addmm: GPT's own
         # weights are stored that way (model.in_out_order), so .contiguous() copies only a model built otherwise
@@ -51,8 +51,7 @@ class Decoder:
         position ids; key_mask None (every key real) or (B, ≥ L+T) bool over the L cached keys and the new ones.
         -> logits (B, V) of the token after each row's last new one; cache.length advances by T."""
         (B, T), L, H, D = ids.shape, cache.length, self.n_head, self.head_dim
-        if L + T > self.block_size:
-            raise ValueError(f"sequence of {L + T} tokens exceeds block_size {self.block_size}")
+        self.cfg.check_length(L + T)
         mask = causal_mask(L, T, key_mask, ids.device)  # None for one new token without padding
         x = (F.embedding(ids, self.wte) + F.embedding(pos, self.wpe)).view(B * T, -1)  # (B*T, C)
         for i, (ln1, qkv, proj, ln2, fc, out) in enumerate(self.layers):

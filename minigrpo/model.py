@@ -38,6 +38,11 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 64
 
+    def check_length(self, n: int) -> None:
+        """ValueError unless a sequence of n tokens fits the learned positions (block_size)."""
+        if n > self.block_size:
+            raise ValueError(f"sequence of {n} tokens exceeds block_size {self.block_size}")
+
 
 class KVCache:
     """Keys and values of every layer: k, v of shape (n_layer, B, H, T_max, D); `length` filled so far."""
@@ -180,9 +185,7 @@ class GPT(nn.Module):
         offset = cache.length if cache is not None else 0
         if attn_mask is not None and pos is None:
             raise ValueError("attn_mask needs pos: the position id of each token (a tree's depths)")
-        longest = offset + T if attn_mask is None else int(pos.max()) + 1  # a tree's positions are its depths
-        if longest > self.cfg.block_size:
-            raise ValueError(f"sequence of {longest} tokens exceeds block_size {self.cfg.block_size}")
+        self.cfg.check_length(offset + T if attn_mask is None else int(pos.max()) + 1)  # a tree's positions: depths
         if pos is None:
             pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
         if attn_mask is not None and (key_mask is not None or cache is not None):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.algorithm import Algorithm
+from minigrpo.algorithm import Algorithm, rollout_flags
 from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
                                  save_checkpoint)
 from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
@@ -241,10 +241,8 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                 idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.gens["prompts"]).tolist()
                 batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
                                 r.gens["rollout"], cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
-                                ref_logp=algo.needs_ref, keep_ref_logits=algo.needs_ref_logits,
-                                old_logp=algo.needs_old_logp,
                                 progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions (the "
-                                                            f"reward is slow)"), sampler=algo.sampler)
+                                                            f"reward is slow)"), **rollout_flags(algo))
                 probes = r.probes(batch)
                 guard = StepGuard(r.policy, probes, previous=guard) if probes else None  # the trust region's snapshot
                 stats = algo.update(batch, opt)
