@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.util
 import io
 import json
 import multiprocessing
@@ -77,15 +78,33 @@ def code_version() -> str:
 
 def named_files(cmd: list[str]) -> dict[str, str]:
     """Every existing file the command line names, an argument itself or the part before a ':' (the --init
-    checkpoint, a reward's path/to/file.py:function) -> its content hash (the food checkpoint, 0.4 MB: 0.3 ms)."""
+    checkpoint, a reward's path/to/file.py:function), and the source file of a --reward package.module:function
+    -> its content hash (the food checkpoint, 0.4 MB: 0.3 ms). Only that module's own file: an edit to a module
+    it imports in turn is not seen (delete the runs' folders, or --out elsewhere, to make them again)."""
     paths = {p for arg in cmd[3:] for p in (arg, arg.rpartition(":")[0]) if p and Path(p).is_file()}
+    paths |= {f for i in range(3, len(cmd) - 1) if cmd[i] == "--reward" for f in [reward_module_file(cmd[i + 1])] if f}
     return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16] for p in sorted(paths)}
+
+
+def reward_module_file(spec: str) -> str | None:
+    """The source file of the module in a reward spec 'package.module:function' (None for a file path, a built-in
+    reward such as 'food:pizza', or a module without a .py source), found without running the module itself
+    (importlib.util.find_spec imports its parent packages only)."""
+    target, sep, fn = spec.rpartition(":")
+    if not sep or not fn.isidentifier() or not target or target.endswith(".py") or "/" in target or "," in spec:
+        return None
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        return None
+    origin = found.origin if found is not None else None
+    return origin if origin and origin.endswith(".py") and Path(origin).is_file() else None
 
 
 def stamp_of(cmd: list[str]) -> dict:
     """What compare_command.json holds: the run's command line (after the interpreter), the code that ran it and the
     content of the files it names. A finished run is kept only if all three match: a re-pretrained --init
-    checkpoint or an edited reward file makes the run again."""
+    checkpoint, an edited reward file or reward module makes the run again."""
     return {"command": cmd[1:], "code": code_version(), "files": named_files(cmd)}
 
 

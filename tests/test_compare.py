@@ -124,3 +124,28 @@ def test_a_finished_run_is_kept_only_while_its_named_files_are_unchanged(tmp_pat
     assert pool.finished_by(run, cmd)
     (tmp_path / "init.pt").write_bytes(b"other weights")
     assert not pool.finished_by(run, cmd), "a re-pretrained checkpoint kept the old run"
+
+
+def test_a_reward_module_is_stamped_by_its_source(tmp_path, monkeypatch):
+    """A --reward package.module:function is stamped by its module's source file (found, not run), so editing the
+    module makes compare's runs again; built-in rewards and file paths are not taken for modules."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scores.py").write_text("raise RuntimeError('find_spec must not run the module')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    source = str(pkg / "scores.py")
+    assert pool.reward_module_file("mypkg.scores:f") == source
+    for spec in ("food:pizza", "food:apple pie", "exact:ravin likes pizza", "regex:a.b", "r.py:f", "dir/r.py:f",
+                 "nosuchpkg.mod:f", "mypkg.missing:f", "pizza=1,length=0.1"):
+        assert pool.reward_module_file(spec) is None, spec
+    cmd = [sys.executable, "-m", "minigrpo.grpo", "--reward", "mypkg.scores:f", "--out", str(tmp_path / "run")]
+    assert set(pool.named_files(cmd)) == {source}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
+    assert pool.finished_by(run, cmd)
+    (pkg / "scores.py").write_text("def f(p, c):\n    return 0.0\n")
+    assert not pool.finished_by(run, cmd), "an edited reward module kept the old run"
