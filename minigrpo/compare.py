@@ -11,9 +11,10 @@ minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fi
 fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
 --budget goal lets each run stop at its goal as the trainers do by default. A run whose folder already
 holds a finished run of exactly the same command, code and input files is kept (pool.stamp_of: the command,
-a hash of minigrpo/'s and toy_tasks/' source and torch's version, and the content of the --init checkpoint and
-of a reward file), so rerunning after an interruption only runs what is missing; any other flag, an edit of
-the library, another torch, a re-pretrained checkpoint or an edited reward file reruns it. A later invocation
+a hash of minigrpo/'s and toy_tasks/' source and torch's version, and the content of the --init checkpoint, of
+a reward file and of a package.module:function reward's module file), so rerunning after an interruption only
+runs what is missing; any other flag, an edit of the library, another torch, a re-pretrained checkpoint or an
+edited reward reruns it. A later invocation
 for a subset of the algorithms keeps the others' finished runs of the same flags in the table and figures
 (runs of other flags are left out).
 The arguments are checked before any run starts; a failed run is reported with its error while the
