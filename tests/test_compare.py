@@ -104,6 +104,14 @@ def test_dpo_and_online_dpo_map_to_minigrpo_dpo(tmp_path, tiny_pretrained):
     check_all(["dpo", "online_dpo"], cfg, ["--init", str(init), "--offline-samples", "32"], "food")  # DPOConfig's flags
 
 
+def finished_run(run, cmd):
+    """A folder that looks like a finished run of `cmd`, stamped now (pool.stamp_of)."""
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
+    return run
+
+
 def test_a_finished_run_is_kept_only_while_its_named_files_are_unchanged(tmp_path, monkeypatch):
     """pool.stamp_of holds the content hash of every file the command line names (the --init checkpoint, a reward
     file.py:fn), so a re-pretrained checkpoint or an edited reward file makes the run again."""
@@ -113,10 +121,7 @@ def test_a_finished_run_is_kept_only_while_its_named_files_are_unchanged(tmp_pat
     cmd = [sys.executable, "-m", "minigrpo.grpo", "--init", "init.pt", "--reward", "r.py:f", "--reward", "food:pizza",
            "--out", str(tmp_path / "run")]
     assert set(pool.named_files(cmd)) == {"init.pt", "r.py"}  # not the folder, not "food:pizza"
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "summary.json").write_text("{}")
-    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
+    run = finished_run(tmp_path / "run", cmd)
     assert pool.finished_by(run, cmd)
     (tmp_path / "r.py").write_text("def f(p, c):\n    return 0.0\n")
     assert not pool.finished_by(run, cmd), "an edited reward file kept the old run"
@@ -142,10 +147,7 @@ def test_a_reward_module_is_stamped_by_its_source(tmp_path, monkeypatch):
         assert pool.reward_module_file(spec) is None, spec
     cmd = [sys.executable, "-m", "minigrpo.grpo", "--reward", "mypkg.scores:f", "--out", str(tmp_path / "run")]
     assert set(pool.named_files(cmd)) == {source}
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "summary.json").write_text("{}")
-    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
+    run = finished_run(tmp_path / "run", cmd)
     assert pool.finished_by(run, cmd)
     (pkg / "scores.py").write_text("def f(p, c):\n    return 0.0\n")
     assert not pool.finished_by(run, cmd), "an edited reward module kept the old run"
