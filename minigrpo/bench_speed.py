@@ -2,7 +2,8 @@
 
     sampling  the KV-cache sampler against the slow full-recompute path (batch 8, 64, 512; 16 new tokens)
               and their log-prob agreement, on the default food model's shape
-    threads   one pretraining step on 1 and 2 threads, with the load average beside it
+    threads   one pretraining step on 1 and 2 threads, as the machine is and beside a busy neighbour, and what
+              --threads 0 picks in each case
     scale     a 6-layer 384-wide model (10.6M parameters, 100x the default): one training step and
               KV-cache sampling on --device; the size where a GPU wins (not in the default sections:
               it takes about half a minute on one CPU thread)
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from minigrpo.bench_rl import table
 from minigrpo.model import GPT, GPTConfig
 from minigrpo.optim import AdamW
+from minigrpo.runtime import auto_threads
 from minigrpo.sampling import generate
 
 
@@ -75,17 +79,29 @@ def _train_step(model, x):
 
 
 def bench_threads(device) -> str:
+    """One pretraining step on 1 and 2 threads, on the machine as it is and beside a busy neighbour (a process
+    spinning on one core), and what --threads 0 (runtime.auto_threads) picks in each case."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=26, block_size=32)).to(device)
     step = _train_step(model, torch.randint(0, 26, (128, 24), device=device))
-    rows = []
-    for n in (1, 2):
-        torch.set_num_threads(n)
-        rows.append([n, f"{1000 * _time(step, 10):.1f}"])
-    torch.set_num_threads(1)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return table(f"threads: one pretraining step (batch 128 x 23 tokens), 1-min load average {load:.2f}",
-                 ["threads", "ms/step (median of 10)"], rows)
+    columns = {}
+    for label in ("as it is", "beside a busy neighbour"):
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if label != "as it is" else None
+        try:
+            time.sleep(0.3 if neighbour else 0)  # it is spinning
+            picked = auto_threads()
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                columns.setdefault(n, []).append(f"{1000 * _time(step, 10):.1f}" + " (--threads 0)" * (n == picked))
+        finally:
+            if neighbour:
+                neighbour.kill()
+                neighbour.wait()
+    torch.set_num_threads(1)
+    return table(f"threads: one pretraining step (batch 128 x 23 tokens), 1-min load average {load:.2f} before",
+                 ["threads", "ms/step, the machine as it is", "ms/step beside a busy neighbour (one core spinning)"],
+                 [[n, *cells] for n, cells in columns.items()])
 
 
 def bench_scale(device) -> str:

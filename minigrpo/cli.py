@@ -1,5 +1,5 @@
-"""What every command line shares: a dataclass config turned into argparse flags, one-line errors,
-thread and device set-up, and the output folder.
+"""What every command line shares: a dataclass config turned into argparse flags, one-line errors, and the
+output folder (threads and the device: runtime.py).
 
 A config is a dataclass whose fields carry `help` (and optionally `choices`) in their metadata:
 
@@ -29,8 +29,6 @@ import sys
 import types
 import typing
 from pathlib import Path
-
-import torch
 
 
 def meta(help_text: str, **extra) -> dict:
@@ -168,35 +166,6 @@ def main_guard(main):
             print(f"error: the disk is full{where}; files already written are kept", file=sys.stderr)
             raise SystemExit(2)
     return wrapped
-
-
-def auto_threads() -> int:
-    """Threads for --threads 0: the cores nobody else is using (1-minute load average), at least 1.
-
-    On an idle 2-core machine two threads make a pretraining step ~1.6x faster; on a busy one two
-    OpenMP threads can make it many times SLOWER (threads that spin-wait for a core another process
-    holds), so we only take idle cores.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else cores
-    return max(1, min(cores, int(cores - busy + 0.5)))
-
-
-def setup_runtime(threads: int, device: str, seed: int | None = None) -> torch.device:
-    """Set torch's thread count (0 = auto, see `auto_threads`) and pick the device ('auto' = cuda if
-    available, else cpu). `python -m minigrpo.bench` measures the thread settings."""
-    if threads < 0:
-        raise UsageError(f"--threads must be >= 0 (0 = auto), got {threads}")
-    torch.set_num_threads(threads or auto_threads())
-    if device not in ("auto", "cpu", "cuda"):
-        raise UsageError(f"--device must be auto, cpu or cuda, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for but no CUDA GPU is available (use --device cpu)")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if seed is not None:
-        torch.manual_seed(seed)
-    return torch.device(device)
 
 
 RUN_FILES = ("model.pt", "metrics.jsonl", "summary.json", "config.json")  # any of these: a run lives here

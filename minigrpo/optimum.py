@@ -27,8 +27,9 @@ import torch
 
 from minigrpo import frontier as F
 from minigrpo.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.cli import UsageError, main_guard, meta, parse_config, setup_runtime, write_atomic
+from minigrpo.cli import UsageError, main_guard, meta, parse_config, write_atomic
 from minigrpo.rewards import RewardError, make_reward, score
+from minigrpo.runtime import setup_runtime
 from toy_tasks import food
 from toy_tasks.support import reward_table
 

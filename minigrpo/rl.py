@@ -35,7 +35,7 @@ import torch
 from minigrpo.algorithm import Algorithm, rollout_flags
 from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
                                  save_checkpoint)
-from minigrpo.cli import UsageError, prepare_out, setup_runtime, write_json
+from minigrpo.cli import UsageError, prepare_out, write_json
 from minigrpo.metrics import JsonlLogger
 from minigrpo.optim import AdamW, clip_grad_norm
 from minigrpo.preserve import Anchor, anchor_loss, make_anchor
@@ -43,6 +43,7 @@ from minigrpo.rewards import RewardError, make_reward
 from minigrpo.rl_config import RLConfig, check_rl_config
 from minigrpo.rl_report import StopOnCtrlC, draw_figure, flat, progress_line, write_samples
 from minigrpo.rollout import collect
+from minigrpo.runtime import setup_runtime
 from minigrpo.stopping import Peaks, StopRule
 from minigrpo.trust_region import StepGuard
 from toy_tasks import get_task

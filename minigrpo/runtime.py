@@ -1,0 +1,60 @@
+"""What a run runs on: torch's CPU threads and the device, chosen once at a command's start (`setup_runtime`).
+
+Every CLI defaults to one thread, so that a seed gives the same figures whatever else the machine is doing, and so
+that runs side by side (compare's workers, bench's pairs) never compete for cores inside one process. `--threads 0`
+takes the idle cores (`auto_threads`); `python -m minigrpo.bench --only threads` measures both cases, idle and beside
+a busy neighbour.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from minigrpo.cli import UsageError
+
+
+def auto_threads(load: tuple[float, int] | None = None) -> int:
+    """Threads for --threads 0: the cores nobody else is using, at least 1. load: (1-minute load average, tasks
+    running now besides this process); None reads them (`busy_now`).
+
+    On an idle 2-core machine two threads make a pretraining step ~1.7x faster; beside a busy neighbour two
+    OpenMP threads make it SLOWER than one (threads that spin-wait for a core another process holds: 51 against
+    38 ms, `bench --only threads`), so we only take idle cores. The load average lags (a neighbour that started
+    seconds ago is hardly in it) and the running count is a snapshot (it misses a neighbour between its bursts),
+    so a core counts as busy if either says so.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    average, running = busy_now() if load is None else load
+    busy = max(average, running)
+    return max(1, min(cores, int(cores - busy + 0.5)))
+
+
+def busy_now(loadavg: str | None = None) -> tuple[float, int]:
+    """(the 1-minute load average, the tasks running right now other than this one), from /proc/loadavg's first and
+    fourth fields on Linux (loadavg: its text, None reads it; "0.61 0.85 0.87 2/80 2179": 2 running, this process one
+    of them); elsewhere the load average alone (every core busy where there is none: one thread)."""
+    try:
+        fields = (Path("/proc/loadavg").read_text() if loadavg is None else loadavg).split()
+        return float(fields[0]), max(0, int(fields[3].split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        return (os.getloadavg()[0] if hasattr(os, "getloadavg") else float(os.cpu_count() or 1)), 0
+
+
+def setup_runtime(threads: int, device: str, seed: int | None = None) -> torch.device:
+    """Set torch's thread count (0 = auto, see `auto_threads`) and pick the device ('auto' = cuda if
+    available, else cpu). `python -m minigrpo.bench` measures the thread settings."""
+    if threads < 0:
+        raise UsageError(f"--threads must be >= 0 (0 = auto), got {threads}")
+    torch.set_num_threads(threads or auto_threads())
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA GPU is available (use --device cpu)")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if seed is not None:
+        torch.manual_seed(seed)
+    return torch.device(device)
