@@ -86,10 +86,10 @@ def bench_threads(device) -> str:
     step = _train_step(model, torch.randint(0, 26, (128, 24), device=device))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     columns = {}
-    for label in ("as it is", "beside a busy neighbour"):
-        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if label != "as it is" else None
+    for busy in (False, True):
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
         try:
-            time.sleep(0.3 if neighbour else 0)  # it is spinning
+            time.sleep(0.3 if busy else 0)  # the neighbour is spinning by then
             picked = auto_threads()
             for n in (1, 2):
                 torch.set_num_threads(n)

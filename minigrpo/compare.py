@@ -14,9 +14,8 @@ holds a finished run of exactly the same command, code and input files is kept (
 a hash of minigrpo/'s and toy_tasks/' source and torch's version, and the content of the --init checkpoint, of
 a reward file and of a package.module:function reward's module file), so rerunning after an interruption only
 runs what is missing; any other flag, an edit of the library, another torch, a re-pretrained checkpoint or an
-edited reward reruns it. A later invocation
-for a subset of the algorithms keeps the others' finished runs of the same flags in the table and figures
-(runs of other flags are left out).
+edited reward reruns it. A later invocation for a subset of the algorithms keeps the others' finished runs of
+the same flags in the table and figures (runs of other flags are left out).
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
