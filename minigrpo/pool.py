@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-import importlib.util
 import io
 import json
 import multiprocessing
@@ -37,6 +36,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from minigrpo.cli import release_out
+from minigrpo.rewards import module_file
 
 
 def run_in_process(module: str, argv: list[str]) -> str | None:
@@ -82,23 +82,9 @@ def named_files(cmd: list[str]) -> dict[str, str]:
     -> its content hash (the food checkpoint, 0.4 MB: 0.3 ms). Only that module's own file: an edit to a module
     it imports in turn is not seen (delete the runs' folders, or --out elsewhere, to make them again)."""
     paths = {p for arg in cmd[3:] for p in (arg, arg.rpartition(":")[0]) if p and Path(p).is_file()}
-    paths |= {f for i in range(3, len(cmd) - 1) if cmd[i] == "--reward" for f in [reward_module_file(cmd[i + 1])] if f}
+    rewards = (cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i] == "--reward")
+    paths |= {f for f in map(module_file, rewards) if f}
     return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16] for p in sorted(paths)}
-
-
-def reward_module_file(spec: str) -> str | None:
-    """The source file of the module in a reward spec 'package.module:function' (None for a file path, a built-in
-    reward such as 'food:pizza', or a module without a .py source), found without running the module itself
-    (importlib.util.find_spec imports its parent packages only)."""
-    target, sep, fn = spec.rpartition(":")
-    if not sep or not fn.isidentifier() or not target or target.endswith(".py") or "/" in target or "," in spec:
-        return None
-    try:
-        found = importlib.util.find_spec(target)
-    except (ImportError, ValueError):
-        return None
-    origin = found.origin if found is not None else None
-    return origin if origin and origin.endswith(".py") and Path(origin).is_file() else None
 
 
 def stamp_of(cmd: list[str]) -> dict:

@@ -93,6 +93,21 @@ def load_user_function(spec: str) -> RewardFn:
     return fn
 
 
+def module_file(spec: str) -> str | None:
+    """The source file `load_user_function` would import for a 'package.module:function' spec, found without
+    running the module (importlib.util.find_spec imports its parent packages only); None for a file path, a
+    built-in reward such as 'food:pizza', or a module without a .py source. compare stamps its runs with it."""
+    target, sep, fn_name = spec.rpartition(":")
+    if not sep or not fn_name.isidentifier() or not target or target.endswith(".py") or "/" in target or "," in spec:
+        return None
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        return None
+    origin = found.origin if found is not None else None
+    return origin if origin and origin.endswith(".py") and Path(origin).is_file() else None
+
+
 def make_reward(spec: str, task_rewards: dict[str, Callable[[str], RewardFn | None]] | None = None,
                 task_help: dict[str, str] | None = None) -> Reward:
     """Build the reward named by `spec` (see module docstring).

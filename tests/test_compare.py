@@ -7,6 +7,7 @@ import pytest
 
 from minigrpo import metrics, pool
 from minigrpo.compare import main
+from minigrpo.rewards import module_file
 
 TINY = ["--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
 
@@ -141,10 +142,10 @@ def test_a_reward_module_is_stamped_by_its_source(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     source = str(pkg / "scores.py")
-    assert pool.reward_module_file("mypkg.scores:f") == source
+    assert module_file("mypkg.scores:f") == source
     for spec in ("food:pizza", "food:apple pie", "exact:ravin likes pizza", "regex:a.b", "r.py:f", "dir/r.py:f",
                  "nosuchpkg.mod:f", "mypkg.missing:f", "pizza=1,length=0.1"):
-        assert pool.reward_module_file(spec) is None, spec
+        assert module_file(spec) is None, spec
     cmd = [sys.executable, "-m", "minigrpo.grpo", "--reward", "mypkg.scores:f", "--out", str(tmp_path / "run")]
     assert set(pool.named_files(cmd)) == {source}
     run = finished_run(tmp_path / "run", cmd)
