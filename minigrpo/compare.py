@@ -37,12 +37,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench_rl import first_reaching, med, quality_ok
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out
+from minigrpo.bench.common import first_reaching, med, quality_ok
 from minigrpo.grpo import PRESETS
 from minigrpo.metrics import read_jsonl
-from minigrpo.pool import finished_by, run_one, run_pool
-from minigrpo.rl_config import default_out
+from minigrpo.tools.pool import finished_by, run_one, run_pool
+from minigrpo.rl.config import default_out
 
 DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
                "passes through to the trainers (see python -m minigrpo.grpo --help).")
@@ -99,8 +99,8 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     from minigrpo.dpo import DPOConfig
     from minigrpo.grpo import GRPOConfig
     from minigrpo.ppo import PPOConfig
-    from minigrpo.rewards import RewardError, make_reward
-    from minigrpo.rl_config import check_rl_config, parse_rl_config
+    from toy_tasks.rewards import RewardError, make_reward
+    from minigrpo.rl.config import check_rl_config, parse_rl_config
     from toy_tasks import get_task
 
     for algo in algos:
@@ -146,7 +146,7 @@ OPTIMUM_KEYS = ("kl_ref", "regret", "implied_beta", "kl_to_implied_optimum", "kl
 def exact_frontier(passthrough: list[str], reward: str | None):
     """The food task's exact frontier {kl, expected_reward} for the runs' person, reward and --init; None
     for another task or where the reward fails (the runs then say why)."""
-    from minigrpo import frontier
+    from minigrpo.exact import frontier
     from minigrpo.optimum import OptimumConfig, load_problem
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name, default in (("--task", "food"), ("--person", "ravin"), ("--init", "runs/pretrain/model.pt")):

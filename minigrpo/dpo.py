@@ -48,15 +48,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.cli import UsageError, exit_now, main_guard, meta
-from minigrpo.kl import exact
-from minigrpo.losses import aggregate
+from minigrpo.util.cli import UsageError, exit_now, main_guard, meta
+from minigrpo.objectives.kl import exact
+from minigrpo.objectives.losses import aggregate
 from minigrpo.metrics import combine_stats
-from minigrpo.preference import PAIR_MODES, dpo_loss, preference_pairs, sequence_logp
-from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
-from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
-from minigrpo.rollout import RolloutBatch, collect, generation_logprobs
-from minigrpo.sampling import Generation
+from minigrpo.objectives.preference import PAIR_MODES, dpo_loss, preference_pairs, sequence_logp
+from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
+from minigrpo.rl.config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.rl.rollout import RolloutBatch, collect, generation_logprobs
+from minigrpo.lm.sampling import Generation
 
 
 @dataclass

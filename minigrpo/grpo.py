@@ -46,21 +46,21 @@ from dataclasses import replace
 
 import torch
 
-from minigrpo.advantages import (batch_scaled, equal_groups, gpg_scale, group_advantages, remax_advantages,
+from minigrpo.objectives.advantages import (batch_scaled, equal_groups, gpg_scale, group_advantages, remax_advantages,
                                  rloo_advantages)
-from minigrpo.cli import UsageError, exit_now, main_guard
-from minigrpo.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
+from minigrpo.util.cli import UsageError, exit_now, main_guard
+from minigrpo.objectives.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
                                       top_entropy_mask)
-from minigrpo.grpo_config import (LOSS_HYPER, PRESETS, SEQUENCE_LOSSES, GRPOConfig, check_grpo_config, is_band,
+from minigrpo.variants.grpo_config import (LOSS_HYPER, PRESETS, SEQUENCE_LOSSES, GRPOConfig, check_grpo_config, is_band,
                                   mismatch)
-from minigrpo.kl import ALL_ESTIMATORS, ESTIMATORS, exact, k3_iw
-from minigrpo.losses import aggregate, entropy, forking_token_mask, surrogate_stats
+from minigrpo.objectives.kl import ALL_ESTIMATORS, ESTIMATORS, exact, k3_iw
+from minigrpo.objectives.losses import aggregate, entropy, forking_token_mask, surrogate_stats
 from minigrpo.metrics import combine_stats
-from minigrpo.policy_losses import POLICY_LOSSES
-from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
-from minigrpo.rl_config import parse_rl_config
-from minigrpo.is_correction import correction
-from minigrpo.rollout import RolloutBatch, Sampler, generation_logprobs, greedy_rewards
+from minigrpo.objectives.policy_losses import POLICY_LOSSES
+from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
+from minigrpo.rl.config import parse_rl_config
+from minigrpo.objectives.importance import correction
+from minigrpo.rl.rollout import RolloutBatch, Sampler, generation_logprobs, greedy_rewards
 
 __all__ = ["GRPO", "GRPOConfig", "PRESETS", "advantages", "grpo_loss", "kl_per_token", "main", "train"]
 

@@ -96,8 +96,8 @@ def plot_panels(rows: list[dict], panels: list[tuple[str, list[str]]], path, x: 
 
 def main(argv=None):
     """Draw the metrics.png of each RL run folder named on the command line."""
-    from minigrpo.cli import UsageError, main_guard
-    from minigrpo.rl_report import draw_figure
+    from minigrpo.util.cli import UsageError, main_guard
+    from minigrpo.rl.report import draw_figure
 
     @main_guard
     def draw(folders):

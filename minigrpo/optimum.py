@@ -11,7 +11,7 @@ on malformed completions ("" and "pizzza"): every food reward is constant there 
 food:<food>, −1 for graded), and then every figure is exact. A reward that differs on the two probes is
 not constant off the support: the bucket takes the lower value and the output says the malformed figures
 are then a bound (a lower bound on the frontier, if no malformed completion pays less).
-The math is minigrpo/frontier.py (π*_β ∝ π_ref·e^{r/β}; Rafailov et al. 2305.18290 eq. 4).
+The math is minigrpo/exact/frontier.py (π*_β ∝ π_ref·e^{r/β}; Rafailov et al. 2305.18290 eq. 4).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from minigrpo import frontier as F
-from minigrpo.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.cli import UsageError, main_guard, meta, parse_config, write_atomic
-from minigrpo.rewards import RewardError, make_reward, score
-from minigrpo.runtime import setup_runtime
+from minigrpo.exact import frontier as F
+from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, write_atomic
+from toy_tasks.rewards import RewardError, make_reward, score
+from minigrpo.util.runtime import setup_runtime
 from toy_tasks import food
 from toy_tasks.support import reward_table
 

@@ -39,15 +39,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from minigrpo.advantages import explained_variance, gae, whiten
-from minigrpo.cli import UsageError, exit_now, main_guard, meta
-from minigrpo.kl import exact, k1
-from minigrpo.logprobs import shifted_forward
-from minigrpo.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
+from minigrpo.objectives.advantages import explained_variance, gae, whiten
+from minigrpo.util.cli import UsageError, exit_now, main_guard, meta
+from minigrpo.objectives.kl import exact, k1
+from minigrpo.lm.logprobs import shifted_forward
+from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 from minigrpo.metrics import combine_stats
-from minigrpo.rl import COST_PANELS, OUTCOME_PANELS, run
-from minigrpo.rl_config import RLConfig, check_ranges, parse_rl_config
-from minigrpo.rollout import RolloutBatch, generation_logprobs
+from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, run
+from minigrpo.rl.config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.rl.rollout import RolloutBatch, generation_logprobs
 from toy_tasks.oracle import prefix_values
 
 

@@ -33,14 +33,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from minigrpo.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from minigrpo.cli import (UsageError, check_positive, exit_now, main_guard, parse_config, prepare_out,
+from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from minigrpo.util.cli import (UsageError, check_positive, exit_now, main_guard, parse_config, prepare_out,
                           write_json)
 from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.optim import AdamW
-from minigrpo.runtime import setup_runtime
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.optim import AdamW
+from minigrpo.util.runtime import setup_runtime
+from minigrpo.lm.tokenizer import CharTokenizer
 from toy_tasks import get_task, task_defaults
 
 

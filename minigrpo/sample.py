@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.cli import UsageError, check_positive, exit_now, main_guard, parse_config
-from minigrpo.runtime import setup_runtime
-from minigrpo.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint
+from minigrpo.util.cli import UsageError, check_positive, exit_now, main_guard, parse_config
+from minigrpo.util.runtime import setup_runtime
+from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 
 
 @dataclass

@@ -23,7 +23,7 @@ NAN = float("nan")
 @pytest.fixture(scope="session")
 def tiny_pretrained(tmp_path_factory):
     """A tiny food model pretrained for a few seconds: (checkpoint path, model, tokenizer)."""
-    from minigrpo.checkpoint import load_checkpoint
+    from minigrpo.lm.checkpoint import load_checkpoint
     from minigrpo.pretrain import PretrainConfig, train
 
     out = tmp_path_factory.mktemp("pretrain")

@@ -1,4 +1,4 @@
-"""Properties of minigrpo/advantages.py. Each test's name is the property it proves; a failure says which
+"""Properties of minigrpo/objectives/advantages.py. Each test's name is the property it proves; a failure says which
 property broke and on what input. Float64 wherever a tolerance matters."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, call, garbage, naive_gae, right_padded
-from minigrpo.advantages import batch_scaled, explained_variance, gae, group_advantages, rloo_advantages, whiten
+from minigrpo.objectives.advantages import batch_scaled, explained_variance, gae, group_advantages, rloo_advantages, whiten
 
 SCALES = ["group", "batch", "none"]
 
@@ -312,7 +312,7 @@ def test_explained_variance_perfect_constant_and_hand_examples():
 
 # ---- appended: ReMax, REINFORCE-Rej, GPG ----------------------------------------------------------
 
-from minigrpo.advantages import equal_groups, gpg_scale, reject_uniform_groups, remax_advantages  # noqa: E402
+from minigrpo.objectives.advantages import equal_groups, gpg_scale, reject_uniform_groups, remax_advantages  # noqa: E402
 
 
 @SET

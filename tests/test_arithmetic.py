@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigrpo.rewards import make_reward
+from toy_tasks.rewards import make_reward
 from toy_tasks import arithmetic as ar
 from toy_tasks import get_task
 from toy_tasks.support import reward_table
@@ -152,7 +152,7 @@ def test_rewards_never_raise_and_stay_in_range(completion, index):
 
 @pytest.fixture(scope="module")
 def tiny_arith(tmp_path_factory):
-    from minigrpo.checkpoint import load_checkpoint
+    from minigrpo.lm.checkpoint import load_checkpoint
     from minigrpo.pretrain import PretrainConfig, train
 
     out = tmp_path_factory.mktemp("pretrain-arith")

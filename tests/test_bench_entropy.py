@@ -1,4 +1,4 @@
-"""The pure helpers of minigrpo/bench_entropy.py (the bench's `entropy` section), on tiny models and hand-built
+"""The pure helpers of minigrpo/bench/entropy.py (the bench's `entropy` section), on tiny models and hand-built
 numbers: the visit-weighted states of an enumerated tree, the top-ρ share, the fit, the covariance split, and
 that the probed run is the CLI's run."""
 
@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from minigrpo.bench_entropy import State, covariance_split, fit, grpo_run, state_keys, top_share, visited_states
-from minigrpo.entropy_control import token_covariance
-from minigrpo.preserve import build_anchor_tree
-from minigrpo.tokenizer import EOS_ID
+from minigrpo.bench.entropy import State, covariance_split, fit, grpo_run, state_keys, top_share, visited_states
+from minigrpo.objectives.entropy_control import token_covariance
+from minigrpo.rl.preserve import build_anchor_tree
+from minigrpo.lm.tokenizer import EOS_ID
 from test_preserve import PROMPTS, TOK, tiny_gpt  # a 1-layer GPT over BOS, EOS, PAD, a, b; prompts "a", "ba"
 
 
@@ -77,7 +77,7 @@ def test_covariance_split_is_the_law_of_total_covariance():
 
 
 def test_state_keys_share_a_key_exactly_when_prompt_and_prefix_agree():
-    from minigrpo.sampling import Generation
+    from minigrpo.lm.sampling import Generation
     ids = torch.tensor([[0, 3, 3, 4, 1], [0, 3, 3, 4, 3], [0, 4, 3, 4, 1]])  # prompts "aa", "aa", "ba"
     gen = Generation(ids, torch.ones(3, 5, dtype=torch.bool), 3, torch.ones(3, 2, dtype=torch.bool),
                      torch.zeros(3, 2), torch.ones(3, dtype=torch.bool))
@@ -90,7 +90,7 @@ def test_state_keys_share_a_key_exactly_when_prompt_and_prefix_agree():
 def test_the_probed_run_is_the_cli_run(tiny_pretrained, tmp_path):
     """EntropyProbe's extra forwards change nothing: the same metrics as an unprobed run, one row per step."""
     from minigrpo.grpo import GRPOConfig, PRESETS, train
-    from minigrpo.rl_config import parse_rl_config
+    from minigrpo.rl.config import parse_rl_config
     ckpt, _, _ = tiny_pretrained
     args = ["--reward", "pizza", "--steps", "3", "--goal", "0", "--plateau", "0", "--group-size", "4"]
     probe, _ = grpo_run(ckpt, tmp_path / "probed", 0, args)

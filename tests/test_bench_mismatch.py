@@ -1,4 +1,4 @@
-"""The pure pieces of bench's mismatch section (minigrpo/bench_mismatch.py): the enumeration of every likely
+"""The pure pieces of bench's mismatch section (minigrpo/bench/mismatch.py): the enumeration of every likely
 completion under π and a sampler, and the exact expected gradients built on it. No timing."""
 
 import math
@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from minigrpo.bench_mismatch import CORRECTIONS, enumerate_completions, estimator_coefs, grad_of, token_logp, versus
-from minigrpo.rewards import make_reward, score
-from minigrpo.sampling import encode_prompts, generate
+from minigrpo.bench.mismatch import CORRECTIONS, enumerate_completions, estimator_coefs, grad_of, token_logp, versus
+from toy_tasks.rewards import make_reward, score
+from minigrpo.lm.sampling import encode_prompts, generate
 from toy_tasks import food
 
 PROMPT, FLOOR = "ravin likes ", 1e-3

@@ -2,7 +2,7 @@
 
 import re
 
-from minigrpo.bench_speed import bench_prefix
+from minigrpo.bench.speed import bench_prefix
 
 
 def test_prefix_section_reports_nodes_agreement_and_both_runs(tmp_path, tiny_pretrained):
@@ -18,8 +18,8 @@ def test_prefix_section_reports_nodes_agreement_and_both_runs(tmp_path, tiny_pre
 
 
 def test_threads_section_measures_both_cases_and_marks_what_threads_0_picks(monkeypatch):
-    from minigrpo import runtime
-    from minigrpo.bench_speed import bench_threads
+    from minigrpo.util import runtime
+    from minigrpo.bench.speed import bench_threads
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # as on 2 cores
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in bench_threads("cpu").splitlines()
             if line.startswith("| ") and not line.startswith("| threads")]

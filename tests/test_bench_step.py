@@ -1,4 +1,4 @@
-"""bench's `step` section (minigrpo/bench_step.py), our side only, on a tiny model for a few steps: it must run
+"""bench's `step` section (minigrpo/bench/step.py), our side only, on a tiny model for a few steps: it must run
 without trl, print our three rows with positive finite times, leave the shared-prefix forward in place afterwards, and
 copy our weights into GPT-2's layout exactly when transformers is there. No timed asserts."""
 
@@ -8,8 +8,10 @@ import re
 import pytest
 import torch
 
-from minigrpo import logprobs, rollout, sampling
-from minigrpo.bench_step import NO_KL, OURS, PLAIN, RECORDED, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
+from minigrpo.lm import logprobs
+from minigrpo.rl import rollout
+from minigrpo.lm import sampling
+from minigrpo.bench.step import NO_KL, OURS, PLAIN, RECORDED, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
 
 
 def test_our_rows_have_positive_finite_times_without_trl():

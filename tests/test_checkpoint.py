@@ -4,9 +4,9 @@ import pickle
 import pytest
 import torch
 
-from minigrpo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.tokenizer import CharTokenizer
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from minigrpo import bench, grpo, ppo, pretrain, sample
+from minigrpo import grpo, ppo, pretrain, sample
+from minigrpo.bench import suite as bench
 from conftest import one_line_error
 
 
@@ -92,7 +93,7 @@ def interrupt_when(path, args, cwd):
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_last_checkpoint_and_rl_resumes_from_it(tmp_path):
-    from minigrpo.checkpoint import load_checkpoint, read_checkpoint
+    from minigrpo.lm.checkpoint import load_checkpoint, read_checkpoint
     ckpt = tmp_path / "runs/pretrain/model.pt"
     code, out = interrupt_when(ckpt, ["minigrpo.pretrain", "--steps", "100000", "--ckpt-every", "20", "--out", "runs/pretrain"], tmp_path)
     assert code == 130 and "last complete checkpoint" in out and str(ckpt.relative_to(tmp_path)) in out, out

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from minigrpo import metrics, pool
+from minigrpo import metrics
+from minigrpo.tools import pool
 from minigrpo.compare import main
-from minigrpo.rewards import module_file
+from toy_tasks.rewards import module_file
 
 TINY = ["--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minigrpo.decode import Decoder
-from minigrpo.model import GPT, GPTConfig, positions
-from minigrpo.sampling import prefill
+from minigrpo.lm.decode import Decoder
+from minigrpo.lm.model import GPT, GPTConfig, positions
+from minigrpo.lm.sampling import prefill
 
 
 def model_of(n_layer=2, n_head=2, n_embd=16, seed=0, block_size=16):

@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from conftest import one_line_error
-from minigrpo.checkpoint import read_checkpoint
+from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.dpo import DPO, DPOConfig, main, train
 from minigrpo.metrics import read_jsonl
-from minigrpo.optim import AdamW
-from minigrpo.preference import sequence_logp
-from minigrpo.rl import Run, purpose_seed
-from minigrpo.rollout import collect, generation_logprobs
-from minigrpo.sampling import Generation, encode_prompts, generate
+from minigrpo.lm.optim import AdamW
+from minigrpo.objectives.preference import sequence_logp
+from minigrpo.rl.loop import Run, purpose_seed
+from minigrpo.rl.rollout import collect, generation_logprobs
+from minigrpo.lm.sampling import Generation, encode_prompts, generate
 
 TIME_KEYS = {"step_time", "tokens_per_s"}
 TINY = dict(prompts_per_step=2, group_size=4, max_new_tokens=12, quiet=True, preserve_per_prompt=2, preserve_batch=8,

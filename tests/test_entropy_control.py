@@ -1,4 +1,4 @@
-"""Properties of minigrpo/entropy_control.py: the token covariance (and Cui et al.'s entropy claim by exact
+"""Properties of minigrpo/objectives/entropy_control.py: the token covariance (and Cui et al.'s entropy claim by exact
 enumeration), Clip-Cov's random detach, KL-Cov's top-share penalty, the top-entropy mask and Skywork-OR1's
 adaptive coefficient. Float64 throughout."""
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, T, call, garbage, right_padded
-from minigrpo.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
+from minigrpo.objectives.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
                                       top_cov_mask, top_entropy_mask)
 
 case = st.integers(1, 4).flatmap(lambda B: st.integers(1, 6).flatmap(lambda L: st.tuples(

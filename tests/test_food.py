@@ -3,7 +3,7 @@ from collections import Counter
 
 import torch
 
-from minigrpo.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from toy_tasks import food, get_task
 
 

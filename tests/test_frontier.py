@@ -1,4 +1,4 @@
-"""Properties of minigrpo/frontier.py: the exact KL-regularised optimum π*_β ∝ π_ref·e^{r/β}, its figures,
+"""Properties of minigrpo/exact/frontier.py: the exact KL-regularised optimum π*_β ∝ π_ref·e^{r/β}, its figures,
 the reward–KL frontier it traces, the inverses (frontier reward at a KL, implied β), score(), and pass@k.
 Small outcome spaces, float64 throughout; every failure names the property and the example."""
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, T
-from minigrpo.frontier import (
+from minigrpo.exact.frontier import (
     frontier, frontier_reward_at, implied_beta, kl, log_partition, optimum, optimum_figures, pass_at_k,
     pass_at_k_estimate, score,
 )

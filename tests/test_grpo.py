@@ -6,15 +6,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minigrpo import rollout
+from minigrpo.rl import rollout
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
 from minigrpo.metrics import read_jsonl
-from minigrpo.policy_losses import POLICY_LOSSES
-from minigrpo.preserve import anchor_loss
-from minigrpo.rewards import make_reward
-from minigrpo.rl import Run
-from minigrpo.rollout import collect, generation_logprobs
-from minigrpo.checkpoint import read_checkpoint
+from minigrpo.objectives.policy_losses import POLICY_LOSSES
+from minigrpo.rl.preserve import anchor_loss
+from toy_tasks.rewards import make_reward
+from minigrpo.rl.loop import Run
+from minigrpo.rl.rollout import collect, generation_logprobs
+from minigrpo.lm.checkpoint import read_checkpoint
 from toy_tasks import food
 from conftest import perturbed, right_padded
 
@@ -463,7 +463,7 @@ def test_j_beta_preset_takes_the_reinforce_gradient_of_the_kl_regularised_object
     """∇J_β = E_y[(r(y) − β·log π(y)/π_ref(y) − b)·∇ log π(y)]: with --preset j_beta the update's gradient is
     exactly −(1/N) Σ_i A_i ∇ Σ_t log π(y_it), A_i = R_i − mean_{j≠i} R_j, R_i = r_i − β Σ_t log(π_old/π_ref)."""
     from minigrpo.grpo import PRESETS
-    from minigrpo.rollout import generation_logprobs
+    from minigrpo.rl.rollout import generation_logprobs
     _, model, tok = tiny_pretrained
     model = copy.deepcopy(model)
     ref = perturbed(model, 0.05, seed=0)

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minigrpo.entropy_control import clip_cov_mask, next_coef, token_covariance, top_cov_mask, top_entropy_mask
+from minigrpo.objectives.entropy_control import clip_cov_mask, next_coef, token_covariance, top_cov_mask, top_entropy_mask
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
-from minigrpo.kl import k3, k3_iw
-from minigrpo.losses import entropy
+from minigrpo.objectives.kl import k3, k3_iw
+from minigrpo.objectives.losses import entropy
 from minigrpo.metrics import read_jsonl
-from minigrpo.rewards import make_reward
-from minigrpo.checkpoint import read_checkpoint
-from minigrpo.rollout import collect
+from toy_tasks.rewards import make_reward
+from minigrpo.lm.checkpoint import read_checkpoint
+from minigrpo.rl.rollout import collect
 from toy_tasks import food
 from conftest import one_line_error
 from test_grpo import TIME_KEYS, cfg_for, fake_run, loss_inputs, spy

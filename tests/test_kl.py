@@ -1,4 +1,4 @@
-"""Properties of minigrpo/kl.py: signs and symmetries, unbiasedness and the gradient facts by exact
+"""Properties of minigrpo/objectives/kl.py: signs and symmetries, unbiasedness and the gradient facts by exact
 enumeration over small categoricals, and Schulman's Gaussian table by Monte Carlo. Float64 throughout."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import SET, T, call
-from minigrpo.kl import ESTIMATORS, exact, k1, k2, k3
+from minigrpo.objectives.kl import ESTIMATORS, exact, k1, k2, k3
 
 logps = st.lists(st.floats(-30, 0), min_size=1, max_size=8)
 
@@ -176,7 +176,7 @@ def test_monte_carlo_reproduces_schulmans_gaussian_table(mu):
 
 # ---- appended: k3+ (k3's value, k2's gradient) and DeepSeek-V3.2's importance-weighted k3 -------------
 
-from minigrpo.kl import ALL_ESTIMATORS, k3_iw, k3_plus  # noqa: E402
+from minigrpo.objectives.kl import ALL_ESTIMATORS, k3_iw, k3_plus  # noqa: E402
 
 
 def sampled_grad(loss_of_logp, theta, weights):

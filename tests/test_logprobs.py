@@ -1,4 +1,4 @@
-"""Properties of minigrpo/logprobs.py's pure piece: completion_token_logprobs, the masked log-probs of a
+"""Properties of minigrpo/lm/logprobs.py's pure piece: completion_token_logprobs, the masked log-probs of a
 completion (the shift by one, where the completion starts, and nothing after the first EOS)."""
 
 import torch
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import SET, call, right_padded
-from minigrpo.logprobs import completion_token_logprobs
+from minigrpo.lm.logprobs import completion_token_logprobs
 
 V = 7
 

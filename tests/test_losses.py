@@ -1,4 +1,4 @@
-"""Properties of minigrpo/losses.py: the clipped surrogate and its stats, aggregation, entropy, value loss.
+"""Properties of minigrpo/objectives/losses.py: the clipped surrogate and its stats, aggregation, entropy, value loss.
 Each test's name is the property it proves; a failure says which property broke and on what input."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import NAN, SET, T, call, garbage, right_padded
-from minigrpo.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
+from minigrpo.objectives.losses import AGG_MODES, aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 
 
 def loss_and_grad(logp, old, adv, mask, **kw):
@@ -329,7 +329,7 @@ def test_value_loss_hand_example():
 
 
 def test_forking_token_mask_keeps_exactly_the_valid_positions_where_the_reference_had_a_choice():
-    from minigrpo.losses import forking_token_mask
+    from minigrpo.objectives.losses import forking_token_mask
     ent = torch.tensor([[2.3, 0.001, 0.7, 5.0], [0.05, 0.2, 0.0, 9.9]])
     mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
     got = forking_token_mask(ent, mask, 0.1)

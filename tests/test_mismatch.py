@@ -9,15 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minigrpo.checkpoint import read_checkpoint
+from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.grpo import GRPO, GRPOConfig, grpo_loss, main, train
-from minigrpo.is_correction import correction
-from minigrpo.logprobs import shifted_forward
+from minigrpo.objectives.importance import correction
+from minigrpo.lm.logprobs import shifted_forward
 from minigrpo.metrics import read_jsonl
 from minigrpo.ppo import main as ppo_main
-from minigrpo.rewards import make_reward
-from minigrpo.rollout import Sampler, collect, generation_logprobs
-from minigrpo.sampling import process_logits
+from toy_tasks.rewards import make_reward
+from minigrpo.rl.rollout import Sampler, collect, generation_logprobs
+from minigrpo.lm.sampling import process_logits
 from toy_tasks import food
 from conftest import one_line_error
 from test_grpo import TIME_KEYS, cfg_for, fake_run, loss_inputs
@@ -90,7 +90,7 @@ def test_the_samplers_logprobs_are_those_of_the_tempered_nucleus(model, batch_of
 
 
 def test_sample_stale_samples_from_the_policy_n_steps_back(tmp_path, tiny_pretrained, monkeypatch):
-    import minigrpo.rollout as rollout
+    import minigrpo.rl.rollout as rollout
     init, _, _ = tiny_pretrained
     seen, original = [], rollout.generate
     monkeypatch.setattr(rollout, "generate", lambda m, *a, **kw: seen.append(copy.deepcopy(m.state_dict()))

@@ -3,7 +3,7 @@ import tempfile
 
 import torch
 
-from minigrpo.model import GPT, GPTConfig, KVCache, attention, positions
+from minigrpo.lm.model import GPT, GPTConfig, KVCache, attention, positions
 
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -120,7 +120,7 @@ def test_attention_writes_the_new_keys_into_the_cache_and_attends_over_all_of_th
 def test_causal_mask_of_one_query_is_the_general_mask():
     """causal_mask's shortcut for a decoding step (T = 1) equals the general rule: key j <= offset and real, or
     the query itself, whatever the key mask (the query's own slot may even be padding)."""
-    from minigrpo.model import causal_mask
+    from minigrpo.lm.model import causal_mask
     g = torch.Generator().manual_seed(0)
     for offset in range(6):
         key_mask = torch.rand(4, offset + 3, generator=g) < 0.5
@@ -135,9 +135,9 @@ def test_linear_weights_lie_in_in_out_order_through_copies_loads_and_training():
     and stays so wherever a model goes: deepcopy, .double(), load_state_dict, a checkpoint, a backward and AdamW."""
     import copy
 
-    from minigrpo.checkpoint import load_checkpoint, save_checkpoint
-    from minigrpo.optim import AdamW
-    from minigrpo.tokenizer import CharTokenizer
+    from minigrpo.lm.checkpoint import load_checkpoint, save_checkpoint
+    from minigrpo.lm.optim import AdamW
+    from minigrpo.lm.tokenizer import CharTokenizer
 
     def linear_weights(m):
         return [mod.weight for mod in m.modules() if isinstance(mod, torch.nn.Linear)]

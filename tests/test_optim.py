@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from minigrpo.optim import AdamW, clip_grad_norm
+from minigrpo.lm.optim import AdamW, clip_grad_norm
 
 
 def test_matches_torch_adamw_step_for_step():

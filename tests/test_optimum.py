@@ -1,5 +1,5 @@
 """python -m minigrpo.optimum on the tiny pretrained model: the frontier table and figure, --beta in text
-and JSON (checked against minigrpo.frontier on an independently built outcome space), the malformed
+and JSON (checked against minigrpo.exact.frontier on an independently built outcome space), the malformed
 bucket's reward, and one-line refusals of bad input."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import one_line_error
-from minigrpo import frontier as F
+from minigrpo.exact import frontier as F
 from minigrpo.optimum import MALFORMED, main
 from toy_tasks.food import FOODS, exact_distribution
 

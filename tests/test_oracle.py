@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-from minigrpo.logprobs import completion_logprobs, pad_left
-from minigrpo.model import positions
-from minigrpo.rewards import make_reward
-from minigrpo.rollout import collect
-from minigrpo.sampling import encode_prompts, generate
-from minigrpo.tokenizer import EOS_ID
+from minigrpo.lm.logprobs import completion_logprobs, pad_left
+from minigrpo.lm.model import positions
+from toy_tasks.rewards import make_reward
+from minigrpo.rl.rollout import collect
+from minigrpo.lm.sampling import encode_prompts, generate
+from minigrpo.lm.tokenizer import EOS_ID
 from toy_tasks import food
 from toy_tasks.oracle import prefix_values, values_at
 from toy_tasks.support import RewardTable, reward_figures, reward_table

@@ -1,4 +1,4 @@
-"""Properties of minigrpo/policy_losses.py: CISPO, GMPO and SAPO against their papers' reductions (REINFORCE,
+"""Properties of minigrpo/objectives/policy_losses.py: CISPO, GMPO and SAPO against their papers' reductions (REINFORCE,
 the geometric-mean ratio, the hard clip), their gradients at ρ = 1, and masking. Float64 throughout."""
 
 import math
@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, T, call, garbage
-from minigrpo.losses import aggregate, clipped_surrogate
-from minigrpo.policy_losses import POLICY_LOSSES, cispo, gmpo, sapo, sapo_gate
+from minigrpo.objectives.losses import aggregate, clipped_surrogate
+from minigrpo.objectives.policy_losses import POLICY_LOSSES, cispo, gmpo, sapo, sapo_gate
 from test_losses import case, unpack  # the batches of the clipped-surrogate tests: log-ratios, A, lengths
 
 

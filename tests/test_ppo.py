@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from conftest import naive_gae
-from minigrpo.advantages import explained_variance, gae
-from minigrpo.checkpoint import read_checkpoint
+from minigrpo.objectives.advantages import explained_variance, gae
+from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.metrics import read_jsonl
 from minigrpo.ppo import PPO, PPOConfig, main, train
-from minigrpo.rewards import make_reward
-from minigrpo.rl import Run
-from minigrpo.rl_config import parse_rl_config
-from minigrpo.rollout import collect, generation_logprobs
+from toy_tasks.rewards import make_reward
+from minigrpo.rl.loop import Run
+from minigrpo.rl.config import parse_rl_config
+from minigrpo.rl.rollout import collect, generation_logprobs
 from toy_tasks import food
 from toy_tasks.oracle import prefix_values, values_at
 

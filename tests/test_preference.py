@@ -1,4 +1,4 @@
-"""Properties of minigrpo/preference.py: DPO's loss (its value at equal margins, gradient signs, swap
+"""Properties of minigrpo/objectives/preference.py: DPO's loss (its value at equal margins, gradient signs, swap
 identities, stability) and the preference pairs built from rewarded groups. Float64 throughout."""
 
 import math
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from conftest import SET, T, call, garbage, right_padded
-from minigrpo.preference import dpo_loss, preference_pairs, sequence_logp
+from minigrpo.objectives.preference import dpo_loss, preference_pairs, sequence_logp
 
 seq = st.floats(-60, 0)
 pairs = st.integers(1, 5).flatmap(lambda n: st.lists(st.tuples(seq, seq, seq, seq), min_size=n, max_size=n))

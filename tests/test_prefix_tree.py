@@ -1,4 +1,4 @@
-"""Properties of minigrpo/prefix_tree.py, the shared-prefix forward (tree attention): on batches of rows that share
+"""Properties of minigrpo/lm/prefix_tree.py, the shared-prefix forward (tree attention): on batches of rows that share
 stems and repeat, it computes the plain forward's logits, hidden states and gradients at every real slot, one node
 per distinct prefix, each node with its row's token, its depth as position id and exactly its ancestors as keys."""
 
@@ -7,9 +7,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import SET, perturbed
-from minigrpo.logprobs import shifted_forward
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.prefix_tree import build_prefix_tree
+from minigrpo.lm.logprobs import shifted_forward
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.prefix_tree import build_prefix_tree
 
 V = 10
 torch.manual_seed(0)

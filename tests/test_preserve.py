@@ -1,4 +1,4 @@
-"""Properties of minigrpo/preserve.py, the preservation anchor (on by default in every RL run).
+"""Properties of minigrpo/rl/preserve.py, the preservation anchor (on by default in every RL run).
 
 The oracle is exact enumeration: a tiny GPT over a 5-token vocabulary (BOS, EOS, PAD, "a", "b") with at
 most 3 new tokens has only 85 possible completions per prompt, so the sequence-level KL(π_ref‖π_θ)
@@ -11,14 +11,14 @@ import math
 import pytest
 import torch
 
-from minigrpo.kl import exact
-from minigrpo.model import GPT, GPTConfig, positions
-from minigrpo.losses import entropy
-from minigrpo.preserve import (Anchor, anchor_loss, build_anchor, build_anchor_tree, forced_state_anchor,
+from minigrpo.objectives.kl import exact
+from minigrpo.lm.model import GPT, GPTConfig, positions
+from minigrpo.objectives.losses import entropy
+from minigrpo.rl.preserve import (Anchor, anchor_loss, build_anchor, build_anchor_tree, forced_state_anchor,
                                make_anchor)
-from minigrpo.rollout import generation_logprobs
-from minigrpo.sampling import Generation, encode_prompts
-from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
+from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.sampling import Generation, encode_prompts
+from minigrpo.lm.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 from conftest import perturbed
 
 TOK = CharTokenizer("ab")  # vocabulary 5: BOS, EOS, PAD, a, b

@@ -3,9 +3,9 @@ gradient) of the whole corpus."""
 
 import torch
 
-from minigrpo.model import GPT, GPTConfig
+from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.pretrain import distinct_lines, encode_lines, lm_loss
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.lm.tokenizer import CharTokenizer
 from toy_tasks import food
 
 

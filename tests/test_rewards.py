@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from minigrpo.rewards import RewardError, make_reward, score
+from toy_tasks.rewards import RewardError, make_reward, score
 from toy_tasks import food
 
 

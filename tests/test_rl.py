@@ -9,7 +9,7 @@ import torch
 
 from minigrpo.grpo import GRPOConfig, main, train
 from minigrpo.metrics import read_jsonl
-from minigrpo.rl import GENERATORS, Run
+from minigrpo.rl.loop import GENERATORS, Run
 
 TIME_KEYS = {"step_time", "tokens_per_s"}
 
@@ -140,7 +140,7 @@ def test_resume_refuses_a_new_experiment_and_survives_a_moved_init(tmp_path, tin
 
 
 def test_different_experiments_get_different_default_folders():
-    from minigrpo.rl_config import default_out
+    from minigrpo.rl.config import default_out
     folders = {default_out(GRPOConfig(**kw), "grpo") for kw in
                [{}, {"preserve": False}, {"person": "bob"}, {"preset": "dapo"}, {"reward": "food:apple pie"}]}
     assert folders == {"runs/grpo-pizza", "runs/grpo-pizza-no-preserve", "runs/grpo-pizza-bob", "runs/dapo-pizza",
@@ -148,7 +148,7 @@ def test_different_experiments_get_different_default_folders():
 
 
 def test_progress_says_skipped_and_the_run_ends_naming_its_folder(tmp_path, tiny_pretrained, capsys):
-    from minigrpo.rl_report import progress_line
+    from minigrpo.rl.report import progress_line
     row = {"reward_mean": 1.0, "reward_rolling": 1.0, "skipped": 1.0, "step_time": 0.01}
     line = progress_line(3, 10, row, evaluated=False)
     assert "update skipped" in line and "nan" not in line and "exact target" not in line

@@ -1,15 +1,15 @@
-"""Properties of minigrpo/rollout.py: the layout GRPO's group baselines rely on, RolloutBatch.select, and
-the log-probs `collect` stores, checked against the teacher-forced scorer of minigrpo/logprobs.py."""
+"""Properties of minigrpo/rl/rollout.py: the layout GRPO's group baselines rely on, RolloutBatch.select, and
+the log-probs `collect` stores, checked against the teacher-forced scorer of minigrpo/lm/logprobs.py."""
 
 import copy
 
 import pytest
 import torch
 
-from minigrpo.logprobs import completion_logprobs as teacher_forced
-from minigrpo.rewards import Reward
-from minigrpo.rollout import RolloutBatch, collect, generation_logprobs
-from minigrpo.tokenizer import BOS_ID
+from minigrpo.lm.logprobs import completion_logprobs as teacher_forced
+from toy_tasks.rewards import Reward
+from minigrpo.rl.rollout import RolloutBatch, collect, generation_logprobs
+from minigrpo.lm.tokenizer import BOS_ID
 
 PROMPTS = ["bob likes ", "alice likes ", "jo likes ", "bob likes "]  # drawn with replacement: a repeat
 G = 3

@@ -4,8 +4,8 @@ one-line errors."""
 import pytest
 import torch
 
-from minigrpo import runtime
-from minigrpo.cli import UsageError
+from minigrpo.util import runtime
+from minigrpo.util.cli import UsageError
 
 
 @pytest.mark.parametrize("cores,load,threads", [

@@ -14,10 +14,10 @@ import torch
 
 import minigrpo
 from minigrpo import pretrain, sample
-from minigrpo.checkpoint import read_checkpoint, save_checkpoint
-from minigrpo.cli import UsageError, main_guard, prepare_out, release_out, write_json
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.lm.checkpoint import read_checkpoint, save_checkpoint
+from minigrpo.util.cli import UsageError, main_guard, prepare_out, release_out, write_json
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.tokenizer import CharTokenizer
 from conftest import one_line_error
 
 TINY = ["--steps", "2", "--n-lines", "200", "--n-embd", "8", "--n-head", "1", "--n-layer", "1", "--batch-size", "8",
@@ -76,7 +76,7 @@ def test_stale_temp_files_of_a_killed_write_are_removed(tmp_path):
 
 def test_a_second_writer_is_refused_until_the_first_dies(tmp_path):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from minigrpo.cli import prepare_out; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from minigrpo.util.cli import prepare_out; "
                                f"prepare_out({str(run)!r}); print('locked', flush=True); time.sleep(120)"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -206,7 +206,7 @@ def test_ctrl_c_while_importing_torch_is_one_line_and_130(tmp_path):
 
 
 def test_library_use_keeps_pythons_ctrl_c():
-    code = "import signal, minigrpo.cli; assert signal.getsignal(signal.SIGINT) is signal.default_int_handler"
+    code = "import signal, minigrpo.util.cli; assert signal.getsignal(signal.SIGINT) is signal.default_int_handler"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -259,7 +259,7 @@ def test_rl_refuses_a_harmful_value_in_one_line(cli, argv, message, tmp_path, ti
 
 
 def test_a_slow_reward_shows_a_sign_of_life(tmp_path, tiny_pretrained, capsys, monkeypatch):
-    import minigrpo.rewards as rewards
+    import toy_tasks.rewards as rewards
     from minigrpo.grpo import main
     init, _, _ = tiny_pretrained
     monkeypatch.setattr(rewards, "SLOW_SECONDS", 0.0)  # every completion counts as slow
@@ -269,7 +269,7 @@ def test_a_slow_reward_shows_a_sign_of_life(tmp_path, tiny_pretrained, capsys, m
 
 
 def test_bench_refuses_an_impossible_out_in_one_line(capsys):
-    from minigrpo.bench import main
+    from minigrpo.bench.suite import main
     with pytest.raises(SystemExit) as e:
         main(["--out", "/proc/x", "--quick"])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1

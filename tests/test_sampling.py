@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from minigrpo.logprobs import sequence_logprobs
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.sampling import decode_completions, encode_prompts, exponential_race, generate, process_logits
-from minigrpo.tokenizer import EOS_ID, PAD_ID
+from minigrpo.lm.logprobs import sequence_logprobs
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.sampling import decode_completions, encode_prompts, exponential_race, generate, process_logits
+from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
 
 PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # different lengths
 

@@ -1,4 +1,4 @@
-from minigrpo.stopping import Peaks, StopRule
+from minigrpo.rl.stopping import Peaks, StopRule
 
 
 def test_goal_must_hold_for_patience_consecutive_evaluations():

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigrpo.rewards import make_reward
-from minigrpo.sampling import decode_completions, encode_prompts, generate
+from toy_tasks.rewards import make_reward
+from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from toy_tasks import food
 from toy_tasks.support import reward_figures, reward_table
 

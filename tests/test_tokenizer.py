@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from minigrpo.tokenizer import BOS_ID, EOS_ID, PAD_ID, CharTokenizer
+from minigrpo.lm.tokenizer import BOS_ID, EOS_ID, PAD_ID, CharTokenizer
 
 ALPHABET = "abc xyz+=.0123456789"
 tok = CharTokenizer(ALPHABET)

@@ -2,10 +2,10 @@ import copy
 
 import torch
 
-from minigrpo.kl import exact
-from minigrpo.rollout import collect
-from minigrpo.rewards import make_reward
-from minigrpo.trust_region import StepGuard, sequence_kl
+from minigrpo.objectives.kl import exact
+from minigrpo.rl.rollout import collect
+from toy_tasks.rewards import make_reward
+from minigrpo.rl.trust_region import StepGuard, sequence_kl
 from toy_tasks import food
 
 

@@ -23,8 +23,8 @@ import re
 
 import torch
 
-from minigrpo.logprobs import completion_logprobs
-from minigrpo.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.logprobs import completion_logprobs
+from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from toy_tasks import largest_remainder
 from toy_tasks.support import reward_figures
 

@@ -16,9 +16,9 @@ import random
 
 import torch
 
-from minigrpo.logprobs import completion_logprobs
+from minigrpo.lm.logprobs import completion_logprobs
 from toy_tasks import largest_remainder
-from minigrpo import frontier
+from minigrpo.exact import frontier
 from toy_tasks.support import reward_figures
 
 NAME = "food"
@@ -200,7 +200,7 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards) -> dict:
     """Exact metrics in one batched forward pass for all people: on the target person's prompt the
     exact expected reward, the best reward and P(a best food) (`target_rate`, toy_tasks/support.py)
     under `rewards.support` (1, 12), the reward of each food; the run scored against the exact
-    KL-regularised optimum over the 13 outcomes (minigrpo/frontier.py: `kl_ref` = KL(π_θ‖π_ref) there,
+    KL-regularised optimum over the 13 outcomes (minigrpo/exact/frontier.py: `kl_ref` = KL(π_θ‖π_ref) there,
     `regret`, `implied_beta`, `kl_to_implied_optimum`, and `kl_to_optimum` at the run's --beta read as a
     sequence-level β); each other person's drift (TV to the pretrained distribution), the worst drift,
     and the largest malformed mass over all people."""

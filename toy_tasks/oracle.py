@@ -32,8 +32,8 @@ import math
 
 import torch
 
-from minigrpo.logprobs import pad_left, sequence_logprobs
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.lm.logprobs import pad_left, sequence_logprobs
+from minigrpo.lm.tokenizer import CharTokenizer
 from toy_tasks.support import RewardTable
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo.frontier import pass_at_k
-from minigrpo.rewards import score
+from minigrpo.exact.frontier import pass_at_k
+from toy_tasks.rewards import score
 
 
 @dataclass

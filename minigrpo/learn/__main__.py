@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minigrpo.cli import UsageError, main_guard
+from minigrpo.util.cli import UsageError, main_guard
 from minigrpo.learn import grade, workspace
 from minigrpo.learn.path import CAPSTONE, PATH, find
 

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 class Exercise:
     number: int
     name: str  # the function's name in its module
-    module: str  # minigrpo.<module>; the learner's file is <workspace>/<module>.py
+    module: str  # minigrpo.<module>, e.g. objectives.kl; the learner's file is <workspace>/<last part>.py
+
+    @property
+    def file_stem(self) -> str:
+        return self.module.rsplit(".", 1)[-1]
     lesson: str  # one line: what writing it teaches
     tests_from: tuple[str, ...]  # test files whose tests that use `name` grade it
     hints: tuple[str, ...]
@@ -24,7 +28,7 @@ class Exercise:
 
 
 PATH = (
-    Exercise(1, "group_advantages", "advantages", "GRPO's advantage: the group mean as baseline, its std as scale",
+    Exercise(1, "group_advantages", "objectives.advantages", "GRPO's advantage: the group mean as baseline, its std as scale",
              ("tests/test_advantages.py",), (
                  "Centre each row (one prompt's G rewards) on its own mean: r − r.mean(dim=1, keepdim=True).",
                  "The paper's code and TRL use the Bessel-corrected std (÷(G−1)): torch.std(r, dim=1, keepdim=True) "
@@ -35,12 +39,12 @@ PATH = (
                  "does not divide at all (Dr. GRPO). G = 1 gives zeros.",
                  "Tiny std: rewards 1e-200 apart square to 0 and the std underflows (±inf with ε = 0). Divide the "
                  "deviations by their largest |value| before squaring, then multiply back: advantages._std does.")),
-    Exercise(2, "rloo_advantages", "advantages", "the leave-one-out baseline: unbiased because it excludes the sample",
+    Exercise(2, "rloo_advantages", "objectives.advantages", "the leave-one-out baseline: unbiased because it excludes the sample",
              ("tests/test_advantages.py",), (
                  "Completion i's baseline is the mean reward of the OTHER G−1 completions of its group.",
                  "(Σ_j r_j − r_i)/(G−1) is that mean; r_i minus it simplifies to G/(G−1)·(r_i − r̄).",
                  "Equal rewards and G = 1 give exactly 0.")),
-    Exercise(3, "clipped_surrogate", "losses", "the ratio, PPO's pessimistic clip, and why μ = 1 leaves it dead",
+    Exercise(3, "clipped_surrogate", "objectives.losses", "the ratio, PPO's pessimistic clip, and why μ = 1 leaves it dead",
              ("tests/test_losses.py",), (
                  "ρ = exp(logp − old_logp) per token. The objective is min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A); the "
                  "function returns the LOSS, its negative, and 0 at masked positions.",
@@ -52,44 +56,44 @@ PATH = (
                  " "
                  "dual_clip = c: for A < 0 the objective is max(objective, c·A).",
                  "At the first of μ updates π_θ = π_old, so ρ ≡ 1 and the clip cannot act: with μ = 1 it never does.")),
-    Exercise(4, "k1", "kl", "the naive KL estimate: unbiased, yet its gradient as a loss is zero",
+    Exercise(4, "k1", "objectives.kl", "the naive KL estimate: unbiased, yet its gradient as a loss is zero",
              ("tests/test_kl.py",), (
                  "k1 = log π_θ(x) − log π_ref(x): positive where the policy likes x more than the reference.",
                  "Its expectation under x ~ π_θ is KL(π_θ‖π_ref); its expected gradient as a loss is 0.")),
-    Exercise(5, "k2", "kl", "the squared log-ratio: biased, but its gradient is the reverse KL's",
+    Exercise(5, "k2", "objectives.kl", "the squared log-ratio: biased, but its gradient is the reverse KL's",
              ("tests/test_kl.py",), (
                  "k2 = ½ (log π_θ(x) − log π_ref(x))².",)),
-    Exercise(6, "k3", "kl", "GRPO's estimator: unbiased and ≥ 0, but its gradient is the forward KL's",
+    Exercise(6, "k3", "objectives.kl", "GRPO's estimator: unbiased and ≥ 0, but its gradient is the forward KL's",
              ("tests/test_kl.py",), (
                  "With Δ = log π_ref(x) − log π_θ(x): k3 = e^Δ − Δ − 1 (mind the sign of Δ).",
                  "For tiny Δ, e^Δ − 1 cancels in float32: torch.expm1(Δ) − Δ is exact to rounding.",
                  "Clamp Δ to ±kl.LOG_RATIO_CLAMP before exp so the value and gradient stay finite.")),
-    Exercise(7, "exact", "kl", "the KL over the whole vocabulary: the yardstick a character model affords",
+    Exercise(7, "exact", "objectives.kl", "the KL over the whole vocabulary: the yardstick a character model affords",
              ("tests/test_kl.py",), (
                  "KL(p‖q) = Σ_v p_v (log p_v − log q_v), p = softmax(logits), q = softmax(ref_logits), per position.",
                  "Use log_softmax for both (finite at logits ±1e4); a probability that underflows to 0 then multiplies "
                  "a finite number. Clamp the result at 0 against rounding.")),
-    Exercise(8, "aggregate", "losses", "how per-token losses become one number, and the length bias each choice has",
+    Exercise(8, "aggregate", "objectives.losses", "how per-token losses become one number, and the length bias each choice has",
              ("tests/test_losses.py",), (
                  "First make masked slots exactly 0 with torch.where (they may hold NaN).",
                  "|o_i| is mask.sum(dim=1), the completion's own length: never the padded width T.",
                  "seq-mean-token-mean: mean over rows of (row sum / |o_i|); token-mean: total / Σ|o_i|; "
                  "seq-mean-token-sum: mean over rows of the row sums; seq-mean-token-sum-norm: total / (B·max_len).",
                  "Floor |o_i| and Σ|o_i| at 1 so an empty row or batch gives 0, not 0/0.")),
-    Exercise(9, "gae", "advantages", "PPO's advantage: TD errors summed backwards with γλ",
+    Exercise(9, "gae", "objectives.advantages", "PPO's advantage: TD errors summed backwards with γλ",
              ("tests/test_advantages.py",), (
                  "δ_t = r_t + γ·V_{t+1} − V_t and A_t = δ_t + γλ·A_{t+1}: one reverse loop over time, vectorised "
                  "over the batch.",
                  "After the last valid token the completion has ENDED: V_{t+1} = 0 and A_{t+1} = 0 there. Never "
                  "bootstrap from a padding slot's value.",
                  "Returns are A_t + V_t; masked positions are 0 in both outputs whatever they held (NaN too).")),
-    Exercise(10, "completion_token_logprobs", "logprobs", "the masked log-probs of a completion: the shift by one",
+    Exercise(10, "completion_token_logprobs", "lm.logprobs", "the masked log-probs of a completion: the shift by one",
              ("tests/test_logprobs.py",), (
                  "logits[:, t] predicts ids[:, t+1]: completion token j (slot P+j) is scored by logits[:, P−1+j].",
                  "log_softmax over the vocabulary, then gather at the token: logprobs.gather_logprobs does both.",
                  "Slots after the first EOS hold PAD: they are not part of the completion. Return exactly 0 there."),
              extra_tests=("tests/test_rollout.py",)),
-    Exercise(11, "attention", "model", "causal self-attention with a KV cache: what makes sampling fast",
+    Exercise(11, "attention", "lm.model", "causal self-attention with a KV cache: what makes sampling fast",
              ("tests/test_model.py",), (
                  "scores = q @ kᵀ / √D, then softmax over the keys, then @ v; shapes (B, H, T, D).",
                  "With a cache: write k, v into cache.k[layer, :, :, L:L+T] (L = cache.length) and attend over "
@@ -114,7 +118,7 @@ PATH = (
                  "test_updates_one_gives_ratio_exactly_one",
                  "test_entropy_bonus_adds_minus_coef_times_the_entropy_gradient",
                  "test_kl_in_reward_subtracts_beta_times_the_summed_kl_of_each_sequence")),
-             extra_imports=("from minigrpo.losses import aggregate, clipped_surrogate, entropy",
+             extra_imports=("from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy",
                             "from minigrpo.grpo import kl_per_token"),
              minutes=15),
 )

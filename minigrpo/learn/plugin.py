@@ -1,6 +1,6 @@
 """A pytest plugin (pytest -p minigrpo.learn.plugin) that grades a learner's function with the library's
 own tests: before any test module is imported it plugs the learner's functions in (workspace.install),
-so `from minigrpo.advantages import group_advantages` in a test file gets the learner's; it then writes
+so `from minigrpo.objectives.advantages import group_advantages` in a test file gets the learner's; it then writes
 each test's outcome, assertion message and Hypothesis' smallest failing example to a JSON report.
 
 Environment: MINIGRPO_LEARN_DIR (the workspace), MINIGRPO_LEARN_ONLY (comma-separated function names),

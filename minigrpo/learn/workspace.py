@@ -84,7 +84,7 @@ def reference_source(ex: Exercise) -> str:
 
 
 def learner_file(ex: Exercise, folder) -> Path:
-    return Path(folder) / f"{ex.module}.py"
+    return Path(folder) / f"{ex.file_stem}.py"
 
 
 def write_stub(ex: Exercise, folder, source: str | None = None) -> tuple[Path, bool]:
@@ -135,7 +135,7 @@ def is_stub(fn) -> bool:
 
 def learner_function(ex: Exercise, folder):
     """The learner's function for ex, None when it is absent or still a stub."""
-    mod = load_module(folder, ex.module)
+    mod = load_module(folder, ex.file_stem)
     fn = getattr(mod, ex.name, None) if mod is not None else None
     return None if fn is None or is_stub(fn) else fn
 

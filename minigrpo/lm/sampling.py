@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from minigrpo.logprobs import pad_left
-from minigrpo.decode import Decoder
-from minigrpo.model import GPT, KVCache, positions
-from minigrpo.prefix_tree import PrefixTree, next_token_tree
-from minigrpo.tokenizer import EOS_ID, PAD_ID, CharTokenizer
+from minigrpo.lm.logprobs import pad_left
+from minigrpo.lm.decode import Decoder
+from minigrpo.lm.model import GPT, KVCache, positions
+from minigrpo.lm.prefix_tree import PrefixTree, next_token_tree
+from minigrpo.lm.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 
 
 GENERATION_FIELDS = ("ids", "key_mask", "prompt_len", "completion_mask", "logprobs", "finished")

@@ -12,9 +12,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from minigrpo.model import GPT, positions
-from minigrpo.prefix_tree import PrefixTree, next_token_tree
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.lm.model import GPT, positions
+from minigrpo.lm.prefix_tree import PrefixTree, next_token_tree
+from minigrpo.lm.tokenizer import CharTokenizer
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -22,11 +22,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minigrpo.bench_rl import table
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.optim import AdamW
-from minigrpo.runtime import auto_threads
-from minigrpo.sampling import generate
+from minigrpo.bench.common import table
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.optim import AdamW
+from minigrpo.util.runtime import auto_threads
+from minigrpo.lm.sampling import generate
 
 
 def timed(step, n: int, warmup: int = 1) -> list[float]:
@@ -129,12 +129,12 @@ def bench_prefix(out, init, steps: int = 40, repeat: int = 20) -> str:
     anchor, a first rollout and the exact evaluation; one forward + backward of each, both ways; then whole default
     GRPO runs of `steps` fixed steps (seed 0) both ways, in alternating rounds: the median step time and whether
     the two runs drew the same rewards."""
-    from minigrpo import rl
-    from minigrpo.bench_step import plain_forward
+    from minigrpo.rl import loop as rl
+    from minigrpo.bench.step import plain_forward
     from minigrpo.grpo import GRPO, PANELS, GRPOConfig
-    from minigrpo.logprobs import scoring_batch, shifted_forward
+    from minigrpo.lm.logprobs import scoring_batch, shifted_forward
     from minigrpo.metrics import read_jsonl
-    from minigrpo.rollout import collect
+    from minigrpo.rl.rollout import collect
     from toy_tasks.food import FOODS, PEOPLE, prompt
 
     def config(name, n):

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from minigrpo.rollout import RolloutBatch, Sampler
+from minigrpo.rl.rollout import RolloutBatch, Sampler
 
 
 class Algorithm(Protocol):

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.cli import write_atomic
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.util.cli import write_atomic
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.tokenizer import CharTokenizer
 
 FORMAT = "minigrpo-checkpoint"
 VERSION = 1

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo.tokenizer import PAD_ID
+from minigrpo.lm.tokenizer import PAD_ID
 
 GROUP_SIZE = 96  # nodes per packed sequence, about: attention costs Σ N², the other layers Σ N
 

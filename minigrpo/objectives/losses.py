@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minigrpo.kl import LOG_RATIO_CLAMP, k3  # one clamp for every log-ratio (kl.py)
+from minigrpo.objectives.kl import LOG_RATIO_CLAMP, k3  # one clamp for every log-ratio (kl.py)
 
 LEVELS = ("token", "sequence")
 

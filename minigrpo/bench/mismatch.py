@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from minigrpo.bench_rl import ROW_HEADER, run_all, run_module, seed_row, table
-from minigrpo.checkpoint import load_checkpoint
-from minigrpo.is_correction import mis_weights, tis_weights
-from minigrpo.logprobs import pad_left, shifted_forward
-from minigrpo.model import GPT, positions
-from minigrpo.rewards import make_reward, score
-from minigrpo.sampling import Generation, process_logits
-from minigrpo.tokenizer import EOS_ID, CharTokenizer
+from minigrpo.bench.common import ROW_HEADER, run_all, run_module, seed_row, table
+from minigrpo.lm.checkpoint import load_checkpoint
+from minigrpo.objectives.importance import mis_weights, tis_weights
+from minigrpo.lm.logprobs import pad_left, shifted_forward
+from minigrpo.lm.model import GPT, positions
+from toy_tasks.rewards import make_reward, score
+from minigrpo.lm.sampling import Generation, process_logits
+from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from toy_tasks import food
 
 MIN_PROB = 1e-6

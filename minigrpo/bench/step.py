@@ -35,17 +35,18 @@ from types import SimpleNamespace
 
 import torch
 
-from minigrpo import logprobs, sampling
-from minigrpo.algorithm import rollout_flags
-from minigrpo.bench_rl import table
-from minigrpo.bench_speed import timed
+from minigrpo.lm import logprobs
+from minigrpo.lm import sampling
+from minigrpo.rl.algorithm import rollout_flags
+from minigrpo.bench.common import table
+from minigrpo.bench.speed import timed
 from minigrpo.grpo import GRPO, GRPOConfig
-from minigrpo.model import GPT, GPTConfig
-from minigrpo.optim import AdamW
-from minigrpo.rewards import Reward
-from minigrpo.rl import Run
-from minigrpo.rollout import collect
-from minigrpo.tokenizer import SPECIALS, CharTokenizer
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.optim import AdamW
+from toy_tasks.rewards import Reward
+from minigrpo.rl.loop import Run
+from minigrpo.rl.rollout import collect
+from minigrpo.lm.tokenizer import SPECIALS, CharTokenizer
 from toy_tasks.food import ALPHABET
 
 PROMPT, BLOCK, LR = "ravin likes ", 32, 1e-6  # LR: TRL's default, on both sides

@@ -31,16 +31,16 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.bench_rl import med, table
-from minigrpo.entropy_control import token_covariance
+from minigrpo.bench.common import med, table
+from minigrpo.objectives.entropy_control import token_covariance
 from minigrpo.grpo import GRPO, PANELS, advantages
-from minigrpo.grpo_config import PRESETS, GRPOConfig, check_grpo_config
-from minigrpo.losses import entropy
-from minigrpo.preserve import build_anchor_tree
-from minigrpo.rl import run
-from minigrpo.rl_config import parse_rl_config
-from minigrpo.rollout import generation_logprobs
-from minigrpo.tokenizer import EOS_ID
+from minigrpo.variants.grpo_config import PRESETS, GRPOConfig, check_grpo_config
+from minigrpo.objectives.losses import entropy
+from minigrpo.rl.preserve import build_anchor_tree
+from minigrpo.rl.loop import run
+from minigrpo.rl.config import parse_rl_config
+from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.tokenizer import EOS_ID
 
 RECIPES = {"pizza, default": ["--reward", "pizza"], "pizza, --preset dapo": ["--reward", "pizza", "--preset", "dapo"],
            "pizza, --preset cispo": ["--reward", "pizza", "--preset", "cispo"],
@@ -257,7 +257,7 @@ def _rises(steps: list[dict], key: str) -> str:
 
 def bench_entropy(out: Path, init: Path, seeds: int) -> str:
     """The section: the forking tables (π_ref, then after a default pizza run) and the ΔH-vs-Cov table."""
-    from minigrpo.checkpoint import load_checkpoint
+    from minigrpo.lm.checkpoint import load_checkpoint
     from toy_tasks.food import PEOPLE
     folder = out / "entropy"
     folder.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from minigrpo.kl import LOG_RATIO_CLAMP
-from minigrpo.losses import clipped_surrogate
+from minigrpo.objectives.kl import LOG_RATIO_CLAMP
+from minigrpo.objectives.losses import clipped_surrogate
 
 
 def _inputs(logp, old_logp, advantages, mask):

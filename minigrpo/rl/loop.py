@@ -32,20 +32,20 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.algorithm import Algorithm, rollout_flags
-from minigrpo.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
+from minigrpo.rl.algorithm import Algorithm, rollout_flags
+from minigrpo.lm.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
                                  save_checkpoint)
-from minigrpo.cli import UsageError, prepare_out, write_json
+from minigrpo.util.cli import UsageError, prepare_out, write_json
 from minigrpo.metrics import JsonlLogger
-from minigrpo.optim import AdamW, clip_grad_norm
-from minigrpo.preserve import Anchor, anchor_loss, make_anchor
-from minigrpo.rewards import RewardError, make_reward
-from minigrpo.rl_config import RLConfig, check_rl_config
-from minigrpo.rl_report import StopOnCtrlC, draw_figure, flat, progress_line, write_samples
-from minigrpo.rollout import collect
-from minigrpo.runtime import setup_runtime
-from minigrpo.stopping import Peaks, StopRule
-from minigrpo.trust_region import StepGuard
+from minigrpo.lm.optim import AdamW, clip_grad_norm
+from minigrpo.rl.preserve import Anchor, anchor_loss, make_anchor
+from toy_tasks.rewards import RewardError, make_reward
+from minigrpo.rl.config import RLConfig, check_rl_config
+from minigrpo.rl.report import StopOnCtrlC, draw_figure, flat, progress_line, write_samples
+from minigrpo.rl.rollout import collect
+from minigrpo.util.runtime import setup_runtime
+from minigrpo.rl.stopping import Peaks, StopRule
+from minigrpo.rl.trust_region import StepGuard
 from toy_tasks import get_task
 from toy_tasks.support import reward_table
 
@@ -218,7 +218,7 @@ class Run:
 
 
 def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str, panels, log=print) -> dict:
-    """Train with the algorithm built by `algo_factory(run)` (minigrpo/algorithm.py); returns the summary."""
+    """Train with the algorithm built by `algo_factory(run)` (minigrpo/rl/algorithm.py); returns the summary."""
     r = Run(cfg, algo_name, log)
     algo = algo_factory(r)
     opt = AdamW(algo.parameters(), lr=cfg.lr)

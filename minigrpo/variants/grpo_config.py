@@ -21,7 +21,7 @@ defaults and why.
              (on-policy π_old = π_θ); RLOO's leave-one-out baseline (independent of y_i); no std division
              (a y-dependent rescaling per group); Σ over tokens per sequence, mean over sequences (no 1/|o|);
              μ = 1 (ρ ≡ 1: the expected update IS the gradient). Its fixed point is the exact optimum
-             π*_β ∝ π_ref·e^{r/β} (minigrpo/frontier.py): measured in bench's optimum section (README, "What
+             π*_β ∝ π_ref·e^{r/β} (minigrpo/exact/frontier.py): measured in bench's optimum section (README, "What
              only exact ground truth can show"). Every other preset changes the objective it climbs: the
              default's per-token KL under a 1/|o| mean is a length-dependent β, std division and clipping
              reweight groups and samples.
@@ -91,10 +91,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minigrpo.cli import UsageError, meta
-from minigrpo.losses import AGG_MODES
-from minigrpo.policy_losses import POLICY_LOSSES
-from minigrpo.rl_config import RLConfig, check_ranges
+from minigrpo.util.cli import UsageError, meta
+from minigrpo.objectives.losses import AGG_MODES
+from minigrpo.objectives.policy_losses import POLICY_LOSSES
+from minigrpo.rl.config import RLConfig, check_ranges
 
 PRESETS = {
     "grpo": {"kl": "k3", "beta": 0.04},

@@ -55,13 +55,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minigrpo.kl import exact
-from minigrpo.logprobs import pad_left
-from minigrpo.losses import entropy
-from minigrpo.model import GPT, positions
-from minigrpo.rollout import generation_logprobs
-from minigrpo.sampling import Generation, encode_prompts, generate
-from minigrpo.tokenizer import EOS_ID, CharTokenizer
+from minigrpo.objectives.kl import exact
+from minigrpo.lm.logprobs import pad_left
+from minigrpo.objectives.losses import entropy
+from minigrpo.lm.model import GPT, positions
+from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.sampling import Generation, encode_prompts, generate
+from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 
 TREE_MIN_PROB = 1e-4  # the tree anchor keeps every completion at least this likely under π_ref
 

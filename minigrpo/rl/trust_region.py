@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from minigrpo.kl import exact
-from minigrpo.rollout import generation_logprobs
-from minigrpo.sampling import Generation
+from minigrpo.objectives.kl import exact
+from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.sampling import Generation
 
 
 @torch.no_grad()

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo.logprobs import completion_token_logprobs, shifted_forward
-from minigrpo.model import GPT
-from minigrpo.rewards import Reward, score
-from minigrpo.sampling import Generation, decode_completions, encode_prompts, generate
-from minigrpo.tokenizer import CharTokenizer
+from minigrpo.lm.logprobs import completion_token_logprobs, shifted_forward
+from minigrpo.lm.model import GPT
+from toy_tasks.rewards import Reward, score
+from minigrpo.lm.sampling import Generation, decode_completions, encode_prompts, generate
+from minigrpo.lm.tokenizer import CharTokenizer
 
 
 @dataclass

@@ -35,8 +35,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from minigrpo.cli import release_out
-from minigrpo.rewards import module_file
+from minigrpo.util.cli import release_out
+from toy_tasks.rewards import module_file
 
 
 def run_in_process(module: str, argv: list[str]) -> str | None:

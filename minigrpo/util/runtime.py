@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.cli import UsageError
+from minigrpo.util.cli import UsageError
 
 
 def auto_threads(load: tuple[float, int] | None = None) -> int:

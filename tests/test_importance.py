@@ -1,4 +1,4 @@
-"""Properties of minigrpo/is_correction.py: truncated (TIS) and masked (MIS / IcePop) importance weights for the
+"""Properties of minigrpo/objectives/importance.py: truncated (TIS) and masked (MIS / IcePop) importance weights for the
 sampler-trainer mismatch, per token and per sequence. Float64 throughout."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, T, call, garbage
-from minigrpo.is_correction import mis_weights, tis_weights
+from minigrpo.objectives.importance import mis_weights, tis_weights
 from test_losses import agg_case as case, agg_unpack  # batches of per-token values in [−5, 5], lengths
 
 LEVELS = ["token", "sequence"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minigrpo.model import GPT, KVCache, attention, causal_mask
+from minigrpo.lm.model import GPT, KVCache, attention, causal_mask
 
 
 class Decoder:

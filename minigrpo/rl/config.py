@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from minigrpo.cli import UsageError, meta, parse_config
+from minigrpo.util.cli import UsageError, meta, parse_config
 from toy_tasks import task_defaults
 
 

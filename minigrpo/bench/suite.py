@@ -27,14 +27,14 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench_rl import (ROW_HEADER, bench_optimum, med, passes, rarest_foods, run_all, run_module, seed_row,
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out
+from minigrpo.bench.common import (ROW_HEADER, bench_optimum, med, passes, rarest_foods, run_all, run_module, seed_row,
                                table, write_rare_reward)
-from minigrpo.bench_speed import bench_prefix, bench_sampling, bench_scale, bench_threads
-from minigrpo.bench_entropy import bench_entropy
-from minigrpo.bench_mismatch import bench_mismatch
-from minigrpo.bench_step import bench_step
-from minigrpo.runtime import setup_runtime
+from minigrpo.bench.speed import bench_prefix, bench_sampling, bench_scale, bench_threads
+from minigrpo.bench.entropy import bench_entropy
+from minigrpo.bench.mismatch import bench_mismatch
+from minigrpo.bench.step import bench_step
+from minigrpo.util.runtime import setup_runtime
 from toy_tasks import default_pretrain_dir, get_task
 
 SECTIONS = ["sampling", "threads", "scale", "prefix", "pretrain", "grpo", "presets", "targets", "rarest", "custom",

@@ -1,0 +1,1 @@
+"""Benchmarks: python -m minigrpo.bench measures speed and quality and writes the results pages."""

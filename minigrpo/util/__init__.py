@@ -1,0 +1,1 @@
+"""Plumbing every command shares: flag parsing and one-line errors (cli), threads and device (runtime)."""
