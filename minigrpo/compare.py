@@ -31,16 +31,15 @@ others finish, and the command then exits with code 1. Writes to <out> (default 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench.common import first_reaching, med, quality_ok
 from minigrpo.grpo import PRESETS
-from minigrpo.metrics import read_jsonl
+from minigrpo.util.jsonl import read_jsonl
+from minigrpo.tools.bars import first_reaching, med, quality_ok
 from minigrpo.tools.pool import finished_by, run_one, run_pool
 from minigrpo.rl.config import default_out
 
@@ -160,7 +159,7 @@ def exact_frontier(passthrough: list[str], reward: str | None):
 
 
 def within_bars(f: dict) -> bool:
-    """bench_rl's quality bars on a run's final figures and peaks."""
+    """The quality bars of tools/bars.py on a run's final figures and peaks."""
     return quality_ok(f["target_rate"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
 
 
@@ -208,11 +207,6 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
                                                              "peak_worst_drift", "malformed", "peak_malformed",
                                                              *(OPTIMUM_KEYS if curve is not None else ()))]]
         lines.append("| " + " | ".join(row) + " |")
-    for ax in axes:
-        ax.set_ylabel("exact target rate (higher is better)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
     if curve is not None:
         axes2[0].plot(curve["kl"], curve["expected_reward"], color="black", lw=1, zorder=0,
                       label="exact frontier (no policy above it)")
@@ -220,8 +214,8 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
     axes2[0].set_xlabel("exact KL(π‖π_ref) over the target prompt's outcomes" if curve is not None
                         else "exact KL to π_ref per token (lower = closer)")
     axes2[1].set_xlabel("worst other-person drift, TV (lower is better)")
-    for ax in axes2:
-        ax.set_ylabel("final exact expected reward (higher is better)")
+    for ax, y in [(ax, "exact target rate") for ax in axes] + [(ax, "final exact expected reward") for ax in axes2]:
+        ax.set_ylabel(f"{y} (higher is better)")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

@@ -51,11 +51,12 @@ import torch
 from minigrpo.util.cli import UsageError, exit_now, main_guard, meta
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate
-from minigrpo.metrics import combine_stats
+from minigrpo.rl.report import combine_stats
 from minigrpo.objectives.preference import PAIR_MODES, dpo_loss, preference_pairs, sequence_logp
 from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
 from minigrpo.rl.config import RLConfig, check_ranges, parse_rl_config
-from minigrpo.rl.rollout import RolloutBatch, collect, generation_logprobs
+from minigrpo.rl.rollout import RolloutBatch, collect
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.sampling import Generation
 
 

@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from minigrpo.util.cli import (UsageError, check_positive, exit_now, main_guard, parse_config, prepare_out,
                           write_json)
-from minigrpo.metrics import JsonlLogger, plot_panels, read_jsonl
+from minigrpo.util.jsonl import JsonlLogger, read_jsonl
+from minigrpo.util.plotting import plot_panels
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.optim import AdamW
 from minigrpo.util.runtime import setup_runtime

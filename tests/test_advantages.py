@@ -310,9 +310,12 @@ def test_explained_variance_perfect_constant_and_hand_examples():
     assert ev(ret, torch.ones_like(ret)) == 0.0, "Var[returns] = 0 is defined as EV = 0 (no NaN)"
 
 
-# ---- appended: ReMax, REINFORCE-Rej, GPG ----------------------------------------------------------
+# ---- ReMax's greedy baseline, REINFORCE-Rej's group filter, GPG's rescaling ------------------------
 
-from minigrpo.objectives.advantages import equal_groups, gpg_scale, reject_uniform_groups, remax_advantages  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from minigrpo.objectives.advantages import equal_groups, gpg_scale, remax_advantages  # noqa: E402
+from minigrpo.variants.advantages import kept_rows  # noqa: E402
 
 
 @SET
@@ -332,7 +335,7 @@ def test_remax_is_reward_minus_the_greedy_reward_and_zero_where_they_match(rows,
 @given(reward_rows(st.sampled_from([0.0, 1.0]), G=(1, 6)))
 def test_reinforce_rej_drops_exactly_the_all_correct_and_all_wrong_groups(rows):
     r = R(rows)
-    keep = call(reject_uniform_groups, r, shape=(r.size(0),))
+    keep = ~call(equal_groups, r, shape=(r.size(0),))
     want = torch.tensor([0.0 < sum(row) < len(row) for row in rows])
     assert keep.dtype == torch.bool and torch.equal(keep, want), f"0/1 rewards {rows}: keep {keep.tolist()}"
 
@@ -341,8 +344,12 @@ def test_reinforce_rej_drops_exactly_the_all_correct_and_all_wrong_groups(rows):
 @given(reward_rows(grid))
 def test_reinforce_rej_keeps_every_group_with_two_different_rewards_and_leaves_no_zero_signal_group(rows):
     r = R(rows)
-    keep = reject_uniform_groups(r)
-    assert torch.equal(keep, ~equal_groups(r)), "the kept groups are exactly those with ≥ 2 different rewards"
+    B, G = r.shape
+    rows_kept = kept_rows(equal_groups(r), SimpleNamespace(skip_equal_groups=True, group_size=G))
+    want = [b * G + j for b, row in enumerate(rows) if len(set(row)) > 1 for j in range(G)]
+    assert rows_kept.tolist() == want, "the kept rows are exactly those of the groups with ≥ 2 different rewards"
+    assert kept_rows(equal_groups(r), SimpleNamespace(skip_equal_groups=False, group_size=G)) is None, "off: all"
+    keep = torch.tensor([len(set(row)) > 1 for row in rows])
     kept = group_advantages(r[keep])
     assert (kept.abs().sum(1) > 0).all(), f"a kept group has all-zero advantages: {kept.tolist()}"
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from minigrpo.lm import logprobs
-from minigrpo.rl import rollout
 from minigrpo.lm import sampling
 from minigrpo.bench.step import NO_KL, OURS, PLAIN, RECORDED, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
 
@@ -28,10 +27,10 @@ def test_our_rows_have_positive_finite_times_without_trl():
 
 
 def test_plain_forward_is_patched_only_inside():
-    before = (rollout.shifted_forward, logprobs.shifted_forward, sampling.Generation.prefix_tree)
+    before = (logprobs.shifted_forward, sampling.Generation.prefix_tree)
     with plain_forward():
-        assert rollout.shifted_forward is not before[0]
-    assert (rollout.shifted_forward, logprobs.shifted_forward, sampling.Generation.prefix_tree) == before
+        assert logprobs.shifted_forward is not before[0]
+    assert (logprobs.shifted_forward, sampling.Generation.prefix_tree) == before
 
 
 def test_gpt2_copy_is_the_same_function():

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from minigrpo import metrics
+from minigrpo.util import jsonl
 from minigrpo.tools import pool
 from minigrpo.compare import main
 from toy_tasks.rewards import module_file
@@ -68,7 +69,7 @@ def test_a_pooled_run_is_the_separate_process_run(tmp_path, tiny_pretrained):
     out = tmp_path / "cmp"
     main(["--algos", "ppo,grpo", "--seeds", "2", "--jobs", "1", "--out", str(out), "--init", str(init), *TINY])
     untimed = lambda folder: [{k: v for k, v in row.items() if k not in ("step_time", "tokens_per_s")}  # noqa: E731
-                              for row in metrics.read_jsonl(folder / "metrics.jsonl")]
+                              for row in jsonl.read_jsonl(folder / "metrics.jsonl")]
     for run in ("ppo-s1", "grpo-s1"):
         cmd = json.loads((out / run / "compare_command.json").read_text())["command"]  # ["-m", module, …, folder]
         alone = tmp_path / f"alone-{run}"

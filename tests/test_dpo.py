@@ -7,11 +7,12 @@ import torch
 from conftest import one_line_error
 from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.dpo import DPO, DPOConfig, main, train
-from minigrpo.metrics import read_jsonl
+from minigrpo.util.jsonl import read_jsonl
 from minigrpo.lm.optim import AdamW
 from minigrpo.objectives.preference import sequence_logp
 from minigrpo.rl.loop import Run, purpose_seed
-from minigrpo.rl.rollout import collect, generation_logprobs
+from minigrpo.rl.rollout import collect
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.sampling import Generation, encode_prompts, generate
 
 TIME_KEYS = {"step_time", "tokens_per_s"}

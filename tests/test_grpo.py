@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -6,14 +7,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from minigrpo.lm import logprobs
 from minigrpo.rl import rollout
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
-from minigrpo.metrics import read_jsonl
-from minigrpo.objectives.policy_losses import POLICY_LOSSES
+from minigrpo.util.jsonl import read_jsonl
+from minigrpo.variants.policy_losses import POLICY_LOSSES
 from minigrpo.rl.preserve import anchor_loss
 from toy_tasks.rewards import make_reward
 from minigrpo.rl.loop import Run
-from minigrpo.rl.rollout import collect, generation_logprobs
+from minigrpo.rl.rollout import collect
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.checkpoint import read_checkpoint
 from toy_tasks import food
 from conftest import perturbed, right_padded
@@ -71,14 +74,14 @@ def test_only_completion_tokens_receive_gradient(tiny_pretrained, monkeypatch):
     batch = two_completion_batch(model, tok, seed=1)
     batch.rewards = torch.tensor([1.0, 0.0])
     captured = {}
-    original = rollout.shifted_forward
+    original = logprobs.shifted_forward
     def forward(*args, **kwargs):  # capture each row's logits (B, P+T-1, V) of the training forward pass
         logits, hidden = original(*args, **kwargs)
         if logits.requires_grad:
             logits.retain_grad()
             captured["logits"] = logits
         return logits, hidden
-    monkeypatch.setattr(rollout, "shifted_forward", forward)
+    monkeypatch.setattr(logprobs, "shifted_forward", forward)
     cfg = GRPOConfig(group_size=2, updates=1, beta=0.0)
     GRPO(fake_run(cfg, model)).update(batch, torch.optim.SGD(model.parameters(), lr=0.0))
     grad = captured["logits"].grad.abs().sum(-1)  # (N, P+T-1): position t predicts token t+1
@@ -376,11 +379,12 @@ def test_entropy_bonus_adds_minus_coef_times_the_entropy_gradient(tiny_pretraine
 
 # ---- the presets' distinguishing behaviour, through train ---------------------------------------
 
-def spy(monkeypatch, name, record, table=None):
-    """Wrap minigrpo.grpo.<name> (or table[name], e.g. a POLICY_LOSSES entry) so every call's arguments and
-    result are appended to `record`."""
+def spy(monkeypatch, name, record, table=None, module=None):
+    """Wrap <module>.<name> (default module: minigrpo.grpo), or the function of table[name] (e.g. a POLICY_LOSSES
+    entry), so every call's arguments and result are appended to `record`."""
     import minigrpo.grpo as grpo_module
-    original = getattr(grpo_module, name) if table is None else table[name]
+    grpo_module = module or grpo_module
+    original = getattr(grpo_module, name) if table is None else table[name].fn
 
     def wrapped(*args, **kw):
         out = original(*args, **kw)
@@ -389,7 +393,7 @@ def spy(monkeypatch, name, record, table=None):
     if table is None:
         monkeypatch.setattr(grpo_module, name, wrapped)
     else:
-        monkeypatch.setitem(table, name, wrapped)
+        monkeypatch.setitem(table, name, dataclasses.replace(table[name], fn=wrapped))
 
 
 def test_dapo_drops_equal_reward_groups_and_trains_on_the_rest(tmp_path, tiny_pretrained, monkeypatch):
@@ -463,7 +467,7 @@ def test_j_beta_preset_takes_the_reinforce_gradient_of_the_kl_regularised_object
     """∇J_β = E_y[(r(y) − β·log π(y)/π_ref(y) − b)·∇ log π(y)]: with --preset j_beta the update's gradient is
     exactly −(1/N) Σ_i A_i ∇ Σ_t log π(y_it), A_i = R_i − mean_{j≠i} R_j, R_i = r_i − β Σ_t log(π_old/π_ref)."""
     from minigrpo.grpo import PRESETS
-    from minigrpo.rl.rollout import generation_logprobs
+    from minigrpo.lm.logprobs import generation_logprobs
     _, model, tok = tiny_pretrained
     model = copy.deepcopy(model)
     ref = perturbed(model, 0.05, seed=0)

@@ -1,4 +1,4 @@
-"""The second wave wired into GRPO (grpo_config.py's flags and presets): each flag's distinguishing behaviour
+"""The variants wired into GRPO (the flags of minigrpo/variants and the presets): each flag's distinguishing behaviour
 through grpo_loss, GRPO.update or a whole run. The math itself is pinned in test_policy_losses.py,
 test_entropy_control.py, test_kl.py and test_advantages.py; every preset's three-step run is
 test_grpo.py::test_every_preset_runs_three_steps (it walks PRESETS). Kept out of test_grpo.py, whose
@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from minigrpo.objectives.entropy_control import clip_cov_mask, next_coef, token_covariance, top_cov_mask, top_entropy_mask
+from minigrpo.variants import entropy as entropy_family
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
 from minigrpo.objectives.kl import k3, k3_iw
 from minigrpo.objectives.losses import entropy
-from minigrpo.metrics import read_jsonl
+from minigrpo.util.jsonl import read_jsonl
 from toy_tasks.rewards import make_reward
 from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.rl.rollout import collect
@@ -114,7 +115,7 @@ def test_top_entropy_trains_only_the_current_policys_highest_entropy_tokens():
 
 def test_clip_cov_detaches_a_seeded_random_share_of_the_tokens_the_clip_leaves_alone(monkeypatch):
     calls = []
-    spy(monkeypatch, "clip_cov_mask", calls)
+    spy(monkeypatch, "clip_cov_mask", calls, module=entropy_family)
     cfg = flat(cov_control="clip_cov", cov_ratio=0.5, clip_cov_low=-100.0, clip_cov_high=100.0)
     s = shifted(((0, 0), 0.5), ((1, 0), -0.1))
     g_ppo, (_, p_ppo, _, _), _ = logp_grad(flat(), s)

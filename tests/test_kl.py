@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import SET, T, call
-from minigrpo.objectives.kl import ESTIMATORS, exact, k1, k2, k3
+from minigrpo.objectives.kl import exact, k1, k2, k3
+from minigrpo.variants.kl import KL_ESTIMATORS
 
 logps = st.lists(st.floats(-30, 0), min_size=1, max_size=8)
 
@@ -17,7 +18,8 @@ def pair(a, b):
 
 
 def test_estimators_table_maps_names_to_functions():
-    assert ESTIMATORS == {"k1": k1, "k2": k2, "k3": k3}, f"ESTIMATORS must map 'k1', 'k2', 'k3' to them: {ESTIMATORS}"
+    table = {name: KL_ESTIMATORS[name].fn for name in ("k1", "k2", "k3")}
+    assert table == {"k1": k1, "k2": k2, "k3": k3}, f"KL_ESTIMATORS must map 'k1', 'k2', 'k3' to them: {table}"
 
 
 def test_hand_values_fix_the_sign_convention():
@@ -101,7 +103,7 @@ def test_k1_and_k3_are_unbiased_and_exact_is_the_true_kl(case):
     pi = lp.exp()
     want = true_kl(theta, ref)
     for name in ("k1", "k3"):
-        mean = (pi * ESTIMATORS[name](lp, lref)).sum(-1)  # E_(x~π)[k(x)], enumerated
+        mean = (pi * KL_ESTIMATORS[name].fn(lp, lref)).sum(-1)  # E_(x~π)[k(x)], enumerated
         assert torch.allclose(mean, want, atol=1e-10), f"E_π[{name}] = {mean.tolist()} must equal KL(π‖π_ref) = {want.tolist()}"
     got = call(exact, theta, ref)
     assert got.shape == want.shape, f"exact: (n, V) logits must give (n,), got {tuple(got.shape)}"
@@ -113,7 +115,7 @@ def expected_grad(name, theta, ref):
     on-policy — the score-function term of the sampling is NOT included, as in a trainer."""
     theta = theta.clone().requires_grad_(True)
     lp, lref = theta.log_softmax(-1), ref.log_softmax(-1)
-    (lp.exp().detach() * ESTIMATORS[name](lp, lref)).sum().backward()
+    (lp.exp().detach() * KL_ESTIMATORS[name].fn(lp, lref)).sum().backward()
     return theta.grad
 
 
@@ -167,16 +169,16 @@ def test_monte_carlo_reproduces_schulmans_gaussian_table(mu):
     logq, logp = -0.5 * x ** 2, -0.5 * (x - mu) ** 2  # the shared normaliser cancels in the log-ratio
     true = mu ** 2 / 2
     for name, (bias, std) in TABLE[mu].items():
-        est = call(ESTIMATORS[name], logq, logp)  # (log-prob under the sampler, under the reference)
+        est = call(KL_ESTIMATORS[name].fn, logq, logp)  # (log-prob under the sampler, under the reference)
         got_bias, got_std = (est.mean().item() - true) / true, est.std().item() / true
         tolerance = 4 * std / n ** 0.5 + 0.002  # 4 standard errors + the table's rounding
         assert abs(got_bias - bias) < tolerance, f"{name}, mu={mu}: bias/true {got_bias:.4f}, table {bias} ± {tolerance:.4f}"
         assert abs(got_std / std - 1) < 0.03, f"{name}, mu={mu}: std/true {got_std:.3f}, table {std}"
 
 
-# ---- appended: k3+ (k3's value, k2's gradient) and DeepSeek-V3.2's importance-weighted k3 -------------
+# ---- k3+ (k3's value, k2's gradient) and DeepSeek-V3.2's importance-weighted k3 ----------------------
 
-from minigrpo.objectives.kl import ALL_ESTIMATORS, k3_iw, k3_plus  # noqa: E402
+from minigrpo.objectives.kl import k3_iw, k3_plus  # noqa: E402
 
 
 def sampled_grad(loss_of_logp, theta, weights):
@@ -186,8 +188,8 @@ def sampled_grad(loss_of_logp, theta, weights):
     return theta.grad
 
 
-def test_all_estimators_adds_k3_plus_and_keeps_the_three():
-    assert ALL_ESTIMATORS == {**ESTIMATORS, "k3+": k3_plus}, f"ALL_ESTIMATORS: {ALL_ESTIMATORS}"
+def test_the_kl_table_holds_k3_plus_and_k3_iw():
+    assert KL_ESTIMATORS["k3+"].fn is k3_plus and KL_ESTIMATORS["k3_iw"].fn is k3_iw, f"KL_ESTIMATORS: {KL_ESTIMATORS}"
 
 
 @SET

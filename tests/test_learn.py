@@ -27,7 +27,7 @@ MUTANTS = {
     ("k3", "sign"): ("delta = (ref_logp - logp)", "delta = (logp - ref_logp)"),
     ("exact", "swapped"): ("(logp.exp() * (logp - ref_logp))", "(ref_logp.exp() * (ref_logp - logp))"),
     ("aggregate", "padded_length"): ("](x, mask,", "](x, torch.ones_like(mask),"),
-    ("aggregate", "mask_multiplied"): ("x = torch.where(mask, per_token, _zero(per_token))", "x = per_token * mask"),
+    ("aggregate", "mask_multiplied"): ("x = torch.where(mask, per_token, zero_like(per_token))", "x = per_token * mask"),
     ("gae", "bootstrap_past_the_end"): ("v = torch.where(mask, values, zero)", "v = values"),
     ("completion_token_logprobs", "tokens_after_eos"): ("return torch.where(completion_mask, logp,",
                                                         "return torch.where(completion_mask | True, logp,"),
@@ -148,9 +148,25 @@ def test_check_all_on_the_reference_passes_and_the_capstone_learns(tmp_path, cap
 
 
 @pytest.mark.slow
-def test_a_capstone_with_a_sign_error_in_the_surrogate_does_not_learn_and_points_at_it(tmp_path, capsys):
+def test_a_capstone_with_a_sign_error_in_the_surrogate_does_not_learn_and_points_at_it(tmp_path, capsys,
+                                                                                     tiny_pretrained):
+    init, _, _ = tiny_pretrained  # its own model: the test does not depend on the repository's runs/pretrain
     plant(tmp_path, "clipped_surrogate", mutant_source("clipped_surrogate", "sign"))
     plant(tmp_path, "grpo_loss", workspace.reference_source(find("grpo_loss")))
-    ok, rate = grade.capstone(tmp_path)
+    ok, rate = grade.capstone(tmp_path, init=init)
     assert not ok and rate is not None and rate < grade.GOAL
     assert "revisit exercise 3 clipped_surrogate" in capsys.readouterr().out
+
+
+def test_a_capstone_without_a_pretrained_model_says_pretrain_first_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    plant(tmp_path, "grpo_loss", workspace.reference_source(find("grpo_loss")))
+    assert grade.capstone(tmp_path, init=tmp_path / "missing.pt") == (False, None)
+    out = capsys.readouterr().out
+    assert "pretrain first: python -m minigrpo.pretrain" in out and "missing.pt" in out, out
+    assert "did not learn" not in out and "revisit" not in out and not (tmp_path / "capstone").exists(), out
+    bare = tmp_path / "bare"  # a repository without runs/pretrain: the default --init is missing too
+    (bare / "tests").mkdir(parents=True)
+    monkeypatch.setattr(grade, "repo_root", lambda: bare)
+    assert grade.capstone(tmp_path) == (False, None)
+    out = capsys.readouterr().out
+    assert f"no pretrained model at {bare / 'runs' / 'pretrain' / 'model.pt'}: pretrain first" in out, out

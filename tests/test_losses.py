@@ -329,7 +329,7 @@ def test_value_loss_hand_example():
 
 
 def test_forking_token_mask_keeps_exactly_the_valid_positions_where_the_reference_had_a_choice():
-    from minigrpo.objectives.losses import forking_token_mask
+    from minigrpo.objectives.entropy_control import forking_token_mask
     ent = torch.tensor([[2.3, 0.001, 0.7, 5.0], [0.05, 0.2, 0.0, 9.9]])
     mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
     got = forking_token_mask(ent, mask, 0.1)

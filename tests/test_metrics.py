@@ -1,7 +1,7 @@
 import json
 import math
 
-from minigrpo.metrics import JsonlLogger, read_jsonl
+from minigrpo.util.jsonl import JsonlLogger, read_jsonl
 
 
 def test_every_line_is_strict_json_with_nan_and_inf_as_null(tmp_path):
@@ -23,7 +23,7 @@ def test_resume_keeps_rows_up_to_the_checkpoint_only(tmp_path):
 
 
 def test_combine_stats_takes_means_and_keeps_maxima():
-    from minigrpo.metrics import combine_stats
+    from minigrpo.rl.report import combine_stats
     got = combine_stats([{"loss": 1.0, "ratio_max": 1.5, "a": 2.0}, {"loss": 3.0, "ratio_max": 1.2}])
     assert got == {"loss": 2.0, "ratio_max": 1.5, "a": 2.0}  # a key only some updates report: their mean
 
@@ -32,7 +32,8 @@ def test_plot_panels_skips_empty_panels_and_the_cli_refuses_a_folder_without_an_
     import pytest
     from matplotlib.image import imread
 
-    from minigrpo.metrics import main, plot_panels
+    from minigrpo.metrics import main
+    from minigrpo.util.plotting import plot_panels
     rows = [{"step": s, "a": s * 0.1, "b": None if s % 2 else 1.0} for s in range(5)]
     plot_panels(rows, [("a and b", ["a", "b"]), ("never logged", ["c"])], tmp_path / "m.png", title="t")
     assert imread(tmp_path / "m.png").shape[:2] == (288, 1134)  # 1 row of 3 panels: (2.8 + 0.4) x 12.6 in, 90 dpi

@@ -13,10 +13,11 @@ from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.grpo import GRPO, GRPOConfig, grpo_loss, main, train
 from minigrpo.objectives.importance import correction
 from minigrpo.lm.logprobs import shifted_forward
-from minigrpo.metrics import read_jsonl
+from minigrpo.util.jsonl import read_jsonl
 from minigrpo.ppo import main as ppo_main
 from toy_tasks.rewards import make_reward
-from minigrpo.rl.rollout import Sampler, collect, generation_logprobs
+from minigrpo.rl.rollout import Sampler, collect
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.sampling import process_logits
 from toy_tasks import food
 from conftest import one_line_error

@@ -9,7 +9,8 @@ from hypothesis import given, strategies as st
 
 from conftest import SET, T, call, garbage
 from minigrpo.objectives.losses import aggregate, clipped_surrogate
-from minigrpo.objectives.policy_losses import POLICY_LOSSES, cispo, gmpo, sapo, sapo_gate
+from minigrpo.objectives.policy_losses import cispo, gmpo, sapo, sapo_gate
+from minigrpo.variants.policy_losses import POLICY_LOSSES
 from test_losses import case, unpack  # the batches of the clipped-surrogate tests: log-ratios, A, lengths
 
 
@@ -27,15 +28,15 @@ def per_token(adv, mask):
 
 def test_the_table_holds_the_four_losses_and_ppo_clip_is_clipped_surrogate_itself():
     assert set(POLICY_LOSSES) == {"ppo_clip", "cispo", "gmpo", "sapo"}, sorted(POLICY_LOSSES)
-    assert POLICY_LOSSES["ppo_clip"] is clipped_surrogate, "ppo_clip must delegate to losses.clipped_surrogate"
-    assert (POLICY_LOSSES["cispo"], POLICY_LOSSES["gmpo"], POLICY_LOSSES["sapo"]) == (cispo, gmpo, sapo)
+    assert POLICY_LOSSES["ppo_clip"].fn is clipped_surrogate, "ppo_clip must delegate to losses.clipped_surrogate"
+    assert (POLICY_LOSSES["cispo"].fn, POLICY_LOSSES["gmpo"].fn, POLICY_LOSSES["sapo"].fn) == (cispo, gmpo, sapo)
 
 
 @SET
 @given(case, st.sampled_from(sorted(POLICY_LOSSES)))
 def test_at_ratio_one_every_loss_gives_minus_a_per_token_and_gmpo_minus_a_over_length(c, name):
     _, old, adv, mask = unpack(c)
-    _, g = loss_and_grad(POLICY_LOSSES[name], old, old, adv, mask)  # log π_θ = log π_old: ρ = 1
+    _, g = loss_and_grad(POLICY_LOSSES[name].fn, old, old, adv, mask)  # log π_θ = log π_old: ρ = 1
     want = per_token(adv, mask)
     if name == "gmpo":  # a sequence objective: each token carries 1/|o_i| of it
         want = want / mask.sum(1, keepdim=True).clamp(min=1)
@@ -48,8 +49,8 @@ def test_masked_nan_and_1e4_reach_neither_value_nor_gradient(name):
     mask = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])
     logp, old = T([[-1.0, -0.2, 0], [-0.5, 0, 0], [0, 0, 0]]), T([[-1.1, -0.1, 0], [-0.4, 0, 0], [0, 0, 0]])
     adv = T([[2.0] * 3, [-1.0] * 3, [0.5] * 3])  # (B, T): junk goes into the advantages' masked slots too
-    clean, g_clean = loss_and_grad(POLICY_LOSSES[name], logp, old, adv, mask)
-    dirty, g_dirty = loss_and_grad(POLICY_LOSSES[name], garbage(logp, mask), garbage(old, mask),
+    clean, g_clean = loss_and_grad(POLICY_LOSSES[name].fn, logp, old, adv, mask)
+    dirty, g_dirty = loss_and_grad(POLICY_LOSSES[name].fn, garbage(logp, mask), garbage(old, mask),
                                    garbage(adv, mask), mask)
     assert torch.isfinite(dirty).all() and torch.equal(dirty, clean), f"{name}: masked junk changed {clean} -> {dirty}"
     assert torch.isfinite(g_dirty).all() and torch.equal(g_dirty, g_clean), f"{name}: junk reached the gradient"
@@ -60,7 +61,7 @@ def test_masked_nan_and_1e4_reach_neither_value_nor_gradient(name):
 def test_extreme_log_ratios_give_a_finite_loss_and_gradient(name):
     logp, old = T([[1e4, -1e4], [0.0, 50.0]]), T([[-1e4, 1e4], [-60.0, 0.0]])
     for a in (T([1.0, 2.0]), T([-1.0, -2.0])):
-        loss, g = loss_and_grad(POLICY_LOSSES[name], logp, old, a, None)
+        loss, g = loss_and_grad(POLICY_LOSSES[name].fn, logp, old, a, None)
         assert torch.isfinite(loss).all() and torch.isfinite(g).all(), f"{name}: loss {loss}, grad {g}"
 
 

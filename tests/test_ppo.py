@@ -8,12 +8,13 @@ import torch
 from conftest import naive_gae
 from minigrpo.objectives.advantages import explained_variance, gae
 from minigrpo.lm.checkpoint import read_checkpoint
-from minigrpo.metrics import read_jsonl
+from minigrpo.util.jsonl import read_jsonl
 from minigrpo.ppo import PPO, PPOConfig, main, train
 from toy_tasks.rewards import make_reward
 from minigrpo.rl.loop import Run
 from minigrpo.rl.config import parse_rl_config
-from minigrpo.rl.rollout import collect, generation_logprobs
+from minigrpo.rl.rollout import collect
+from minigrpo.lm.logprobs import generation_logprobs
 from toy_tasks import food
 from toy_tasks.oracle import prefix_values, values_at
 
@@ -22,13 +23,13 @@ def test_ppo_gae_on_a_real_rollout_equals_the_naive_loop(tmp_path, tiny_pretrain
     init, model, tok = tiny_pretrained
     run = Run(PPOConfig(init=str(init), out=str(tmp_path / "r"), quiet=True, preserve=False, beta=0.1), "ppo")
     algo = PPO(run)
-    torch.nn.init.normal_(algo.value_head.linear.weight, std=0.5)  # non-trivial values
+    torch.nn.init.normal_(algo.critic.head.linear.weight, std=0.5)  # non-trivial values
     batch = collect(run.policy, run.ref, tok, ["ravin likes "], 6, make_reward("pizza", food.REWARDS),
                     torch.Generator().manual_seed(0), old_logp=True, keep_ref_logits=True)
     run.policy.load_state_dict({k: v + 0.01 * torch.randn_like(v) for k, v in run.policy.state_dict().items()})
     batch.old_logp = batch.old_logp + 0.05 * torch.randn_like(batch.old_logp)  # a KL penalty that is not 0
     with torch.no_grad():
-        _, _, values = algo.forward(batch.gen)
+        values = algo.critic.values(batch)
     rewards, _ = algo.token_rewards(batch)
     mask = batch.mask
     adv, ret = gae(rewards, torch.where(mask, values, 0.0), mask, 1.0, 0.95)
@@ -78,11 +79,11 @@ def ppo_setup(tmp_path, init, tok, name="r", **kw):
     algo = PPO(run)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        if algo.value_head is not None:  # a learned critic
-            algo.value_head.linear.weight.normal_(0.0, 0.5, generator=g)
-            algo.value_head.linear.bias.fill_(0.1)
-        if algo.critic_trunk is not None:  # the critic's trunk differs from the policy's from here on
-            for p in algo.critic_trunk.parameters():
+        if algo.critic.head is not None:  # a learned critic
+            algo.critic.head.linear.weight.normal_(0.0, 0.5, generator=g)
+            algo.critic.head.linear.bias.fill_(0.1)
+        if algo.critic.trunk is not None:  # the critic's trunk differs from the policy's from here on
+            for p in algo.critic.trunk.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=g))
     batch = collect(run.policy, run.ref, tok, ["ravin likes "], 6, make_reward("pizza", food.REWARDS),
                     torch.Generator().manual_seed(0), old_logp=True, keep_ref_logits=True)
@@ -100,8 +101,8 @@ def test_one_minibatch_update_equals_a_hand_computation(tmp_path, tiny_pretraine
     noise = 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
     batch.old_logp = torch.where(mask, logp + noise, 0.0)
     with torch.no_grad():
-        _, hidden = generation_logprobs(algo.critic_trunk, batch.gen, return_hidden=True)
-        V = algo.value_head(hidden)
+        _, hidden = generation_logprobs(algo.critic.trunk, batch.gen, return_hidden=True)
+        V = algo.critic.head(hidden)
         _, logits = generation_logprobs(run.policy, batch.gen, return_logits=True)
     N, T = mask.shape
     lengths = [int(mask[i].sum()) for i in range(N)]
@@ -176,7 +177,7 @@ def test_a_learned_critic_is_scored_against_the_exact_values(tmp_path, tiny_pret
     run, algo, batch = ppo_setup(tmp_path, init, tok)
     stats = algo.update(batch, torch.optim.SGD(algo.parameters(), lr=0.0))  # lr 0: the critic is unchanged
     with torch.no_grad():
-        critic = algo.values(batch)
+        critic = algo.critic.values(batch)
     exact = prefix_values(run.policy, tok, batch.prompts, batch.gen.completion_ids, batch.mask, run.prompts,
                           run.task.support, run.rewards)
     want = explained_variance(critic, exact, batch.mask).item()

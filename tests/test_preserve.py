@@ -16,7 +16,7 @@ from minigrpo.lm.model import GPT, GPTConfig, positions
 from minigrpo.objectives.losses import entropy
 from minigrpo.rl.preserve import (Anchor, anchor_loss, build_anchor, build_anchor_tree, forced_state_anchor,
                                make_anchor)
-from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.sampling import Generation, encode_prompts
 from minigrpo.lm.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 from conftest import perturbed

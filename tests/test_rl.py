@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minigrpo.grpo import GRPOConfig, main, train
-from minigrpo.metrics import read_jsonl
+from minigrpo.util.jsonl import read_jsonl
 from minigrpo.rl.loop import GENERATORS, Run
 
 TIME_KEYS = {"step_time", "tokens_per_s"}

@@ -8,7 +8,8 @@ import torch
 
 from minigrpo.lm.logprobs import completion_logprobs as teacher_forced
 from toy_tasks.rewards import Reward
-from minigrpo.rl.rollout import RolloutBatch, collect, generation_logprobs
+from minigrpo.rl.rollout import RolloutBatch, collect
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.tokenizer import BOS_ID
 
 PROMPTS = ["bob likes ", "alice likes ", "jo likes ", "bob likes "]  # drawn with replacement: a repeat

@@ -11,25 +11,31 @@ medians with their min–max (a figure on one seed is an anecdote).
     optimum   --preset j_beta at β 0.1 and 0.3 on pizza, a fixed 300 steps, over --seeds N: how close it
               comes to the exact optimum π*_β of its own objective (bar: KL(π_θ‖π*_β) <= 0.02)
 
-The bars (issue "any reward, any person"): final exact target >= 0.95; at EVERY step malformed mass
-<= 0.02 and every other person's drift <= 0.05; at the end malformed <= 0.01 and drift <= 0.03; the
-whole process <= 30 s. Runs go `--jobs` at a time (default: the cores), each on one thread.
+Each run is checked against the bars of minigrpo/tools/bars.py (shared with compare's table). Runs go `--jobs`
+at a time (default: the cores), each on one thread.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-OPTIMUM_BAR = 0.02  # KL(π_θ‖π*_β) over the target prompt's outcomes, for --preset j_beta (the optimum section)
-BARS = {"final": 0.95, "peak_malformed": 0.02, "peak_worst_drift": 0.05, "malformed": 0.01, "worst_drift": 0.03,
-        "wall": 30.0}
+from minigrpo.tools.bars import BARS, OPTIMUM_BAR, first_reaching, med, quality_ok
+
+
+def timed(step, n: int, warmup: int = 1) -> list[float]:
+    """Seconds of each of n calls of step(), after `warmup` untimed ones."""
+    out = []
+    for _ in range(warmup + n):
+        t = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t)
+    return out[warmup:]
 
 
 def run_module(args: list[str], omp_threads: str = "1") -> tuple[float, str | None, str]:
@@ -61,11 +67,6 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
     return "\n".join([f"\n### {title}", fmt(cells[0]), sep] + [fmt(r) for r in cells[1:]])
 
 
-def first_reaching(xs: list, targets: list, level: float):
-    """The x (step, seconds, tokens) of the first evaluation whose exact target rate is >= level; None if never."""
-    return next((x for x, t in zip(xs, targets) if t >= level), None)
-
-
 def figures(folder: Path) -> dict:
     """A finished run's figures from its metrics.jsonl and summary.json."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -85,17 +86,8 @@ def figures(folder: Path) -> dict:
             "kl_exact": next((r["kl_exact"] for r in reversed(rows) if r.get("kl_exact") is not None), None)}
 
 
-def quality_ok(final: float, peak_malformed: float, malformed: float, peak_drift, drift) -> bool:
-    """The quality bars of the module docstring; the drift bars only where the task has off-target
-    prompts (drift None or NaN: it has none). Used by bench and by compare's table."""
-    ok = final >= BARS["final"] and peak_malformed <= BARS["peak_malformed"] and malformed <= BARS["malformed"]
-    if drift is not None and drift == drift:
-        ok = ok and peak_drift <= BARS["peak_worst_drift"] and drift <= BARS["worst_drift"]
-    return ok
-
-
 def passes(f: dict) -> bool:
-    """Every bar of the module docstring: the quality bars and the whole-process time."""
+    """Every bar of tools/bars.py: the quality bars and the whole-process time."""
     return "error" not in f and f["wall"] <= BARS["wall"] and \
         quality_ok(f["final"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
 
@@ -105,18 +97,6 @@ def run_all(jobs: list[tuple[str, list[str], Path]], n_jobs: int) -> dict[str, d
     with ThreadPoolExecutor(max_workers=max(1, n_jobs)) as pool:
         results = pool.map(lambda j: run_cli(j[1], j[2]), jobs)
         return {label: f for (label, _, _), f in zip(jobs, results)}
-
-
-def med(values: list, fmt: str = "{:.3f}", none: str = "-") -> str:
-    """'median (min–max)' of the values that exist (None: missing, e.g. never reached), the missing ones
-    counted as 'never'; `none` when no value exists."""
-    got = [v for v in values if v is not None]
-    if not got:
-        return none
-    text = fmt.format(statistics.median(got))
-    if len(got) > 1:
-        text += f" ({fmt.format(min(got))}–{fmt.format(max(got))})"
-    return text + (f", {len(values) - len(got)} never" if len(got) < len(values) else "")
 
 
 ROW_HEADER = ["run", "seeds", "pass all bars", "whole process s", "steps (stop)", "steps to 0.95", "final exact target",

@@ -31,15 +31,16 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.bench.common import med, table
+from minigrpo.bench.common import table
 from minigrpo.objectives.entropy_control import token_covariance
 from minigrpo.grpo import GRPO, PANELS, advantages
-from minigrpo.variants.grpo_config import PRESETS, GRPOConfig, check_grpo_config
+from minigrpo.grpo import PRESETS, GRPOConfig, check_grpo_config
 from minigrpo.objectives.losses import entropy
 from minigrpo.rl.preserve import build_anchor_tree
 from minigrpo.rl.loop import run
 from minigrpo.rl.config import parse_rl_config
-from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.logprobs import generation_logprobs
+from minigrpo.tools.bars import med
 from minigrpo.lm.tokenizer import EOS_ID
 
 RECIPES = {"pizza, default": ["--reward", "pizza"], "pizza, --preset dapo": ["--reward", "pizza", "--preset", "dapo"],

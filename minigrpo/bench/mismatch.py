@@ -1,5 +1,5 @@
 """The `mismatch` section of `python -m minigrpo.bench`: what a sampler other than π does to GRPO's gradient,
-exactly, and to whole runs (issue 15's mismatch lab; the flags: grpo_config.py).
+exactly, and to whole runs (issue 15's mismatch lab; the flags: variants/sampler.py).
 
     python -m minigrpo.bench --only mismatch
 

@@ -22,21 +22,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minigrpo.bench.common import table
+from minigrpo.bench.common import table, timed
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.optim import AdamW
 from minigrpo.util.runtime import auto_threads
 from minigrpo.lm.sampling import generate
-
-
-def timed(step, n: int, warmup: int = 1) -> list[float]:
-    """Seconds of each of n calls of step(), after `warmup` untimed ones."""
-    out = []
-    for _ in range(warmup + n):
-        t = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - t)
-    return out[warmup:]
 
 
 def _time(fn, repeat: int) -> float:
@@ -133,7 +123,7 @@ def bench_prefix(out, init, steps: int = 40, repeat: int = 20) -> str:
     from minigrpo.bench.step import plain_forward
     from minigrpo.grpo import GRPO, PANELS, GRPOConfig
     from minigrpo.lm.logprobs import scoring_batch, shifted_forward
-    from minigrpo.metrics import read_jsonl
+    from minigrpo.util.jsonl import read_jsonl
     from minigrpo.rl.rollout import collect
     from toy_tasks.food import FOODS, PEOPLE, prompt
 

@@ -38,8 +38,7 @@ import torch
 from minigrpo.lm import logprobs
 from minigrpo.lm import sampling
 from minigrpo.rl.algorithm import rollout_flags
-from minigrpo.bench.common import table
-from minigrpo.bench.speed import timed
+from minigrpo.bench.common import table, timed
 from minigrpo.grpo import GRPO, GRPOConfig
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.optim import AdamW

@@ -1,18 +1,22 @@
-"""Measure speed and quality, and print them as tables. Speed goals are checked here, never in tests.
+"""Measure speed and quality, print them as tables, and write them into the results pages. Speed goals are
+checked here, never in tests.
 
     python -m minigrpo.bench            # everything (several minutes on 2 CPU cores)
     python -m minigrpo.bench --quick    # sampling and threads only (seconds)
     python -m minigrpo.bench --only grpo,presets
+    python -m minigrpo.bench --quick --no-docs   # print only
 
-Sections: machine; the speed sections of bench_speed.py (sampling: KV cache vs the slow path; threads;
+Sections: machine; the speed sections of speed.py (sampling: KV cache vs the slow path; threads;
 scale, only on request: a 6 x 384 model, where a GPU wins; prefix: the shared-prefix forward against the plain
 one); pretrain (the default command over --seeds,
 with its exact quality report, beside the minibatch recipe it replaced); then the RL sections of
-bench_rl.py (grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and
-checked against the bars written there; grpo adds the spill-over figure and the per-step time of a
-4-layer model; step (bench_step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is
+common.py (grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and
+checked against the bars of minigrpo/tools/bars.py; grpo adds the spill-over figure and the per-step time of a
+4-layer model; step (step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is
 importable (otherwise through a plain/TRL ratio recorded on this machine).
-Subprocess runs write under --out (default runs/bench), --jobs at a time.
+Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables replace its
+own block in --docs (default docs/: performance.md for the speed sections, results.md for the others; pages.py),
+the rest of each page kept; --no-docs only prints.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from pathlib import Path
 import torch
 
 from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out
-from minigrpo.bench.common import (ROW_HEADER, bench_optimum, med, passes, rarest_foods, run_all, run_module, seed_row,
-                               table, write_rare_reward)
+from minigrpo.bench.common import (ROW_HEADER, bench_optimum, passes, rarest_foods, run_all, run_module, seed_row,
+                                   table, write_rare_reward)
 from minigrpo.bench.speed import bench_prefix, bench_sampling, bench_scale, bench_threads
 from minigrpo.bench.entropy import bench_entropy
+from minigrpo.bench import pages
 from minigrpo.bench.mismatch import bench_mismatch
 from minigrpo.bench.step import bench_step
+from minigrpo.tools.bars import med
 from minigrpo.util.runtime import setup_runtime
 from toy_tasks import default_pretrain_dir, get_task
 
@@ -52,6 +58,8 @@ class BenchConfig:
     jobs: int = field(default=0, metadata={"help": "runs at a time in the RL sections (0 = the number of cores)"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads for the in-process sections"})
     device: str = field(default="cpu", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
+    docs: str = field(default="docs", metadata=meta(
+        "folder of the results pages the sections rewrite (results.md, performance.md); --no-docs: print only"))
 
 
 def _run_cli(args: list[str]) -> tuple[float, str]:
@@ -114,7 +122,9 @@ def _seed_table(title: str, configs: list[tuple[str, list[str]]], out: Path, ini
         ("\nfailed:\n" + "\n".join(errors) if errors else ""), by_label
 
 
-def bench_grpo(out: Path, task: str, seeds: int, jobs: int) -> str:
+def bench_grpo(out: Path, task: str, seeds: int, jobs: int) -> str | dict[str, str]:
+    """The default commands over seeds; on food also the spill-over and a bigger model's step time: {block: text}
+    (each its own block of the pages)."""
     init = _task_init(out, task)
     if task != "food":  # the task's own defaults (RL_DEFAULTS), GRPO and PPO
         configs = [(f"{cli} --task {task} (default)", [f"minigrpo.{cli}", "--task", task]) for cli in ("grpo", "ppo")]
@@ -128,7 +138,7 @@ def bench_grpo(out: Path, task: str, seeds: int, jobs: int) -> str:
                ("ppo --reward pizza --critic oracle", ["minigrpo.ppo", "--reward", "pizza", "--critic", "oracle"])]
     text, _ = _seed_table(f"grpo and ppo: whole processes, medians (min–max) over {seeds} seeds", configs, out, init,
                           seeds, jobs)
-    text += spillover(out / _slug(configs[0][0]) / "s0", out / _slug(configs[2][0]) / "s0", out / "spillover.png")
+    spill = spillover(out / _slug(configs[0][0]) / "s0", out / _slug(configs[2][0]) / "s0", out / "spillover.png")
     big = _ensure_pretrained(out, "pretrain-4x128",
                              ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--steps", "300"])
     folder = out / "grpo-step-time"
@@ -137,11 +147,11 @@ def bench_grpo(out: Path, task: str, seeds: int, jobs: int) -> str:
               "--steps", "40", "--eval-every", "1000", "--goal", "0", "--overwrite"])
     times = [json.loads(line)["step_time"] for line in (folder / "metrics.jsonl").read_text().splitlines()
              if "step_time" in json.loads(line)]
-    text += table("grpo per-step time: 4-layer 128-wide model, 1 prompt x 8 completions, 12 new tokens, μ=1, "
-                  "--no-preserve, 1 thread", ["steps", "median ms", "p90 ms"],
-                  [[len(times), f"{1000 * statistics.median(times[5:]):.1f}",
-                    f"{1000 * sorted(times[5:])[int(0.9 * len(times[5:]))]:.1f}"]])
-    return text
+    step_time = table("grpo per-step time: 4-layer 128-wide model, 1 prompt x 8 completions, 12 new tokens, μ=1, "
+                      "--no-preserve, 1 thread", ["steps", "median ms", "p90 ms"],
+                      [[len(times), f"{1000 * statistics.median(times[5:]):.1f}",
+                        f"{1000 * sorted(times[5:])[int(0.9 * len(times[5:]))]:.1f}"]])
+    return {"grpo": text, "spillover": spill, "grpo-step-time": step_time}
 
 
 def bench_targets(out: Path, jobs: int) -> str:
@@ -210,8 +220,18 @@ def bench_presets(out: Path, task: str, seeds: int, jobs: int) -> str:
                        configs, out / "presets", init, seeds, jobs)[0]
 
 
+def block_names(section: str, task: str, result: str | dict[str, str]) -> dict[str, str]:
+    """{block name in the pages: markdown} of one section's result; a task other than food names its own blocks
+    (grpo-arithmetic), so it never overwrites food's."""
+    parts = result if isinstance(result, dict) else {section: result}
+    return {name if task == "food" else f"{name}-{task}": text for name, text in parts.items()}
+
+
 @main_guard
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    write_docs = "--no-docs" not in argv
+    argv = [a for a in argv if a != "--no-docs"]
     cfg, _ = parse_config(BenchConfig, argv, description=__doc__.split("\n\n")[0])
     sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s != "scale"]  # scale: on request
     if cfg.only:
@@ -246,8 +266,19 @@ def main(argv=None):
                "entropy": lambda: bench_entropy(out, _task_init(out, "food"), cfg.seeds),
                "mismatch": lambda: bench_mismatch(out, _task_init(out, "food"), cfg.seeds, jobs),
                "step": lambda: bench_step()}
+    docs = Path(cfg.docs) if write_docs else None
+    if docs is not None and docs.exists() and not docs.is_dir():
+        raise UsageError(f"--docs {cfg.docs} is a file, not a folder (--no-docs: print only)")
+    line = pages.header(pages.machine(), sections) if docs is not None else ""
     for s in sections:
-        print(runners[s](), flush=True)
+        blocks = block_names(s, cfg.task, runners[s]())
+        print("\n".join(blocks.values()), flush=True)
+        if docs is not None:
+            try:
+                written = pages.write_blocks(docs, blocks, line)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+            print(f"wrote {', '.join(map(str, written))}", flush=True)
 
 
 if __name__ == "__main__":

@@ -83,9 +83,14 @@ def hint(ex, folder) -> None:
 
 
 def ensure_pretrained(root: Path) -> None:
-    if not (root / "runs" / "pretrain" / "model.pt").exists():
-        print("the capstone needs the pretrained model: python -m minigrpo.pretrain (about 15 s) ...")
-        subprocess.run([sys.executable, "-m", "minigrpo.pretrain"], cwd=root, check=True, capture_output=True)
+    """Pretrain the capstone's model if the repository has none; a failed pretraining says why in one line (the
+    capstone then says "pretrain first")."""
+    if not grade.pretrained_model(root).exists():
+        print("the capstone needs the pretrained model: python -m minigrpo.pretrain (about 15 s) ...", flush=True)
+        p = subprocess.run([sys.executable, "-m", "minigrpo.pretrain"], cwd=root, capture_output=True, text=True)
+        if p.returncode != 0:
+            lines = (p.stderr or p.stdout).strip().splitlines()
+            print(f"the pretraining failed: {lines[-1] if lines else f'exit code {p.returncode}'}")
 
 
 def check(args) -> bool:

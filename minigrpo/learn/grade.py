@@ -44,7 +44,7 @@ def test_ids(ex: Exercise, root: Path) -> list[str]:
         functions = {n.name: n for n in ast.parse((root / rel).read_text()).body if isinstance(n, ast.FunctionDef)}
         uses = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} |  # k1(...)
                 {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)} |  # kl.k1(...)
-                {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}  # ESTIMATORS["k1"]
+                {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}  # KL_ESTIMATORS["k1"]
                 for name, node in functions.items()}
         for _ in functions:  # a test that calls a helper of its file uses what the helper uses
             for name in uses:
@@ -152,13 +152,25 @@ def check(ex: Exercise, folder, log=print) -> bool:
     return passed
 
 
-def capstone(folder, log=print, extra_args: tuple[str, ...] = ()) -> tuple[bool, float | None]:
-    """Train with every function the learner wrote plugged in -> (P(pizza) >= GOAL, the final P(pizza))."""
+def pretrained_model(root: Path) -> Path:
+    """The checkpoint the capstone starts from by default: `python -m minigrpo.pretrain`'s, in the repository."""
+    return root / "runs" / "pretrain" / "model.pt"
+
+
+def capstone(folder, log=print, extra_args: tuple[str, ...] = (), init=None) -> tuple[bool, float | None]:
+    """Train with every function the learner wrote plugged in, from `init` (default: the repository's
+    runs/pretrain/model.pt) -> (P(pizza) >= GOAL, the final P(pizza)); (False, None) and "pretrain first"
+    when there is no pretrained model to start from."""
     root = repo_root()
+    init = Path(init).resolve() if init is not None else pretrained_model(root)
+    if not init.is_file():
+        log(f"capstone: no pretrained model at {init}: pretrain first: python -m minigrpo.pretrain "
+            f"(in {root}), then run the capstone again")
+        return False, None
     out = Path(folder).resolve() / "capstone"
     plugged = [ex for ex in PATH if workspace.status(ex, folder) == "written"]
     log(f"capstone: python -m minigrpo.grpo --reward pizza with your {', '.join(e.name for e in plugged)}")
-    argv = ["--reward", "pizza", "--out", str(out), "--overwrite", *extra_args]
+    argv = ["--reward", "pizza", "--init", str(init), "--out", str(out), "--overwrite", *extra_args]
     code = ("import sys; from minigrpo.learn.workspace import install; install(sys.argv[1]); "
             "from minigrpo.grpo import main; main(sys.argv[2:])")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

@@ -111,7 +111,7 @@ PATH = (
                  "β·aggregate(kl_tok) to the loss, and only when cfg.beta > 0 and cfg.kl_in == 'loss'.",
                  "ent = entropy(logits); subtract cfg.entropy_coef·aggregate(ent) when the coefficient is not 0. "
                  "Return (loss, policy_loss, kl_tok, ent).",
-                 "The library's own grpo_loss also serves the second-wave flags (--policy-loss, --top-entropy, "
+                 "The library's own grpo_loss also serves the variant flags (--policy-loss, --top-entropy, "
                  "--cov-control); the capstone's run and tests use the defaults, which need only the pieces above."),
              extra_tests=tuple(f"tests/test_grpo.py::{t}" for t in (
                  "test_one_step_loss_equals_a_hand_computation", "test_only_completion_tokens_receive_gradient",

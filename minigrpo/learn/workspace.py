@@ -7,7 +7,7 @@ plugged into a running process in place of the library's.
 A stub is the library function's signature and docstring with `raise NotImplementedError` as its body,
 preceded by the imports its reference body uses (so the library's own body, pasted in, also runs).
 `install` replaces the library's function by the learner's in every loaded minigrpo module and in the
-module-level tables that hold it (kl.ESTIMATORS, ...): in memory, in this process only. No file under
+module-level tables that hold it (variants.kl.KL_ESTIMATORS, ...): in memory, in this process only. No file under
 minigrpo/ is ever written, and each workspace loads under its own module names, so two learners'
 workspaces never meet.
 """
@@ -15,6 +15,7 @@ workspaces never meet.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -152,7 +153,8 @@ def status(ex: Exercise, folder) -> str:
 
 
 def replace_everywhere(old, new) -> int:
-    """Put `new` wherever a loaded minigrpo or toy_tasks module (or a dict at its top level) holds `old`."""
+    """Put `new` wherever a loaded minigrpo or toy_tasks module holds `old`: as a module attribute, as a value of
+    a dict at its top level, or as a field of a dataclass entry of such a dict (a variant table's entry)."""
     count = 0
     for name, mod in list(sys.modules.items()):
         if not (name.startswith(("minigrpo.", "toy_tasks")) or name == "minigrpo"):
@@ -166,6 +168,11 @@ def replace_everywhere(old, new) -> int:
                     if entry is old:
                         value[key] = new
                         count += 1
+                    elif dataclasses.is_dataclass(entry) and not isinstance(entry, type):
+                        held = {f.name: new for f in dataclasses.fields(entry) if getattr(entry, f.name) is old}
+                        if held:
+                            value[key] = dataclasses.replace(entry, **held)
+                            count += len(held)
     return count
 
 

@@ -1,8 +1,11 @@
-"""Log-probabilities of given tokens: the one function every algorithm and evaluation uses.
+"""Log-probabilities of given tokens: one module, one forward, so no caller can disagree about masks or positions.
 
-`sequence_logprobs` runs ONE forward pass over whole sequences (prompt + completion) and returns the
-log-probability of every next token; GRPO, PPO, the reference model and the exact evaluations of the
-toy tasks all call it, so none of them can disagree about masks or positions.
+    shifted_forward            the one forward pass over ids[:, :-1] (once per distinct prefix) -> logits, hidden
+    completion_token_logprobs  the shift by one: the log-probs of a completion's tokens from those logits
+    generation_logprobs        a sampled Generation's completion tokens (N, T): what GRPO, PPO, DPO, the anchor
+                               and the trust region use
+    sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
+    completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact evaluation
 """
 
 from __future__ import annotations
@@ -53,21 +56,30 @@ def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None
     return tree.gather(model.head(hidden) / temperature), tree.gather(hidden)
 
 
+def generation_logprobs(model: GPT, gen, temperature: float = 1.0, return_logits: bool = False,
+                        return_hidden: bool = False):
+    """Per-token log-probs (N, T) of the completion tokens of a Generation (lm/sampling.py) under `model` in one
+    forward pass, and optionally the (N, T, V) logits that produced them and the (N, T, C) hidden states of the
+    states before each completion token (for a value head). Differentiable: use no_grad for π_old/π_ref.
+    (completion_logprobs is its text-level sibling: prompt and completion strings in, one summed
+    log-prob per pair out, for exact evaluation; both run shifted_forward.)"""
+    P = gen.prompt_len
+    logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature, gen.prefix_tree())  # (N, P+T−1, ·)
+    logp = completion_token_logprobs(logits, gen.ids, P, gen.completion_mask)  # (N, T)
+    extra = ([logits[:, P - 1:]] if return_logits else []) + ([hidden[:, P - 1:]] if return_hidden else [])
+    return (logp, *extra) if extra else logp
+
+
 def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None,
-                      temperature: float = 1.0, return_logits: bool = False, return_hidden: bool = False):
+                      temperature: float = 1.0) -> torch.Tensor:
     """Next-token log-probs of a batch of (left-padded) sequences in one forward pass.
 
     ids (B, T), key_mask (B, T) bool (real tokens; None = all real)
-    -> logp (B, T-1) with logp[:, t] = log π(ids[:, t+1] | ids[:, :t+1]) at the given temperature,
-       and, with return_logits, the temperature-scaled logits (B, T-1, V) that produced them,
-       and, with return_hidden, the final hidden states (B, T-1, C) (for a value head).
+    -> logp (B, T-1) with logp[:, t] = log π(ids[:, t+1] | ids[:, :t+1]) at the given temperature.
     Entries whose target is padding are meaningless; callers mask them.
     """
-    logits, hidden = shifted_forward(model, ids, key_mask, temperature)  # (B, T-1, V), (B, T-1, C)
-    logp = gather_logprobs(logits, ids[:, 1:])
-    if not (return_logits or return_hidden):
-        return logp
-    return (logp, logits, hidden) if return_hidden else (logp, logits)
+    logits, _ = shifted_forward(model, ids, key_mask, temperature)  # (B, T-1, V)
+    return gather_logprobs(logits, ids[:, 1:])
 
 
 def pad_left(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

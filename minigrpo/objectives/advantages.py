@@ -7,7 +7,6 @@
     whiten              masked normalisation to mean 0, variance 1 (PPO's advantage whitening)
     explained_variance  how much of the returns' variance the critic explains (a PPO diagnostic)
     remax_advantages    A = r − r(greedy completion) (ReMax, Li et al. 2310.10505)
-    reject_uniform_groups  keep mask dropping all-correct and all-wrong (all-equal) groups (REINFORCE-Rej 2504.11343)
     gpg_scale           α = N / #(A ≠ 0), GPG's correction for the zero-advantage samples (GPG 2504.02546)
 
 Defaults and departures:
@@ -177,7 +176,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > 0, 1 - var_residual / safe, torch.zeros_like(var_returns))
 
 
-# ---- appended: ReMax's greedy baseline, REINFORCE-Rej's group filter, GPG's rescaling ----
+# ---- ReMax's greedy baseline and GPG's rescaling ----
 
 def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> torch.Tensor:
     """ReMax advantage  A_i = r_i − r(ŷ_greedy),  rewards (B, G), greedy_rewards (B,) -> (B, G).
@@ -187,17 +186,6 @@ def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> tor
     Sampled completions that score like the greedy one get exactly 0.
     """
     return rewards - greedy_rewards[:, None]
-
-
-def reject_uniform_groups(rewards: torch.Tensor) -> torch.Tensor:
-    """REINFORCE-Rej's filter: (B, G) rewards -> (B,) bool KEEP mask, False for groups with no contrast.
-
-    Xiong et al. 2025 (arXiv 2504.11343) drop the prompts whose G samples are all correct or all wrong; for
-    0/1 rewards those are exactly the groups whose rewards are all equal, and for any other reward this
-    drops the all-equal groups (whose group-centred advantages are 0 anyway). The complement of
-    equal_groups; DAPO's dynamic sampling re-samples these groups instead of dropping them.
-    """
-    return ~equal_groups(rewards)
 
 
 def gpg_scale(adv: torch.Tensor) -> torch.Tensor:

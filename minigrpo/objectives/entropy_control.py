@@ -4,6 +4,7 @@
     clip_cov_mask      Clip-Cov: a random share of the tokens with c_t in [low, high] gets no gradient   (same)
     kl_cov_penalty     KL-Cov: k·|log ρ_t| on the top share of tokens by c_t                 (same)
     top_entropy_mask   the top ρ share of valid tokens by entropy carry the policy loss      (Wang et al. 2506.01939)
+    forking_token_mask the valid tokens where π_ref's entropy is >= a threshold               (the same, departing)
     next_coef, applied_coef   Skywork-OR1's adaptive entropy coefficient                     (He et al. 2505.22312)
 
 Cui et al.'s claim (2505.22617, for softmax policies under natural policy gradient with step η):
@@ -20,9 +21,7 @@ import math
 
 import torch
 
-
-def _zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.zeros((), dtype=x.dtype, device=x.device)
+from minigrpo.objectives.losses import zero_like
 
 
 @torch.no_grad()
@@ -35,7 +34,7 @@ def token_covariance(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) 
     """
     if adv.dim() == 1:
         adv = adv[:, None]
-    zero = _zero(logp)
+    zero = zero_like(logp)
     a = torch.where(mask, adv.expand_as(logp), zero)
     lp = torch.where(mask, logp, zero)
     n = mask.sum().clamp(min=1)
@@ -90,7 +89,7 @@ def kl_cov_penalty(logp, old_logp, cov, mask, ratio=2e-4, coef=1.0) -> torch.Ten
     the chosen tokens. Defaults ratio 2e-4, coef 1 (the paper's k); at least one token gets it.
     """
     chosen = top_cov_mask(cov, mask, ratio)
-    zero = _zero(logp)
+    zero = zero_like(logp)
     log_ratio = torch.where(chosen, logp - old_logp, zero)
     return torch.where(chosen, coef * log_ratio.abs(), zero)
 
@@ -137,3 +136,19 @@ def applied_coef(coef: float, entropy: float, target: float) -> float:
     so it can raise a collapsing entropy but never push an already high one further (Skywork-OR1, 2505.22312).
     """
     return coef if float(entropy) <= target else 0.0
+
+
+def forking_token_mask(ref_entropy: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The "forking tokens": positions where the REFERENCE policy had a real choice.
+
+    ref_entropy (N, T) entropy of π_ref's next-token distribution at each position, mask (N, T) bool
+    -> (N, T) bool: valid positions with ref_entropy >= threshold (threshold 0 keeps every valid token).
+    Source: Wang et al. 2025, "Beyond the 80/20 rule" (2506.01939) let only the 20 % highest-entropy
+    tokens of the CURRENT policy carry the policy gradient. Two departures, both measured (docs/experiments.md):
+    the entropy is π_ref's, and the threshold is absolute. Why it matters here: a failing completion gets
+    a negative advantage at EVERY token, including forced ones (the "y" of "ravin likes curr|y", where
+    π_ref is 1.000 sure); pushing those down moved P(y | curr) from 1.000 to 0.27 in 70 steps of an
+    apple-pie run and put 7 % of ravin's mass on "curram". A share of the current policy's tokens does
+    not stop it: once a forced token is pushed, its entropy rises and it joins the share (runaway).
+    """
+    return mask & (ref_entropy >= threshold)

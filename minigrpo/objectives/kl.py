@@ -8,7 +8,7 @@ with the log-ratio Δ = log π_ref(x) − log π_θ(x):
     k3 = e^Δ − Δ − 1     unbiased, low variance, ≥ 0     (GRPO's choice, DeepSeekMath 2402.03300 eq. 4)
 
 and `exact`, the KL summed over the whole vocabulary (cheap at character level: the best yardstick).
-Two corrections of k3 as a loss term (appended; ESTIMATORS keeps k1, k2, k3, ALL_ESTIMATORS adds "k3+"):
+Two corrections of k3 as a loss term (the table that names them all: variants/kl.py):
 
     k3_plus   value k3, gradient k2's (straight-through; verl's "k3+")     E[∇] = ∇KL(π_θ ‖ π_ref) on-policy
     k3_iw     ρ·k3 with ρ = π_θ/π_old, x ~ π_old, ρ NOT detached            E_{π_old}[∇] = ∇KL(π_θ ‖ π_ref)
@@ -65,8 +65,6 @@ def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.expm1(delta) - delta
 
 
-ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
-
 
 def exact(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(logits) ‖ softmax(ref_logits)) = Σ_v p_v·(log p_v − log q_v) per position.
@@ -79,7 +77,7 @@ def exact(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     return (logp.exp() * (logp - ref_logp)).sum(dim=-1).clamp(min=0.0)
 
 
-# ---- appended: k3 with the reverse-KL gradient (verl's "k3+") and importance-weighted k3 (DeepSeek-V3.2) ----
+# ---- k3 with the reverse-KL gradient (verl's "k3+") and importance-weighted k3 (DeepSeek-V3.2) ----
 
 def k3_plus(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3's VALUE with k2's GRADIENT:  sg(k3) + k2 − sg(k2),  any shape -> same shape.
@@ -91,8 +89,6 @@ def k3_plus(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     value, grad_carrier = k3(logp, ref_logp), k2(logp, ref_logp)
     return value.detach() + (grad_carrier - grad_carrier.detach())  # + exactly 0 in value
 
-
-ALL_ESTIMATORS = {**ESTIMATORS, "k3+": k3_plus}  # same (logp, ref_logp) signature; ESTIMATORS itself unchanged
 
 
 def k3_iw(logp: torch.Tensor, ref_logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:

@@ -27,16 +27,17 @@ from minigrpo.objectives.kl import LOG_RATIO_CLAMP, k3  # one clamp for every lo
 LEVELS = ("token", "sequence")
 
 
-def _zero(x: torch.Tensor) -> torch.Tensor:
+def zero_like(x: torch.Tensor) -> torch.Tensor:
+    """A 0-dim zero of x's dtype and device: the masked value of every torch.where here."""
     return torch.zeros((), dtype=x.dtype, device=x.device)
 
 
-def _ratio_terms(logp, old_logp, advantages, mask, eps_low, eps_high, level):
-    """What clipped_surrogate and surrogate_stats share: (mask, A, log ρ, (1 − ε_low, 1 + ε_high)).
+def masked_inputs(logp, old_logp, advantages, mask, level="token"):
+    """The inputs every ratio-based loss shares: (mask, A, log ρ), each (B, T) with masked slots 0.
 
-    mask, A and log ρ are (B, T) with masked slots 0. log ρ is log π_θ − log π_old per token, or with
-    level="sequence" GSPO's per-row mean of it over the valid tokens, broadcast to each valid token
-    (the gradient reaches every token through the mean). ε_high defaults to ε_low.
+    mask None = all valid; advantages (B,), (B, 1) or (B, T). log ρ is log π_θ − log π_old per token, or with
+    level="sequence" GSPO's per-row mean of it over the valid tokens, broadcast to each valid token (the
+    gradient reaches every token through the mean); clamped to ±LOG_RATIO_CLAMP so exp stays finite.
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -44,14 +45,18 @@ def _ratio_terms(logp, old_logp, advantages, mask, eps_low, eps_high, level):
         mask = torch.ones_like(logp, dtype=torch.bool)
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # (B,) -> (B, 1)
-    adv = torch.where(mask, advantages.expand_as(logp), _zero(logp))  # (B, T)
-    log_ratio = torch.where(mask, logp - old_logp, _zero(logp))  # (B, T)
+    adv = torch.where(mask, advantages.expand_as(logp), zero_like(logp))  # (B, T)
+    log_ratio = torch.where(mask, logp - old_logp, zero_like(logp))  # (B, T)
     if level == "sequence":
         n_valid = mask.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1); an empty row stays 0
         seq_log_ratio = log_ratio.sum(dim=1, keepdim=True) / n_valid  # (B, 1): log s_i
-        log_ratio = torch.where(mask, seq_log_ratio.expand_as(log_ratio), _zero(logp))
-    eps_high = eps_low if eps_high is None else eps_high
-    return mask, adv, log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), (1 - eps_low, 1 + eps_high)
+        log_ratio = torch.where(mask, seq_log_ratio.expand_as(log_ratio), zero_like(logp))
+    return mask, adv, log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _bounds(eps_low, eps_high):
+    """(1 − ε_low, 1 + ε_high), ε_high defaulting to ε_low."""
+    return 1 - eps_low, 1 + (eps_low if eps_high is None else eps_high)
 
 
 def clipped_surrogate(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None, dual_clip=None,
@@ -70,14 +75,15 @@ def clipped_surrogate(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_hi
     """
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual_clip}")
-    mask, adv, log_ratio, (low, high) = _ratio_terms(logp, old_logp, advantages, mask, eps_low, eps_high, level)
+    mask, adv, log_ratio = masked_inputs(logp, old_logp, advantages, mask, level)
+    low, high = _bounds(eps_low, eps_high)
     ratio = log_ratio.exp()  # ρ (B, T)
     pg_obj1 = ratio * adv  # unclipped
     pg_obj2 = ratio.clamp(low, high) * adv  # clipped to [1 − ε_low, 1 + ε_high]
     objective = torch.minimum(pg_obj1, pg_obj2)  # pessimistic bound
     if dual_clip is not None:
         objective = torch.where(adv < 0, torch.maximum(objective, dual_clip * adv), objective)
-    return torch.where(mask, -objective, _zero(objective))
+    return torch.where(mask, -objective, zero_like(objective))
 
 
 @torch.no_grad()
@@ -93,14 +99,15 @@ def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high
                     estimate of KL(π_old‖π_θ) (cleanrl's approx_kl); always per token, whatever level.
     A batch with no valid token gives 0 everywhere.
     """
-    mask, adv, log_ratio, (low, high) = _ratio_terms(logp, old_logp, advantages, mask, eps_low, eps_high, level)
+    mask, adv, log_ratio = masked_inputs(logp, old_logp, advantages, mask, level)
+    low, high = _bounds(eps_low, eps_high)
     ratio = log_ratio.exp()
     n_valid = mask.sum().clamp(min=1).to(ratio.dtype)
     clipped_low = mask & (adv < 0) & (ratio < low)
     clipped_high = mask & (adv > 0) & (ratio > high)
-    valid_ratio = torch.where(mask, ratio, _zero(ratio))
-    old_v = torch.where(mask, old_logp, _zero(ratio))
-    new_v = torch.where(mask, logp, _zero(ratio))
+    valid_ratio = torch.where(mask, ratio, zero_like(ratio))
+    old_v = torch.where(mask, old_logp, zero_like(ratio))
+    new_v = torch.where(mask, logp, zero_like(ratio))
     return {"clip_frac_low": clipped_low.sum() / n_valid,
             "clip_frac_high": clipped_high.sum() / n_valid,
             "ratio_mean": valid_ratio.sum() / n_valid,
@@ -149,7 +156,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: i
     """
     if mode not in _AGGREGATORS:
         raise ValueError(f"unknown aggregation mode {mode!r}; choose one of: {', '.join(AGG_MODES)}")
-    x = torch.where(mask, per_token, _zero(per_token))
+    x = torch.where(mask, per_token, zero_like(per_token))
     return _AGGREGATORS[mode](x, mask, per_token.size(1) if max_len is None else max_len)
 
 
@@ -169,7 +176,7 @@ def value_loss(values, old_values, returns, mask, clip=None) -> torch.Tensor:
     clip=c:     ½ max((V − R)², (clip(V, V_old − c, V_old + c) − R)²)   (PPO2 baselines, cleanrl)
     The max makes it pessimistic: clipping only ever increases the loss. Masked positions: 0, no grad.
     """
-    zero = _zero(values)
+    zero = zero_like(values)
     v = torch.where(mask, values, zero)
     ret = torch.where(mask, returns, zero)
     loss_unclipped = (v - ret) ** 2
@@ -180,19 +187,3 @@ def value_loss(values, old_values, returns, mask, clip=None) -> torch.Tensor:
         v_clipped = v_old + (v - v_old).clamp(-clip, clip)  # = clip(V, V_old − c, V_old + c)
         loss = torch.maximum(loss_unclipped, (v_clipped - ret) ** 2)
     return torch.where(mask, 0.5 * loss, zero)
-
-
-def forking_token_mask(ref_entropy: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-    """The "forking tokens": positions where the REFERENCE policy had a real choice.
-
-    ref_entropy (N, T) entropy of π_ref's next-token distribution at each position, mask (N, T) bool
-    -> (N, T) bool: valid positions with ref_entropy >= threshold (threshold 0 keeps every valid token).
-    Source: Wang et al. 2025, "Beyond the 80/20 rule" (2506.01939) let only the 20 % highest-entropy
-    tokens of the CURRENT policy carry the policy gradient. Two departures, both measured (grpo.py):
-    the entropy is π_ref's, and the threshold is absolute. Why it matters here: a failing completion gets
-    a negative advantage at EVERY token, including forced ones (the "y" of "ravin likes curr|y", where
-    π_ref is 1.000 sure); pushing those down moved P(y | curr) from 1.000 to 0.27 in 70 steps of an
-    apple-pie run and put 7 % of ravin's mass on "curram". A share of the current policy's tokens does
-    not stop it: once a forced token is pushed, its entropy rises and it joins the share (runaway).
-    """
-    return mask & (ref_entropy >= threshold)

@@ -1,6 +1,6 @@
-"""Policy losses of the second wave, one signature, one table:
+"""Policy losses beside PPO's clip, one signature (the table that names them: variants/policy_losses.py):
 
-    POLICY_LOSSES[name](logp, old_logp, advantages, mask, **hyper) -> per-token loss (B, T) to MINIMISE
+    loss(logp, old_logp, advantages, mask, **hyper) -> per-token loss (B, T) to MINIMISE
 
     "ppo_clip"  losses.clipped_surrogate itself: −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (PPO, GRPO, DAPO, GSPO)
     "cispo"     −sg(clip(ρ, 1−ε_low, 1+ε_high))·A·log π_θ: clipped tokens keep a gradient (MiniMax-M1 2506.13585)
@@ -23,20 +23,7 @@ import math
 
 import torch
 
-from minigrpo.objectives.kl import LOG_RATIO_CLAMP
-from minigrpo.objectives.losses import clipped_surrogate
-
-
-def _inputs(logp, old_logp, advantages, mask):
-    """(mask, A, log ρ), each (B, T) with masked slots 0; log ρ clamped to ±LOG_RATIO_CLAMP."""
-    if mask is None:
-        mask = torch.ones_like(logp, dtype=torch.bool)
-    if advantages.dim() == 1:
-        advantages = advantages[:, None]  # (B,) -> (B, 1)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    adv = torch.where(mask, advantages.expand_as(logp), zero)
-    log_ratio = torch.where(mask, logp - old_logp, zero).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return mask, adv, log_ratio
+from minigrpo.objectives.losses import masked_inputs
 
 
 def cispo(logp, old_logp, advantages, mask=None, eps_low=None, eps_high=4.0) -> torch.Tensor:
@@ -51,7 +38,7 @@ def cispo(logp, old_logp, advantages, mask=None, eps_low=None, eps_high=4.0) -> 
     eps_low=None: no lower clamp (TRL clamps only above); a number clamps below too (verl).
     eps_high=4.0: ρ capped at 5, as TRL's epsilon_high=5.0 (TRL passes the cap itself, not 1 + ε).
     """
-    mask, adv, log_ratio = _inputs(logp, old_logp, advantages, mask)
+    mask, adv, log_ratio = masked_inputs(logp, old_logp, advantages, mask)
     low = -math.inf if eps_low is None else 1 - eps_low
     weight = log_ratio.exp().clamp(low, 1 + eps_high).detach()  # sg(clip(ρ)) (B, T)
     safe_logp = torch.where(mask, logp, torch.zeros_like(logp))  # masked junk never enters the product
@@ -74,7 +61,7 @@ def gmpo(logp, old_logp, advantages, mask=None, eps=0.4, eps_high=None) -> torch
     J_i = exp(mean_t log ρ_t)·A_i, the geometric-mean ratio times A; a token whose clip binds gets none.
     A row with no valid token gives 0.
     """
-    mask, adv, log_ratio = _inputs(logp, old_logp, advantages, mask)
+    mask, adv, log_ratio = masked_inputs(logp, old_logp, advantages, mask)
     n_valid = mask.sum(dim=1, keepdim=True)  # (B, 1)
     row_adv = adv.sum(dim=1, keepdim=True) / n_valid.clamp(min=1)  # (B, 1): A_i
     sign = torch.sign(row_adv)
@@ -109,10 +96,8 @@ def sapo(logp, old_logp, advantages, mask=None, tau_pos=1.0, tau_neg=1.05) -> to
     outside a shrinking window around ρ = 1 on BOTH sides, where PPO's clip zeroes only the side the clip
     acts on (A > 0 and ρ > 1+ε, or A < 0 and ρ < 1−ε).
     """
-    mask, adv, log_ratio = _inputs(logp, old_logp, advantages, mask)
+    mask, adv, log_ratio = masked_inputs(logp, old_logp, advantages, mask)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     objective = sapo_gate(log_ratio.exp(), tau) * adv
     return torch.where(mask, -objective, torch.zeros_like(logp))
 
-
-POLICY_LOSSES = {"ppo_clip": clipped_surrogate, "cispo": cispo, "gmpo": gmpo, "sapo": sapo}

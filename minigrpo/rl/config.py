@@ -15,7 +15,7 @@ from toy_tasks import task_defaults
 
 @dataclass
 class RLConfig:
-    """Fields every RL command shares (GRPO and PPO add their own)."""
+    """the run: task, reward, budget, stop rule, preservation, trust region, outputs (every RL command)"""
     task: str = field(default="food", metadata=meta("toy task (food, arithmetic)"))
     init: str = field(default="runs/pretrain/model.pt", metadata=meta(
         "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for other tasks)"))

@@ -59,7 +59,7 @@ from minigrpo.objectives.kl import exact
 from minigrpo.lm.logprobs import pad_left
 from minigrpo.objectives.losses import entropy
 from minigrpo.lm.model import GPT, positions
-from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.sampling import Generation, encode_prompts, generate
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 

@@ -3,13 +3,13 @@ metrics.png, and a Ctrl-C that stops cleanly at the end of the step in flight.""
 
 from __future__ import annotations
 
-import importlib
 import json
 import signal
 import threading
 from pathlib import Path
 
-from minigrpo.metrics import plot_panels, read_jsonl
+from minigrpo.util.jsonl import read_jsonl
+from minigrpo.util.plotting import plot_panels
 
 
 class StopOnCtrlC:
@@ -31,6 +31,14 @@ class StopOnCtrlC:
     def __exit__(self, *exc):
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+
+
+def combine_stats(per_update: list[dict]) -> dict:
+    """One step's statistics from its inner updates': the mean of each key, except maxima (`*_max`),
+    which stay maxima."""
+    keys = dict.fromkeys(k for d in per_update for k in d)
+    values = {k: [d[k] for d in per_update if k in d] for k in keys}
+    return {k: max(v) if k.endswith("_max") else sum(v) / len(v) for k, v in values.items()}
 
 
 def flat(ev: dict) -> dict:
@@ -75,11 +83,9 @@ def run_title(config: dict) -> str:
         ("" if config["preserve"] else ", --no-preserve") + (f", {config['person']}" if food else "")
 
 
-def draw_figure(folder: Path, panels: list | None = None) -> Path:
-    """Draw the RL run in `folder` (its metrics.jsonl and config.json) as folder/metrics.png, with `panels`
-    (default: its algorithm's PANELS); -> the figure's path."""
+def draw_figure(folder: Path, panels: list) -> Path:
+    """Draw the RL run in `folder` (its metrics.jsonl and config.json) as folder/metrics.png with `panels`
+    ([(title, [metric keys])], the algorithm's PANELS); -> the figure's path."""
     config = json.loads((folder / "config.json").read_text())
-    if panels is None:
-        panels = importlib.import_module(f"minigrpo.{config['algo']}").PANELS
     plot_panels(read_jsonl(folder / "metrics.jsonl"), panels, folder / "metrics.png", title=run_title(config))
     return folder / "metrics.png"

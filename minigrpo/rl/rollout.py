@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo.lm.logprobs import completion_token_logprobs, shifted_forward
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.model import GPT
 from toy_tasks.rewards import Reward, score
 from minigrpo.lm.sampling import Generation, decode_completions, encode_prompts, generate
@@ -61,20 +61,6 @@ class RolloutBatch:
                             None if self.old_logp is None else self.old_logp[rows],
                             None if self.ref_logp is None else self.ref_logp[rows],
                             None if self.ref_logits is None else self.ref_logits[rows])
-
-
-def generation_logprobs(model: GPT, gen: Generation, temperature: float = 1.0, return_logits: bool = False,
-                        return_hidden: bool = False):
-    """Per-token log-probs (N, T) of the completion tokens of a Generation under `model` in one forward
-    pass, and optionally the (N, T, V) logits that produced them and the (N, T, C) hidden states of the
-    states before each completion token (for a value head). Differentiable: use no_grad for π_old/π_ref.
-    (logprobs.completion_logprobs is its text-level sibling: prompt and completion strings in, one summed
-    log-prob per pair out, for exact evaluation; both run logprobs.shifted_forward.)"""
-    P = gen.prompt_len
-    logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature, gen.prefix_tree())  # (N, P+T−1, ·)
-    logp = completion_token_logprobs(logits, gen.ids, P, gen.completion_mask)  # (N, T)
-    extra = ([logits[:, P - 1:]] if return_logits else []) + ([hidden[:, P - 1:]] if return_hidden else [])
-    return (logp, *extra) if extra else logp
 
 
 class Sampler:

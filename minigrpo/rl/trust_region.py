@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from minigrpo.objectives.kl import exact
-from minigrpo.rl.rollout import generation_logprobs
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.sampling import Generation
 
 

@@ -75,20 +75,43 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def flag_groups(cls) -> dict[str, str]:
+    """{field name: its --help group}: the title of the dataclass that declares the field (the first line of its
+    docstring; a config assembled from several dataclasses, e.g. GRPO's from its variant families, shows one group
+    each, the class's own first)."""
+    owner = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            doc = klass.__dict__.get("__doc__") or ""
+            title = klass.__name__ if doc.startswith(klass.__name__ + "(") else doc.strip().splitlines()[0]
+            owner.update(dict.fromkeys(klass.__dict__.get("__annotations__", {}), title))
+    return owner
+
+
+def _rank(cls, f) -> int:
+    """Where a field's group stands in --help: the declaring class's place in the MRO (the class itself first)."""
+    return next(i for i, klass in enumerate(cls.__mro__) if f.name in klass.__dict__.get("__annotations__", {}))
+
+
 def build_parser(cls, description: str, defaults: dict | None = None) -> argparse.ArgumentParser:
-    hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(description=description, formatter_class=DefaultsHelpFormatter)
+    hints, owner = typing.get_type_hints(cls), flag_groups(cls)
+    parser = argparse.ArgumentParser(description=description, formatter_class=DefaultsHelpFormatter,
+                                     usage="%(prog)s [--flag VALUE ...]" if len(set(owner.values())) > 1 else None)
+    groups = {}
+    for title in dict.fromkeys(owner[f.name] for f in sorted(dataclasses.fields(cls), key=lambda f: _rank(cls, f))):
+        groups[title] = parser.add_argument_group(title) if len(set(owner.values())) > 1 else parser
     for f in dataclasses.fields(cls):
+        group = groups[owner[f.name]]
         flag = "--" + f.name.replace("_", "-")
         help_ = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
         default = (defaults or {}).get(f.name, f.default if f.default is not dataclasses.MISSING else None)
         tp = _base_type(hints[f.name])
         if tp is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
             if tp in (int, float) and _accepts_none(hints[f.name]):
                 tp = _none_or(tp)  # `--flag none` sets it back to None (e.g. PPO's --vf-clip none)
-            parser.add_argument(flag, type=tp, default=default, help=help_, choices=f.metadata.get("choices"),
+            group.add_argument(flag, type=tp, default=default, help=help_, choices=f.metadata.get("choices"),
                                 metavar=f.metadata.get("metavar"))
     return parser
 

@@ -1,0 +1,128 @@
+"""PPO's critics: V(s_t), the expected return from the state before completion token t.
+
+    CRITICS[name](run) -> Critic        name: PPOConfig's --critic (ppo.py)
+
+separate  a copy of the pretrained trunk with a scalar head (InstructGPT 2203.02155: the value model is a
+          network of its own, there initialised from the reward model; here from the policy's start)
+head      a scalar head on the policy's own trunk (shared trunk: the value loss also moves the policy's weights)
+oracle    no critic: the exact values of the task reward under π_old over the enumerable support
+          (toy_tasks/oracle.py); the ideal-critic bound. The KL penalty's remainder is not in them: exact at β = 0
+
+Shapes: a rollout of N completions, T completion slots, C the model width; values are (N, T), 0 where masked.
+`run` is the shared RL run (rl/loop.py's Run): the critics read its policy, device, tokenizer, prompts, task
+support, reward table and temperature.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn as nn
+
+from minigrpo.lm.logprobs import shifted_forward
+from minigrpo.objectives.losses import aggregate, value_loss
+from toy_tasks.oracle import prefix_values
+
+
+def completion_hidden(model, gen) -> torch.Tensor:
+    """(N, T, C) final hidden states of `model` at the states before each completion token of a Generation
+    (the input of a value head); one forward over the rollout's distinct prefixes."""
+    _, hidden = shifted_forward(model, gen.ids, gen.key_mask, tree=gen.prefix_tree())  # (N, P+T−1, C)
+    return hidden[:, gen.prompt_len - 1:]
+
+
+class ValueHead(nn.Module):
+    """V = w·h + b, (N, T, C) -> (N, T); zero-initialised, so every value starts at 0."""
+
+    def __init__(self, n_embd: int):
+        super().__init__()
+        self.linear = nn.Linear(n_embd, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, h):
+        return self.linear(h).squeeze(-1)
+
+
+class Critic(ABC):
+    """What PPO asks of a value function. Its checkpoint state keeps the keys PPO has always saved:
+    {"value_head": state_dict | None, "critic_trunk": state_dict | None}."""
+
+    learned = True  # False: exact values, nothing to fit or to score them against
+    head: ValueHead | None = None
+    trunk: nn.Module | None = None
+
+    def parameters(self) -> list[nn.Parameter]:
+        """What the optimiser updates besides the policy: the head's, then the trunk's."""
+        return [p for m in (self.head, self.trunk) if m is not None for p in m.parameters()]
+
+    @abstractmethod
+    def values(self, batch, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, T) V(s_t) for a rollout (rl.rollout.RolloutBatch), 0 where masked; differentiable unless run under
+        no_grad. hidden: the policy's (N, T, C) completion_hidden if the caller has it (else recomputed)."""
+
+    def loss(self, batch, hidden, old_values, returns, clip):
+        """-> (the value loss term, the (N, T) values it fitted), or None when there is nothing to fit.
+        Loss: token-mean of ½ max((V − R)², (clip(V, V_old ± clip) − R)²) (losses.value_loss; unclipped
+        for clip None), R = the GAE returns A + V_old."""
+        values = self.values(batch, hidden)
+        mask = batch.mask
+        return aggregate(value_loss(values, old_values, returns, mask, clip), mask, "token-mean"), values
+
+    def state_dict(self) -> dict:
+        own = lambda m: m.state_dict() if m is not None else None
+        return {"value_head": own(self.head), "critic_trunk": own(self.trunk)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, m in (("value_head", self.head), ("critic_trunk", self.trunk)):
+            if m is not None:
+                m.load_state_dict(state[name])
+
+
+class HeadCritic(Critic):
+    """A scalar head on the policy's own trunk: V = head(h_policy); its gradient reaches the policy."""
+
+    def __init__(self, run):
+        self.policy = run.policy
+        self.head = ValueHead(run.policy.cfg.n_embd).to(run.device)
+
+    def values(self, batch, hidden=None):
+        hidden = completion_hidden(self.policy, batch.gen) if hidden is None else hidden
+        return torch.where(batch.mask, self.head(hidden), 0.0)
+
+
+class SeparateCritic(Critic):
+    """A copy of the policy's trunk at the start of the run with its own scalar head: V = head(h_copy). The
+    policy's hidden states are not used; nothing of the policy is touched."""
+
+    def __init__(self, run):
+        self.head = ValueHead(run.policy.cfg.n_embd).to(run.device)
+        self.trunk = copy.deepcopy(run.policy)
+
+    def values(self, batch, hidden=None):
+        return torch.where(batch.mask, self.head(completion_hidden(self.trunk, batch.gen)), 0.0)
+
+
+class OracleCritic(Critic):
+    """The exact V(s_t) = E_π[r | prefix] of the task reward under the policy now (π_old before the first
+    update): one teacher-forced forward over the task's support (toy_tasks.oracle.prefix_values). No
+    parameters, no value loss."""
+
+    learned = False
+
+    def __init__(self, run):
+        self.run = run
+
+    def values(self, batch, hidden=None):
+        r = self.run
+        v = prefix_values(r.policy, r.tok, batch.prompts, batch.gen.completion_ids, batch.mask, r.prompts,
+                          r.task.support, r.rewards, r.cfg.temperature)
+        return torch.where(batch.mask, v, 0.0)
+
+    def loss(self, batch, hidden, old_values, returns, clip):
+        return None
+
+
+CRITICS: dict[str, type[Critic]] = {"separate": SeparateCritic, "head": HeadCritic, "oracle": OracleCritic}
