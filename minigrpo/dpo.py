@@ -24,18 +24,15 @@ minimiser is π*_β ∝ π_ref·e^{r/β} (frontier.optimum) only when the labels
 reward says y_w wins with probability 1: no finite margin fits it, so hard labels push every rejected
 completion down without end and overshoot π*_β. The loss is linear in the label, so the soft label σ(Δr)
 (--labels bt) is the expected loss over Bradley–Terry draws; its gradient vanishes at β·m = Δr, π*_β's own
-margin (tests/test_dpo.py). Measured on pizza (compare, 60 steps, seeds 0-4, medians; π*_1(pizza) = 0.324):
-hard labels at β 1 end at P(pizza) 0.996 (implied β 0.136, KL(π‖π*_β) 1.11); bt labels at β 1 end at 0.325
-online (implied β 0.996, KL to π*_β 0.0009), at β 0.3 at 0.823 (π*: 0.832). At β 0.1 π*_β is nearly all
-pizza (0.9997) and both reach the goal; the bars and the commands: README "DPO".
+margin (tests/test_dpo.py). Hard labels overshoot π*_β, bt labels land on it: docs/experiments.md.
 
 Departures from the papers:
   - none in the loss by default; --labels bt (above), --sft-coef α (RPO's NLL of y_w, Pang et al. 2404.19733,
     TRL's rpo_alpha) and --kl-coef c (the exact per-token KL on the rollout, GRPO's term) are flags, all off.
   - the run's per-step rollout (G x prompts samples of the current policy) is collected in offline mode too
-    (rl.py does so for every algorithm); offline DPO trains on none of it: it logs the on-policy reward and
-    exact KL and is the trust region's probe (about a fifth of an offline step's time, measured here).
-  - preservation (preserve.py: the other people, and the RL prompt's own forced states), the 5-step warm-up,
+    (rl/loop.py does so for every algorithm); offline DPO trains on none of it: it logs the on-policy reward and
+    exact KL and is the trust region's probe.
+  - preservation (rl/preserve.py: the other people, and the RL prompt's own forced states), the 5-step warm-up,
     the gradient clip and the trust region apply as to every algorithm; lr 6e-4 (the papers: ~5e-7 on
     billion-parameter models).
 """
@@ -106,7 +103,7 @@ class DPO:
     needs_ref = True  # the implicit reward is log π/π_ref
     needs_ref_logits = True  # the exact KL per token on the rollout (logged; the vocabulary is ~30 characters)
     needs_old_logp = False
-    sampler = None  # rollouts from π_old (rl.py's protocol; the sampler-mismatch flags are GRPO's)
+    sampler = None  # rollouts from π_old (rl/algorithm.py; the sampler-mismatch flags are GRPO's)
 
     def __init__(self, run):
         self.run, self.cfg, self.policy = run, run.cfg, run.policy

@@ -7,15 +7,13 @@ Each line is one sequence BOS + text + EOS (right-padded); the loss is the token
 of every predicted token, so it is directly comparable with the task's `entropy_floor()`. AdamW with a
 short linear warm-up and a cosine decay to zero: the decay matters, since the corpus matches the
 declared distribution exactly and only an annealed model settles onto it (a constant rate keeps the
-exact TV swinging between 0.05 and 0.26).
+exact TV swinging).
 
 Full-batch steps (`--batch-size 0`, food's default): the food corpus is 8,000 lines but only 96
 distinct ones, so each step takes every distinct line once, weighted by its count: the token-mean
-loss of the whole corpus and its exact gradient, with no minibatch noise. Measured on a 2-core CPU,
-one thread, seeds 0-4 (`python -m minigrpo.bench --only pretrain`; README): worst per-person TV to
-the declared truth 0.0013 (0.0010-0.0088) in 10.7 s of training, where 600 minibatches of 128 lines
-gave 0.032 (0.027-0.055) in 22.6 s, and 0.052-0.055 at seed 0 on another machine (the minibatch
-order then decided which person ended worst). A corpus with many distinct lines (arithmetic: 6,516) keeps minibatches.
+loss of the whole corpus and its exact gradient, with no minibatch noise: closer to the declared truth in
+less time than minibatches (`python -m minigrpo.bench --only pretrain`; docs/results.md). A corpus with many
+distinct lines (arithmetic: 6,516) keeps minibatches.
 
 Writes to --out: model.pt (every --ckpt-every steps and at the end, atomically), config.json,
 metrics.jsonl, loss.png, and prints the task's exact quality report at the end. An --out that already

@@ -101,11 +101,6 @@ def sample_batches(cfg: SampleConfig):
         yield list(zip(decode_completions(tok, out), out.finished.tolist()))
 
 
-def sample_texts(cfg: SampleConfig) -> list[tuple[str, bool]]:
-    """All --num completions as (text, finished) pairs (a list: for a large --num use sample_batches)."""
-    return [row for batch in sample_batches(cfg) for row in batch]
-
-
 @main_guard
 def main(argv=None):
     cfg, _ = parse_config(SampleConfig, argv, description=__doc__.split("\n\n")[0])

@@ -9,16 +9,13 @@ is ~80 tiny operations and its cost is per-operation overhead, not arithmetic (a
 things buy the speed:
 
   1. x @ W with W contiguous (in, out). nn.Linear computes x @ Wᵀ with W stored (out, in); for the few rows of a
-     decoding step MKL's sgemm runs that transposed product about 1.7x slower (8 rows, 128 -> 384: 12.0 vs 7.0 µs).
-     GPT stores every Linear weight in (in, out) memory order (model.in_out_order), so w.t() is that matrix as it
-     is. (Until 2026-11-25 the Decoder copied every weight into that order per generate() call: 1.35 ms of a 21 ms
-     GRPO step on bench's 4 x 128 step model.)
+     decoding step MKL's sgemm runs that transposed product slower. GPT stores every Linear weight in (in, out)
+     memory order (model.in_out_order), so w.t() is that matrix as it is.
   2. One flat loop over the layers: no module calls, no attention mask for a single new token without padding.
 The attention itself, cache writes included, is model.py's `attention`, the same function the modules call.
 
-Measured (one thread, 2-core x86_64, bench's step model: 4 layers x 128, batch 8, 13 cached keys, under
-inference_mode as generate() runs it): GPT.forward 760 µs per one-token step, this 450 µs. Only sampling uses it:
-training and every other forward run GPT.forward.
+Only sampling uses it (its speed against GPT.forward: docs/performance.md); training and every other forward run
+GPT.forward.
 """
 
 from __future__ import annotations

@@ -124,9 +124,8 @@ def in_out_order(w: torch.Tensor) -> torch.Tensor:
     """The same (out, in) matrix, laid out in memory as its transpose (in, out): w.t() is then contiguous.
 
     Why: a decoding step multiplies a few rows by every weight, and for so few rows MKL's sgemm runs x @ W with W
-    contiguous (in, out) about 1.7x faster than nn.Linear's x @ Wᵀ over W (out, in) (8 rows, 128 -> 384: 7.0 against
-    12.0 µs). With this layout the sampler (decode.py) uses w.t() as it is, where it used to copy every weight into
-    that order per generate() call (1.35 ms of a 21 ms GRPO step on bench's 4 x 128 step model). The values and
+    contiguous (in, out) faster than nn.Linear's x @ Wᵀ over W (out, in) (docs/performance.md). With this layout
+    the sampler (decode.py) uses w.t() as it is, with no copy per generate() call. The values and
     shapes are nn.Linear's, state_dicts and checkpoints are the same, copy_, deepcopy and .to() keep the order, and
     autograd gives each gradient the parameter's order. Only the last bit can change: sgemm picks its kernel by
     layout and size, so some products round differently (pretraining came out bit-identical, RL runs did not)."""

@@ -25,9 +25,8 @@ Sources: tree attention as in SpecInfer (Miao et al. 2023, arXiv 2305.09781) and
 2401.10774), which verify a tree of drafts in one pass; Prefix Grouper (Liu et al. 2025, 2506.05433) shares
 a GRPO group's prompt in training. Here every shared prefix is shared, completions included.
 
-What it buys (one CPU thread, the default food run, `python -m minigrpo.bench --only prefix`): the anchor's
-97 rows × 24 input slots (1,826 that predict a real token) become 799 nodes, a first rollout's 64 × 23 (1,265)
-90; a default GRPO step takes 2.3× less time than with the plain forward (README, "speed").
+What it buys: the anchor's and a rollout's rows share most of their prefixes, so the nodes are a fraction of the
+slots (`python -m minigrpo.bench --only prefix`; docs/performance.md).
 """
 
 from __future__ import annotations

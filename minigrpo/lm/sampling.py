@@ -87,7 +87,7 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     """One draw per row of (B, V) probabilities: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. The race is exact:
     E_i / p_i ~ Exp(p_i), and the smallest of independent exponentials is i with probability p_i / Σ_j p_j. It is
     how torch.multinomial(probs, 1) draws one sample (same generator calls, same draws: tests/test_sampling.py),
-    minus that function's input checks (two reductions and a sync: 14.0 against 7.9 µs a draw of 8 rows; generate
+    minus that function's input checks (two reductions and a sync: about half its time on a few rows; generate
     checks its log-probs once instead). -> (B,) long."""
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
@@ -97,8 +97,8 @@ def prefill(model: GPT, decode: Decoder, prompt_ids: torch.Tensor, pos: torch.Te
     """Run the (left-padded) prompts (B, P) through the model into a new KV cache of t_max slots: -> the logits
     (B, V) of each row's first completion token, and the cache of B rows. A run of rows holding the same prompt (a
     GRPO group: G copies of one, side by side) is computed once and its keys and values copied: unlike a decoding
-    step, a prefill is arithmetic (8 copies of a 13-token prompt on bench's 4 x 128 step model: 2.3 ms, one copy
-    0.4 ms). Only neighbours are compared (torch.unique(dim=0) costs 0.2 ms at 64 rows, a decoding step's worth)."""
+    step, a prefill is arithmetic and grows with the rows. Only neighbours are compared (torch.unique(dim=0) would
+    cost about a decoding step)."""
     key = prompt_ids if key_mask is None else prompt_ids.masked_fill(~key_mask, -1)  # padding compares equal
     new_run = torch.ones(key.size(0), dtype=torch.bool, device=key.device)
     new_run[1:] = (key[1:] != key[:-1]).any(1)  # (B,) True where a row differs from the one before it

@@ -1,4 +1,4 @@
-"""What an RL algorithm must provide to the shared run (rl.py), written down. GRPO (grpo.py) and PPO
+"""What an RL algorithm must provide to the shared run (rl/loop.py), written down. GRPO (grpo.py) and PPO
 (ppo.py) implement it; `rl.run(cfg, factory, name, panels)` builds one with `factory(run)`.
 
 The run owns the policy, π_ref, the optimiser, the anchor, the generators and the loop; an algorithm

@@ -46,7 +46,7 @@ class RLConfig:
     temperature: float = field(default=1.0, metadata=meta("sampling temperature (log-probs use the same)"))
     lr: float = field(default=6e-4, metadata=meta("AdamW learning rate"))
     warmup: int = field(default=5, metadata=meta(
-        "linear learning-rate warm-up over the first N steps (0 = off; see rl.py)"))
+        "linear learning-rate warm-up over the first N steps (0 = off; see rl/loop.py)"))
     grad_clip: float = field(default=1.0, metadata=meta("gradient norm clip (0 = off)"))
     preserve: bool = field(default=True, metadata=meta(
         "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"))

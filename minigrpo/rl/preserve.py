@@ -1,7 +1,7 @@
 """Preservation: keep the model's behaviour on OFF-TARGET prompts while RL changes the target one.
 
 RL on "ravin likes " alone moves the whole shared model: everybody else's food distribution drifts
-(`--no-preserve`: every other person's pizza share goes to 0.81-0.99, README's spill-over table). The
+(`--no-preserve` shows it: docs/results.md, the spill-over). The
 anchor here is an exact distillation term on the other people's prompts:
 
     L_anchor = mean over anchor sequences x (weighted, below) of  Σ_t KL( π_ref(· | x_<t) ‖ π_θ(· | x_<t) )
@@ -15,26 +15,22 @@ built ONCE at the start from π_ref alone (no ground truth, no sampling per step
   tree (default, `build_anchor_tree`)  every completion whose probability under π_ref is >= min_prob
         (1e-4: on the default food model the 12 foods and at most one misspelling per person, 85 rows,
         99.9 % of each person's mass), weighted by that probability:
-        the expectation itself, every step, with no sampling noise. Rare states get their exact weight:
-        "jo likes su|shi" (sushi 3 %) appears in about 2 of 64 sampled rows and in a minibatch of 56 rows
-        out of 448 only every eighth step, and measured, GRPO on emma's ramen pushed "r" up there
-        ("jo likes su" -> "surgers", 1 % of jo's mass) where the sampled anchor rarely looked.
+        the expectation itself, every step, with no sampling noise. Rare states get their exact weight,
+        where a sampled minibatch visits them only now and then (docs/experiments.md).
   sampled (`build_anchor`)  `per_prompt` sequences per prompt sampled from π_ref; each step uses a random
         minibatch of --preserve-batch rows (the unbiased Monte-Carlo estimate of the same expectation).
 
 The RL prompt's own forced states (--preserve-forced h, default 0.1 nats; tree anchor only). RL gives a
-failing completion the same negative advantage at every token, the forced ones included: with P(pizza) past
-0.95, a rare "ravin likes lasagna" gets Â ≈ −3.7 on its "sagna" too, and that push leaked ravin's mass into
-misspellings ("lapiza", "pie pie") in the low-β presets (peak malformed up to 0.05). So the tree also holds
+failing completion the same negative advantage at every token, the forced ones included (a rare
+"ravin likes lasagna" is pushed down on its "sagna" too), and that push leaks mass into misspellings. So the
+tree also holds
 the target prompt's own likely completions, but its KL counts only at the states where π_ref's entropy is
-below h: inside a word, where the reference was sure of the next character (from a food's third letter on,
-at most 0.002 nats here; the choice of the food itself, 2.0-2.2 nats, and forks such as "p|izza"/"p|asta",
-0.66 nats, are left free). It asks nothing of the ground truth: only π_ref's own entropies. Those rows
+below h: inside a word, where the reference was sure of the next character (the choice of the food itself
+and forks such as "p|izza"/"p|asta" are left free). It asks nothing of the ground truth: only π_ref's own entropies. Those rows
 weigh --preserve-forced-weight (1) together, where all other people together weigh 1; they belong to no
 person (group −1), so they are not part of the drift the trust region bounds. A reward that asks for a new
-spelling of a forced word (e.g. `exact:ravin likes pizzas`) needs --preserve-forced 0. Measured on pizza over
-seeds 0-4 (README "Never break the model"): peak malformed mass of the paper presets grpo, dapo, reinforce
-and rloo 0.0017-0.0057 (medians) instead of 0.011-0.015, every run within the bars.
+spelling of a forced word (e.g. `exact:ravin likes pizzas`) needs --preserve-forced 0. Its effect on the
+paper presets' malformed mass: docs/experiments.md.
 
 Compared with PPO-ptx (mixing the pretraining loss on corpus lines), the targets here are the
 reference's full next-token distributions rather than one sampled character: the same fixed point,

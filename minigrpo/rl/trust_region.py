@@ -1,9 +1,8 @@
 """A per-step trust region: no RL step may move the policy further than δ, measured exactly.
 
-Why: a run is judged at every step, not only at its end. Measured over 4 hard targets x 2 seeds
-(see README "Never break the model"), plain GRPO steps now and then jump: one step took ravin's
-exact P(fried rice) from 0.98 to 0.01, another put 8 % of bob's mass on malformed lines and moved
-another person by TV 0.09; the run recovered a few steps later, but the model was broken in between.
+Why: a run is judged at every step, not only at its end, and plain GRPO steps now and then jump (a target's
+probability collapsing for a step, mass moving onto malformed lines; docs/experiments.md): the run recovers a
+few steps later, but the model was broken in between.
 These jumps come from Adam meeting a rare large gradient after many small ones (a failure in an
 otherwise all-success batch), which no loss term sees coming.
 
@@ -11,7 +10,7 @@ What: after the algorithm's update of a step (all μ inner updates), measure the
 KL between the policy before and after the step on two probe sets a real trainer has too:
 
     KL_rollout = mean over the step's sampled completions y of Σ_t KL(π_old(·|y_<t) ‖ π_new(·|y_<t))
-    KL_anchor  = the same on the anchor sequences of each off-target prompt (preserve.py), the largest
+    KL_anchor  = the same on the anchor sequences of each off-target prompt (rl/preserve.py), the largest
                  over the prompts (every other person, not their average, must stay put)
 
 (sampled from π_old, the first is an unbiased estimate of KL(π_old ‖ π_new) over whole completions of
@@ -104,7 +103,7 @@ def _snapshot(previous: StepGuard | None, policy, name: str, gen: Generation) ->
     """The policy's logits on a probe now: the previous step's final logits of the same rows if the weights
     have not changed since, else one forward. The anchor probe is the same rows every step, so its snapshot
     is the last step's final measurement (bit for bit: the same forward of the same weights): one no-grad
-    forward of the anchor rows saved per step (about 6 ms of a default GRPO step's 125 ms, one CPU thread)."""
+    forward of the anchor rows saved per step."""
     if previous is not None and previous.final is not None and previous.final[0] == _versions(policy):
         old_gen, logits = previous.final[1].get(name, (None, None))
         if old_gen is gen:

@@ -1,13 +1,11 @@
 """Many runs in a few long-lived worker processes: compare's pool.
 
-A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's import (about 1 s on one
-CPU thread here), its exit and its metrics.png (1.2 s) around 60 steps of about 0.12 s: a quarter of the
-sweep `compare --seeds 5 --reward pizza` (measured side by side: 263 s as processes, 200 s in this pool;
-README "speed"). Here `jobs` worker processes (one per core, one thread each) import once and run their
+A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's import, its exit and its
+metrics.png around a few seconds of steps: a large share of a sweep (docs/performance.md). Here `jobs` worker processes (one per core, one thread each) import once and run their
 share of the runs one after another IN PROCESS, each through the very `main(argv)` its command line would
 run (`run_in_process`). Nothing of a run outlives it: every random generator it draws from is seeded from
 its own --seed when it starts (rl.Run: torch's global generator and one per purpose), and its model, π_ref,
-anchor and optimiser are its own (loading them again costs a run 65 ms, under 2 %: not worth a cache), so
+anchor and optimiser are its own (loading them again costs a run little: not worth a cache), so
 a pooled run writes the same metrics.jsonl as the separate process `python -m <module> <argv>`
 (tests/test_compare.py checks it). One thing is shared by design: a reward given as
 `package.module:function` is imported once per worker, so a reward that keeps state in its module sees
@@ -79,7 +77,7 @@ def code_version() -> str:
 def named_files(cmd: list[str]) -> dict[str, str]:
     """Every existing file the command line names, an argument itself or the part before a ':' (the --init
     checkpoint, a reward's path/to/file.py:function), and the source file of a --reward package.module:function
-    -> its content hash (the food checkpoint, 0.4 MB: 0.3 ms). Only that module's own file: an edit to a module
+    -> its content hash. Only that module's own file: an edit to a module
     it imports in turn is not seen (delete the runs' folders, or --out elsewhere, to make them again)."""
     paths = {p for arg in cmd[3:] for p in (arg, arg.rpartition(":")[0]) if p and Path(p).is_file()}
     rewards = (cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i] == "--reward")

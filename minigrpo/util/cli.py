@@ -139,8 +139,8 @@ def exit_now() -> None:
     """End a command that has finished: flush stdout and stderr, then leave without the interpreter's teardown
     (os._exit(0)). Every file the command wrote is already closed and the functions registered with atexit still
     run (atexit._run_exitfuncs, as multiprocessing calls it); what is skipped is freeing torch's and matplotlib's
-    modules and the tensors one by one: 0.3–0.4 s of a 3 s `python -m minigrpo.grpo --reward pizza` (`python -c
-    "import torch"` alone spends 0.27 s of its 1.1 s there). Only in a CLI's __main__ block,
+    modules and the tensors one by one, a noticeable share of a short command's time (docs/performance.md). Only
+    in a CLI's __main__ block,
     after main() returned: never where a caller goes on (tests call main(), compare's workers the trainers);
     under a profiler, tracer, debugger or coverage tool it leaves the exit to them."""
     if _observed():  # a profiler, tracer, debugger or coverage tool writes its data at the ordinary exit

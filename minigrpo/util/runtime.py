@@ -20,10 +20,9 @@ def auto_threads(load: tuple[float, int] | None = None) -> int:
     """Threads for --threads 0: the cores nobody else is using, at least 1. load: (1-minute load average, tasks
     running now besides this process); None reads them (`busy_now`).
 
-    On an idle 2-core machine two threads make a pretraining step ~1.7x faster; beside a busy neighbour two
-    OpenMP threads make it SLOWER than one, up to 15x (threads that spin-wait for a core another process holds:
-    44-487 ms against 30-32, `bench --only threads`), so we only take idle cores. The load average lags (a neighbour that started
-    seconds ago is hardly in it) and the running count is a snapshot (it misses a neighbour between its bursts),
+    Beside a busy neighbour, OpenMP threads that spin-wait for a core another process holds make a step slower
+    than one thread (`bench --only threads`; docs/performance.md), so we only take idle cores. The load average
+    lags (a neighbour that started seconds ago is hardly in it) and the running count is a snapshot (it misses a neighbour between its bursts),
     so a core counts as busy if either says so.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
