@@ -59,6 +59,7 @@ from minigrpo.lm.sampling import Generation
 
 @dataclass
 class DPOConfig(RLConfig):
+    """DPO: pairs, labels, the loss"""
     beta: float = field(default=0.1, metadata=meta(
         "β: DPO's sequence-level β, the scale of the log-ratio margin (the paper's 0.1; see dpo.py)"))
     online: bool = field(default=False, metadata=meta(

@@ -40,6 +40,7 @@ from minigrpo.util.cli import UsageError, exit_now, main_guard, meta
 
 @dataclass
 class PPOConfig(RLConfig):
+    """PPO: the KL-shaped reward, the critic, GAE, the clipped losses"""
     critic: str = field(default="separate", metadata=meta(
         "value model: a separate copy of the trunk, a head on the policy, or the exact values (no critic to learn)",
         choices=sorted(CRITICS)))

@@ -76,30 +76,26 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def flag_groups(cls) -> dict[str, str]:
-    """{field name: its --help group}: the title of the dataclass that declares the field (the first line of its
-    docstring; a config assembled from several dataclasses, e.g. GRPO's from its variant families, shows one group
-    each, the class's own first)."""
+    """{field name: its --help group}, the groups in --help order: the title of the dataclass that declares the
+    field (the first line of its docstring, else its name), the class itself first, then its bases in MRO order
+    (GRPO's config is assembled from one dataclass per variant family: one group each)."""
     owner = {}
-    for klass in reversed(cls.__mro__):
+    for klass in cls.__mro__:
         if dataclasses.is_dataclass(klass):
             doc = klass.__dict__.get("__doc__") or ""
             title = klass.__name__ if doc.startswith(klass.__name__ + "(") else doc.strip().splitlines()[0]
-            owner.update(dict.fromkeys(klass.__dict__.get("__annotations__", {}), title))
+            for name in klass.__dict__.get("__annotations__", {}):
+                owner.setdefault(name, title)  # a subclass that redeclares a field keeps it in its own group
     return owner
-
-
-def _rank(cls, f) -> int:
-    """Where a field's group stands in --help: the declaring class's place in the MRO (the class itself first)."""
-    return next(i for i, klass in enumerate(cls.__mro__) if f.name in klass.__dict__.get("__annotations__", {}))
 
 
 def build_parser(cls, description: str, defaults: dict | None = None) -> argparse.ArgumentParser:
     hints, owner = typing.get_type_hints(cls), flag_groups(cls)
+    grouped = len(set(owner.values())) > 1
     parser = argparse.ArgumentParser(description=description, formatter_class=DefaultsHelpFormatter,
-                                     usage="%(prog)s [--flag VALUE ...]" if len(set(owner.values())) > 1 else None)
-    groups = {}
-    for title in dict.fromkeys(owner[f.name] for f in sorted(dataclasses.fields(cls), key=lambda f: _rank(cls, f))):
-        groups[title] = parser.add_argument_group(title) if len(set(owner.values())) > 1 else parser
+                                     usage="%(prog)s [--flag VALUE ...]" if grouped else None)
+    groups = {title: parser.add_argument_group(title) if grouped else parser
+              for title in dict.fromkeys(owner.values())}
     for f in dataclasses.fields(cls):
         group = groups[owner[f.name]]
         flag = "--" + f.name.replace("_", "-")

@@ -46,10 +46,7 @@ BASELINES = {
                       ("batch", "none")),
     "remax": Baseline(_then_batch_std(remax_advantages), ("batch", "none"), needs_greedy=True),
 }
-SCALES = {
-    **{s: (lambda s: lambda b, r, cfg, greedy: b.advantages(r, s, cfg, greedy))(s) for s in ("group", "batch", "none")},
-    "gpg": lambda b, r, cfg, greedy: (lambda adv: adv * gpg_scale(adv))(b.advantages(r, "none", cfg, greedy)),
-}
+SCALES = ("group", "batch", "none", "gpg")
 PANELS = [("advantage mean / std", ["adv_mean", "adv_std"]),
           ("rewards in the update: random control, greedy baseline", ["random_reward_mean", "greedy_reward_mean"]),
           ("share of equal-reward groups (lower = more signal)", ["equal_groups"])]
@@ -76,8 +73,11 @@ class AdvantageFlags:
 def advantages(rewards: torch.Tensor, cfg, greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
     """(N,) rewards grouped G by G -> (N,) advantages by --baseline and --adv-scale; greedy_rewards (prompts,):
     ReMax's baseline."""
-    r = rewards.view(-1, cfg.group_size)  # (prompts, G)
-    return SCALES[cfg.adv_scale](BASELINES[cfg.baseline], r, cfg, greedy_rewards).flatten()
+    r, baseline = rewards.view(-1, cfg.group_size), BASELINES[cfg.baseline]  # (prompts, G)
+    if cfg.adv_scale == "gpg":  # GPG: the unscaled advantages times α = N/#(Â ≠ 0) over the batch
+        adv = baseline.advantages(r, "none", cfg, greedy_rewards)
+        return (adv * gpg_scale(adv)).flatten()
+    return baseline.advantages(r, cfg.adv_scale, cfg, greedy_rewards).flatten()
 
 
 def update_rewards(rewards: torch.Tensor, cfg, generator: torch.Generator, stats: dict) -> torch.Tensor:
