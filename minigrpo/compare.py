@@ -36,7 +36,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out, require
 from minigrpo.grpo import PRESETS
 from minigrpo.util.jsonl import read_jsonl
 from minigrpo.tools.bars import first_reaching, med, quality_ok
@@ -246,10 +246,8 @@ def main(argv=None):
     bad = [a for a in algos if a not in ALGOS]
     if bad or not algos:
         raise UsageError(f"unknown algorithm(s) {', '.join(bad) or '(none given)'} (available: {', '.join(ALGOS)})")
-    if cfg.seeds < 1:
-        raise UsageError(f"--seeds must be >= 1, got {cfg.seeds}")
-    if cfg.jobs < 0:
-        raise UsageError(f"--jobs must be >= 0 (0 = the number of cores), got {cfg.jobs}")
+    require(cfg, "seeds", cfg.seeds >= 1, ">= 1")
+    require(cfg, "jobs", cfg.jobs >= 0, ">= 0 (0 = the number of cores)")
     if any(p in ("--seed", "--out", "--preset", "--resume", "--goal", "--plateau") for p in passthrough):
         raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
                          "use --seeds, --out, --algos and --budget")

@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.util.cli import UsageError, exit_now, main_guard, meta
+from minigrpo.util.cli import UsageError, check_ranges, exit_now, main_guard, meta, require
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate
 from minigrpo.rl.report import combine_stats
 from minigrpo.objectives.preference import PAIR_MODES, dpo_loss, preference_pairs, sequence_logp
 from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
-from minigrpo.rl.config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.rollout import RolloutBatch, collect
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.sampling import Generation
@@ -221,10 +221,8 @@ PANELS = OUTCOME_PANELS + [
 def check_dpo_config(cfg: DPOConfig) -> None:
     check_ranges(cfg, {"beta": (1e-9, None), "sft_coef": (0, None), "kl_coef": (0, None)})
     for name in ("offline_samples", "pairs_per_step", "updates"):
-        if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.offline_samples < 2 and not cfg.online:
-        raise UsageError(f"--offline-samples must be >= 2 (a pair needs two samples), got {cfg.offline_samples}")
+        require(cfg, name, getattr(cfg, name) >= 1, ">= 1")
+    require(cfg, "offline_samples", cfg.offline_samples >= 2 or cfg.online, ">= 2 (a pair needs two samples)")
 
 
 def train(cfg: DPOConfig, log=print) -> dict:

@@ -35,12 +35,12 @@ import torch
 from minigrpo.objectives.advantages import equal_groups
 from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.objectives.kl import exact
-from minigrpo.rl.config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
 from minigrpo.rl.report import combine_stats
 from minigrpo.rl.rollout import RolloutBatch, greedy_rewards
 from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.util.cli import UsageError, exit_now, main_guard, meta
+from minigrpo.util.cli import UsageError, check_ranges, exit_now, main_guard, meta, require
 from minigrpo.variants import advantages as adv_family, entropy as entropy_family, kl as kl_family
 from minigrpo.variants import policy_losses as loss_family, sampler as sampler_family
 from minigrpo.variants.advantages import BASELINES, AdvantageFlags, advantages, kept_rows, update_rewards
@@ -72,8 +72,7 @@ def check_grpo_config(cfg: GRPOConfig) -> None:
                        "entropy_step": (0, None), "entropy_coef_max": (0, None), "top_entropy": (1e-6, 1),
                        "cov_ratio": (0, 1), "clip_cov_low": (None, None), "clip_cov_high": (None, None),
                        "kl_cov_coef": (0, None)})
-    if cfg.updates < 1:
-        raise UsageError(f"--updates must be >= 1, got {cfg.updates}")
+    require(cfg, "updates", cfg.updates >= 1, ">= 1")
     if not cfg.rollout_kl and (cfg.beta > 0 or cfg.fork_entropy > 0):
         fork = cfg.fork_entropy > 0
         raise UsageError(f"--no-rollout-kl skips π_ref's log-probs, which --beta {cfg.beta:g}"

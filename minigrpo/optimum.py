@@ -27,7 +27,7 @@ import torch
 
 from minigrpo.exact import frontier as F
 from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, write_atomic
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, require, write_atomic
 from toy_tasks.rewards import RewardError, make_reward, score
 from minigrpo.util.runtime import setup_runtime
 from toy_tasks import food
@@ -59,8 +59,7 @@ def check_config(cfg: OptimumConfig) -> None:
         raise UsageError(f"--task {cfg.task}: the exact optimum is implemented for the food task only for now")
     if cfg.person not in food.PEOPLE:
         raise UsageError(f"unknown --person {cfg.person!r} (available: {', '.join(food.PEOPLE)})")
-    if cfg.beta is not None and not (math.isfinite(cfg.beta) and cfg.beta > 0):
-        raise UsageError(f"--beta must be a finite number > 0, got {cfg.beta}")
+    require(cfg, "beta", cfg.beta is None or (math.isfinite(cfg.beta) and cfg.beta > 0), "a finite number > 0")
 
 
 def outcome_space(model, tokenizer, reward, person: str) -> tuple[torch.Tensor, torch.Tensor, dict]:

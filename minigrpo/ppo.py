@@ -29,13 +29,13 @@ import torch
 from minigrpo.objectives.advantages import explained_variance, gae, whiten
 from minigrpo.objectives.kl import exact, k1
 from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats
-from minigrpo.rl.config import RLConfig, check_ranges, parse_rl_config
+from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.critics import CRITICS, OracleCritic
 from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, run
 from minigrpo.rl.report import combine_stats
 from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.util.cli import UsageError, exit_now, main_guard, meta
+from minigrpo.util.cli import UsageError, check_positive, check_ranges, exit_now, main_guard, meta
 
 
 @dataclass
@@ -165,9 +165,7 @@ PANELS = OUTCOME_PANELS + [
 def train(cfg: PPOConfig, log=print) -> dict:
     check_ranges(cfg, {"beta": (0, None), "kl_target": (1e-9, None), "gamma": (0, 1), "lam": (0, 1), "clip": (0, 1),
                        "vf_clip": (0, None), "vf_coef": (0, None), "entropy_coef": (None, None)})
-    for name in ("epochs", "minibatches", "clip"):
-        if getattr(cfg, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(cfg, name)}")
+    check_positive(cfg, "epochs", "minibatches", "clip")
     if cfg.minibatches > cfg.group_size * cfg.prompts_per_step:
         n = cfg.group_size * cfg.prompts_per_step
         raise UsageError(f"--minibatches ({cfg.minibatches}) exceeds the rollout's {n} completions")

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from minigrpo.util.cli import (UsageError, check_positive, exit_now, main_guard, parse_config, prepare_out,
-                          write_json)
+                               require, write_json)
 from minigrpo.util.jsonl import JsonlLogger, read_jsonl
 from minigrpo.util.plotting import plot_panels
 from minigrpo.lm.model import GPT, GPTConfig
@@ -126,14 +126,10 @@ def eval_loss(model: GPT, data: torch.Tensor, pad_id: int) -> float:
 def check_config(cfg: PretrainConfig) -> None:
     """One-line UsageErrors for values no run can use."""
     check_positive(cfg, "steps", "n_lines", "n_layer", "n_head", "n_embd", "eval_every", "ckpt_every")
-    if not (math.isfinite(cfg.lr) and 0 < cfg.lr <= 1):
-        raise UsageError(f"--lr must be a number in (0, 1], got {cfg.lr}")
-    if cfg.batch_size < 0:
-        raise UsageError(f"--batch-size must be >= 1, or 0 for every distinct line each step, got {cfg.batch_size}")
-    if cfg.warmup < 0:
-        raise UsageError(f"--warmup must be >= 0 (0 = no warm-up), got {cfg.warmup}")
-    if not (math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0):
-        raise UsageError(f"--weight-decay must be a number >= 0, got {cfg.weight_decay}")
+    require(cfg, "lr", math.isfinite(cfg.lr) and 0 < cfg.lr <= 1, "a number in (0, 1]")
+    require(cfg, "batch_size", cfg.batch_size >= 0, ">= 1, or 0 for every distinct line each step")
+    require(cfg, "warmup", cfg.warmup >= 0, ">= 0 (0 = no warm-up)")
+    require(cfg, "weight_decay", math.isfinite(cfg.weight_decay) and cfg.weight_decay >= 0, "a number >= 0")
 
 
 def last_checkpoint(path) -> str:

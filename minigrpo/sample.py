@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.util.cli import UsageError, check_positive, exit_now, main_guard, parse_config
+from minigrpo.util.cli import UsageError, check_positive, exit_now, main_guard, parse_config, require
 from minigrpo.util.runtime import setup_runtime
 from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 
@@ -49,14 +49,11 @@ MIN_TEMPERATURE = 1e-3  # below this, logits / T overflow float32 and sampling b
 def check_config(cfg: SampleConfig) -> None:
     """One-line UsageErrors for flag values that need no model to be judged."""
     check_positive(cfg, "num")
-    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be > 0, got {cfg.max_new_tokens}")
-    if not (math.isfinite(cfg.temperature) and cfg.temperature >= MIN_TEMPERATURE):
-        raise UsageError(f"--temperature must be a finite number >= {MIN_TEMPERATURE:g}, got {cfg.temperature}")
-    if cfg.top_k is not None and cfg.top_k < 1:
-        raise UsageError(f"--top-k must be >= 1, got {cfg.top_k}")
-    if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
-        raise UsageError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    require(cfg, "max_new_tokens", cfg.max_new_tokens is None or cfg.max_new_tokens >= 1, "> 0")
+    require(cfg, "temperature", math.isfinite(cfg.temperature) and cfg.temperature >= MIN_TEMPERATURE,
+            f"a finite number >= {MIN_TEMPERATURE:g}")
+    require(cfg, "top_k", cfg.top_k is None or cfg.top_k >= 1, ">= 1")
+    require(cfg, "top_p", cfg.top_p is None or 0 < cfg.top_p <= 1, "in (0, 1]")
 
 
 def fit_to_block(cfg: SampleConfig, tok, block_size: int) -> int:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from minigrpo.util.cli import UsageError, meta, parse_config
+from minigrpo.util.cli import UsageError, check_positive, check_ranges, meta, parse_config, require
 from toy_tasks import task_defaults
 
 
@@ -87,23 +87,17 @@ class RLConfig:
 
 def check_rl_config(cfg: RLConfig) -> None:
     """Refuse values that would silently wreck a run, with one line naming the value and what is allowed."""
-    def need(ok: bool, name: str, allowed: str) -> None:
-        if not ok:
-            raise UsageError(f"--{name.replace('_', '-')} must be {allowed}, got {getattr(cfg, name)!r}")
-
     finite = lambda x: x is not None and math.isfinite(x)
-    for name in ("steps", "prompts_per_step", "max_new_tokens", "eval_every", "ckpt_every", "preserve_per_prompt",
-                 "preserve_batch", "goal_patience"):
-        need(getattr(cfg, name) > 0, name, "> 0")
+    check_positive(cfg, "steps", "prompts_per_step", "max_new_tokens", "eval_every", "ckpt_every", "preserve_per_prompt",
+                   "preserve_batch", "goal_patience")
     for name in ("warmup", "plateau", "ref_update_every", "trust_region", "trust_region_anchor"):
-        need(getattr(cfg, name) >= 0, name, ">= 0")
-    need(finite(cfg.lr) and 0 < cfg.lr <= 1, "lr", "a number in (0, 1]")
+        require(cfg, name, getattr(cfg, name) >= 0, ">= 0")
+    require(cfg, "lr", finite(cfg.lr) and 0 < cfg.lr <= 1, "a number in (0, 1]")
     check_ranges(cfg, {"temperature": (1e-3, None), "grad_clip": (0, None), "preserve_coef": (0, None),
                        "preserve_forced": (0, None), "preserve_forced_weight": (0, None),
                        "goal": (0, 1), "goal_malformed": (0, 1), "goal_drift": (0, 1),
                        "unfinished_reward": (None, None)})
-    if cfg.group_size < 2:
-        raise UsageError(f"--group-size must be >= 2 (group baselines need two samples), got {cfg.group_size}")
+    require(cfg, "group_size", cfg.group_size >= 2, ">= 2 (group baselines need two samples)")
 
 
 # flags a resumed run may change: how long it runs and how it reports, never what experiment it is
@@ -122,21 +116,6 @@ def check_resume_flags(cfg, saved: dict, folder: str, argv) -> None:
         k = changed[0]
         raise UsageError(f"--resume {folder!r} continues the same experiment: --{k.replace('_', '-')} was "
                          f"{saved[k]!r} and cannot become {getattr(cfg, k)!r} (start a new run with --out)")
-
-
-def check_ranges(cfg, ranges: dict) -> None:
-    """{name: (low, high)} inclusive bounds on finite values (None: unbounded); one line for the first
-    field out of range, naming the value and what is allowed. None values (optional flags) pass."""
-    for name, (low, high) in ranges.items():
-        value = getattr(cfg, name)
-        if value is None:
-            continue
-        ok = math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
-        if not ok:
-            allowed = " and ".join(x for x in (f">= {low:g}" if low is not None else "",
-                                               f"<= {high:g}" if high is not None else "") if x)
-            raise UsageError(f"--{name.replace('_', '-')} must be a finite number{' ' + allowed if allowed else ''}, "
-                             f"got {value!r}")
 
 
 def default_out(cfg, algo_name: str) -> str:

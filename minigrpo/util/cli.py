@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import math
 import errno
 import fcntl
 import json
@@ -124,11 +125,30 @@ def parse_config(cls, argv=None, description: str = "", defaults: dict | None = 
     return cls(**vars(ns)), parser
 
 
+def require(cfg, name: str, ok: bool, allowed: str) -> None:
+    """The one check of a flag's value: unless ok, a UsageError "--name must be <allowed>, got <value>"."""
+    if not ok:
+        raise UsageError(f"--{name.replace('_', '-')} must be {allowed}, got {getattr(cfg, name)!r}")
+
+
 def check_positive(cfg, *names: str) -> None:
+    """Each named field is a number > 0."""
     for name in names:
         value = getattr(cfg, name)
-        if value is None or value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        require(cfg, name, value is not None and value > 0, "> 0")
+
+
+def check_ranges(cfg, ranges: dict) -> None:
+    """{name: (low, high)} inclusive bounds on finite values (None: unbounded); one line for the first
+    field out of range, naming the value and what is allowed. None values (optional flags) pass."""
+    for name, (low, high) in ranges.items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        ok = math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
+        allowed = " and ".join(x for x in (f">= {low:g}" if low is not None else "",
+                                           f"<= {high:g}" if high is not None else "") if x)
+        require(cfg, name, ok, "a finite number" + (" " + allowed if allowed else ""))
 
 
 def exit_now() -> None:

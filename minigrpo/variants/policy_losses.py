@@ -20,7 +20,7 @@ import torch
 
 from minigrpo.objectives.losses import clipped_surrogate
 from minigrpo.objectives.policy_losses import cispo, gmpo, sapo
-from minigrpo.util.cli import UsageError, meta
+from minigrpo.util.cli import UsageError, meta, require
 from minigrpo.variants.entropy import COV_CONTROLS, top_entropy
 
 
@@ -79,7 +79,6 @@ def reduction(cfg) -> str:
 
 
 def check(cfg) -> None:
-    if cfg.dual_clip is not None and cfg.dual_clip <= 1:
-        raise UsageError(f"--dual-clip must be > 1, got {cfg.dual_clip}")
+    require(cfg, "dual_clip", cfg.dual_clip is None or cfg.dual_clip > 1, "> 1")
     if cfg.policy_loss != "ppo_clip" and (cfg.ratio != "token" or cfg.dual_clip is not None):
         raise UsageError(f"--ratio sequence and --dual-clip belong to --policy-loss ppo_clip, not {cfg.policy_loss}")

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.objectives.importance import CORRECTIONS, correction
-from minigrpo.rl.config import check_ranges
 from minigrpo.rl.rollout import Sampler
-from minigrpo.util.cli import UsageError, meta
+from minigrpo.util.cli import UsageError, check_ranges, meta, require
 
 PANELS = [("sampler mismatch: mean IS weight, share capped / masked, KL(π_sampler‖π_old)",
            ["is_weight_mean", "is_capped", "is_masked", "sampler_kl"])]
@@ -82,8 +81,7 @@ def band(cfg) -> tuple[float, float]:
 def check(cfg) -> None:
     """Ranges, and no flag that the chosen correction would ignore."""
     check_ranges(cfg, {"sample_temperature": (1e-3, None), "sample_top_p": (1e-6, 1), "is_cap": (1, None)})
-    if cfg.sample_stale < 0:
-        raise UsageError(f"--sample-stale must be >= 0, got {cfg.sample_stale}")
+    require(cfg, "sample_stale", cfg.sample_stale >= 0, ">= 0")
     band(cfg)
     ignored = [(cfg.is_level != "token", "--is-level", "tis or mis"), (cfg.is_cap is not None, "--is-cap", "tis"),
                (cfg.is_band is not None, "--is-band", "mis")]
