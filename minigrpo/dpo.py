@@ -4,7 +4,7 @@
     python -m minigrpo.dpo --reward pizza --online     # online: pairs from each step's own rollout
     python -m minigrpo.dpo --reward pizza --labels bt --beta 0.3      # lands on π*_β (see below)
 
-Per update, over the drawn pairs (y_w ranked above y_l), with sequence log-probs (preference.sequence_logp):
+Per update, over the drawn pairs (y_w ranked above y_l), with sequence log-probs (lm/logprobs.sequence_logp):
 
     L = mean_pairs[ p·ℓ(m) + (1 − p)·ℓ(−m) ]  (+ α·NLL(y_w)/|y_w|  + c·KL_exact on the rollout)  + preservation
     ℓ(m) = −log σ(β·m),   m = (log π_θ − log π_ref)(y_w) − (log π_θ − log π_ref)(y_l)    (preference.dpo_loss)
@@ -49,11 +49,11 @@ from minigrpo.util.cli import UsageError, check_ranges, exit_now, main_guard, me
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate
 from minigrpo.rl.report import combine_stats
-from minigrpo.objectives.preference import PAIR_MODES, dpo_loss, preference_pairs, sequence_logp
+from minigrpo.objectives.preference import PAIR_MODES, dpo_loss, preference_pairs
 from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.rollout import RolloutBatch, collect
-from minigrpo.lm.logprobs import generation_logprobs
+from minigrpo.lm.logprobs import generation_logprobs, sequence_logp
 from minigrpo.lm.sampling import Generation
 
 

@@ -9,7 +9,7 @@ from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.dpo import DPO, DPOConfig, main, train
 from minigrpo.util.jsonl import read_jsonl
 from minigrpo.lm.optim import AdamW
-from minigrpo.objectives.preference import sequence_logp
+from minigrpo.lm.logprobs import sequence_logp
 from minigrpo.rl.loop import Run, purpose_seed
 from minigrpo.rl.rollout import collect
 from minigrpo.lm.logprobs import generation_logprobs

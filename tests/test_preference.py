@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from conftest import SET, T, call, garbage, right_padded
-from minigrpo.objectives.preference import dpo_loss, preference_pairs, sequence_logp
+from minigrpo.lm.logprobs import sequence_logp
+from minigrpo.objectives.preference import dpo_loss, preference_pairs
 
 seq = st.floats(-60, 0)
 pairs = st.integers(1, 5).flatmap(lambda n: st.lists(st.tuples(seq, seq, seq, seq), min_size=n, max_size=n))

@@ -5,6 +5,7 @@
     generation_logprobs        a sampled Generation's completion tokens (N, T): what GRPO, PPO, DPO, the anchor
                                and the trust region use
     sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
+    sequence_logp              per-token log-probs (B, T) summed over a mask: log π(y) of each completion
     completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact evaluation
 """
 
@@ -94,6 +95,15 @@ def pad_left(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
     return ids.to(device), mask.to(device)
 
 
+def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log π(y) = Σ_t log π(o_t | o_<t) over the valid tokens,  logp (B, T), mask (B, T) bool -> (B,).
+
+    Masked slots contribute nothing (torch.where, so NaN or ±1e4 there reach neither value nor gradient);
+    an empty row gives 0 (log of the empty product).
+    """
+    return torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(dim=1)
+
+
 @torch.no_grad()
 def completion_logprobs(model: GPT, tok: CharTokenizer, prompts: list[str], completions: list[str],
                         end: bool = True) -> torch.Tensor:
@@ -105,8 +115,7 @@ def completion_logprobs(model: GPT, tok: CharTokenizer, prompts: list[str], comp
     ids, mask, is_completion, tree = scoring_batch(tok, tuple(prompts), tuple(completions), end,
                                                    model.wte.weight.device)
     logits, _ = shifted_forward(model, ids, mask, tree=tree)
-    logp = gather_logprobs(logits, ids[:, 1:])  # (N, width-1)
-    return torch.where(is_completion, logp, torch.zeros_like(logp)).sum(dim=1)
+    return sequence_logp(gather_logprobs(logits, ids[:, 1:]), is_completion)  # (N, width-1) summed per row
 
 
 @functools.lru_cache(maxsize=16)

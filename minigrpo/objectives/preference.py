@@ -1,6 +1,5 @@
 """Learning from preferences: DPO's loss and the pairs an online variant builds from rewarded samples.
 
-    sequence_logp      Σ_t log π(o_t) over a completion's valid tokens: the sequence log-probability DPO needs
     dpo_loss           −log σ(β[(log π − log π_ref)(y_w) − (log π − log π_ref)(y_l)])   (DPO, 2305.18290 eq. 7)
     preference_pairs   (chosen, rejected) pairs from a group of sampled completions ranked by reward
                        (online DPO: pairs sampled from the current policy and labelled online, 2402.04792)
@@ -18,21 +17,12 @@ import torch.nn.functional as F
 PAIR_MODES = ("all", "best_worst")
 
 
-def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log π(y) = Σ_t log π(o_t | o_<t) over the valid tokens,  logp (B, T), mask (B, T) bool -> (B,).
-
-    Masked slots contribute nothing (torch.where, so NaN or ±1e4 there reach neither value nor gradient);
-    an empty row gives 0 (log of the empty product).
-    """
-    return torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(dim=1)
-
-
 def dpo_loss(policy_chosen_logp, policy_rejected_logp, ref_chosen_logp, ref_rejected_logp,
              beta: float = 0.1) -> torch.Tensor:
     """DPO per pair:  L = −log σ(β·m),  m = (log π_θ − log π_ref)(y_w) − (log π_θ − log π_ref)(y_l).
 
     Inputs: SEQUENCE log-probs (B,) of the chosen y_w and the rejected y_l under the policy and the
-    reference (sequence_logp); output (B,), to average over pairs (Rafailov et al. 2023, arXiv 2305.18290,
+    reference (lm.logprobs.sequence_logp); output (B,), to average over pairs (Rafailov et al. 2023, arXiv 2305.18290,
     eq. 7). Computed as −logsigmoid(β·m): finite and exact at margins of ±1e4 (log(1 + e^{−x}) would
     overflow). Facts the tests pin: L = log 2 when the two log-ratios are equal; ∂L/∂log π_θ(y_w) =
     −β·σ(−β·m) < 0 and ∂L/∂log π_θ(y_l) = +β·σ(−β·m) > 0 (descent raises the chosen, lowers the
