@@ -72,16 +72,10 @@ def optimum(p_ref: torch.Tensor, r: torch.Tensor, beta: float) -> torch.Tensor:
     return _solve(p_ref, r, _betas(beta))["pi"][0]
 
 
-def log_partition(p_ref: torch.Tensor, r: torch.Tensor, beta: float) -> float:
-    """log Z_β = log Σ_y π_ref(y)·e^{r(y)/β} = max r/β + logsumexp(log π_ref + (r − max r)/β), β in (0, ∞].
-
-    β·log Z_β is the optimal value J_β(π*_β) (A*PO's V*(x), 2505.20686). β → 0: ±∞ (0 if max r = 0)."""
-    _check(p_ref, r)
-    return _solve(p_ref, r, _betas(beta))["log_z"][0].item()
-
-
 def optimum_figures(p_ref: torch.Tensor, r: torch.Tensor, beta: float) -> dict[str, float]:
-    """{expected_reward: E*[r], kl: KL(π*_β‖π_ref) = E*[r]/β − log Z_β, log_z: log Z_β}, β in [0, ∞]."""
+    """{expected_reward: E*[r], kl: KL(π*_β‖π_ref) = E*[r]/β − log Z_β, log_z: log Z_β}, β in [0, ∞].
+
+    log Z_β = log Σ_y π_ref(y)·e^{r(y)/β}; β·log Z_β is the optimal value J_β(π*_β) (A*PO's V*(x), 2505.20686)."""
     _check(p_ref, r)
     out = _solve(p_ref, r, _betas(beta))
     return {k: out[k][0].item() for k in ("expected_reward", "kl", "log_z")}
