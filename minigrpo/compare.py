@@ -36,7 +36,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out, require
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, require
+from minigrpo.util.outputs import prepare_out
 from minigrpo.grpo import PRESETS
 from minigrpo.util.jsonl import read_jsonl
 from minigrpo.tools.bars import first_reaching, med, quality_ok

@@ -27,7 +27,8 @@ import torch
 
 from minigrpo.exact import frontier as F
 from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, require, write_atomic
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, require
+from minigrpo.util.outputs import write_atomic
 from toy_tasks.rewards import RewardError, make_reward, score
 from minigrpo.util.runtime import setup_runtime
 from toy_tasks import food

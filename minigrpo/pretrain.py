@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from minigrpo.util.cli import (UsageError, check_positive, exit_now, main_guard, parse_config, prepare_out,
-                               require, write_json)
+from minigrpo.util.cli import UsageError, check_positive, exit_now, main_guard, parse_config, require
+from minigrpo.util.outputs import prepare_out, write_json
 from minigrpo.util.jsonl import JsonlLogger, read_jsonl
 from minigrpo.util.plotting import plot_panels
 from minigrpo.lm.model import GPT, GPTConfig

@@ -15,7 +15,8 @@ import torch
 import minigrpo
 from minigrpo import pretrain, sample
 from minigrpo.lm.checkpoint import read_checkpoint, save_checkpoint
-from minigrpo.util.cli import UsageError, main_guard, prepare_out, release_out, write_json
+from minigrpo.util.cli import UsageError, main_guard
+from minigrpo.util.outputs import prepare_out, release_out, write_json
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
 from conftest import one_line_error
@@ -76,7 +77,7 @@ def test_stale_temp_files_of_a_killed_write_are_removed(tmp_path):
 
 def test_a_second_writer_is_refused_until_the_first_dies(tmp_path):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from minigrpo.util.cli import prepare_out; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from minigrpo.util.outputs import prepare_out; "
                                f"prepare_out({str(run)!r}); print('locked', flush=True); time.sleep(120)"],
                               stdout=subprocess.PIPE, text=True)
     try:

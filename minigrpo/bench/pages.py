@@ -94,7 +94,7 @@ def set_header(page: str, line: str) -> str:
 def write_blocks(folder, blocks: dict[str, str], line: str) -> list[Path]:
     """Put each {block name: markdown} into its page under `folder` (created with a title when missing), and
     the header `line` at the top of every page written; -> the pages written."""
-    from minigrpo.util.cli import write_atomic
+    from minigrpo.util.outputs import write_atomic
     folder = Path(folder)
     written = []
     for page_name in dict.fromkeys(page_of(b) for b in blocks):

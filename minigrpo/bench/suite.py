@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, prepare_out
+from minigrpo.util.cli import UsageError, main_guard, meta, parse_config
+from minigrpo.util.outputs import prepare_out
 from minigrpo.bench.common import (ROW_HEADER, bench_optimum, passes, rarest_foods, run_all, run_module, seed_row,
                                    table, write_rare_reward)
 from minigrpo.bench.speed import bench_prefix, bench_sampling, bench_scale, bench_threads

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.util.cli import write_atomic
+from minigrpo.util.outputs import write_atomic
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
 
@@ -36,7 +36,7 @@ class CheckpointError(ValueError):
 
 
 def atomic_save(obj, path) -> None:
-    """torch.save into memory, then `cli.write_atomic`: a temp file `.<name>.tmp<pid>` in the same folder,
+    """torch.save into memory, then `outputs.write_atomic`: a temp file `.<name>.tmp<pid>` in the same folder,
     renamed over `path`. A full disk is a one-line UsageError and the previous checkpoint is kept."""
     buf = io.BytesIO()
     torch.save(obj, buf)

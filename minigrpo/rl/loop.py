@@ -34,7 +34,8 @@ import torch
 from minigrpo.rl.algorithm import Algorithm, rollout_flags
 from minigrpo.lm.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
                                  save_checkpoint)
-from minigrpo.util.cli import UsageError, prepare_out, write_json
+from minigrpo.util.cli import UsageError
+from minigrpo.util.outputs import prepare_out, write_json
 from minigrpo.util.jsonl import JsonlLogger
 from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.rl.preserve import Anchor, anchor_loss, make_anchor

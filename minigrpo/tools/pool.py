@@ -33,7 +33,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from minigrpo.util.cli import release_out
+from minigrpo.util.outputs import release_out
 from toy_tasks.rewards import module_file
 
 

@@ -1,5 +1,5 @@
-"""What every command line shares: a dataclass config turned into argparse flags, one-line errors, and the
-output folder (threads and the device: runtime.py).
+"""What every command line shares: a dataclass config turned into argparse flags, checks of its values, and
+one-line errors (the output folder and its files: outputs.py; threads and the device: runtime.py).
 
 A config is a dataclass whose fields carry `help` (and optionally `choices`) in their metadata:
 
@@ -9,10 +9,6 @@ A config is a dataclass whose fields carry `help` (and optionally `choices`) in 
 
 `parse_config(Config, argv)` gives `--steps` (underscores become dashes; bools get --x/--no-x).
 Bad input raises `UsageError`; `main_guard` prints it as ONE line and exits with code 2.
-
-`prepare_out(out, overwrite=..., resume=...)` claims the output folder: it refuses to mix a new run into
-an old one, locks the folder against a second writer, and sweeps temp files a killed process left.
-`write_json` and `write_atomic` never leave half a file, and a full disk keeps the previous version.
 """
 
 from __future__ import annotations
@@ -22,14 +18,11 @@ import atexit
 import dataclasses
 import math
 import errno
-import fcntl
-import json
 import os
 import signal
 import sys
 import types
 import typing
-from pathlib import Path
 
 
 def meta(help_text: str, **extra) -> dict:
@@ -205,101 +198,3 @@ def main_guard(main):
             print(f"error: the disk is full{where}; files already written are kept", file=sys.stderr)
             raise SystemExit(2)
     return wrapped
-
-
-RUN_FILES = ("model.pt", "metrics.jsonl", "summary.json", "config.json")  # any of these: a run lives here
-OLD_RUN_GLOBS = (*RUN_FILES, "*.png", "samples.txt")  # what --overwrite removes
-STALE_TEMP_GLOBS = (".*.pt.tmp[0-9]*", ".*.json.tmp[0-9]*", "*.json.tmp")  # write_atomic's (and older) temp names
-_LOCKS: dict[str, typing.IO] = {}  # folder -> its open, flock-ed .lock file, held for the life of the process
-
-
-def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path:
-    """Claim the output folder `out` for this process and return it as a Path.
-
-    Creates it; refuses '' and paths that cannot be folders; takes an exclusive lock on `<out>/.lock`
-    (held until the process ends, so a killed process never leaves it stuck); refuses a folder that
-    already holds a run unless `overwrite` (its files are then removed first) or `resume` (kept);
-    deletes temp files a killed write left behind. Every refusal is a one-line UsageError."""
-    out = str(out)
-    if not out.strip():
-        raise UsageError("--out is empty; give a folder path such as runs/my-run")
-    path = Path(out)
-    try:
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"--out {out!r} is an existing file; give a folder path")
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out {out!r} cannot be created: {e.strerror or e}; give a writable folder") from None
-    lock_out(path)
-    old = [name for name in RUN_FILES if (path / name).exists()]
-    if old and not (overwrite or resume):
-        release_out(path)
-        raise UsageError(f"--out {out!r} already holds a run ({', '.join(old)}); pass --overwrite to replace it "
-                         f"(or --resume to continue it, in the RL commands), or another --out")
-    remove_matching(path, STALE_TEMP_GLOBS)  # we hold the lock: no live writer owns these
-    if old and overwrite and not resume:
-        remove_matching(path, OLD_RUN_GLOBS)
-    return path
-
-
-def lock_out(path: Path) -> None:
-    """flock `<path>/.lock` (non-blocking); another live process holding it is a UsageError."""
-    key = os.path.realpath(path)
-    lock_path = path / ".lock"
-    held = _LOCKS.get(key)
-    if held is not None:  # this process already writes here (a library caller running twice)
-        if lock_path.exists() and os.path.samestat(os.fstat(held.fileno()), lock_path.stat()):
-            return
-        release_out(path)  # the folder was deleted and made again: lock the new file
-    try:
-        f = open(lock_path, "a")
-    except OSError as e:
-        raise UsageError(f"--out {str(path)!r} is not writable: {e.strerror or e}; give a writable folder") from None
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.close()
-        raise UsageError(f"another process is writing to {path}; wait for it, stop it, or give another --out") from None
-    _LOCKS[key] = f
-
-
-def release_out(path) -> None:
-    """Give up this process's lock on the folder `path` (it is also released when the process ends)."""
-    f = _LOCKS.pop(os.path.realpath(path), None)
-    if f is not None:
-        f.close()
-
-
-def remove_matching(folder: Path, patterns) -> None:
-    for pattern in patterns:
-        for p in folder.glob(pattern):
-            if p.is_file() or p.is_symlink():
-                p.unlink()
-
-
-def write_atomic(path, data: bytes, what: str = "file") -> None:
-    """Write `data` to a temp file beside `path`, fsync it, and rename it over `path` (atomic on POSIX).
-
-    An OSError (a full disk, a read-only folder) becomes a one-line UsageError; the temp file is removed
-    and the previous `path`, if any, is left as it was."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        kept = f"; the previous {what} is kept" if path.exists() else ""
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise UsageError(f"the disk is full while writing {path}{kept}") from None
-        raise UsageError(f"cannot write {path}: {e.strerror or e}{kept}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (temp file + rename), so a crash never leaves half a file."""
-    write_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode(), what="file")
