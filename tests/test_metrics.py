@@ -40,3 +40,63 @@ def test_plot_panels_skips_empty_panels_and_the_cli_refuses_a_folder_without_an_
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
     assert e.value.code == 2 and "holds no RL run" in capsys.readouterr().err
+
+
+def strict_loads(text: str):
+    """json.loads that refuses NaN and ±Infinity, as a strict parser does."""
+    return json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+
+
+def test_write_json_is_strict_json_with_non_finite_numbers_as_null_at_any_depth(tmp_path):
+    from minigrpo.util.outputs import write_json
+    write_json(tmp_path / "s.json", {"implied_beta": float("inf"), "rows": [{"x": float("nan")}, 1.5],
+                                     "nested": {"y": float("-inf"), "z": 2}})
+    got = strict_loads((tmp_path / "s.json").read_text())
+    assert got == {"implied_beta": None, "rows": [{"x": None}, 1.5], "nested": {"y": None, "z": 2}}
+
+
+def torn(tmp_path, rows: int = 3):
+    """A metrics.jsonl whose last row a full disk cut short."""
+    path = tmp_path / "m.jsonl"
+    log = JsonlLogger(path)
+    for s in range(rows):
+        log.log({"step": s, "reward_mean": 0.25})
+    log.close()
+    with open(path, "a") as f:
+        f.write('{"step": 3, "reward_mean": 0.2')  # no closing brace, no newline
+    return path
+
+
+def test_a_torn_last_line_is_skipped_with_one_warning(tmp_path, capsys):
+    path = torn(tmp_path)
+    assert [r["step"] for r in read_jsonl(path)] == [0, 1, 2]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torn" in err and str(path) in err, err
+
+
+def test_resume_drops_a_torn_last_line_and_appends_whole_rows_after_it(tmp_path, capsys):
+    path = torn(tmp_path)
+    log = JsonlLogger(path, truncate_after_step=2)
+    log.log({"step": 3, "reward_mean": 0.5})
+    log.close()
+    assert [strict_loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_a_bad_line_before_the_last_is_one_line_naming_it(tmp_path):
+    import pytest
+
+    from minigrpo.util.cli import UsageError
+    path = torn(tmp_path)
+    with open(path, "a") as f:
+        f.write('\n{"step": 4}\n')
+    with pytest.raises(UsageError, match="line 4 is not JSON"):
+        read_jsonl(path)
+
+
+def test_the_metrics_command_draws_a_run_whose_last_line_is_torn(tmp_path, capsys):
+    from minigrpo.metrics import main
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "grpo", "task": "food", "reward": "pizza",
+                                                      "preserve": True, "person": "ravin"}))
+    torn(tmp_path).rename(tmp_path / "metrics.jsonl")
+    main([str(tmp_path)])
+    assert (tmp_path / "metrics.png").stat().st_size > 0 and "torn" in capsys.readouterr().err

@@ -86,6 +86,12 @@ def test_every_evaluation_lies_under_the_exact_frontier(tmp_path, tiny_pretraine
         assert r["regret"] >= 0 and r["kl_ref"] >= 0 and r["kl_to_optimum"] >= 0, r
         assert r["target_rate"] - 1e-12 <= r["pass_at_8"] <= 1, r
         assert r["implied_beta"] is None or r["implied_beta"] > 0, r  # None: inf in strict JSON (no better than π_ref)
+    strict = lambda text: json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))  # noqa: E731
+    written = sorted((tmp_path / "run").glob("*.json*"))
+    assert [p.name for p in written] == ["config.json", "metrics.jsonl", "summary.json"], written
+    for path in written:  # every JSON file a run writes parses with a strict parser (no NaN, no Infinity)
+        for line in ([path.read_text()] if path.suffix == ".json" else path.read_text().splitlines()):
+            strict(line)
 
 
 def test_a_run_stops_at_its_goal_and_says_why(tmp_path, tiny_pretrained):

@@ -274,3 +274,15 @@ def test_bench_refuses_an_impossible_out_in_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--out", "/proc/x", "--quick"])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("content", ['{"algo": "grpo", "steps": 3', "[1, 2]", "\xff\xfe"])
+def test_resume_of_a_folder_whose_config_json_is_corrupt_is_one_line(tmp_path, capsys, content):
+    """A torn or foreign config.json on --resume: one line naming it, exit 2, and the folder left as it was."""
+    from minigrpo import grpo
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_bytes(content.encode("latin-1"))
+    err = one_line_error(grpo.main, ["--resume", str(run)], capsys)
+    assert "config.json" in err, err
+    assert (run / "config.json").read_bytes() == content.encode("latin-1") and sorted(os.listdir(run)) == ["config.json"]

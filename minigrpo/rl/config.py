@@ -149,7 +149,14 @@ def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict |
         if not saved.is_file():
             raise UsageError(f"--resume {known.resume!r} has no config.json (not a {algo_name} run folder)")
         names = {f.name for f in fields(cls)}
-        saved_cfg = {k: v for k, v in json.loads(saved.read_text()).items() if k in names}
+        try:
+            saved_json = json.loads(saved.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"--resume {known.resume!r}: its config.json is not readable JSON ({e}); the run cannot "
+                             f"be continued as the same experiment (start a new one with --out)") from None
+        if not isinstance(saved_json, dict):
+            raise UsageError(f"--resume {known.resume!r}: its config.json holds no settings object")
+        saved_cfg = {k: v for k, v in saved_json.items() if k in names}
         defaults.update(saved_cfg)
     cfg, _ = parse_config(cls, argv, description, defaults)
     if saved_cfg is not None:

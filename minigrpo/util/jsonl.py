@@ -1,14 +1,19 @@
-"""Run records as files: one JSON object per line (metrics.jsonl), strict JSON (no NaN), read back."""
+"""Run records as files: one JSON object per line (metrics.jsonl) and JSON files, strict JSON (non-finite numbers
+as null), read back so that a line torn by a crash or a full disk costs that line only."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+
+from minigrpo.util.cli import UsageError
 
 
 class JsonlLogger:
-    """Appends one JSON object per call to `path`, flushed at once (a crash loses nothing written)."""
+    """Appends one JSON object per call to `path`, each line in one write, flushed at once (a crash loses nothing
+    written). On resume (truncate_after_step), the rows past the checkpoint and a torn last line are dropped."""
 
     def __init__(self, path, truncate_after_step: int | None = None):
         self.path = Path(path)
@@ -27,9 +32,16 @@ class JsonlLogger:
         self._f.close()
 
 
-def strict_json(row: dict) -> dict:
-    """NaN and ±inf are not JSON: write them as null, so every line parses with a strict parser."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+def strict_json(obj):
+    """NaN and ±inf are not JSON: the same object with every non-finite float (in dicts and lists, at any depth) as
+    None, so that what we write parses with a strict parser."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 def read_json(path) -> dict:
@@ -37,4 +49,15 @@ def read_json(path) -> dict:
 
 
 def read_jsonl(path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a JSONL file. A torn LAST line (a write cut short by a crash or a full disk) is skipped with one
+    warning on stderr; a bad line anywhere else is a UsageError (one line) naming it."""
+    lines = [(i, line) for i, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
+    rows = []
+    for i, line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != lines[-1][0]:
+                raise UsageError(f"{path}: line {i} is not JSON ({line[:40]!r}...)") from None
+            print(f"warning: {path}: its last line is torn (a write cut short); skipped it", file=sys.stderr)
+    return rows

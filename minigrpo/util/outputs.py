@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 
 from minigrpo.util.cli import UsageError
+from minigrpo.util.jsonl import strict_json
 
 RUN_FILES = ("model.pt", "metrics.jsonl", "summary.json", "config.json")  # any of these: a run lives here
 OLD_RUN_GLOBS = (*RUN_FILES, "*.png", "samples.txt")  # what --overwrite removes
@@ -110,5 +111,7 @@ def write_atomic(path, data: bytes, what: str = "file") -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (temp file + rename), so a crash never leaves half a file."""
-    write_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode(), what="file")
+    """Write JSON atomically (temp file + rename), so a crash never leaves half a file; strict JSON: non-finite
+    numbers as null."""
+    write_atomic(path, (json.dumps(strict_json(obj), indent=2, default=str, allow_nan=False) + "\n").encode(),
+                 what="file")
