@@ -26,7 +26,8 @@ TINY = ["--steps", "2", "--n-lines", "200", "--n-embd", "8", "--n-head", "1", "-
 
 
 def old_run(folder):
-    folder.mkdir()
+    prepare_out(str(folder))  # a run of ours claimed the folder (and marked it) ...
+    release_out(folder)  # ... and ended
     for name in ("model.pt", "metrics.jsonl", "summary.json", "config.json", "loss.png", "samples.txt", "notes.txt"):
         (folder / name).write_text("old " + name)
     return folder
@@ -52,6 +53,39 @@ def test_overwrite_removes_the_old_runs_files_only(tmp_path):
     (tmp_path / "photos" / "cat.png").write_text("no run here: nothing to overwrite")
     prepare_out(tmp_path / "photos", overwrite=True)
     assert (tmp_path / "photos" / "cat.png").exists()
+    release_out(run)
+
+
+def test_overwrite_touches_no_folder_that_no_run_of_ours_wrote(tmp_path):
+    """A user's folder with a config.json and figures of their own is not a run: --overwrite refuses it, one line."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, text in (("config.json", '{"lr": 1}'), ("figure.png", "a user's figure"), ("model.pt", "theirs")):
+        (mine / name).write_text(text)
+    with pytest.raises(UsageError, match="no minigrpo run wrote") as e:
+        prepare_out(str(mine), overwrite=True)
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in mine.iterdir() if p.name != ".lock") == ["config.json", "figure.png", "model.pt"]
+    assert (mine / "config.json").read_text() == '{"lr": 1}' and (mine / "figure.png").read_text() == "a user's figure"
+
+
+def test_overwrite_of_our_run_keeps_the_files_a_run_does_not_write(tmp_path):
+    run = old_run(tmp_path / "run")
+    (run / "my-figure.png").write_text("a user's figure beside the run")
+    (run / "metrics.png").write_text("old metrics.png")
+    prepare_out(str(run), overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "my-figure.png", "notes.txt"]
+    release_out(run)
+
+
+def test_a_run_of_a_minigrpo_before_the_mark_can_still_be_overwritten(tmp_path):
+    run = tmp_path / "older"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": "grpo", "task": "food"}))
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    (run / ".lock").write_text("")  # older minigrpo left its lock empty
+    prepare_out(str(run), overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]
     release_out(run)
 
 

@@ -18,7 +18,8 @@ from minigrpo.util.cli import UsageError
 from minigrpo.util.jsonl import strict_json
 
 RUN_FILES = ("model.pt", "metrics.jsonl", "summary.json", "config.json")  # any of these: a run lives here
-OLD_RUN_GLOBS = (*RUN_FILES, "*.png", "samples.txt")  # what --overwrite removes
+RUN_OUTPUTS = (*RUN_FILES, "metrics.png", "loss.png", "samples.txt")  # what a run writes: all --overwrite removes
+MARK = "minigrpo run folder: this file is its lock and its mark (--overwrite replaces only runs of ours)\n"
 STALE_TEMP_GLOBS = (".*.pt.tmp[0-9]*", ".*.json.tmp[0-9]*", "*.json.tmp")  # write_atomic's (and older) temp names
 _LOCKS: dict[str, typing.IO] = {}  # folder -> its open, flock-ed .lock file, held for the life of the process
 
@@ -28,8 +29,9 @@ def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path
 
     Creates it; refuses '' and paths that cannot be folders; takes an exclusive lock on `<out>/.lock`
     (held until the process ends, so a killed process never leaves it stuck); refuses a folder that
-    already holds a run unless `overwrite` (its files are then removed first) or `resume` (kept);
-    deletes temp files a killed write left behind. Every refusal is a one-line UsageError."""
+    already holds a run unless `overwrite` (the files a run writes, RUN_OUTPUTS, are then removed first, and only
+    in a folder a run of ours wrote: `ours`) or `resume` (kept); deletes temp files a killed write left behind;
+    marks the folder as ours (in its .lock). Every refusal is a one-line UsageError."""
     out = str(out)
     if not out.strip():
         raise UsageError("--out is empty; give a folder path such as runs/my-run")
@@ -46,10 +48,30 @@ def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path
         release_out(path)
         raise UsageError(f"--out {out!r} already holds a run ({', '.join(old)}); pass --overwrite to replace it "
                          f"(or --resume to continue it, in the RL commands), or another --out")
+    if old and overwrite and not resume and not ours(path):
+        release_out(path)
+        raise UsageError(f"--out {out!r} holds {', '.join(old)} that no minigrpo run wrote; --overwrite replaces "
+                         f"only runs of ours: give another --out (nothing there was touched)")
     remove_matching(path, STALE_TEMP_GLOBS)  # we hold the lock: no live writer owns these
     if old and overwrite and not resume:
-        remove_matching(path, OLD_RUN_GLOBS)
+        remove_matching(path, RUN_OUTPUTS)
+    lock = path / ".lock"
+    if lock.stat().st_size == 0:
+        lock.write_text(MARK)
     return path
+
+
+def ours(path: Path) -> bool:
+    """Did a run of ours write this folder? Its .lock holds our mark, or (a run of a minigrpo from before the mark)
+    its config.json is a settings object with a task and a metrics.jsonl lies beside it."""
+    lock = path / ".lock"
+    if lock.is_file() and lock.read_text(errors="replace").startswith(MARK.split(":")[0]):
+        return True
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "task" in config and (path / "metrics.jsonl").is_file()
 
 
 def lock_out(path: Path) -> None:
