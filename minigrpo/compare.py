@@ -9,13 +9,12 @@ run their runs in process (pool.py: the same metrics as separate processes), eac
 <out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m
 minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
 fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
---budget goal lets each run stop at its goal as the trainers do by default. A run whose folder already
-holds a finished run of exactly the same command, code and input files is kept (pool.stamp_of: the command,
-a hash of minigrpo/'s and toy_tasks/' source and torch's version, and the content of the --init checkpoint, of
-a reward file and of a package.module:function reward's module file), so rerunning after an interruption only
-runs what is missing; any other flag, an edit of the library, another torch, a re-pretrained checkpoint or an
-edited reward reruns it. A later invocation for a subset of the algorithms keeps the others' finished runs of
-the same flags in the table and figures (runs of other flags are left out).
+--budget goal lets each run stop at its goal as the trainers do by default. A finished run of exactly the same
+command, code and input files is kept (tools/stamps.py: the command, the library's source and torch's version,
+the --init checkpoint, the reward's source and the modules of the user's folder it imports), so rerunning after
+an interruption only runs what is missing, and an edit of the library or of the reward makes the runs again. An
+--out holding finished runs of another command (other flags) is refused unless --overwrite. A later invocation
+for a subset of the algorithms keeps the others' finished runs of the same flags in the table and figures.
 The arguments are checked before any run starts; a failed run is reported with its error while the
 others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
@@ -40,8 +39,9 @@ from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, requir
 from minigrpo.util.outputs import prepare_out
 from minigrpo.grpo import PRESETS
 from minigrpo.util.jsonl import read_jsonl
-from minigrpo.tools.bars import first_reaching, med, quality_ok
-from minigrpo.tools.pool import finished_by, run_one, run_pool
+from minigrpo.tools.bars import first_reaching, med, within_bars
+from minigrpo.tools.pool import run_one, run_pool
+from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.rl.config import default_out
 
 DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
@@ -74,6 +74,8 @@ class CompareConfig:
         "reward spec passed to every run (default: the task's, food: pizza)"))
     out: str | None = field(default=None, metadata=meta(
         "output folder (default runs/compare-<reward>, or runs/compare-<task>)"))
+    overwrite: bool = field(default=False, metadata=meta(
+        "replace the runs in --out that another compare command made (refused otherwise)"))
     jobs: int = field(default=0, metadata={"help": "runs at a time (0 = the number of cores)"})
 
 
@@ -159,11 +161,6 @@ def exact_frontier(passthrough: list[str], reward: str | None):
     return frontier.frontier(p_ref, r)
 
 
-def within_bars(f: dict) -> bool:
-    """The quality bars of tools/bars.py on a run's final figures and peaks."""
-    return quality_ok(f["target_rate"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
-
-
 def summarise(values: list, none: str = "never") -> str:
     return med(values, "{:.3g}", none=none)
 
@@ -236,12 +233,13 @@ def main(argv=None):
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps"):
         pre.add_argument(name)
+    pre.add_argument("--overwrite", action="store_const", const="")  # a flag: "" marks it given
     ours, passthrough = pre.parse_known_args(list(argv or []))
     pre_task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre_task.add_argument("--task", default="food")
     if "-h" in passthrough or "--help" in passthrough:
         parse_config(CompareConfig, ["--help"], DESCRIPTION)
-    own = [x for k, v in vars(ours).items() if v is not None for x in (f"--{k}", v)]
+    own = [x for k, v in vars(ours).items() if v is not None for x in (f"--{k}", v) if x != ""]
     cfg, _ = parse_config(CompareConfig, own, DESCRIPTION)
     algos = [a.strip() for a in cfg.algos.split(",") if a.strip()]
     bad = [a for a in algos if a not in ALGOS]
@@ -259,6 +257,10 @@ def main(argv=None):
     out = prepare_out(cfg.out or (default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare")
                                   if cfg.reward else f"runs/compare-{task}"))
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
+        algo, _, seed = folder_name.rpartition("-s")
+        return command(algo, int(seed), cfg, passthrough, task, out) if algo in ALGOS and seed.isdigit() else None
+    claim_runs(out, command_of, cfg.overwrite)
     tasks = [(a, s, command(a, s, cfg, passthrough, task, out), out / f"{a}-s{s}") for a in algos
              for s in range(cfg.seeds)]
     # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch updates a

@@ -2,14 +2,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from minigrpo import metrics
 from minigrpo.util import jsonl
-from minigrpo.tools import pool
+from minigrpo.tools import stamps
 from minigrpo.compare import main
 from toy_tasks.rewards import module_file
+from conftest import one_line_error
 
 TINY = ["--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
 
@@ -29,13 +31,17 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
     table = (out / "table.md").read_text()
     assert "| grpo | 1 ok" in table and "| ppo | 1 ok" in table
     code = json.loads((out / "grpo-s0" / "compare_command.json").read_text())["code"]
-    assert code == pool.code_version() and len(code) == 16
-    monkeypatch.setattr(pool, "code_version", lambda: "an edited library")  # other code: finished runs made again
+    assert code == stamps.code_version() and len(code) == 16
+    monkeypatch.setattr(stamps, "code_version", lambda: "an edited library")  # other code: finished runs made again
     main(args[:1] + ["grpo"] + args[2:])
     again = (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns
     assert again != stamp
-    main(args[:1] + ["grpo"] + args[2:] + ["--group-size", "2"])  # another command: the cached runs are not reused
+    other = args[:1] + ["grpo"] + args[2:] + ["--group-size", "2"]  # another command into the same --out ...
+    assert "another compare command" in one_line_error(main, other, capsys)  # ... is refused in one line
+    assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns == again, "a refusal touches nothing"
+    main(other + ["--overwrite"])  # ... and replaces the other command's runs only when asked
     assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns != again
+    assert not (out / "ppo-s0").exists(), "the other command's finished runs are replaced, never left beside"
     with pytest.raises(SystemExit) as e:  # --updates is GRPO's only: refused before any run starts
         main(args[:-2] + ["--updates", "2", "--out", str(tmp_path / "bad"), "--jobs", "2"])
     assert e.value.code == 2 and "unrecognized arguments: --updates 2" in capsys.readouterr().err
@@ -108,30 +114,30 @@ def test_dpo_and_online_dpo_map_to_minigrpo_dpo(tmp_path, tiny_pretrained):
 
 
 def finished_run(run, cmd):
-    """A folder that looks like a finished run of `cmd`, stamped now (pool.stamp_of)."""
+    """A folder that looks like a finished run of `cmd`, stamped now (stamps.stamp_of)."""
     run.mkdir()
     (run / "summary.json").write_text("{}")
-    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
+    (run / "compare_command.json").write_text(json.dumps(stamps.stamp_of(cmd)))
     return run
 
 
 def test_a_finished_run_is_kept_only_while_its_named_files_are_unchanged(tmp_path, monkeypatch):
-    """pool.stamp_of holds the content hash of every file the command line names (the --init checkpoint, a reward
+    """stamps.stamp_of holds the content hash of every file the command line names (the --init checkpoint, a reward
     file.py:fn), so a re-pretrained checkpoint or an edited reward file makes the run again."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "init.pt").write_bytes(b"weights")
     (tmp_path / "r.py").write_text("def f(p, c):\n    return 1.0\n")
     cmd = [sys.executable, "-m", "minigrpo.grpo", "--init", "init.pt", "--reward", "r.py:f", "--reward", "food:pizza",
            "--out", str(tmp_path / "run")]
-    assert set(pool.named_files(cmd)) == {"init.pt", "r.py"}  # not the folder, not "food:pizza"
+    assert set(stamps.named_files(cmd)) == {"init.pt", "r.py"}  # not the folder, not "food:pizza"
     run = finished_run(tmp_path / "run", cmd)
-    assert pool.finished_by(run, cmd)
+    assert stamps.finished_by(run, cmd)
     (tmp_path / "r.py").write_text("def f(p, c):\n    return 0.0\n")
-    assert not pool.finished_by(run, cmd), "an edited reward file kept the old run"
-    (run / "compare_command.json").write_text(json.dumps(pool.stamp_of(cmd)))
-    assert pool.finished_by(run, cmd)
+    assert not stamps.finished_by(run, cmd), "an edited reward file kept the old run"
+    (run / "compare_command.json").write_text(json.dumps(stamps.stamp_of(cmd)))
+    assert stamps.finished_by(run, cmd)
     (tmp_path / "init.pt").write_bytes(b"other weights")
-    assert not pool.finished_by(run, cmd), "a re-pretrained checkpoint kept the old run"
+    assert not stamps.finished_by(run, cmd), "a re-pretrained checkpoint kept the old run"
 
 
 def test_a_reward_module_is_stamped_by_its_source(tmp_path, monkeypatch):
@@ -149,8 +155,28 @@ def test_a_reward_module_is_stamped_by_its_source(tmp_path, monkeypatch):
                  "nosuchpkg.mod:f", "mypkg.missing:f", "pizza=1,length=0.1"):
         assert module_file(spec) is None, spec
     cmd = [sys.executable, "-m", "minigrpo.grpo", "--reward", "mypkg.scores:f", "--out", str(tmp_path / "run")]
-    assert set(pool.named_files(cmd)) == {source}
+    assert set(stamps.named_files(cmd)) == {source}
     run = finished_run(tmp_path / "run", cmd)
-    assert pool.finished_by(run, cmd)
+    assert stamps.finished_by(run, cmd)
     (pkg / "scores.py").write_text("def f(p, c):\n    return 0.0\n")
-    assert not pool.finished_by(run, cmd), "an edited reward module kept the old run"
+    assert not stamps.finished_by(run, cmd), "an edited reward module kept the old run"
+
+
+def test_a_finished_run_is_made_again_when_a_module_its_reward_imports_changes(tmp_path, monkeypatch):
+    """The stamp follows the reward's imports into the user's folder (helpers.py, a package beside it), so an edit
+    there makes the run again instead of reporting the old reward's run for the new one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.py").write_text("import helpers\nfrom scoring.weights import w\n"
+                                   "def f(p, c):\n    return helpers.bonus() * w\n")
+    (tmp_path / "helpers.py").write_text("def bonus():\n    return 1.0\n")
+    (tmp_path / "scoring").mkdir()
+    (tmp_path / "scoring" / "__init__.py").write_text("")
+    (tmp_path / "scoring" / "weights.py").write_text("w = 1.0\n")
+    cmd = [sys.executable, "-m", "minigrpo.grpo", "--reward", "r.py:f", "--out", str(tmp_path / "run")]
+    assert {Path(p).name for p in stamps.named_files(cmd)} == {"r.py", "helpers.py", "__init__.py", "weights.py"}
+    run = finished_run(tmp_path / "run", cmd)
+    assert stamps.finished_by(run, cmd)
+    for edited in ("helpers.py", "scoring/weights.py"):
+        (run / "compare_command.json").write_text(json.dumps(stamps.stamp_of(cmd)))
+        (tmp_path / edited).write_text((tmp_path / edited).read_text().replace("1.0", "0.0"))
+        assert not stamps.finished_by(run, cmd), f"an edit of {edited}, which the reward imports, kept the old run"

@@ -151,6 +151,9 @@ def test_different_experiments_get_different_default_folders():
                [{}, {"preserve": False}, {"person": "bob"}, {"preset": "dapo"}, {"reward": "food:apple pie"}]}
     assert folders == {"runs/grpo-pizza", "runs/grpo-pizza-no-preserve", "runs/grpo-pizza-bob", "runs/dapo-pizza",
                        "runs/grpo-food-apple-pie"}
+    a, b = (default_out(GRPOConfig(reward=f"{d}/r.py:reward"), "grpo") for d in ("week1", "week2"))
+    assert a != b and a.startswith("runs/grpo-r-py-reward-") and b.startswith("runs/grpo-r-py-reward-"), (a, b)
+    assert default_out(GRPOConfig(reward="week1/r.py:reward"), "grpo") == a, "the same file, the same folder"
 
 
 def test_progress_says_skipped_and_the_run_ends_naming_its_folder(tmp_path, tiny_pretrained, capsys):

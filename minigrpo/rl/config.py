@@ -4,6 +4,7 @@ are layered, and the checks that refuse harmful values with one line before anyt
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -120,8 +121,12 @@ def check_resume_flags(cfg, saved: dict, folder: str, argv) -> None:
 
 def default_out(cfg, algo_name: str) -> str:
     """runs/<preset or algo>-<reward>[-<person>][-no-preserve]: different experiments get different
-    folders, e.g. runs/grpo-pizza, runs/dapo-food-sushi-bob, runs/grpo-pizza-no-preserve."""
+    folders, e.g. runs/grpo-pizza, runs/dapo-food-sushi-bob, runs/grpo-pizza-no-preserve. A reward file adds a short
+    hash of its absolute path, so two files of one name (a/r.py:f, b/r.py:f) never share a folder."""
     slug = "".join(c if c.isalnum() else "-" for c in cfg.reward.split("/")[-1]).strip("-")[:40]
+    reward_file = cfg.reward.rpartition(":")[0]
+    if reward_file.endswith(".py"):
+        slug += "-" + hashlib.sha256(str(Path(reward_file).resolve()).encode()).hexdigest()[:6]
     person = getattr(cfg, "person", "ravin")
     tail = (f"-{person}" if person != "ravin" and getattr(cfg, "task", "food") == "food" else "") + \
         ("" if getattr(cfg, "preserve", True) else "-no-preserve")

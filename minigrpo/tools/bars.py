@@ -25,6 +25,11 @@ def quality_ok(final: float, peak_malformed: float, malformed: float, peak_drift
     return ok
 
 
+def within_bars(f: dict) -> bool:
+    """The quality bars on a run's last evaluation as its metrics.jsonl names them (target_rate, the peaks)."""
+    return quality_ok(f["target_rate"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
+
+
 def first_reaching(xs: list, targets: list, level: float):
     """The x (step, seconds, tokens) of the first evaluation whose exact target rate is >= level; None if never."""
     return next((x for x, t in zip(xs, targets) if t >= level), None)

@@ -19,8 +19,6 @@ at once). A worker that dies (killed, out of memory) fails its run only; a fresh
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib
 import io
 import json
@@ -31,10 +29,9 @@ import threading
 import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from multiprocessing.connection import wait
-from pathlib import Path
 
 from minigrpo.util.outputs import release_out
-from toy_tasks.rewards import module_file
+from minigrpo.tools.stamps import STAMP, stamp_of
 
 
 def run_in_process(module: str, argv: list[str]) -> str | None:
@@ -59,45 +56,6 @@ def run_in_process(module: str, argv: list[str]) -> str | None:
         signal.signal(signal.SIGINT, previous)
 
 
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """What made a run besides its command and the files it names (stamp_of): a hash of the source of minigrpo/ and
-    toy_tasks/ (every .py file) and torch's version. After an edit or an upgrade compare makes its runs again."""
-    import minigrpo
-    import toy_tasks
-    import torch
-    digest = hashlib.sha256(torch.__version__.encode())
-    for package in (minigrpo, toy_tasks):
-        root = Path(package.__file__).parent
-        for f in sorted(root.rglob("*.py")):
-            digest.update(f"{package.__name__}/{f.relative_to(root)}".encode() + b"\0" + f.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def named_files(cmd: list[str]) -> dict[str, str]:
-    """Every existing file the command line names, an argument itself or the part before a ':' (the --init
-    checkpoint, a reward's path/to/file.py:function), and the source file of a --reward package.module:function
-    -> its content hash. Only that module's own file: an edit to a module
-    it imports in turn is not seen (delete the runs' folders, or --out elsewhere, to make them again)."""
-    paths = {p for arg in cmd[3:] for p in (arg, arg.rpartition(":")[0]) if p and Path(p).is_file()}
-    rewards = (cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i] == "--reward")
-    paths |= {f for f in map(module_file, rewards) if f}
-    return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16] for p in sorted(paths)}
-
-
-def stamp_of(cmd: list[str]) -> dict:
-    """What compare_command.json holds: the run's command line (after the interpreter), the code that ran it and the
-    content of the files it names. A finished run is kept only if all three match: a re-pretrained --init
-    checkpoint, an edited reward file or reward module makes the run again."""
-    return {"command": cmd[1:], "code": code_version(), "files": named_files(cmd)}
-
-
-def finished_by(folder: Path, cmd: list[str]) -> bool:
-    """Whether `folder` holds a finished run made by exactly this command and this code (code_version)."""
-    stamp = folder / "compare_command.json"
-    return (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == stamp_of(cmd)
-
-
 def run_one(task) -> str | None:
     """One run, in a worker of the pool: its folder made afresh (a run of another command, or an unfinished
     one, is replaced), the command stamped, then run in process; -> its error, or None."""
@@ -105,7 +63,7 @@ def run_one(task) -> str | None:
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    (folder / "compare_command.json").write_text(json.dumps(stamp_of(cmd)))
+    (folder / STAMP).write_text(json.dumps(stamp_of(cmd)))
     error = run_in_process(cmd[2], cmd[3:])
     release_out(folder)  # the run's lock on its folder: this worker goes on to other runs
     if error:
