@@ -8,7 +8,7 @@ import pytest
 
 from minigrpo import metrics
 from minigrpo.util import jsonl
-from minigrpo.tools import stamps
+from minigrpo.tools import pool, stamps
 from minigrpo.compare import main
 from toy_tasks.rewards import module_file
 from conftest import one_line_error
@@ -180,3 +180,12 @@ def test_a_finished_run_is_made_again_when_a_module_its_reward_imports_changes(t
         (run / "compare_command.json").write_text(json.dumps(stamps.stamp_of(cmd)))
         (tmp_path / edited).write_text((tmp_path / edited).read_text().replace("1.0", "0.0"))
         assert not stamps.finished_by(run, cmd), f"an edit of {edited}, which the reward imports, kept the old run"
+
+
+def test_a_run_that_ends_without_its_summary_is_never_counted_ok(tmp_path, monkeypatch):
+    """A trainer whose main returns (or exits 0) without writing summary.json has failed, whatever its exit code."""
+    (tmp_path / "silent_trainer.py").write_text("def main(argv):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path / "run"
+    error = pool.run_one(("default", 0, [sys.executable, "-m", "silent_trainer", "--out", str(folder)], folder))
+    assert error is not None and "summary.json" in error, error

@@ -170,3 +170,10 @@ def test_a_capstone_without_a_pretrained_model_says_pretrain_first_and_trains_no
     assert grade.capstone(tmp_path) == (False, None)
     out = capsys.readouterr().out
     assert f"no pretrained model at {bare / 'runs' / 'pretrain' / 'model.pt'}: pretrain first" in out, out
+
+
+def test_a_learner_file_that_exits_on_import_does_not_load_and_says_so(tmp_path):
+    from minigrpo.learn.workspace import LearnerError, load_module
+    (tmp_path / "kl.py").write_text("import sys\nsys.exit(0)\n")
+    with pytest.raises(LearnerError, match="SystemExit"):
+        load_module(tmp_path, "kl")

@@ -84,3 +84,11 @@ def test_a_reward_not_constant_off_the_support_is_reported_as_a_bound(tiny_pretr
 def test_bad_input_is_one_line_and_exit_code_2(tiny_pretrained, argv, capsys):
     ckpt, _, _ = tiny_pretrained
     one_line_error(main, ["--init", str(ckpt), *argv], capsys)
+
+
+def test_a_reward_that_exits_is_one_line_and_exit_code_2_not_a_silent_0(tiny_pretrained, tmp_path, capsys):
+    ckpt, _, _ = tiny_pretrained
+    quits = tmp_path / "quits.py"
+    quits.write_text("import sys\ndef f(p, c):\n    sys.exit(0)\n")
+    assert "sys.exit(0)" in one_line_error(main, ["--init", str(ckpt), "--reward", f"{quits}:f",
+                                                  "--out", str(tmp_path / "o")], capsys)

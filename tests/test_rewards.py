@@ -59,3 +59,21 @@ def test_unfinished_reward_override_and_error_reporting():
     bad.fn = lambda p, c: math.nan
     with pytest.raises(RewardError, match="returned nan on prompt 'p', completion 'x'"):
         score(bad, ["p"], ["x"], [True])
+
+
+def test_a_reward_that_calls_sys_exit_is_an_error_naming_it_never_a_silent_end(tmp_path):
+    """sys.exit inside a user's reward (on import or in a call) is a RewardError naming the reward, so a run or
+    optimum reports one line instead of ending with exit code 0; Ctrl-C's KeyboardInterrupt passes through."""
+    on_import = tmp_path / "quits.py"
+    on_import.write_text("import sys\nsys.exit(0)\ndef f(p, c):\n    return 1.0\n")
+    with pytest.raises(RewardError, match=r"quits.py.*sys.exit\(0\) while it was imported"):
+        reward(f"{on_import}:f")
+    in_call = tmp_path / "later.py"
+    in_call.write_text("import sys\ndef f(p, c):\n    if c == 'pizza':\n        sys.exit(3)\n    return 0.0\n"
+                       "def g(p, c):\n    raise KeyboardInterrupt\n")
+    r = reward(f"{in_call}:f")
+    assert score(r, ["ravin likes "], ["curry"], [True]) == [0.0]
+    with pytest.raises(RewardError, match=r"later.py:f.*sys.exit\(3\).*'pizza'"):
+        score(r, ["ravin likes ", "ravin likes "], ["curry", "pizza"], [True, True])
+    with pytest.raises(KeyboardInterrupt):
+        score(reward(f"{in_call}:g"), ["ravin likes "], ["curry"], [True])

@@ -175,3 +175,21 @@ def test_the_trust_region_probes_people_only_not_the_rl_prompts_forced_states(tm
     probes = {p[0]: p for p in run.probes(SimpleNamespace(gen=None))}  # (name, gen, limit, weights, group)
     _, gen, _, _, group = probes["anchor"]
     assert (group >= 0).all() and gen.ids.size(0) == int((run.anchor.group >= 0).sum())
+
+
+def test_a_reward_that_exits_mid_run_stops_it_in_one_line_and_keeps_its_checkpoint(tmp_path, tiny_pretrained, capsys):
+    """A reward that calls sys.exit at its 200th call (after the support is scored and a few steps ran): exit code
+    2 and one line naming it, never 0 with no summary; the checkpoint written before stays loadable."""
+    from conftest import one_line_error
+    from minigrpo.lm.checkpoint import read_checkpoint
+    init, _, _ = tiny_pretrained
+    quits = tmp_path / "quits.py"
+    quits.write_text("import sys\nn = 0\ndef f(p, c):\n    global n\n    n += 1\n"
+                     "    if n > 200:\n        sys.exit(0)\n    return float(c == 'pizza')\n")
+    argv = ["--init", str(init), "--reward", f"{quits}:f", "--out", str(tmp_path / "run"), "--steps", "40",
+            "--goal", "0", "--plateau", "0", "--group-size", "4", "--prompts-per-step", "2", "--ckpt-every", "1",
+            "--quiet", "--no-plot"]
+    err = one_line_error(main, argv, capsys)
+    assert "sys.exit(0)" in err and "quits.py" in err and "stopped at step" in err, err
+    assert not (tmp_path / "run" / "summary.json").exists()
+    assert read_checkpoint(tmp_path / "run" / "model.pt")["step"] >= 1

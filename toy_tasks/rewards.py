@@ -80,17 +80,33 @@ def load_user_function(spec: str) -> RewardFn:
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
+        except SystemExit as e:
+            raise RewardError(f"reward file {target!r} called sys.exit({e.code!r}) while it was imported") from None
         except Exception as e:
             raise RewardError(f"reward file {target!r} failed to import: {type(e).__name__}: {e}") from None
     else:
         try:
             module = importlib.import_module(target)
+        except SystemExit as e:
+            raise RewardError(f"reward module {target!r} called sys.exit({e.code!r}) while it was imported") from None
         except ImportError as e:
             raise RewardError(f"reward module {target!r} cannot be imported: {e}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise RewardError(f"reward {spec!r}: {target!r} has no function {fn_name!r}")
-    return fn
+    return no_exit(fn, spec)
+
+
+def no_exit(fn: RewardFn, spec: str) -> RewardFn:
+    """The user's function, with a sys.exit inside it turned into a RewardError naming it: a reward that exits must
+    not end a run as if it had succeeded (Ctrl-C's KeyboardInterrupt passes through: it is the interrupt it is)."""
+    def reward(prompt: str, completion: str) -> float:
+        try:
+            return fn(prompt, completion)
+        except SystemExit as e:
+            raise RewardError(f"reward {spec!r} called sys.exit({e.code!r}) on prompt {prompt!r}, completion "
+                              f"{completion!r}; a reward returns a number") from None
+    return reward
 
 
 def module_file(spec: str) -> str | None:
@@ -175,6 +191,8 @@ def score(reward: Reward, prompts: list[str], completions: list[str], finished: 
             continue
         try:
             r = float(reward(prompt, completion))
+        except RewardError:
+            raise
         except Exception as e:
             raise RewardError(f"reward {reward.name!r} raised on prompt {prompt!r}, completion {completion!r}: "
                               f"{type(e).__name__}: {e}") from None

@@ -120,7 +120,7 @@ def load_module(folder, module: str) -> types.ModuleType | None:
     mod = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
-    except Exception as e:  # a learner's file: any error is theirs to see, in one line
+    except (Exception, SystemExit) as e:  # a learner's file: any error, a sys.exit too, is theirs to see in one line
         raise LearnerError(f"{path}: {type(e).__name__}: {e}") from None
     mod.__learner_text__ = text
     sys.modules[name] = mod

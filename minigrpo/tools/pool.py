@@ -66,6 +66,8 @@ def run_one(task) -> str | None:
     (folder / STAMP).write_text(json.dumps(stamp_of(cmd)))
     error = run_in_process(cmd[2], cmd[3:])
     release_out(folder)  # the run's lock on its folder: this worker goes on to other runs
+    if error is None and not (folder / "summary.json").exists():  # a run counts as done only with its summary
+        error = "the run ended without writing its summary.json"
     if error:
         (folder / "summary.json").unlink(missing_ok=True)
     return error
