@@ -2,8 +2,10 @@ import copy
 import dataclasses
 import json
 import math
+import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -154,6 +156,26 @@ def test_resume_reproduces_the_uninterrupted_metrics(tmp_path, tiny_pretrained):
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert strip(a) == strip(b)
+
+
+def test_resume_is_exact_for_a_reward_that_draws_from_the_global_generators(tmp_path, tiny_pretrained):
+    """A reward drawing from torch's, Python's and numpy's global generators: --seed seeds all three and the
+    checkpoint keeps their states, so the same seed gives the same run, interrupted and resumed or not."""
+    init, _, _ = tiny_pretrained
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text("import random\nimport numpy as np\nimport torch\n"
+                     "def f(p, c):\n    return float(c == 'pizza') + random.random() + float(np.random.rand()) + "
+                     "torch.rand(()).item()\n")
+    cfg = lambda out, steps: cfg_for(tmp_path, init, steps=steps, out=str(tmp_path / out), reward=f"{noisy}:f")  # noqa
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]  # noqa: E731
+    train(cfg("straight", 4), log=lambda *a: None)
+    train(cfg("again", 4), log=lambda *a: None)
+    a, again = (strip(read_jsonl(tmp_path / d / "metrics.jsonl")) for d in ("straight", "again"))
+    assert a == again, "the same --seed must give the same run for a reward that draws random numbers"
+    train(cfg("split", 2), log=lambda *a: None)
+    random.random(), np.random.rand(), torch.rand(3)  # the process's generators move on between the two halves
+    main(["--resume", str(tmp_path / "split"), "--steps", "4", "--quiet"])
+    assert strip(read_jsonl(tmp_path / "split" / "metrics.jsonl")) == a
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

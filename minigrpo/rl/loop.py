@@ -4,15 +4,14 @@ evaluation, the stop rule, metrics, checkpoints, resume and Ctrl-C. An algorithm
 Each step:  collect a rollout (rollout.py)  ->  algorithm.update (its inner updates)  ->  exact
 evaluation (every --eval-every steps, default every step: one batched forward for all people)  ->
 the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap).
-Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C) hold the policy, the reference, the
-optimiser, the algorithm's own state (PPO's critic, GRPO's stale-sampler snapshots), every generator's state, the anchor
-set, the baseline and the stop rule, so `--resume` gives the same metrics on CPU as an uninterrupted run.
-At the end: summary.json, samples.txt and metrics.png (not with --no-plot, as compare's runs: compare draws
-its own figures; `python -m minigrpo.metrics <out>` draws it on request).
+Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C) hold the policy, π_ref, the optimiser, the
+algorithm's own state, every generator's state (the global ones a reward may draw from too), the anchor, the
+baseline and the stop rule, so `--resume` gives the same metrics on CPU as an uninterrupted run. At the end:
+summary.json, samples.txt and metrics.png (not with --no-plot; `python -m minigrpo.metrics <out>` draws it).
 
-One random generator per purpose (rollout sampling, prompt draws, the anchor's construction, the
-anchor's minibatches, PPO's shuffles), each seeded from (seed, purpose): turning preservation off or
-changing μ leaves the sampled completions of a step unchanged, so A/B comparisons are paired.
+One random generator per purpose (rollout sampling, prompt draws, the anchor's construction, the anchor's
+minibatches, PPO's shuffles), each seeded from (seed, purpose): turning preservation off or changing μ leaves
+the sampled completions of a step unchanged, so A/B comparisons are paired.
 
 Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's
 first update moves every weight by about lr whatever its gradient, and on the food task that first step
@@ -43,7 +42,7 @@ from toy_tasks.rewards import RewardError, make_reward
 from minigrpo.rl.config import RLConfig, check_rl_config
 from minigrpo.rl.report import StopOnCtrlC, draw_figure, flat, progress_line, write_samples
 from minigrpo.rl.rollout import collect
-from minigrpo.util.runtime import setup_runtime
+from minigrpo.util.runtime import global_rng_state, set_global_rng_state, setup_runtime
 from minigrpo.rl.stopping import Peaks, StopRule
 from minigrpo.rl.trust_region import StepGuard
 from toy_tasks import get_task
@@ -181,6 +180,7 @@ class Run:
             "anchor": self.anchor.state_dict() if self.anchor is not None else None,
             "baseline": self.baseline, "rewards_window": self.rewards_window,
             "stop_rule": self.stop_rule.state_dict(), "peaks": self.peaks.values, "stop_reason": self.stop_reason,
+            "global_rng": global_rng_state(),  # what a user's reward may draw from
         }
         save_checkpoint(self.out / "model.pt", self.policy, self.tok, self.cfg.task, self.step, optimizer=opt,
                         extra={"rl": rl_state})
@@ -202,6 +202,8 @@ class Run:
         settings = ("goal", "patience", "plateau", "max_malformed", "max_drift")  # the new flags win
         self.stop_rule.load_state_dict({k: v for k, v in rl["stop_rule"].items() if k not in settings})
         self.peaks = Peaks(rl["peaks"])
+        if "global_rng" in rl:  # a checkpoint of an older minigrpo holds none
+            set_global_rng_state(rl["global_rng"])
         self.step = state["step"]
         ended = rl["stop_reason"]
         if self.step >= self.cfg.steps:

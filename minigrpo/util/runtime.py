@@ -9,8 +9,10 @@ a busy neighbour.
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from minigrpo.util.cli import UsageError
@@ -54,6 +56,25 @@ def setup_runtime(threads: int, device: str, seed: int | None = None) -> torch.d
         raise UsageError("--device cuda was asked for but no CUDA GPU is available (use --device cpu)")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if seed is not None:
+    if seed is not None:  # every generator a reward can reach draws from --seed: torch's, Python's, numpy's
         torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
     return torch.device(device)
+
+
+def global_rng_state() -> dict:
+    """The global generators a user's reward may draw from (torch's CPU one, Python's random, numpy's), as plain
+    numbers and lists: checkpoints load with weights_only, and --resume restores them (set_global_rng_state)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
+            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+
+
+def set_global_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
