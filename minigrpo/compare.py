@@ -38,8 +38,7 @@ from pathlib import Path
 from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.grpo import PRESETS
-from minigrpo.util.jsonl import read_jsonl
-from minigrpo.tools.bars import first_reaching, med, within_bars
+from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.rl.config import default_out
@@ -122,29 +121,6 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     return rc.init
 
 
-def curves(folder: Path) -> dict:
-    rows = read_jsonl(folder / "metrics.jsonl")
-    secs = toks = 0.0
-    out = {"secs": [], "tokens": [], "target": [], "steps": []}
-    for r in rows:
-        secs += r.get("step_time", 0.0)
-        toks += r.get("tokens_per_s", 0.0) * r.get("step_time", 0.0)
-        if "target_rate" in r:
-            out["secs"].append(secs), out["tokens"].append(toks), out["target"].append(r["target_rate"])
-            out["steps"].append(r["step"])
-    # the last value of each metric (a step that skipped its update, e.g. DAPO's, logs no KL)
-    out["final"] = {k: next((r[k] for r in reversed(rows) if r.get(k) is not None), None)
-                    for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift", "malformed",
-                              "peak_worst_drift", "peak_malformed", *OPTIMUM_KEYS, "expected_reward")}
-    if rows and "implied_beta" in rows[-1] and rows[-1]["implied_beta"] is None:  # strict JSON's inf
-        out["final"]["implied_beta"] = float("inf")
-    out["final"]["steps"] = rows[-1]["step"] if rows else float("nan")
-    return out
-
-
-OPTIMUM_KEYS = ("kl_ref", "regret", "implied_beta", "kl_to_implied_optimum", "kl_to_optimum", "pass_at_8")
-
-
 def exact_frontier(passthrough: list[str], reward: str | None):
     """The food task's exact frontier {kl, expected_reward} for the runs' person, reward and --init; None
     for another task or where the reward fails (the runs then say why)."""
@@ -159,72 +135,6 @@ def exact_frontier(passthrough: list[str], reward: str | None):
     except UsageError:
         return None
     return frontier.frontier(p_ref, r)
-
-
-def summarise(values: list, none: str = "never") -> str:
-    return med(values, "{:.3g}", none=none)
-
-
-def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    lines = ["| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s to 0.95 "
-             "| final target | final exact E[r] | exact KL/token | worst drift: end | peak | malformed: end | peak |"
-             + (" KL(π‖π_ref), 13 outcomes | regret | implied β | KL to π* of equal E[r] | KL to π*_β, own β "
-                "| pass@8 |" if curve is not None else ""),
-             "|---" * (15 + 6 * (curve is not None)) + "|"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    fig2, axes2 = plt.subplots(1, 2, figsize=(11, 3.8))
-    fig.suptitle(f"{title}\nexact target rate, mean and min–max over seeds", fontsize=9)
-    fig2.suptitle(f"{title}\nwhere each run ended", fontsize=9)
-    for i, (algo, runs) in enumerate(results.items()):
-        color = f"C{i % 10}"
-        if runs:
-            for ax, key, label in ((axes[0], "secs", "wall seconds (sum of step times)"),
-                                   (axes[1], "tokens", "sampled tokens")):
-                n = min(len(c["target"]) for c in runs)
-                xs = np.mean([c[key][:n] for c in runs], axis=0)
-                ys = np.array([c["target"][:n] for c in runs])
-                ax.plot(xs, ys.mean(0), color=color, label=algo)
-                ax.fill_between(xs, ys.min(0), ys.max(0), color=color, alpha=0.2)
-                ax.set_xlabel(label)
-            for ax, key in ((axes2[0], "kl_ref" if curve is not None else "kl_exact"), (axes2[1], "worst_drift")):
-                y = "expected_reward" if curve is not None else "exact_reward"
-                nan = lambda v: float("nan") if v is None else v  # noqa: E731  (a task without drift)
-                ax.scatter([nan(c["final"][key]) for c in runs], [nan(c["final"][y]) for c in runs], color=color,
-                           label=algo)
-        f = [c["final"] for c in runs]
-        row = [algo, f"{len(runs)} ok" + (f", {len(errors.get(algo, []))} failed" if errors.get(algo) else ""),
-               f"{sum(map(within_bars, f))}/{len(f)}", summarise([x["steps"] for x in f]),
-               *[summarise([first_reaching(c[key], c["target"], level) for c in runs])
-                 for level in (0.9, 0.95) for key in ("steps", "secs")],
-               *[summarise([x[k] for x in f], "-") for k in ("target_rate", "exact_reward", "kl_exact", "worst_drift",
-                                                             "peak_worst_drift", "malformed", "peak_malformed",
-                                                             *(OPTIMUM_KEYS if curve is not None else ()))]]
-        lines.append("| " + " | ".join(row) + " |")
-    if curve is not None:
-        axes2[0].plot(curve["kl"], curve["expected_reward"], color="black", lw=1, zorder=0,
-                      label="exact frontier (no policy above it)")
-        axes2[0].set_xlim(0, 1.15 * max([c["final"]["kl_ref"] for runs in results.values() for c in runs] + [0.1]))
-    axes2[0].set_xlabel("exact KL(π‖π_ref) over the target prompt's outcomes" if curve is not None
-                        else "exact KL to π_ref per token (lower = closer)")
-    axes2[1].set_xlabel("worst other-person drift, TV (lower is better)")
-    for ax, y in [(ax, "exact target rate") for ax in axes] + [(ax, "final exact expected reward") for ax in axes2]:
-        ax.set_ylabel(f"{y} (higher is better)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    for f, name in ((fig, "curves.png"), (fig2, "frontier.png")):
-        f.tight_layout()
-        f.savefig(out / name, dpi=90)
-        plt.close(f)
-    for algo, errs in errors.items():
-        for seed, err in errs:
-            lines.append(f"\nfailed: {algo} seed {seed}: {err}")
-    (out / "table.md").write_text(f"{title}. Medians over seeds (min–max).\n\n" + "\n".join(lines) + "\n")
 
 
 @main_guard
