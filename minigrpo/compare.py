@@ -95,14 +95,17 @@ def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], ta
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
-    """Parse every run's flags, build its reward and find its --init in this process, so a bad flag,
-    task, reward or checkpoint is one line before any run starts. -> the --init checkpoint the runs start from."""
+    """Parse every run's flags, build its reward, score it on the task's support and read its --init in this
+    process, so a bad flag, task, reward (one that raises or exits too) or checkpoint (missing, or of another task)
+    is one line before any run starts. -> the --init checkpoint the runs start from."""
     from minigrpo.dpo import DPOConfig
     from minigrpo.grpo import GRPOConfig
     from minigrpo.ppo import PPOConfig
     from toy_tasks.rewards import RewardError, make_reward
     from minigrpo.rl.config import check_rl_config, parse_rl_config
+    from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint
     from toy_tasks import get_task
+    from toy_tasks.support import reward_table
 
     for algo in algos:
         module = module_of(algo)
@@ -110,14 +113,18 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
         rc = parse_rl_config(cls, trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"], "", algo,
                              PRESETS if module == "minigrpo.grpo" else None)
         check_rl_config(rc)
-        try:
-            t = get_task(rc.task)
-            make_reward(rc.reward, t.REWARDS, t.REWARD_HELP)
-        except (ValueError, RewardError) as e:
-            raise UsageError(str(e)) from None
         if not Path(rc.init).is_file():
             raise UsageError(f"--init {rc.init!r} does not exist (run `python -m minigrpo.pretrain"
                              f"{'' if rc.task == 'food' else ' --task ' + rc.task}` first)")
+    try:  # the runs share task, reward and --init: checked once
+        t = get_task(rc.task)
+        reward_table(make_reward(rc.reward, t.REWARDS, t.REWARD_HELP), t.rl_prompts(rc), t.support,
+                     t.OFF_SUPPORT_PROBES)
+        pretrained_on = read_checkpoint(rc.init)["task"]
+    except (ValueError, RewardError, CheckpointError) as e:
+        raise UsageError(str(e)) from None
+    if pretrained_on != rc.task:
+        raise UsageError(f"--init {rc.init!r} was pretrained on task {pretrained_on!r}, not {rc.task!r}")
     return rc.init
 
 
@@ -143,29 +150,39 @@ def main(argv=None):
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps"):
         pre.add_argument(name)
-    pre.add_argument("--overwrite", action="store_const", const="")  # a flag: "" marks it given
+    pre.add_argument("--overwrite", action="store_true", default=None)
     ours, passthrough = pre.parse_known_args(list(argv or []))
     pre_task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre_task.add_argument("--task", default="food")
     if "-h" in passthrough or "--help" in passthrough:
         parse_config(CompareConfig, ["--help"], DESCRIPTION)
-    own = [x for k, v in vars(ours).items() if v is not None for x in (f"--{k}", v) if x != ""]
+    own = [x for k, v in vars(ours).items() if v is not None for x in ((f"--{k}",) if v is True else (f"--{k}", v))]
     cfg, _ = parse_config(CompareConfig, own, DESCRIPTION)
     algos = [a.strip() for a in cfg.algos.split(",") if a.strip()]
     bad = [a for a in algos if a not in ALGOS]
     if bad or not algos:
         raise UsageError(f"unknown algorithm(s) {', '.join(bad) or '(none given)'} (available: {', '.join(ALGOS)})")
+    twice = sorted({a for a in algos if algos.count(a) > 1})
+    if twice:
+        raise UsageError(f"--algos names {', '.join(twice)} more than once (each algorithm's runs share one folder)")
     require(cfg, "seeds", cfg.seeds >= 1, ">= 1")
+    require(cfg, "steps", cfg.steps is None or cfg.steps >= 1, ">= 1")
+    if cfg.out is not None and not cfg.out.strip():
+        raise UsageError("--out is empty; give a folder path such as runs/my-sweep")
     require(cfg, "jobs", cfg.jobs >= 0, ">= 0 (0 = the number of cores)")
     if any(p in ("--seed", "--out", "--preset", "--resume", "--goal", "--plateau") for p in passthrough):
         raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
                          "use --seeds, --out, --algos and --budget")
+    if "--online" in passthrough or ("--critic" in passthrough and "ppo_oracle" in algos):
+        raise UsageError("--online is compare's online_dpo (--algos online_dpo), and --critic would relabel "
+                         "ppo_oracle's runs: pass --critic only with --algos ppo")
     task = pre_task.parse_known_args(passthrough)[0].task
     init = check_all(algos, cfg, passthrough, task)
     if "--init" not in passthrough:  # named on every command line, so the runs' stamps hold its content (pool.py)
         passthrough = [*passthrough, "--init", init]
-    out = prepare_out(cfg.out or (default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare")
-                                  if cfg.reward else f"runs/compare-{task}"))
+    default = default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare") if cfg.reward else \
+        f"runs/compare-{task}"
+    out = prepare_out(cfg.out if cfg.out is not None else default)
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
         algo, _, seed = folder_name.rpartition("-s")

@@ -61,7 +61,11 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
                                            (["--jobs", "-1"], "--jobs must be >= 0"),
                                            (["--task", "chess"], "unknown task 'chess'"),
                                            (["--reward", "nonsense"], "unknown reward 'nonsense'"),
-                                           (["--init", "/nope.pt"], "'/nope.pt' does not exist")])
+                                           (["--init", "/nope.pt"], "'/nope.pt' does not exist"),
+                                           (["--algos", "grpo,ppo,grpo"], "names grpo more than once"),
+                                           (["--steps", "0"], "--steps must be >= 1"),
+                                           (["--algos", "dpo", "--online"], "online_dpo"),
+                                           (["--algos", "ppo_oracle", "--critic", "head"], "relabel")])
 def test_compare_bad_input(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         main([*argv, "--out", str(tmp_path / "x")])
@@ -189,3 +193,16 @@ def test_a_run_that_ends_without_its_summary_is_never_counted_ok(tmp_path, monke
     folder = tmp_path / "run"
     error = pool.run_one(("default", 0, [sys.executable, "-m", "silent_trainer", "--out", str(folder)], folder))
     assert error is not None and "summary.json" in error, error
+
+
+def test_compare_refuses_an_empty_out_a_foreign_init_and_a_failing_reward_before_any_run(tmp_path, tiny_pretrained,
+                                                                                          capsys, monkeypatch):
+    init, _, _ = tiny_pretrained
+    monkeypatch.chdir(tmp_path)
+    base = ["--algos", "grpo", "--seeds", "1", "--init", str(init), *TINY]
+    assert "--out is empty" in one_line_error(main, [*base, "--out", ""], capsys)
+    assert "pretrained on task 'food'" in one_line_error(main, [*base, "--task", "arithmetic", "--out", "a"], capsys)
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(p, c):\n    raise RuntimeError('boom')\n")
+    assert "boom" in one_line_error(main, [*base, "--reward", f"{broken}:f", "--out", "b"], capsys)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "runs").exists()
