@@ -90,9 +90,13 @@ def load_problem(cfg: OptimumConfig):
     if info.get("task", "food") != "food":
         raise UsageError(f"--init {cfg.init} is a {info.get('task')} model; the optimum needs a food model")
     try:
-        return outcome_space(model, tok, reward, cfg.person)
+        p_ref, r, probes = outcome_space(model, tok, reward, cfg.person)
     except RewardError as e:
         raise UsageError(str(e)) from None
+    if not math.isfinite(r.max().item() - r.min().item()):
+        raise UsageError(f"reward {cfg.reward!r} spans {r.min().item():g} to {r.max().item():g} over the outcomes: "
+                         f"more than a float holds; rescale it (the optimum depends on r/β only)")
+    return p_ref, r, probes
 
 
 def malformed_note(probes: dict) -> str:
@@ -168,6 +172,11 @@ def out_dir(cfg: OptimumConfig) -> Path:
     return path
 
 
+def number(x: float) -> str:
+    """Four decimals, or four significant digits where that would print dozens of digits (a reward of 1e308)."""
+    return f"{x:.4f}" if abs(x) < 1e6 else f"{x:.4g}"
+
+
 def named(values) -> dict:
     return dict(zip(OUTCOMES, values.tolist()))
 
@@ -181,8 +190,8 @@ def show_optimum(cfg: OptimumConfig, p_ref, r, common: dict, head: str) -> None:
     print(f"{head}\n\n{'outcome':<12} {'r':>7} {'π_ref':>9} {'π*_β':>9}")
     for o, v, a, b in zip(OUTCOMES, r.tolist(), p_ref.tolist(), pi.tolist()):
         print(f"{o:<12} {v:>7.3g} {a:>9.4g} {b:>9.4g}")
-    print(f"\nβ {cfg.beta:g}: E*[r] {fig['expected_reward']:.4f} | KL(π*_β‖π_ref) {fig['kl']:.4f} | "
-          f"log Z_β {fig['log_z']:.4f} | J* = β·log Z_β {cfg.beta * fig['log_z']:.4f}")
+    print(f"\nβ {cfg.beta:g}: E*[r] {number(fig['expected_reward'])} | KL(π*_β‖π_ref) {fig['kl']:.4f} | "
+          f"log Z_β {number(fig['log_z'])} | J* = β·log Z_β {number(cfg.beta * fig['log_z'])}")
 
 
 def show_frontier(cfg: OptimumConfig, p_ref, r, common: dict, head: str) -> None:
@@ -198,7 +207,7 @@ def show_frontier(cfg: OptimumConfig, p_ref, r, common: dict, head: str) -> None
     for p in table:
         beta = "∞" if p["beta"] is None else ("→ 0" if p["beta"] == 0 else f"{p['beta']:g}")
         tail = f" {p['p_target']:>11.4f}" if target else ""
-        print(f"{beta:>7} {p['kl']:>8.4f} {p['expected_reward']:>8.4f}{tail}")
+        print(f"{beta:>7} {p['kl']:>8.4f} {number(p['expected_reward']):>8}{tail}")
     print(f"wrote {path} (β = ∞ is π_ref; KL beyond the β → 0 row buys no more reward)")
 
 

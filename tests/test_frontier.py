@@ -276,3 +276,13 @@ def test_the_pass_at_k_estimator_hand_values_and_refusals():
     for bad in ((5, 6, 1), (5, 2, 0), (5, 2, 6)):
         with pytest.raises(ValueError):
             pass_at_k_estimate(*bad)
+
+
+@SET
+@given(case(), st.floats(1e6, 1e18))
+def test_the_optimal_value_tends_to_the_reference_reward_at_large_beta(c, beta):
+    """β·log Z_β → E_{π_ref}[r] as β → ∞ (log Z_β ≈ E_ref[r]/β): computed without rounding the 1/β away."""
+    p, r = c
+    value = beta * optimum_figures(p, r, beta)["log_z"]
+    want = (p * r).sum().item()
+    assert abs(value - want) <= 1e-6 * (1 + r.abs().max().item()), f"β={beta:g}: β·log Z {value} vs E_ref[r] {want}"

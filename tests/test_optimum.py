@@ -80,6 +80,7 @@ def test_a_reward_not_constant_off_the_support_is_reported_as_a_bound(tiny_pretr
 @pytest.mark.parametrize("argv", [
     ["--person", "zed"], ["--reward", "nope"], ["--init", "/nonexistent/model.pt"], ["--beta", "0"],
     ["--beta", "-1"], ["--beta", "nan"], ["--beta", "inf"], ["--task", "arithmetic"], ["--reward", "regex:("],
+    ["--reward", "food:pizzza"], ["--reward", "food:"], ["--reward", "pizza=1,food:sushii=2"],
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tiny_pretrained, argv, capsys):
     ckpt, _, _ = tiny_pretrained
@@ -92,3 +93,15 @@ def test_a_reward_that_exits_is_one_line_and_exit_code_2_not_a_silent_0(tiny_pre
     quits.write_text("import sys\ndef f(p, c):\n    sys.exit(0)\n")
     assert "sys.exit(0)" in one_line_error(main, ["--init", str(ckpt), "--reward", f"{quits}:f",
                                                   "--out", str(tmp_path / "o")], capsys)
+
+
+def test_a_reward_beyond_a_floats_range_is_one_line_and_a_huge_one_prints_in_a_few_digits(tiny_pretrained, tmp_path,
+                                                                                          capsys):
+    ckpt, _, _ = tiny_pretrained
+    big = tmp_path / "big.py"
+    big.write_text("def f(p, c):\n    return 1e308 if c == 'pizza' else -1e308\n"
+                   "def g(p, c):\n    return 1e308 if c == 'pizza' else 0.0\n")
+    assert "rescale" in one_line_error(main, ["--init", str(ckpt), "--reward", f"{big}:f", "--out", str(tmp_path / "f")],
+                                       capsys)
+    out = run(["--init", str(ckpt), "--reward", f"{big}:g", "--out", str(tmp_path / "g")], capsys)
+    assert "nan" not in out and "0000000000" not in out and "1e+308" in out, out  # no 300-digit numbers

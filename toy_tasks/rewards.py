@@ -167,7 +167,10 @@ def _is_user_function(spec: str) -> bool:
 
 def _lookup(name: str, task_rewards) -> RewardFn | None:
     for factory in task_rewards.values():
-        fn = factory(name)
+        try:
+            fn = factory(name)
+        except ValueError as e:  # a task's own reward with a bad argument (food:pizzza): the spec's error
+            raise RewardError(str(e)) from None
         if fn is not None:
             return fn
     return _generic(name)

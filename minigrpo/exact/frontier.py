@@ -47,7 +47,10 @@ def _solve(p_ref, r, beta) -> dict:
     b = beta.double()[:, None]  # (B, 1)
     s = torch.where(gap == 0, torch.zeros_like(gap), gap / b)  # (r − max r)/β; β = 0: −∞ off the argmax
     log_w = p_ref.log() + s  # (B, K); −∞ where p_ref = 0
-    log_zs = torch.logsumexp(log_w, dim=-1, keepdim=True)  # log Σ π_ref e^{(r − max r)/β} ≤ 0
+    # log Σ π_ref e^{(r − max r)/β} ≤ 0: as log1p(Σ π_ref (e^s − 1)) where that sum is small (large β: the
+    # logsumexp of values near 0 would round away the 1/β-sized difference β·log Z is made of), else logsumexp
+    t = (p_ref * torch.expm1(s)).sum(-1, keepdim=True)
+    log_zs = torch.where(t.abs() < 0.5, torch.log1p(t), torch.logsumexp(log_w, dim=-1, keepdim=True))
     log_pi = log_w - log_zs
     pi = log_pi.exp()
     ratio = s - log_zs  # log π*/π_ref on the support: no large terms cancel
