@@ -20,6 +20,7 @@ import io
 import json
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,27 +140,29 @@ def spread_marks(points: list[dict]) -> list[dict]:
 
 def draw_frontier(points: list[dict], marks: list[dict], path: Path, title: str) -> None:
     """frontier.png: E[r] against KL(π‖π_ref), π_ref and the β → 0 limit marked, and a few β along the way."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with warnings.catch_warnings():  # a reward near a float's limit overflows the tick arithmetic: nothing to say
+        warnings.simplefilter("ignore", RuntimeWarning)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([p["kl"] for p in points], [p["expected_reward"] for p in points], lw=1.5, label="exact frontier")
-    ax.plot(points[0]["kl"], points[0]["expected_reward"], "ko", label="π_ref (β = ∞)")
-    ax.plot(points[-1]["kl"], points[-1]["expected_reward"], "k*", ms=10, label="β → 0")
-    for m in marks:
-        ax.plot(m["kl"], m["expected_reward"], "o", color="tab:orange", ms=4)
-        ax.annotate(f"β={m['beta']:g}", (m["kl"], m["expected_reward"]), textcoords="offset points",
-                    xytext=(6, -10), fontsize=8)
-    ax.set(xlabel="KL(π ‖ π_ref), nats", ylabel="E_π[r]", title=title)
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue(), what="figure")
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([p["kl"] for p in points], [p["expected_reward"] for p in points], lw=1.5, label="exact frontier")
+        ax.plot(points[0]["kl"], points[0]["expected_reward"], "ko", label="π_ref (β = ∞)")
+        ax.plot(points[-1]["kl"], points[-1]["expected_reward"], "k*", ms=10, label="β → 0")
+        for m in marks:
+            ax.plot(m["kl"], m["expected_reward"], "o", color="tab:orange", ms=4)
+            ax.annotate(f"β={m['beta']:g}", (m["kl"], m["expected_reward"]), textcoords="offset points",
+                        xytext=(6, -10), fontsize=8)
+        ax.set(xlabel="KL(π ‖ π_ref), nats", ylabel="E_π[r]", title=title)
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        write_atomic(path, buf.getvalue(), what="figure")
 
 
 def out_dir(cfg: OptimumConfig) -> Path:
