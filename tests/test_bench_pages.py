@@ -91,12 +91,15 @@ def test_write_blocks_puts_each_block_on_its_page_with_one_header_line(tmp_path)
     results, perf = (tmp_path / "results.md").read_text(), (tmp_path / "performance.md").read_text()
     assert results.startswith(line + "\n\n# Measured results\n") and "| g |" in results and "| s |" not in results
     assert "| old | presets |" in results and "More prose, kept." in results
-    assert perf.startswith(line + "\n\n# Performance\n") and "<!-- bench:sampling -->\n\n| s |" in perf
+    stamp = "*Measured on 2000-01-02: Linux x86_64, 2 CPUs, no GPU, torch 9, commit abc1234.*"
+    assert perf.startswith(line + "\n\n# Performance\n") and f"<!-- bench:sampling -->\n\n{stamp}\n\n| s |" in perf
+    assert f"{stamp}\n\n| g |" in results, "each block says when and where it was measured"
     later = line.replace("2000-01-02", "2000-01-03")
     pages.write_blocks(tmp_path, {"presets": "| p |"}, later)  # a later, partial run
     results = (tmp_path / "results.md").read_text()
     assert results.startswith(later + "\n\n# Measured results\n") and results.count(pages.HEADER) == 1
     assert "| g |" in results and "| p |" in results and "| old | presets |" not in results
+    assert f"{stamp}\n\n| g |" in results and stamp.replace("01-02", "01-03") + "\n\n| p |" in results
     assert (tmp_path / "performance.md").read_text() == perf, "a page none of the run's blocks belong to is left alone"
 
 
@@ -131,7 +134,9 @@ def test_bench_writes_its_sections_into_docs_of_the_current_folder_and_not_with_
     suite.main(["--quick", "--out", "runs/b"])  # the default: docs/ of the current folder
     page = (tmp_path / "docs" / "performance.md").read_text()
     assert page.startswith(pages.HEADER) and "sampling, threads" in page.splitlines()[0]
-    assert "<!-- bench:sampling -->\n\n### sampling\n| s |\n\n<!-- /bench:sampling -->" in page and "| t |" in page
+    stamp = pages.measured(page.splitlines()[0])
+    assert f"<!-- bench:sampling -->\n\n{stamp}\n\n### sampling\n| s |\n\n<!-- /bench:sampling -->" in page
+    assert "| t |" in page
     assert not (tmp_path / "docs" / "results.md").exists(), "the quick sections are speed: performance.md only"
     suite.main(["--only", "threads", "--out", "runs/c", "--docs", "elsewhere"])
     assert "| t |" in (tmp_path / "elsewhere" / "performance.md").read_text()

@@ -91,9 +91,17 @@ def set_header(page: str, line: str) -> str:
     return f"{line}\n\n{page}"
 
 
+def measured(line: str) -> str:
+    """The line each block starts with: when, where and on what code IT was measured (the page's header names only
+    the last run, which may have rewritten some of its blocks), from the header `line`."""
+    when = line[len(HEADER):].strip().removeprefix("on ").split("; sections")[0]
+    return f"*Measured on {when}.*"
+
+
 def write_blocks(folder, blocks: dict[str, str], line: str) -> list[Path]:
-    """Put each {block name: markdown} into its page under `folder` (created with a title when missing), and
-    the header `line` at the top of every page written; -> the pages written."""
+    """Put each {block name: markdown} into its page under `folder` (created with a title when missing), each
+    block headed by when and where it was measured, and the header `line` at the top of every page written;
+    -> the pages written."""
     from minigrpo.util.outputs import write_atomic
     folder = Path(folder)
     written = []
@@ -102,7 +110,7 @@ def write_blocks(folder, blocks: dict[str, str], line: str) -> list[Path]:
         page = path.read_text(encoding="utf-8") if path.exists() else f"# {TITLES[page_name]}\n"
         for name, body in blocks.items():
             if page_of(name) == page_name:
-                page = replace_block(page, name, body)
+                page = replace_block(page, name, f"{measured(line)}\n\n{body.strip(chr(10))}")
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(path, set_header(page, line).encode("utf-8"), what="page")
         written.append(path)
