@@ -320,3 +320,13 @@ def test_resume_of_a_folder_whose_config_json_is_corrupt_is_one_line(tmp_path, c
     err = one_line_error(grpo.main, ["--resume", str(run)], capsys)
     assert "config.json" in err, err
     assert (run / "config.json").read_bytes() == content.encode("latin-1") and sorted(os.listdir(run)) == ["config.json"]
+
+
+@pytest.mark.parametrize("only", ["", " ", "grpo,", "grpo,nope"])
+def test_bench_refuses_an_empty_or_unknown_only_section_instead_of_running_everything(only, capsys, tmp_path,
+                                                                                      monkeypatch):
+    from minigrpo.bench.suite import main
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(main, ["--only", only, "--no-docs"], capsys)
+    assert "unknown --only section" in err, err
+    assert not (tmp_path / "runs").exists(), "nothing ran"

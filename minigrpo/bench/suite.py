@@ -235,9 +235,9 @@ def main(argv=None):
     argv = [a for a in argv if a != "--no-docs"]
     cfg, _ = parse_config(BenchConfig, argv, description=__doc__.split("\n\n")[0])
     sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s != "scale"]  # scale: on request
-    if cfg.only:
+    if cfg.only is not None:  # an empty --only is a mistake, not "everything" (a whole bench takes long)
         sections = [s.strip() for s in cfg.only.split(",")]
-        bad = [s for s in sections if s not in SECTIONS]
+        bad = [s or "''" for s in sections if s not in SECTIONS]
         if bad:
             raise UsageError(f"unknown --only section(s) {', '.join(bad)} (available: {', '.join(SECTIONS)})")
     try:
