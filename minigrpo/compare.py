@@ -113,13 +113,13 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
         rc = parse_rl_config(cls, trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"], "", algo,
                              PRESETS if module == "minigrpo.grpo" else None)
         check_rl_config(rc)
-        if not Path(rc.init).is_file():
-            raise UsageError(f"--init {rc.init!r} does not exist (run `python -m minigrpo.pretrain"
-                             f"{'' if rc.task == 'food' else ' --task ' + rc.task}` first)")
-    try:  # the runs share task, reward and --init: checked once
+    try:  # the runs share task, reward and --init: checked once, the task and reward first
         t = get_task(rc.task)
         reward_table(make_reward(rc.reward, t.REWARDS, t.REWARD_HELP), t.rl_prompts(rc), t.support,
                      t.OFF_SUPPORT_PROBES)
+        if not Path(rc.init).is_file():
+            raise UsageError(f"--init {rc.init!r} does not exist (run `python -m minigrpo.pretrain"
+                             f"{'' if rc.task == 'food' else ' --task ' + rc.task}` first)")
         pretrained_on = read_checkpoint(rc.init)["task"]
     except (ValueError, RewardError, CheckpointError) as e:
         raise UsageError(str(e)) from None
