@@ -8,16 +8,17 @@ run's (rl/loop.py); PPO adds, per rollout of N completions with T completion slo
               or adapted towards --kl-target (Ziegler et al. 1909.08593): β ← β·(1 + clip(KL/target − 1, ±0.2)·N/1000)
   values      V(s_t) of the state before each completion token, from a critic (rl/critics.py): a copy of
               the pretrained trunk with a scalar head (separate, default), a head on the policy's trunk
-              (head), or the exact values under π_old (oracle: no critic to learn, the ideal-critic bound)
+              (head), or the exact values of this return under π_old (oracle: no critic to learn, the
+              ideal-critic bound)
   advantages  GAE(γ, λ) on r and V_old; returns R = A + V_old; A whitened over the batch's valid tokens
   loss        clipped surrogate − c_H·entropy + c_V·clipped value loss (token means), over --epochs passes
               of --minibatches shuffled minibatches per rollout (cleanrl's ppo.py, PPO2 baselines)
 Departures: β 0.1 by default (InstructGPT-style runs use 0.02–0.05): the k1 penalty summed over a completion is
 J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal (docs/experiments.md); the value
 model starts from the policy, not from a reward model; the separate critic is the default because a shared
-trunk's value loss pulls on the policy's weights. The oracle values the task reward only (not the KL
-penalty's remainder: exact at β = 0). Learned critics also log `explained_variance_oracle`: how much of the
-exact values' variance they explain, not only of the sampled returns'.
+trunk's value loss pulls on the policy's weights. The oracle's values leave out the KL penalty of continuations
+that leave the task's support (the malformed mass). Learned critics also log `explained_variance_oracle`: how
+much of the exact values' variance they explain, not only of the sampled returns'.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class PPO:
     @torch.no_grad()
     def advantages(self, batch: RolloutBatch):
         """-> V_old (N, T), the raw GAE advantages (N, T), returns = A + V_old (N, T), the (N,) KL per sequence."""
+        self.critic.beta = self.oracle.beta = self.beta  # the oracle values the penalty; learned critics fit it
         old_values = self.critic.values(batch)
         rewards, kl_seq = self.token_rewards(batch)
         adv, returns = gae(rewards, old_values, batch.mask, self.cfg.gamma, self.cfg.lam)

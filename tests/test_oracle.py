@@ -1,6 +1,7 @@
 """The oracle critic (toy_tasks/oracle.py): exact prefix values, checked against one step of the policy,
 the exact expected reward, Monte Carlo, and the rollout layout PPO reads."""
 
+import copy
 import math
 
 import pytest
@@ -124,3 +125,37 @@ def test_prefix_values_on_a_rollout_are_the_values_of_each_rows_prefixes(tiny_pr
         expected = V(model, tok, [(PROMPTS[0], t[:j]) for j in range(len(t) + 1)])
         assert out[n, :len(t) + 1].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
     assert out[0, 6].item() == out[1, 1].item() == out[1, 2].item() == R_OFF
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+def test_with_a_kl_penalty_the_value_is_the_childrens_value_minus_each_steps_penalty(tiny_pretrained, beta):
+    """V_β(s) = Σ_c π(c | x + s)·(V_β(s + c) − β·(log π − log π_ref)(c)) over the children that stay on the support
+    (EOS included: V_β = r), + r_off for the mass that leaves it (whose penalty is not counted)."""
+    _, model, tok = tiny_pretrained
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    on = {f[:t] for f in food.FOODS for t in range(len(f) + 1)}
+    pairs = [(x, s) for x in PROMPTS for s in sorted(on)]
+    Vb = lambda prs: values_at(model, tok, prs, PROMPTS, food.support, TABLE, 1.0, ref, beta)
+    v = Vb(pairs)
+    probs, ref_probs = next_char_probs(model, tok, [x + s for x, s in pairs]), \
+        next_char_probs(ref, tok, [x + s for x, s in pairs])
+    kids = [(x, s + c) for x, s in pairs for c in tok.chars]
+    v_kid = Vb(kids).view(len(pairs), len(tok.chars))
+    for m, (x, s) in enumerate(pairs):
+        step = lambda i: probs[m, i].item() * beta * math.log(probs[m, i].item() / ref_probs[m, i].item())
+        on_mass, expected = 0.0, 0.0
+        for j, c in enumerate(tok.chars):
+            if s + c in on:
+                i = tok.stoi[c]
+                expected += probs[m, i].item() * v_kid[m, j].item() - step(i)
+                on_mass += probs[m, i].item()
+        if s in food.FOODS:
+            expected += probs[m, EOS_ID].item() * spread(x, s) - step(EOS_ID)
+            on_mass += probs[m, EOS_ID].item()
+        expected += (1 - on_mass) * R_OFF
+        assert v[m].item() == pytest.approx(expected, abs=1e-5), (x, s)
+    if beta:  # the penalty lowers the value of every state with characters still to come
+        assert (v < values_at(model, tok, pairs, PROMPTS, food.support, TABLE)).any()

@@ -172,6 +172,28 @@ def test_the_oracle_advantage_at_the_first_token_is_the_reward_minus_the_exact_v
     assert torch.allclose(returns, torch.where(mask, batch.rewards[:, None], 0.0), atol=1e-6)
 
 
+@pytest.mark.parametrize("beta", [0.1, 0.5])
+def test_the_oracle_values_the_kl_penalty_still_to_come(tmp_path, tiny_pretrained, beta):
+    """λ = γ = 1, β > 0: A_t = r − β·Σ_{j≥t} k1_j − V_β(s_t), V_β the exact value of the penalised return at the
+    run's current β (a value of the task reward alone would leave the expected penalty still to come in A_t)."""
+    init, _, tok = tiny_pretrained
+    run, algo, batch = ppo_setup(tmp_path, init, tok, critic="oracle", beta=beta, lam=1.0, gamma=1.0)
+    with torch.no_grad():  # π_ref away from the policy, so the penalty still to come is not 0
+        for p in run.ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    old_values, adv, _, _ = algo.advantages(batch)
+    mask = batch.mask
+    v = prefix_values(run.policy, tok, batch.prompts, batch.gen.completion_ids, mask, run.prompts,
+                      run.task.support, run.rewards, 1.0, run.ref, beta)
+    assert torch.equal(old_values, v)
+    k1 = torch.where(mask, batch.old_logp - batch.ref_logp, 0.0)
+    to_come = k1.flip(1).cumsum(1).flip(1)  # Σ_{j≥t} k1_j
+    assert torch.allclose(adv, torch.where(mask, batch.rewards[:, None] - beta * to_come - v, 0.0), atol=1e-5)
+    task_only = prefix_values(run.policy, tok, batch.prompts, batch.gen.completion_ids, mask, run.prompts,
+                              run.task.support, run.rewards)
+    assert not torch.allclose(old_values, task_only, atol=1e-4)
+
+
 def test_a_learned_critic_is_scored_against_the_exact_values(tmp_path, tiny_pretrained):
     init, _, tok = tiny_pretrained
     run, algo, batch = ppo_setup(tmp_path, init, tok)
@@ -179,7 +201,7 @@ def test_a_learned_critic_is_scored_against_the_exact_values(tmp_path, tiny_pret
     with torch.no_grad():
         critic = algo.critic.values(batch)
     exact = prefix_values(run.policy, tok, batch.prompts, batch.gen.completion_ids, batch.mask, run.prompts,
-                          run.task.support, run.rewards)
+                          run.task.support, run.rewards, 1.0, run.ref, algo.beta)  # PPO's return: β's penalty in
     want = explained_variance(critic, exact, batch.mask).item()
     assert stats["explained_variance_oracle"] == pytest.approx(want, abs=1e-5) and want < 0.9
 

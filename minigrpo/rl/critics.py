@@ -5,8 +5,8 @@
 separate  a copy of the pretrained trunk with a scalar head (InstructGPT 2203.02155: the value model is a
           network of its own, there initialised from the reward model; here from the policy's start)
 head      a scalar head on the policy's own trunk (shared trunk: the value loss also moves the policy's weights)
-oracle    no critic: the exact values of the task reward under π_old over the enumerable support
-          (toy_tasks/oracle.py); the ideal-critic bound. The KL penalty's remainder is not in them: exact at β = 0
+oracle    no critic: the exact values of PPO's return (task reward and KL penalty at the current β) under π_old
+          over the enumerable support (toy_tasks/oracle.py); the ideal-critic bound
 
 Shapes: a rollout of N completions, T completion slots, C the model width; values are (N, T), 0 where masked.
 `run` is the shared RL run (rl/loop.py's Run): the critics read its policy, device, tokenizer, prompts, task
@@ -51,6 +51,7 @@ class Critic(ABC):
     {"value_head": state_dict | None, "critic_trunk": state_dict | None}."""
 
     learned = True  # False: exact values, nothing to fit or to score them against
+    beta = 0.0  # the return's KL penalty coefficient, set by PPO before each rollout's values (the oracle's input)
     head: ValueHead | None = None
     trunk: nn.Module | None = None
 
@@ -106,9 +107,9 @@ class SeparateCritic(Critic):
 
 
 class OracleCritic(Critic):
-    """The exact V(s_t) = E_π[r | prefix] of the task reward under the policy now (π_old before the first
-    update): one teacher-forced forward over the task's support (toy_tasks.oracle.prefix_values). No
-    parameters, no value loss."""
+    """The exact V(s_t) = E_π[r − β·Σ_{j≥t} k1_j | prefix] of PPO's return under the policy now (π_old before
+    the first update): teacher-forced forwards of the policy and π_ref over the task's support
+    (toy_tasks.oracle.prefix_values). No parameters, no value loss."""
 
     learned = False
 
@@ -118,7 +119,7 @@ class OracleCritic(Critic):
     def values(self, batch, hidden=None):
         r = self.run
         v = prefix_values(r.policy, r.tok, batch.prompts, batch.gen.completion_ids, batch.mask, r.prompts,
-                          r.task.support, r.rewards, r.cfg.temperature)
+                          r.task.support, r.rewards, r.cfg.temperature, r.ref, self.beta)
         return torch.where(batch.mask, v, 0.0)
 
     def loss(self, batch, hidden, old_values, returns, clip):
