@@ -7,5 +7,6 @@ the capstone trains the model with the learner's pieces.
     plugin.py     the pytest plugin that plugs them in and reports each test's outcome
     mistakes.py   the typical mistakes, recognised by behaviour, each with its message
     grade.py      check one exercise; the capstone's real training run
+    child.py      a time limit on a learner's code; child processes that end with the command
     __main__.py   the command line
 """

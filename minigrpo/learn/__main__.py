@@ -14,12 +14,13 @@ exits 0 when the exercise passes and 1 when it does not.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import errno
+import os
 import sys
 from pathlib import Path
 
 from minigrpo.util.cli import UsageError, main_guard
-from minigrpo.learn import grade, workspace
+from minigrpo.learn import child, grade, workspace
 from minigrpo.learn.path import CAPSTONE, PATH, find
 
 
@@ -45,6 +46,7 @@ def parse(argv):
     args.command = args.command or "list"
     if Path(args.dir).resolve().is_relative_to(Path(grade.__file__).resolve().parent.parent):
         raise UsageError(f"--dir {args.dir} is inside the package: choose a folder of yours (default runs/learn)")
+    check_workspace(args.dir, writes=args.command != "list")
     if args.command in ("start", "hint") or (args.command == "check" and not args.all):
         if not args.exercise:
             raise UsageError(f"{args.command} needs an exercise: a number 1-{len(PATH)} or a function's name")
@@ -55,12 +57,25 @@ def parse(argv):
     return args
 
 
+def check_workspace(folder: str, writes: bool) -> None:
+    """A UsageError naming --dir when it cannot be the workspace: a file, under a file, or (when the command
+    writes there) a folder this user cannot write in."""
+    path = Path(folder).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())  # the folder itself, or where it would go
+    if not existing.is_dir():
+        raise UsageError(f"--dir {folder} is a file, not a folder: choose a folder for your workspace"
+                         if existing == path else f"--dir {folder} cannot be a folder: {existing} is a file")
+    if writes and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--dir {folder} is not writable" + ("" if existing == path else
+                         f" (it would be created in {existing}, which this user cannot write in)"))
+
+
 def show_list(folder) -> None:
     print(f"the path (workspace {folder}):")
     for ex in PATH:
         print(f"  {ex.number:2d}  {ex.name:<26} {grade.graded_status(ex, folder):<21} ~{ex.minutes:2d} min  "
               f"{ex.lesson}")
-    print("start with: python -m minigrpo.learn start 1")
+    print(f"start with: {workspace.command('start 1', folder)}")
 
 
 def start(ex, folder) -> None:
@@ -70,7 +85,8 @@ def start(ex, folder) -> None:
         return
     print(f"wrote the stub of exercise {ex.number} {ex.name} into {path}: replace its `raise NotImplementedError`")
     print(f"  what it teaches: {ex.lesson}")
-    print(f"  then: python -m minigrpo.learn check {ex.number}    (stuck? python -m minigrpo.learn hint {ex.number})")
+    print(f"  then: {workspace.command(f'check {ex.number}', folder)}    "
+          f"(stuck? {workspace.command(f'hint {ex.number}', folder)})")
 
 
 def hint(ex, folder) -> None:
@@ -87,10 +103,10 @@ def ensure_pretrained(root: Path) -> None:
     capstone then says "pretrain first")."""
     if not grade.pretrained_model(root).exists():
         print("the capstone needs the pretrained model: python -m minigrpo.pretrain (about 15 s) ...", flush=True)
-        p = subprocess.run([sys.executable, "-m", "minigrpo.pretrain"], cwd=root, capture_output=True, text=True)
-        if p.returncode != 0:
-            lines = (p.stderr or p.stdout).strip().splitlines()
-            print(f"the pretraining failed: {lines[-1] if lines else f'exit code {p.returncode}'}")
+        code, out, err = child.run([sys.executable, "-m", "minigrpo.pretrain"], cwd=root)
+        if code != 0:
+            lines = (err or out).strip().splitlines()
+            print(f"the pretraining failed: {lines[-1] if lines else f'exit code {code}'}")
 
 
 def check(args) -> bool:
@@ -124,10 +140,13 @@ def main(argv=None):
         raise UsageError(str(e)) from None
     if args.command == "list":
         show_list(args.dir)
-    elif args.command == "start":
-        start(args.exercise, args.dir)
-    elif args.command == "hint":
-        hint(args.exercise, args.dir)
+    elif args.command in ("start", "hint"):
+        try:
+            (start if args.command == "start" else hint)(args.exercise, args.dir)
+        except OSError as e:  # what check_workspace could not foresee (a read-only file system, a file in the way)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # main_guard's "the disk is full"
+            raise UsageError(f"--dir {args.dir}: cannot write {e.filename or 'in it'}: {e.strerror or e}") from None
     elif not check(args):
         sys.exit(1)
 

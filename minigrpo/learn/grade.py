@@ -5,6 +5,10 @@
 prints each broken property (the test's name) with its message and Hypothesis' smallest failing example,
 then the catalogued mistakes the function shows (mistakes.py). The capstone then trains: a real
 `python -m minigrpo.grpo --reward pizza` with every function the learner wrote plugged in.
+
+A learner's code may never return: each test has TEST_LIMIT_S (the check then names it and stops), a check
+that waits STILL_AFTER_S on one test says which, and the capstone's run has CAPSTONE_LIMIT_S. Both run in
+child processes that end with the command (child.run).
 """
 
 from __future__ import annotations
@@ -14,16 +18,19 @@ import hashlib
 import inspect
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import minigrpo
-from minigrpo.learn import mistakes, workspace
+from minigrpo.learn import child, mistakes, workspace
 from minigrpo.learn.path import CAPSTONE, PATH, Exercise
 
 GOAL = 0.9  # the capstone passes when ravin's exact P(pizza) reaches this
+TEST_LIMIT_S = 60  # per test, setup to teardown: 20x the slowest test with the library's bodies (2 cores)
+STILL_AFTER_S = 5  # a check that waits this long on one thing says what it waits for
+KILL_AFTER_S = 15  # past TEST_LIMIT_S, a test that its own alarm did not stop has its process killed
+CAPSTONE_LIMIT_S = 600  # the capstone's training run
 
 
 def repo_root() -> Path:
@@ -53,20 +60,48 @@ def test_ids(ex: Exercise, root: Path) -> list[str]:
     return ids + [t for t in ex.extra_tests if t not in ids]
 
 
-def run_tests(ex: Exercise, folder, only: set[str] | None = None) -> list[dict]:
+class _Waiting:
+    """Watches a check's pytest (child.run's `watch`): says once what it waits for when one test (or pytest's
+    start) takes STILL_AFTER_S, and stops it when one test is still running KILL_AFTER_S past its limit."""
+
+    def __init__(self, ex: Exercise, running: Path, log):
+        self.ex, self.running, self.log = ex, running, log
+        self.test, self.since, self.said = "", 0.0, False
+
+    def __call__(self, elapsed: float) -> bool:
+        test = self.running.read_text() if self.running.exists() else ""
+        if test != self.test:
+            self.test, self.since, self.said = test, elapsed, False
+        waited = elapsed - self.since
+        if waited >= STILL_AFTER_S and not self.said:
+            what = test.split("::")[-1] if test else "pytest to start (Python, torch, the test files)"
+            self.log(f"  still checking {self.ex.name}: waiting for {what} ({waited:.0f} s) ...")
+            sys.stdout.flush()
+            self.said = True
+        return waited > TEST_LIMIT_S + KILL_AFTER_S
+
+
+def run_tests(ex: Exercise, folder, only: set[str] | None = None, log=print) -> list[dict]:
     """Run ex's tests with the learner's functions (those in `only`, default ex's) plugged in -> outcomes."""
     root = repo_root()
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
+        report, running = Path(tmp) / "report.json", Path(tmp) / "running"
         env = {**os.environ, "MINIGRPO_LEARN_DIR": str(Path(folder).resolve()), "OMP_NUM_THREADS": "1",
                "MINIGRPO_LEARN_ONLY": ",".join(sorted(only or {ex.name})), "MINIGRPO_LEARN_REPORT": str(report),
+               "MINIGRPO_LEARN_LIMIT": str(TEST_LIMIT_S), "MINIGRPO_LEARN_RUNNING": str(running),
                "PYTHONDONTWRITEBYTECODE": "1",  # nothing written next to the library's sources
                "HYPOTHESIS_STORAGE_DIRECTORY": str(Path(folder).resolve() / ".hypothesis")}
         cmd = [sys.executable, "-m", "pytest", "-p", "minigrpo.learn.plugin", "-p", "no:cacheprovider", "-q",
                "--no-header", "-m", "not slow", *test_ids(ex, root)]
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        waiting = _Waiting(ex, running, log)
+        code, out, err = child.run(cmd, watch=waiting, cwd=root, env=env)
+        if code is None:  # a loop that the test's own alarm could not stop (inside one C call, a bare except)
+            test = waiting.test or "collection"
+            message = child.ran_past(test.split("::")[-1], TEST_LIMIT_S) if waiting.test else \
+                f"pytest ran past {TEST_LIMIT_S} s before its first test: does a file of yours loop on import?"
+            return [{"test": test, "outcome": "failed", "message": message, "example": "", "timeout": True}]
         if not report.exists():  # pytest could not even start (a learner's file that fails to import, ...)
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+            tail = (out + err).strip().splitlines()[-3:]
             return [{"test": "collection", "outcome": "failed", "message": " | ".join(tail), "example": ""}]
         return json.loads(report.read_text())
 
@@ -113,16 +148,27 @@ def graded_status(ex: Exercise, folder) -> str:
         else "written, not checked"
 
 
+def _mistakes(ex: Exercise, fn, results: list[dict]) -> list:
+    """mistakes.diagnose, unless fn may not return: after a test ran past its limit, or past TEST_LIMIT_S here."""
+    if any(r.get("timeout") for r in results):
+        return []
+    try:
+        with child.time_limit(TEST_LIMIT_S, "the probes ran past their limit"):
+            return mistakes.diagnose(ex.name, fn)
+    except child.RanPastLimit:
+        return []
+
+
 def check(ex: Exercise, folder, log=print) -> bool:
     """Grade one exercise; print what broke and the mistakes it looks like. -> passed."""
     fn = workspace.learner_function(ex, folder)
     if fn is None:
         state = workspace.status(ex, folder)
-        log(f"exercise {ex.number} {ex.name}: " + (f"not started; python -m minigrpo.learn start {ex.number}"
+        log(f"exercise {ex.number} {ex.name}: " + (f"not started; {workspace.command(f'start {ex.number}', folder)}"
             if state == "not started" else f"still the stub: replace its raise NotImplementedError in "
             f"{workspace.learner_file(ex, folder)}"))
         return False
-    results = run_tests(ex, folder)
+    results = run_tests(ex, folder, log=log)
     failed = [r for r in results if r["outcome"] == "failed"]
     n_run = sum(r["outcome"] != "skipped" for r in results)
     passed = not failed and n_run > 0
@@ -132,7 +178,7 @@ def check(ex: Exercise, folder, log=print) -> bool:
     save_progress(folder, progress)
     where = workspace.learner_file(ex, folder)
     log(f"exercise {ex.number} {ex.name} ({where}): {n_run - len(failed)} of {n_run} tests pass")
-    for m in mistakes.diagnose(ex.name, fn):
+    for m in _mistakes(ex, fn, results):
         log(f"  looks like a known mistake: {m.message}")
     by_property = {}  # a parametrised test fails once per case: show its first case, count the rest
     for r in failed:
@@ -145,10 +191,12 @@ def check(ex: Exercise, folder, log=print) -> bool:
             log(f"      smallest failing example: {_short(r['example'])}")
     if len(by_property) > MAX_SHOWN:
         log(f"  ... and {len(by_property) - MAX_SHOWN} more broken properties")
+    if any(r.get("timeout") for r in results):
+        log("  the check stopped at the test that ran out of time: the tests after it did not run")
     if not passed:
-        log(f"  hint: python -m minigrpo.learn hint {ex.number}")
+        log(f"  hint: {workspace.command(f'hint {ex.number}', folder)}")
     elif ex is not CAPSTONE:
-        log(f"  passing. Next: python -m minigrpo.learn start {ex.number + 1}")
+        log(f"  passing. Next: {workspace.command(f'start {ex.number + 1}', folder)}")
     return passed
 
 
@@ -171,27 +219,32 @@ def capstone(folder, log=print, extra_args: tuple[str, ...] = (), init=None) -> 
     plugged = [ex for ex in PATH if workspace.status(ex, folder) == "written"]
     log(f"capstone: python -m minigrpo.grpo --reward pizza with your {', '.join(e.name for e in plugged)}")
     argv = ["--reward", "pizza", "--init", str(init), "--out", str(out), "--overwrite", *extra_args]
-    code = ("import sys; from minigrpo.learn.workspace import install; install(sys.argv[1]); "
+    code = ("import sys; from minigrpo.learn.child import die_with_parent; die_with_parent(); "
+            "from minigrpo.learn.workspace import install; install(sys.argv[1]); "
             "from minigrpo.grpo import main; main(sys.argv[2:])")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(folder).resolve()), *argv], cwd=root, env=env,
-                          capture_output=True, text=True)
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    returncode, stdout, stderr = child.run([sys.executable, "-c", code, str(Path(folder).resolve()), *argv],
+                                           watch=lambda elapsed: elapsed > CAPSTONE_LIMIT_S, cwd=root, env=env)
+    lines = (stdout + stderr).strip().splitlines()
     for line in lines[-4:]:
         log("  " + line)
     summary = out / "summary.json"
-    rate = json.loads(summary.read_text()).get("target_rate") if summary.exists() else None
-    ok = proc.returncode == 0 and rate is not None and rate >= GOAL
+    rate = json.loads(summary.read_text()).get("target_rate") if summary.exists() and returncode is not None \
+        else None
+    ok = returncode == 0 and rate is not None and rate >= GOAL
     if ok:
         log(f"capstone passed: your GRPO took ravin's exact P(pizza) to {rate:.3f} (>= {GOAL}); "
             f"the metrics: {out / 'metrics.png'}")
         return True, rate
-    log(f"capstone: the run did not learn: ravin's exact P(pizza) ended at "
-        f"{'n/a' if rate is None else f'{rate:.3f}'} (needs >= {GOAL}); the metrics: {out / 'metrics.png'}")
+    if returncode is None:
+        log(f"capstone: the run ran past {CAPSTONE_LIMIT_S} s: does one of your functions loop forever?")
+    else:
+        log(f"capstone: the run did not learn: ravin's exact P(pizza) ended at "
+            f"{'n/a' if rate is None else f'{rate:.3f}'} (needs >= {GOAL}); the metrics: {out / 'metrics.png'}")
     broken = [ex for ex in plugged if any(r["outcome"] == "failed" for r in run_tests(ex, folder))]
     for ex in broken:
-        log(f"  revisit exercise {ex.number} {ex.name}: it fails its own tests (python -m minigrpo.learn check "
-            f"{ex.number})")
+        log(f"  revisit exercise {ex.number} {ex.name}: it fails its own tests "
+            f"({workspace.command(f'check {ex.number}', folder)})")
     if not broken:
         log("  every piece you wrote passes its tests: look at how grpo_loss puts them together (exercise 12)")
     return False, rate

@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import shlex
 import sys
 import textwrap
 import types
@@ -33,6 +34,12 @@ LIBRARY_MODULES = ("minigrpo.grpo", "minigrpo.ppo")  # with what they import: ev
 
 class LearnerError(Exception):
     """The learner's file cannot be used as it is (a syntax error, a failing import, a missing function)."""
+
+
+def command(words: str, folder=DEFAULT_DIR) -> str:
+    """The command line `python -m minigrpo.learn <words>`, with `--dir <folder>` unless it is the default."""
+    where = "" if Path(folder) == Path(DEFAULT_DIR) else f" --dir {shlex.quote(str(folder))}"
+    return f"python -m minigrpo.learn {words}{where}"
 
 
 def library_function(ex: Exercise):
@@ -64,15 +71,15 @@ def _imports_for(ex: Exercise) -> list[str]:
     return lines + list(ex.extra_imports)
 
 
-def stub_source(ex: Exercise, body: str | None = None) -> str:
+def stub_source(ex: Exercise, body: str | None = None, folder=DEFAULT_DIR) -> str:
     """The learner's starting point: imports, then the signature and docstring of the library's function
-    with `body` (default: raise NotImplementedError) in place of its code."""
+    with `body` (default: raise NotImplementedError, naming the hint command for `folder`) in place of its code."""
     source = textwrap.dedent(inspect.getsource(library_function(ex)))
     node = _function_node(source, ex.name)
     lines = source.splitlines()
     doc_end = node.body[0].end_lineno if ast.get_docstring(node) else node.body[0].lineno - 1
-    body = body or (f'raise NotImplementedError("exercise {ex.number}: write {ex.name} '
-                    f'(python -m minigrpo.learn hint {ex.number})")')
+    message = f"exercise {ex.number}: write {ex.name} ({command('hint %d' % ex.number, folder)})"
+    body = body or f"raise NotImplementedError({message!r})"
     head = lines[:doc_end]
     return "\n".join(_imports_for(ex) + ["", ""] + head + ["    " + line for line in body.splitlines()]) + "\n"
 
@@ -98,7 +105,7 @@ def write_stub(ex: Exercise, folder, source: str | None = None) -> tuple[Path, b
         "from __future__ import annotations\n")
     if f"def {ex.name}(" in text:
         return path, False
-    path.write_text(text.rstrip("\n") + "\n\n\n" + (source or stub_source(ex)))
+    path.write_text(text.rstrip("\n") + "\n\n\n" + (source or stub_source(ex, folder=folder)))
     return path, True
 
 

@@ -1,0 +1,123 @@
+"""Running a learner's code safely: a time limit on it, and child processes that end with the command.
+
+`run` starts a child (the grading pytest, the capstone's training run) that cannot outlive the command: the
+command's SIGTERM and SIGHUP become a SystemExit while it waits, its Ctrl-C a KeyboardInterrupt, and on every
+way out the child is terminated, then killed. Where the command itself is killed (SIGKILL), the child, having
+called `die_with_parent` first, is killed by Linux (PR_SET_PDEATHSIG). `time_limit` stops a learner's code in
+this process that has run too long, with `RanPastLimit`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable
+
+PARENT_ENV = "MINIGRPO_LEARN_PARENT"  # the pid of the command, in its child's environment
+POLL_S = 0.5  # how often `run` asks `watch` whether to go on
+
+
+class RanPastLimit(BaseException):
+    """A learner's code ran past its time limit. A BaseException, so that neither a learner's `except Exception`
+    nor Hypothesis (which shrinks on Exception) holds it up."""
+
+
+def ran_past(test: str, limit: float) -> str:
+    """The line that tells a learner which test ran out of time."""
+    return f"{test} ran past {limit:g} s: does your function loop forever?"
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def time_limit(seconds: float, message: str):
+    """Raise RanPastLimit(message) in the block when it runs past `seconds` (SIGALRM: the main thread only;
+    elsewhere, without SIGALRM, or with seconds <= 0, no limit). Code stuck in one C call is stopped when it returns."""
+    if seconds <= 0 or not _main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RanPastLimit(message)
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if old is None else old)
+
+
+def die_with_parent() -> None:
+    """In a child started by `run`: be killed when the command that started it dies, however it dies (Linux);
+    exit now if it has died already."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the command died before the prctl: nobody waits for this child
+        os._exit(1)
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _signals_end_the_wait():
+    """SIGTERM and SIGHUP raise SystemExit in the block (so that the caller's `finally` runs)."""
+    names = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, _raise_exit) for s in names} if _main_thread() else {}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
+    """End proc: SIGTERM, then SIGKILL if it has not ended after grace_s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run(cmd: list[str], watch: Callable[[float], bool] | None = None, env: dict | None = None,
+        **popen) -> tuple[int | None, str, str]:
+    """Run cmd to its end, its output captured; `watch(seconds since the start)` is called every POLL_S seconds
+    and stops the child when it returns True. -> (exit code, None when watch stopped it; stdout; stderr)."""
+    env = {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, _signals_end_the_wait():
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True, **popen)
+        try:
+            code = None
+            while code is None:
+                try:
+                    code = proc.wait(timeout=POLL_S)
+                except subprocess.TimeoutExpired:
+                    if watch is not None and watch(time.monotonic() - start):
+                        break
+        finally:
+            stop(proc)
+        out.seek(0)
+        err.seek(0)
+        return code, out.read(), err.read()
