@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, require
+from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.grpo import PRESETS
 from minigrpo.tools.sweep_report import curves, write_outputs
@@ -145,6 +145,7 @@ def exact_frontier(passthrough: list[str], reward: str | None):
 
 
 @main_guard
+@finish_unread
 def main(argv=None):
     # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)

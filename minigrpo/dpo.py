@@ -39,18 +39,17 @@ Departures from the papers:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.util.cli import UsageError, check_ranges, exit_now, main_guard, meta, require
+from minigrpo.util.cli import UsageError, check_ranges, exit_now, finish_unread, main_guard, meta, require
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate
-from minigrpo.rl.report import combine_stats
+from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
 from minigrpo.objectives.preference import PAIR_MODES, dpo_loss, preference_pairs
-from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
+from minigrpo.rl.loop import purpose_seed, run
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.rollout import RolloutBatch, collect
 from minigrpo.lm.logprobs import generation_logprobs, sequence_logp
@@ -231,11 +230,9 @@ def train(cfg: DPOConfig, log=print) -> dict:
 
 
 @main_guard
+@finish_unread
 def main(argv=None):
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--online", action=argparse.BooleanOptionalAction, default=False)
-    online = pre.parse_known_args(argv)[0].online  # only names the default --out: runs/online_dpo-<reward>
-    cfg = parse_rl_config(DPOConfig, argv, __doc__.split("\n\n")[0], "online_dpo" if online else "dpo")
+    cfg = parse_rl_config(DPOConfig, argv, __doc__.split("\n\n")[0], "dpo")
     train(cfg)
 
 

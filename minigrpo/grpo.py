@@ -36,11 +36,11 @@ from minigrpo.objectives.advantages import equal_groups
 from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.objectives.kl import exact
 from minigrpo.rl.config import RLConfig, parse_rl_config
-from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, purpose_seed, run
-from minigrpo.rl.report import combine_stats
+from minigrpo.rl.loop import purpose_seed, run
+from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
 from minigrpo.rl.rollout import RolloutBatch, greedy_rewards
 from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.util.cli import UsageError, check_ranges, exit_now, main_guard, meta, require
+from minigrpo.util.cli import UsageError, check_ranges, exit_now, finish_unread, main_guard, meta, require
 from minigrpo.variants import advantages as adv_family, entropy as entropy_family, kl as kl_family
 from minigrpo.variants import policy_losses as loss_family, sampler as sampler_family
 from minigrpo.variants.advantages import BASELINES, AdvantageFlags, advantages, kept_rows, update_rewards
@@ -216,6 +216,7 @@ def train(cfg: GRPOConfig, log=print) -> dict:
 
 
 @main_guard
+@finish_unread
 def main(argv=None):
     cfg = parse_rl_config(GRPOConfig, argv, __doc__.split("\n\n")[0], "grpo", PRESETS)
     train(cfg)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
@@ -31,7 +32,12 @@ def main(argv=None):
             algo = read_json(config)["algo"]
             if algo not in panels:
                 raise UsageError(f"{str(folder)!r} holds a {algo!r} run; this minigrpo draws {', '.join(panels)}")
-            print(f"wrote {draw_figure(folder, panels[algo])}")
+            try:
+                print(f"wrote {draw_figure(folder, panels[algo])}")
+            except OSError as e:  # a read-only folder, ...; a full disk is main_guard's
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise UsageError(f"cannot write {str(folder / 'metrics.png')!r}: {e.strerror or e}") from None
     draw(list(argv or []))
 
 

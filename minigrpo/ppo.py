@@ -33,11 +33,11 @@ from minigrpo.objectives.kl import exact, k1
 from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.critics import CRITICS, OracleCritic
-from minigrpo.rl.loop import COST_PANELS, OUTCOME_PANELS, run
-from minigrpo.rl.report import combine_stats
+from minigrpo.rl.loop import run
+from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
 from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.util.cli import UsageError, check_positive, check_ranges, exit_now, main_guard, meta
+from minigrpo.util.cli import UsageError, check_positive, check_ranges, exit_now, finish_unread, main_guard, meta
 
 
 @dataclass
@@ -176,6 +176,7 @@ def train(cfg: PPOConfig, log=print) -> dict:
 
 
 @main_guard
+@finish_unread
 def main(argv=None):
     cfg = parse_rl_config(PPOConfig, argv, __doc__.split("\n\n")[0], "ppo")
     train(cfg)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from minigrpo.util.cli import UsageError, check_positive, exit_now, main_guard, parse_config, require
+from minigrpo.util.cli import UsageError, check_positive, exit_now, finish_unread, main_guard, parse_config, require
 from minigrpo.util.outputs import prepare_out, write_json
 from minigrpo.util.jsonl import JsonlLogger, read_jsonl
 from minigrpo.util.plotting import plot_panels
@@ -227,6 +227,7 @@ def train(cfg: PretrainConfig, log=print) -> dict:
 
 
 @main_guard
+@finish_unread
 def main(argv=None):
     cfg, _ = parse_config(PretrainConfig, argv, description=__doc__.split("\n\n")[0],
                           defaults=task_defaults(argv, "PRETRAIN"))

@@ -119,6 +119,25 @@ def test_a_closed_pipe_ends_a_cli_quietly(tiny_pretrained):
     assert p.wait(timeout=120) == 141 and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("command", ["minigrpo.grpo", "minigrpo.pretrain"])
+def test_a_closed_pipe_stops_a_runs_printing_not_the_run(tmp_path, tiny_pretrained, command):
+    """`python -m minigrpo.grpo | head -1`: the run goes on silent to its end, writes every file and exits 0."""
+    init, _, _ = tiny_pretrained
+    args = {"minigrpo.grpo": ["--init", str(init), "--steps", "3", "--goal", "0", "--group-size", "4",
+                              "--max-new-tokens", "8"],
+            "minigrpo.pretrain": ["--steps", "3", "--n-embd", "16", "--n-head", "2", "--eval-every", "1"]}[command]
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", command, *args, "--threads", "1", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()  # like `head -1` exiting
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 0 and "Traceback" not in err, err
+    assert json.loads((out / "summary.json").read_text())["step" if command == "minigrpo.grpo" else "val_loss"]
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert (out / "model.pt").is_file() and json.loads(rows[-1])["step"] == 3
+
+
 def test_a_finished_command_leaves_every_output_whole_and_exits_0(tmp_path, tiny_pretrained):
     """The CLIs end with cli.exit_now (no interpreter teardown): every file and the last printed line are complete."""
     import torch

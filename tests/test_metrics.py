@@ -100,3 +100,16 @@ def test_the_metrics_command_draws_a_run_whose_last_line_is_torn(tmp_path, capsy
     torn(tmp_path).rename(tmp_path / "metrics.jsonl")
     main([str(tmp_path)])
     assert (tmp_path / "metrics.png").stat().st_size > 0 and "torn" in capsys.readouterr().err
+
+
+def test_the_metrics_command_on_a_folder_it_cannot_write_is_one_line(tmp_path, capsys):
+    """A read-only folder gave a traceback. As root chmod does not stop a write, so metrics.png is a folder here:
+    the same OSError path."""
+    from conftest import one_line_error
+    from minigrpo.metrics import main
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "grpo", "task": "food", "reward": "pizza",
+                                                      "preserve": True, "person": "ravin"}))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "target_rate": 0.1}\n{"step": 1, "target_rate": 0.2}\n')
+    (tmp_path / "metrics.png").mkdir()
+    err = one_line_error(lambda argv: main(argv), [str(tmp_path)], capsys)
+    assert "cannot write" in err and "metrics.png" in err, err

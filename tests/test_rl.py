@@ -156,6 +156,24 @@ def test_different_experiments_get_different_default_folders():
     assert default_out(GRPOConfig(reward="week1/r.py:reward"), "grpo") == a, "the same file, the same folder"
 
 
+def test_every_setting_that_changes_the_experiment_names_its_default_folder():
+    """A plain run after `--policy-loss cispo` is not refused as "another run's folder": each flag that changes
+    what is trained (not how long or how it reports) is in the default name."""
+    from minigrpo.dpo import DPOConfig
+    from minigrpo.ppo import PPOConfig
+    from minigrpo.rl.config import parse_rl_config
+    from minigrpo.variants.presets import PRESETS
+    out = lambda cls, *argv: parse_rl_config(cls, list(argv), "", cls.__name__[:-6].lower(), PRESETS).out
+    assert out(GRPOConfig) == out(GRPOConfig, "--steps", "7", "--quiet", "--threads", "2") == "runs/grpo-pizza"
+    assert out(GRPOConfig, "--policy-loss", "cispo") == "runs/grpo-pizza-policy-loss-cispo"
+    assert out(GRPOConfig, "--policy-loss", "ppo_clip") == "runs/grpo-pizza", "the default value names nothing"
+    assert out(GRPOConfig, "--preset", "dapo", "--seed", "1") == "runs/dapo-pizza-seed-1"
+    assert out(PPOConfig, "--critic", "oracle") == "runs/ppo-pizza-critic-oracle"
+    assert out(DPOConfig, "--online") == "runs/dpo-pizza-online"
+    many = out(GRPOConfig, "--lr", "0.001", "--group-size", "8", "--beta", "0.01", "--clip-high", "0.3")
+    assert len(many) < 100 and many != out(GRPOConfig, "--lr", "0.001", "--group-size", "8", "--beta", "0.01")
+
+
 def test_progress_says_skipped_and_the_run_ends_naming_its_folder(tmp_path, tiny_pretrained, capsys):
     from minigrpo.rl.report import progress_line
     row = {"reward_mean": 1.0, "reward_rolling": 1.0, "skipped": 1.0, "step_time": 0.01}

@@ -300,7 +300,9 @@ def test_a_slow_reward_shows_a_sign_of_life(tmp_path, tiny_pretrained, capsys, m
     monkeypatch.setattr(rewards, "SLOW_SECONDS", 0.0)  # every completion counts as slow
     main(["--init", str(init), "--out", str(tmp_path / "r"), "--steps", "1", "--group-size", "2",
           "--prompts-per-step", "1", "--preserve-per-prompt", "4", "--goal", "0"])
-    assert "scored 1/2 completions (the reward is slow)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "scored 1/2 completions (the reward is slow)" in out
+    assert out.index("before step 1: scored the reward on 1/14 of the task's completions") < out.index("scored 1/2")
 
 
 def test_bench_refuses_an_impossible_out_in_one_line(capsys):
@@ -330,3 +332,15 @@ def test_bench_refuses_an_empty_or_unknown_only_section_instead_of_running_every
     err = one_line_error(main, ["--only", only, "--no-docs"], capsys)
     assert "unknown --only section" in err, err
     assert not (tmp_path / "runs").exists(), "nothing ran"
+
+
+@pytest.mark.parametrize("module, flags", [("minigrpo.ppo", ["--vf-coef", "1e30"]),
+                                           ("minigrpo.grpo", ["--preserve-coef", "1e30"])])
+def test_a_loss_weight_too_large_for_float32_stops_the_run_in_one_line(tmp_path, tiny_pretrained, capsys, module,
+                                                                       flags):
+    """An inf gradient norm, clipped, zeroes every step: the run froze with grad_norm null and exit code 0."""
+    import importlib
+    init, _, _ = tiny_pretrained
+    argv = ["--init", str(init), "--out", str(tmp_path / "r"), "--steps", "2", "--group-size", "4", "--quiet", *flags]
+    err = one_line_error(importlib.import_module(module).main, argv, capsys)
+    assert "the gradient became inf at step 1" in err and "--vf-coef" in err, err

@@ -42,14 +42,18 @@ class RewardTable:
     off_constant: bool  # the probes agreed on every prompt (the off-support value is then exact for food rewards)
 
 
-def reward_table(reward, prompts: list[str], support, probes: tuple[str, ...] = ("",)) -> RewardTable:
+def reward_table(reward, prompts: list[str], support, probes: tuple[str, ...] = ("",), progress=None) -> RewardTable:
     """The reward on each prompt's support completions (`support(prompt)` lists them) and on the off-support
-    `probes`. A reward that raises or returns a non-finite value raises RewardError naming the pair."""
+    `probes`. A reward that raises or returns a non-finite value raises RewardError naming the pair. A slow
+    reward calls `progress(done, total)` as rewards.score does, over the support and the probes together."""
     rows = [support(p) for p in prompts]
+    n_support, n = sum(map(len, rows)), sum(map(len, rows)) + len(prompts) * len(probes)
     flat = score(reward, [p for p, ys in zip(prompts, rows) for _ in ys], [y for ys in rows for y in ys],
-                 [True] * sum(map(len, rows)))
+                 [True] * n_support, progress=progress and (lambda k, _: progress(k, n)))
     off = torch.tensor(score(reward, [p for p in prompts for _ in probes], [y for _ in prompts for y in probes],
-                             [True] * len(prompts) * len(probes)), dtype=torch.float64).view(len(prompts), -1)
+                             [True] * len(prompts) * len(probes),
+                             progress=progress and (lambda k, _: progress(n_support + k, n))),
+                       dtype=torch.float64).view(len(prompts), -1)
     return RewardTable(torch.tensor(flat, dtype=torch.float64).view(len(prompts), -1), off.min(dim=1).values,
                        bool((off == off[:, :1]).all()))
 

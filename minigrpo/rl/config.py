@@ -7,7 +7,7 @@ import argparse
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from minigrpo.util.cli import UsageError, check_positive, check_ranges, meta, parse_config, require
@@ -119,10 +119,12 @@ def check_resume_flags(cfg, saved: dict, folder: str, argv) -> None:
                          f"{saved[k]!r} and cannot become {getattr(cfg, k)!r} (start a new run with --out)")
 
 
-def default_out(cfg, algo_name: str) -> str:
-    """runs/<preset or algo>-<reward>[-<person>][-no-preserve]: different experiments get different
-    folders, e.g. runs/grpo-pizza, runs/dapo-food-sushi-bob, runs/grpo-pizza-no-preserve. A reward file adds a short
-    hash of its absolute path, so two files of one name (a/r.py:f, b/r.py:f) never share a folder."""
+def default_out(cfg, algo_name: str, changed: list[tuple[str, object]] = ()) -> str:
+    """runs/<preset or algo>-<reward>[-<person>][-no-preserve][-<flag>-<value>…]: different experiments get
+    different folders, e.g. runs/grpo-pizza, runs/dapo-food-sushi-bob, runs/grpo-pizza-no-preserve,
+    runs/grpo-pizza-policy-loss-cispo. `changed`: the other settings that differ from their defaults (their
+    values, a short hash of them past 60 characters). A reward file adds a short hash of its absolute path, so two
+    files of one name (a/r.py:f, b/r.py:f) never share a folder."""
     slug = "".join(c if c.isalnum() else "-" for c in cfg.reward.split("/")[-1]).strip("-")[:40]
     reward_file = cfg.reward.rpartition(":")[0]
     if reward_file.endswith(".py"):
@@ -130,7 +132,24 @@ def default_out(cfg, algo_name: str) -> str:
     person = getattr(cfg, "person", "ravin")
     tail = (f"-{person}" if person != "ravin" and getattr(cfg, "task", "food") == "food" else "") + \
         ("" if getattr(cfg, "preserve", True) else "-no-preserve")
-    return f"runs/{getattr(cfg, 'preset', None) or algo_name}-{slug}{tail}"
+    word = lambda k, v: k if v is True else f"no-{k}" if v is False else f"{k}-{v}"  # --online -> "-online"
+    flags = "".join("-" + word(k.replace("_", "-"), v) for k, v in changed)
+    flags = "".join(c if c.isalnum() or c in ".-" else "-" for c in flags)
+    if len(flags) > 60:
+        flags = flags[:40] + "-" + hashlib.sha256(flags.encode()).hexdigest()[:6]
+    return f"runs/{getattr(cfg, 'preset', None) or algo_name}-{slug}{tail}{flags}"
+
+
+# settings default_out names on its own (reward, person, preserve, preset); with RESUMABLE, left out of its flag list
+NAMED = {"reward", "person", "preserve", "preset"}
+
+
+def changed_settings(cfg, defaults: dict) -> list[tuple[str, object]]:
+    """The (name, value) of every setting of `cfg` that defines the experiment and differs from its default
+    (the dataclass's, under the task's, the preset's and a resumed run's `defaults`), in declaration order."""
+    base = {f.name: f.default for f in fields(cfg) if f.default is not MISSING} | defaults
+    return [(f.name, getattr(cfg, f.name)) for f in fields(cfg)
+            if f.name not in RESUMABLE | NAMED and getattr(cfg, f.name) != base.get(f.name, getattr(cfg, f.name))]
 
 
 def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict | None = None):
@@ -171,6 +190,6 @@ def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict |
     if cfg.resume is not None:
         cfg.out = cfg.resume
     elif cfg.out is None:
-        cfg.out = default_out(cfg, algo_name)
+        cfg.out = default_out(cfg, algo_name, changed_settings(cfg, defaults))
     check_rl_config(cfg)
     return cfg

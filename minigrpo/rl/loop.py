@@ -48,19 +48,6 @@ from minigrpo.rl.trust_region import StepGuard
 from toy_tasks import get_task
 from toy_tasks.support import reward_table
 
-# Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost (last).
-OUTCOME_PANELS = [
-    ("reward (higher is better)", ["reward_mean", "reward_rolling", "exact_reward"]),
-    ("exact target rate (higher is better)", ["target_rate", "heldout_rate"]),
-    ("worst other-person drift, TV (lower is better)", ["worst_drift", "peak_worst_drift"]),
-    ("malformed mass (lower is better)", ["malformed", "peak_malformed"]),
-    ("policy loss", ["policy_loss"]),
-]
-COST_PANELS = [
-    ("step time, s (lower is better)", ["step_time"]),
-    ("preservation loss", ["preserve_loss"]),
-    ("trust region: share of the step kept", ["tr_scale"]),
-]
 # where each generator lives: sampling happens on the run's device, index draws on the CPU
 GENERATORS = {"rollout": "device", "prompts": "cpu", "anchor": "device", "anchor_rows": "cpu", "shuffle": "cpu"}
 
@@ -98,8 +85,9 @@ class Run:
             self.prompts = self.task.rl_prompts(cfg)
             for p in self.prompts:
                 self.tok.check(p)
+            slow = lambda k, n: self.log(f"  before step 1: scored the reward on {k}/{n} of the task's completions")
             self.rewards = reward_table(self.reward, self.prompts, self.task.support,  # exact E[r] needs it
-                                        self.task.OFF_SUPPORT_PROBES)
+                                        self.task.OFF_SUPPORT_PROBES, slow)
         except (RewardError, ValueError) as e:
             raise UsageError(str(e)) from None
         room = self.policy.cfg.block_size - 1 - max(len(self.tok.encode(p)) for p in self.prompts)
@@ -165,9 +153,12 @@ class Run:
     def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = clip_grad_norm(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        norm = float(clip_grad_norm(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")))
+        if not math.isfinite(norm):  # a clip of an inf norm zeroes the step: the run would freeze without a word
+            raise UsageError(f"the gradient became {norm} at step {self.step + 1}: a loss weight (e.g. --vf-coef, "
+                             f"--preserve-coef) or --lr too large for float32; the run stopped, checkpoints intact")
         opt.step()
-        return float(norm)
+        return norm
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save(self, algo, opt) -> None:

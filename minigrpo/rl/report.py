@@ -12,6 +12,22 @@ from minigrpo.util.jsonl import read_jsonl
 from minigrpo.util.plotting import plot_panels
 
 
+# Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost (last).
+OUTCOME_PANELS = [
+    ("reward (higher is better)", ["reward_mean", "reward_rolling", "exact_reward"]),
+    ("exact target rate (higher is better)", ["target_rate", "heldout_rate"]),
+    ("worst other-person drift, TV (lower is better)", ["worst_drift", "peak_worst_drift"]),
+    ("malformed mass (lower is better)", ["malformed", "peak_malformed"]),
+    ("policy loss", ["policy_loss"]),
+]
+COST_PANELS = [
+    ("step time, s (lower is better)", ["step_time"]),
+    ("preservation loss", ["preserve_loss"]),
+    ("trust region: share of the step kept", ["tr_scale"]),
+]
+
+
+
 class StopOnCtrlC:
     """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one stops
     at once), so the checkpoint written on the way out never holds a half-applied update."""

@@ -171,6 +171,46 @@ def _observed() -> bool:
     return monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6))
 
 
+class _ReaderMayLeave:
+    """sys.stdout for a command whose work is its files: when the reader goes away (`| head`), the first failed
+    write points file descriptor 1 at /dev/null and the command goes on, silent."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _silence(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def finish_unread(main):
+    """For the commands that train (pretrain, grpo, ppo, dpo, compare): a closed pipe (`| head`) stops their
+    printing, not their run; every file is written as without it and the exit code is the run's. A command whose
+    work is its output (sample) stops instead, exit code 141, as Unix tools do (main_guard)."""
+    def wrapped(argv=None):
+        stdout, sys.stdout = sys.stdout, _ReaderMayLeave(sys.stdout)
+        try:
+            return main(argv)
+        finally:
+            sys.stdout = stdout
+    return wrapped
+
+
 def main_guard(main):
     """Run `main(argv)`; a UsageError or a full disk -> one line on stderr and exit code 2; Ctrl-C -> 130.
 
