@@ -14,7 +14,8 @@ run's (rl/loop.py); PPO adds, per rollout of N completions with T completion slo
   loss        clipped surrogate − c_H·entropy + c_V·clipped value loss (token means), over --epochs passes
               of --minibatches shuffled minibatches per rollout (cleanrl's ppo.py, PPO2 baselines)
 Departures: β 0.1 by default (InstructGPT-style runs use 0.02–0.05): the k1 penalty summed over a completion is
-J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal (docs/experiments.md); the value
+J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal (docs/experiments.md); lr 3e-4,
+half GRPO's: at 6e-4 its 4 Adam steps per rollout kept the other people's drift oscillating after convergence; the value
 model starts from the policy, not from a reward model; the separate critic is the default because a shared
 trunk's value loss pulls on the policy's weights. The oracle's values leave out the KL penalty of continuations
 that leave the task's support (the malformed mass). Learned critics also log `explained_variance_oracle`: how
@@ -43,6 +44,8 @@ from minigrpo.util.cli import UsageError, check_positive, check_ranges, exit_now
 @dataclass
 class PPOConfig(RLConfig):
     """PPO: the KL-shaped reward, the critic, GAE, the clipped losses"""
+    lr: float = field(default=3e-4, metadata=meta(
+        "AdamW learning rate: half the other trainers' 6e-4, as PPO takes epochs × minibatches = 4 steps per rollout"))
     critic: str = field(default="separate", metadata=meta(
         "value model: a separate copy of the trunk, a head on the policy, or the exact values (no critic to learn)",
         choices=sorted(CRITICS)))
