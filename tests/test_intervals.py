@@ -1,0 +1,34 @@
+"""compare's interval estimates (minigrpo/tools/intervals.py) on hand-made runs whose figures are known."""
+
+from minigrpo.tools.intervals import draw_intervals, improvement_table, interval_table, never, scores
+
+
+def run(targets, regret=0.001):
+    """A run's curves as sweep_report.curves reads them: the exact target rate at steps 0, 1, 2, ..."""
+    return {"steps": list(range(len(targets))), "target": list(targets),
+            "final": {"target_rate": targets[-1], "steps": len(targets) - 1, "regret": regret}}
+
+
+FAST = [run([0.1, 0.96, 0.99]), run([0.1, 0.97, 0.98]), run([0.1, 0.5, 0.97])]
+SLOW = [run([0.1, 0.2, 0.9]), run([0.1, 0.3, 0.985]), run([0.1, 0.2, 0.3])]
+
+
+def test_scores_take_each_runs_final_rate_steps_to_the_goal_and_regret():
+    s = scores(SLOW)
+    assert s["final target"] == [0.9, 0.985, 0.3]
+    assert s["steps to 0.95"] == [3, 2, 3], "never reaching 0.95: the last step + 1, a lower bound"
+    assert never(SLOW) == 2 and never(FAST) == 0
+    assert "regret" not in scores([run([0.1, 0.9], regret=None)]), "no frontier (not food): no regret column"
+
+
+def test_the_tables_give_each_algorithm_its_iqm_interval_and_each_pair_its_probability():
+    rows = interval_table({"fast": FAST, "slow": SLOW})
+    assert rows[0].startswith("| algorithm | runs | final target: IQM [95 % CI] | steps to 0.95")
+    assert rows[2].startswith("| fast | 3 | 0.98 [") and ", 2 never" in rows[3]
+    matrix = improvement_table({"fast": FAST, "slow": SLOW})
+    assert matrix[2].startswith("| fast | - | 0.78 [") and matrix[3].startswith("| slow | 0.22 ["), matrix
+
+
+def test_intervals_png_is_drawn(tmp_path):
+    draw_intervals({"fast": FAST, "slow": SLOW}, tmp_path / "intervals.png", "two algorithms")
+    assert (tmp_path / "intervals.png").stat().st_size > 10_000
