@@ -25,6 +25,8 @@ others finish, and the command then exits with code 1. Writes to <out> (default 
                 their peak over every evaluated step; food: the regret to the frontier, the implied β, the
                 KL to the optimum of equal reward and to π*_β of the run's own --beta (DPO's is that
                 sequence-level β exactly; GRPO's per-token β only points near it); exact pass@8
+and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the medians of the
+steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.grpo import PRESETS
-from minigrpo.tools.sweep_report import curves, write_outputs
+from minigrpo.tools.sweep_report import curves, short_table, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.rl.config import default_out
@@ -60,7 +63,7 @@ def module_of(algo: str) -> str:
 @dataclass
 class CompareConfig:
     algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo,ppo_oracle",
-                       metadata=meta(f"comma-separated, of {','.join(ALGOS)} (default = minigrpo.grpo without "
+                       metadata=meta(f"comma-separated, of {', '.join(ALGOS)} (default = minigrpo.grpo without "
                                      f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound; dpo, "
                                      f"online_dpo = minigrpo.dpo [--online])"))
     seeds: int = field(default=5, metadata=meta("seeds per algorithm (0, 1, ...)"))
@@ -215,9 +218,14 @@ def main(argv=None):
             results[algo] = [curves(f) for f in same]
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
-    write_outputs(out, results, errors, title, exact_frontier(passthrough, cfg.reward))
-    print((out / "table.md").read_text())
-    print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'}")
+    curve = exact_frontier(passthrough, cfg.reward)
+    write_outputs(out, results, errors, title, curve)
+    print(f"\n{textwrap.fill(title, 120)}; medians over seeds:\n{short_table(results, regret=curve is not None)}")
+    for algo, errs in errors.items():
+        for seed, err in errs:
+            print(f"failed: {algo} seed {seed}: {err}")
+    print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'} (the full table: ranges over "
+          f"seeds, seconds, E[r], KL, ...)")
     if errors:
         raise SystemExit(1)
 

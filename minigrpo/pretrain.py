@@ -16,8 +16,10 @@ less time than minibatches (`python -m minigrpo.bench --only pretrain`; docs/res
 distinct lines (arithmetic: 6,516) keeps minibatches.
 
 Writes to --out: model.pt (every --ckpt-every steps and at the end, atomically), config.json,
-metrics.jsonl, loss.png, and prints the task's exact quality report at the end. An --out that already
-holds a run is refused unless --overwrite (which removes the old run's files first).
+metrics.jsonl (the initial model at step 0, steps 1, 2, 4, 8, ... below --eval-every where the loss falls fastest,
+then every --eval-every steps; the train loss of step s is its batch's before the update), loss.png, and prints
+the task's exact quality report at the end. An --out that already holds a run is refused unless --overwrite (which
+removes the old run's files first).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class PretrainConfig:
     threads: int = field(default=1, metadata={
         "help": "torch CPU threads (0 = auto: the idle cores; results then depend on the load, see bench)"})
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
-    eval_every: int = field(default=100, metadata={"help": "validation loss and a progress line every N steps"})
+    eval_every: int = field(default=100, metadata={
+        "help": "validation loss and a progress line every N steps (and at steps 0, 1, 2, 4, ... below N)"})
     ckpt_every: int = field(default=200, metadata={"help": "checkpoint every N steps (and at the end)"})
 
 
@@ -116,11 +119,25 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
 
 
 @torch.no_grad()
-def eval_loss(model: GPT, data: torch.Tensor, pad_id: int) -> float:
+def eval_loss(model: GPT, data: torch.Tensor, pad_id: int, counts: torch.Tensor | None = None) -> float:
+    """The loss on `data` without a gradient; draws no random numbers, so evaluating never changes the training."""
     model.eval()
-    loss = lm_loss(model, data, pad_id).item()
+    loss = lm_loss(model, data, pad_id, counts).item()
     model.train()
     return loss
+
+
+def eval_steps(steps: int, every: int) -> set[int]:
+    """The steps whose model is evaluated and logged: 0 (the initial model), 1, 2, 4, 8, ... below `every` (where
+    the loss falls fastest), then every `every` steps, and the last."""
+    early = {2 ** k for k in range(steps.bit_length()) if 2 ** k < every}
+    return {0, steps, *early, *range(every, steps + 1, every)}
+
+
+LOSS_PANELS = [("loss, nats/token", ["train_loss", "val_loss", "floor"]),
+               ("validation loss over the floor: val / floor − 1 (log scale)", ["val_over_floor"],
+                [(0.01, "bar: +1% at the end")]),
+               ("learning rate", ["lr"])]
 
 
 def check_config(cfg: PretrainConfig) -> None:
@@ -178,8 +195,22 @@ def train(cfg: PretrainConfig, log=print) -> dict:
     log(f"pretrain {cfg.task}: {model.num_params():,} parameters, {cfg.n_lines} lines{every}, "
         f"floor {floor:.4f} nats/token, {cfg.steps} steps, device {device}, threads {torch.get_num_threads()}")
 
-    tokens_seen, t_train, step = 0, time.time(), 0
+    tokens_seen, t_train, step, logged = 0, time.time(), 0, eval_steps(cfg.steps, cfg.eval_every)
+
+    def record(step: int, train_loss: float) -> None:
+        """Evaluate the model after `step` updates; log the row and a progress line."""
+        val = eval_loss(model, val_data, tok.pad_id)
+        elapsed = time.time() - t_train
+        row = {"step": step, "train_loss": train_loss, "val_loss": val, "floor": floor,
+               "val_over_floor": val / floor - 1, "lr": opt.param_groups[0]["lr"] if step else lr_at(0, cfg),
+               "tokens_per_s": tokens_seen / elapsed if step else 0.0, "elapsed_s": elapsed}
+        logger.log(row)
+        eta = f" | ETA {elapsed / step * (cfg.steps - step):.0f}s" if step else ""
+        log(f"step {step:5d}/{cfg.steps} | train {train_loss:.4f} | val {val:.4f} (floor {floor:.4f}, "
+            f"+{100 * (val / floor - 1):.1f}%)" + (f" | {row['tokens_per_s']:,.0f} tok/s{eta}" if step else ""))
+
     try:
+        record(0, eval_loss(model, train_data, tok.pad_id, counts))  # the initial model (whole training set)
         for step in range(1, cfg.steps + 1):
             for g in opt.param_groups:
                 g["lr"] = lr_at(step - 1, cfg)
@@ -192,16 +223,8 @@ def train(cfg: PretrainConfig, log=print) -> dict:
             loss.backward()
             opt.step()
             tokens_seen += int((batch[:, 1:] != tok.pad_id).sum())
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                val = eval_loss(model, val_data, tok.pad_id)
-                elapsed = time.time() - t_train
-                row = {"step": step, "train_loss": loss.item(), "val_loss": val, "floor": floor,
-                       "lr": opt.param_groups[0]["lr"], "tokens_per_s": tokens_seen / elapsed, "elapsed_s": elapsed}
-                logger.log(row)
-                eta = elapsed / step * (cfg.steps - step)
-                log(f"step {step:5d}/{cfg.steps} | train {row['train_loss']:.4f} | val {val:.4f} "
-                    f"(floor {floor:.4f}, +{100 * (val / floor - 1):.1f}%) | {row['tokens_per_s']:,.0f} tok/s "
-                    f"| ETA {eta:.0f}s")
+            if step in logged:
+                record(step, loss.item())
             if step % cfg.ckpt_every == 0 or step == cfg.steps:
                 save_checkpoint(ckpt_path, model, tok, cfg.task, step, extra={"config": asdict(cfg)})
     except KeyboardInterrupt:  # read back what is on disk: a Ctrl-C may land mid-save
@@ -215,8 +238,7 @@ def train(cfg: PretrainConfig, log=print) -> dict:
     report = task.pretrain_report(model, tok)
     val = eval_loss(model, val_data, tok.pad_id)
     rows = read_jsonl(out / "metrics.jsonl")
-    plot_panels(rows, [("loss (nats/token, lower is better)", ["train_loss", "val_loss", "floor"]),
-                       ("learning rate", ["lr"])], out / "loss.png", ncols=2)
+    plot_panels(rows, LOSS_PANELS, out / "loss.png", log_y=(LOSS_PANELS[1][0],), log_x=True, fit=True)
     summary = {"val_loss": val, "floor": floor, "val_over_floor": val / floor - 1, "report": report,
                "train_seconds": train_seconds, "total_seconds": time.time() - t0}
     write_json(out / "summary.json", summary)

@@ -162,6 +162,16 @@ def test_rloo_is_reward_minus_leave_one_out_mean_which_is_g_over_g_minus_one_tim
     assert torch.allclose(got, G / (G - 1) * (r - r.mean(1, keepdim=True)), atol=1e-9)
 
 
+@SET
+@given(reward_rows(B=(0, 3)), st.sampled_from([0.1, 0.7, -3.5, 1e6, 0.0]), st.integers(2, 8),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_rloo_gives_exactly_zero_to_every_all_equal_group(rows, value, G, dtype):
+    equal = [[value] * G]  # the mean of G equal floats is not always that float: (r − r̄) is rounding noise
+    r = torch.tensor(equal + [row[:G] + [0.0] * (G - len(row)) for row in rows], dtype=dtype)
+    got = call(rloo_advantages, r, shape=r.shape)
+    assert (got[0] == 0).all(), f"an all-equal group {equal} ({dtype}) must give exactly 0, got {got[0].tolist()}"
+
+
 def test_worked_example_gives_0935_with_bessel_and_1_with_population_std():
     r = R([[1, 1, 1, 1, 0, 0, 0, 0]])
     sign = torch.tensor([[1.0] * 4 + [-1.0] * 4], dtype=torch.float64)

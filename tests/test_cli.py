@@ -1,21 +1,75 @@
 """Command lines: --help, one-line errors with exit code 2, and (slow) each CLI end to end."""
 
 import json
+import pkgutil
+import runpy
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
-from minigrpo import grpo, ppo, pretrain, sample
-from minigrpo.bench import suite as bench
+import minigrpo
+from minigrpo import dpo, grpo, ppo, pretrain, sample
 from conftest import one_line_error
 
 
-@pytest.mark.parametrize("module", [pretrain, sample, grpo, ppo, bench])
-def test_every_cli_has_help(module, capsys):
-    with pytest.raises(SystemExit) as e:
+def commands() -> list[str]:
+    """Every `python -m minigrpo.<cli>`: a module of the package's root with a __main__ block, or a subpackage with
+    a __main__.py."""
+    root = Path(minigrpo.__file__).parent
+    runs_as_main = lambda m: (root / m.name / "__main__.py").is_file() if m.ispkg else \
+        'if __name__ == "__main__":' in (root / f"{m.name}.py").read_text()
+    return sorted(m.name for m in pkgutil.iter_modules([str(root)]) if runs_as_main(m))
+
+
+def help_of(command: str, monkeypatch, capsys, columns: int = 100) -> str:
+    """`python -m minigrpo.<command> --help`, run in this process as `python -m` runs it: -> its stdout."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(sys, "argv", [command, "--help"])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as e:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported (by other tests)
+        runpy.run_module(f"minigrpo.{command}", run_name="__main__", alter_sys=True)
+    out, err = capsys.readouterr()
+    assert e.value.code == 0 and out.startswith("usage: ") and "--" in out and not err, (command, e.value.code, err)
+    return out
+
+
+def test_the_commands_are_found():
+    assert {"pretrain", "grpo", "ppo", "dpo", "sample", "compare", "optimum", "metrics", "bench",
+            "learn"} <= set(commands())
+
+
+@pytest.mark.parametrize("command", commands())
+def test_every_command_has_help(command, monkeypatch, capsys):
+    out = help_of(command, monkeypatch, capsys, columns=100)
+    assert f"python -m minigrpo.{command}" in out.splitlines()[0], "usage names the command as it is typed"
+    assert all(len(line) <= 100 for line in out.splitlines()), [line for line in out.splitlines() if len(line) > 100]
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100, 120])
+def test_help_never_breaks_a_word_of_a_list_of_choices(columns, monkeypatch, capsys):
+    """compare's --algos and bench's --only listed their choices with bare commas: argparse broke them mid-word
+    ("pre fix"). Joined with ", ", the lines break between choices."""
+    from minigrpo.bench.suite import SECTIONS
+    from minigrpo.compare import ALGOS
+    for command, choices in (("compare", ALGOS), ("bench", SECTIONS)):
+        flat = " ".join(help_of(command, monkeypatch, capsys, columns).split())  # a line break becomes a space
+        assert ", ".join(choices) in flat, (command, columns, flat)
+
+
+@pytest.mark.parametrize("module", [grpo, ppo, dpo])
+def test_reward_help_shows_the_functions_signature_and_an_example_file(module, capsys):
+    with pytest.raises(SystemExit):
         module.main(["--help"])
-    assert e.value.code == 0 and "--" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    reward = text[text.index("  --reward "):text.index("  --person ")]
+    lines = [line.strip() for line in reward.splitlines()]
+    assert "(prompt, completion) -> float" in " ".join(reward.split()), reward
+    assert "def reward(prompt, completion):" in lines and 'return float(completion == "pizza")' in lines, reward
+    assert any(line.endswith("--reward my.py:reward") for line in lines), reward
+    assert " ".join(reward.split()).count("(default: pizza)") == 1, reward
 
 
 def test_help_shows_each_default_once(capsys):

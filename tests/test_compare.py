@@ -24,6 +24,9 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
     assert {"curves.png", "frontier.png", "table.md"} <= {p.name for p in out.iterdir()}
     table = (out / "table.md").read_text()
     assert "| grpo | 1 ok" in table and "| ppo | 1 ok" in table
+    printed = capsys.readouterr().out  # the short table; table.md holds the full one
+    assert "within bars" in printed and "exact KL/token" not in printed and str(out / "table.md") in printed
+    assert all(len(line) <= 120 for line in printed.splitlines() if str(out) not in line), printed
     stamp = (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns
     main(args)  # a rerun keeps finished runs
     assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
@@ -206,3 +209,23 @@ def test_compare_refuses_an_empty_out_a_foreign_init_and_a_failing_reward_before
     broken.write_text("def f(p, c):\n    raise RuntimeError('boom')\n")
     assert "boom" in one_line_error(main, [*base, "--reward", f"{broken}:f", "--out", "b"], capsys)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "runs").exists()
+
+
+def test_compare_prints_a_short_table_of_what_judges_each_algorithm():
+    """compare printed table.md's 21 columns; a terminal gets 7 (medians over seeds), at most 120 characters a line."""
+    from minigrpo.tools.sweep_report import short_table
+
+    def run(target, steps_to_goal, drift, malformed, regret):
+        steps = [0, steps_to_goal or 50, 60]
+        return {"steps": steps, "target": [0.1, 0.95 if steps_to_goal else 0.9, target],
+                "final": {"target_rate": target, "worst_drift": drift, "peak_worst_drift": drift,
+                          "malformed": malformed, "peak_malformed": malformed, "regret": regret, "steps": 60}}
+    results = {"grpo": [run(0.998, 23, 0.02, 0.001, 0.0011), run(0.99, 31, 0.04, 0.001, 0.002)],
+               "reinforce_rej": [run(0.90, None, 0.01, 0.03, 0.05), run(0.97, 40, 0.01, 0.001, 0.01)]}
+    lines = short_table(results, regret=True).splitlines()
+    assert lines[0].split("  ")[0] == "algorithm" and [c.strip() for c in lines[0].split("  ") if c.strip()] == [
+        "algorithm", "within bars", "steps to 0.95", "final target", "peak drift", "peak malformed", "regret"]
+    assert lines[1].split()[:4] == ["grpo", "1/2", "27", "0.994"], lines
+    assert lines[2].split()[:5] == ["reinforce_rej", "1/2", "40", "(1", "never)"], lines
+    assert all(len(line) <= 120 for line in lines) and len(lines) == 3
+    assert "regret" not in short_table(results, regret=False)

@@ -4,6 +4,8 @@ A planted mistake is a textual change of the library's own function (MUTANTS); t
 library's function itself, pasted into a learner's file (workspace.reference_source)."""
 
 import hashlib
+import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ MUTANTS = {
     ("group_advantages", "std_underflows"): (
         "std = _std(r, dims, unbiased)", "std = r.std(dim=dims, keepdim=True, unbiased=unbiased)"),
     ("rloo_advantages", "mean_includes_self"): ("adv = G / (G - 1) * (", "adv = ("),
+    ("rloo_advantages", "no_equal_group_guard"): ("return torch.where(equal, torch.zeros_like(adv), adv)\n",
+                                                  "return adv\n"),
     ("clipped_surrogate", "sign"): ("return torch.where(mask, -objective,", "return torch.where(mask, objective,"),
     ("clipped_surrogate", "clip_wrong_side"): ("torch.minimum(pg_obj1, pg_obj2)", "torch.maximum(pg_obj1, pg_obj2)"),
     ("k1", "sign"): ("return logp - ref_logp", "return ref_logp - logp"),
@@ -96,6 +100,64 @@ def test_check_passes_the_reference_fails_a_mistake_with_its_message_and_workspa
     assert package_fingerprint() == before, "grading wrote under minigrpo/"
 
 
+NAIVE_SURROGATE = """
+    ratio = torch.exp(logp - old_logp)  # no mask, no clamp, no level, no dual clip: many broken properties
+    high = 1 + (eps_low if eps_high is None else eps_high)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    return -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, high) * adv)
+"""
+
+
+def with_body(name, body):
+    """The library's function with `body` in place of its code (its docstring kept)."""
+    return workspace.stub_source(find(name), textwrap.dedent(body).strip("\n"))
+
+
+def test_a_failing_check_stops_after_a_few_broken_properties_each_shown_with_its_smallest_example(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(grade, "MAX_BROKEN", 2, raising=False)
+    plant(tmp_path / "wrong", "clipped_surrogate", with_body("clipped_surrogate", NAIVE_SURROGATE))
+    assert grade.check(find("clipped_surrogate"), tmp_path / "wrong") is False
+    out = capsys.readouterr().out
+    shown = re.findall(r"\n  x [^\n]*\n {6}[^\n]*\n {6}smallest failing example: ", out)
+    assert out.count("\n  x ") == 2 and len(shown) == 2, f"2 broken properties, each with its example: {out}"
+    assert "distinct failures" not in out, out  # one failure per property, not Hypothesis' ExceptionGroup
+    assert re.search(r"the check stopped after 2 broken properties: \d+ more tests did not run", out), out
+    plant(tmp_path / "right", "clipped_surrogate", workspace.reference_source(find("clipped_surrogate")))
+    assert grade.check(find("clipped_surrogate"), tmp_path / "right") is True  # a right function runs them all
+    n = grade.test_counts()["clipped_surrogate"]
+    assert f"{n} of {n} tests pass" in capsys.readouterr().out
+
+
+def test_the_checks_hypothesis_settings_skip_only_the_explain_phase_and_limit_shrinking(monkeypatch):
+    from hypothesis import Phase, settings
+    from hypothesis.internal.conjecture import engine
+
+    from minigrpo.learn import plugin
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", engine.MAX_SHRINKING_SECONDS)  # restored after the test
+    try:
+        plugin.use_check_settings()
+        profile, default = settings.default, settings.get_profile("default")
+    finally:
+        settings.load_profile("default")
+    assert list(profile.phases) == [p for p in Phase if p != Phase.explain] and profile.report_multiple_bugs is False
+    assert (profile.max_examples, profile.derandomize) == (default.max_examples, default.derandomize)
+    assert engine.MAX_SHRINKING_SECONDS == plugin.SHRINK_S
+
+
+def test_an_rloo_that_leaves_rounding_noise_in_an_equal_group_fails_its_check(tmp_path, capsys):
+    noisy = """
+    G = rewards.size(1)
+    if G < 2:
+        return torch.zeros_like(rewards)
+    return G / (G - 1) * (rewards - rewards.mean(dim=1, keepdim=True))  # [[0.1] * 3] -> -2.1e-17, not 0
+"""
+    plant(tmp_path, "rloo_advantages", with_body("rloo_advantages", noisy))
+    assert grade.check(find("rloo_advantages"), tmp_path) is False
+    out = capsys.readouterr().out
+    assert "x rloo gives exactly zero to every all equal group" in out and "leaves rounding noise" in out, out
+
+
 def test_cli_start_list_hint_and_bad_input(tmp_path, capsys):
     d = str(tmp_path / "ws")
     main(["start", "group_advantages", "--dir", d])
@@ -145,6 +207,9 @@ def test_check_all_on_the_reference_passes_and_the_capstone_learns(tmp_path, cap
     main(["check", "--all", "--dir", str(tmp_path)])  # exits 1 (SystemExit) when anything fails
     out = capsys.readouterr().out
     assert f"the path: {len(PATH) + 1} of {len(PATH) + 1} passing" in out and "capstone passed" in out, out
+    for name, n in grade.test_counts().items():  # a passing check runs every test
+        assert f"exercise {find(name).number} {name} ({tmp_path / find(name).file_stem}.py): {n} of {n} tests pass" \
+            in out, (name, out)
 
 
 @pytest.mark.slow

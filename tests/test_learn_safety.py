@@ -163,8 +163,8 @@ def test_the_commands_printed_name_the_dir_the_learner_gave(tmp_path, capsys, mo
         out = capsys.readouterr().out
         assert f"python -m minigrpo.learn check 1 --dir {quoted}" in out, out
         assert f"python -m minigrpo.learn hint 1 --dir {quoted}" in out, out
-        main(["list", "--dir", d])
-        assert f"python -m minigrpo.learn start 1 --dir {quoted}" in capsys.readouterr().out
+        main(["list", "--dir", d])  # exercise 1 is a stub now: write it, then check it
+        assert f"then: python -m minigrpo.learn check 1 --dir {quoted}" in capsys.readouterr().out
         assert grade.check(find("rloo_advantages"), d) is False  # not started: says how to start it
         assert f"python -m minigrpo.learn start 2 --dir {quoted}" in capsys.readouterr().out
     monkeypatch.chdir(tmp_path)  # the default workspace, runs/learn, is then under tmp_path

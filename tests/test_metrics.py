@@ -113,3 +113,77 @@ def test_the_metrics_command_on_a_folder_it_cannot_write_is_one_line(tmp_path, c
     (tmp_path / "metrics.png").mkdir()
     err = one_line_error(lambda argv: main(argv), [str(tmp_path)], capsys)
     assert "cannot write" in err and "metrics.png" in err, err
+
+
+def rl_run(folder, rows, summary=None, **config):
+    """A folder holding an RL run: config.json, metrics.jsonl and (when given) summary.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = {"algo": "grpo", "task": "food", "reward": "pizza", "preserve": True, "person": "ravin", "goal": 0.95,
+           "goal_malformed": 0.01, "goal_drift": 0.03, **config}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def evaluated(step, target, drift, malformed, peak_drift=None, peak_malformed=None):
+    return {"step": step, "reward_mean": target, "target_rate": target, "worst_drift": drift, "malformed": malformed,
+            "peak_worst_drift": peak_drift or drift, "peak_malformed": peak_malformed or malformed}
+
+
+def test_the_metrics_command_has_a_help_and_sums_up_each_run_it_draws(tmp_path, capsys):
+    """`metrics --help` was "error: usage: ...", exit 2; a drawn run said only "wrote .../metrics.png"."""
+    import pytest
+
+    from conftest import one_line_error
+    from minigrpo.metrics import main
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: ")
+    good = rl_run(tmp_path / "good", [evaluated(0, 0.15, 0.0, 0.001), evaluated(15, 0.986, 0.012, 0.0014, 0.033)],
+                  {"step": 15, "stop_reason": "goal reached at step 13"})
+    bad = rl_run(tmp_path / "bad", [evaluated(0, 0.15, 0.0, 0.001), evaluated(60, 0.80, 0.04, 0.0014, 0.061)],
+                 {"step": 60, "stop_reason": "cap: --steps 60 reached"})
+    torn = rl_run(tmp_path / "torn", [evaluated(0, 0.15, 0.0, 0.001), evaluated(4, 0.5, 0.01, 0.001)])  # no summary
+    main([str(good), str(bad), str(torn)])
+    out = capsys.readouterr().out
+    blocks = out.split("wrote ")  # each run's summary, then "wrote <its metrics.png>"
+    assert [b.splitlines()[0] for b in blocks[1:]] == [str(f / "metrics.png") for f in (good, bad, torn)], out
+    first, second, third = blocks[:3]
+    assert "15 steps" in first and "goal reached at step 13" in first and "final target 0.986" in first, out
+    assert "drift 0.012 (peak 0.033)" in first and "malformed 0.0014 (peak 0.0014)" in first, out
+    assert "within every bar" in first, out
+    assert "60 steps" in second and "cap: --steps 60 reached" in second, out
+    assert "final target 0.800 < 0.95" in second and "peak drift 0.061 > 0.05" in second, out
+    assert "end drift 0.040 > 0.03" in second and "malformed" not in second.split("outside")[1], out
+    assert "4 steps" in third and "no summary.json" in third, out
+    assert all(len(line) <= 120 for line in out.splitlines()), out
+    assert "unrecognized arguments: --bogus" in one_line_error(main, [str(good), "--bogus"], capsys)
+    assert "RUN_FOLDER" in one_line_error(main, [], capsys)
+
+
+def test_metrics_png_draws_the_bars_its_run_is_judged_by(tmp_path, monkeypatch):
+    """The panels of metrics.png declare the quality bars (tools/bars.py) and the run's own --goal flags: plot_panels
+    receives them as lines (y, label) on the target, drift and malformed panels."""
+    from minigrpo import dpo, grpo, ppo
+    from minigrpo.rl import report
+    drawn = {}
+    monkeypatch.setattr(report, "plot_panels", lambda rows, panels, path, title: drawn.update(panels=panels))
+    rows = [evaluated(0, 0.15, 0.0, 0.001), evaluated(1, 0.2, 0.01, 0.001)]
+
+    def bars(panels, key):
+        (panel,) = [p for p in panels if key in p[1]]
+        return sorted(y for y, label in (panel[2] if len(panel) > 2 else []))
+    for panels in (grpo.PANELS, ppo.PANELS, dpo.PANELS):
+        report.draw_figure(rl_run(tmp_path / "a", rows), panels)
+        assert bars(drawn["panels"], "target_rate") == [0.95]
+        assert bars(drawn["panels"], "malformed") == [0.01, 0.02]
+        assert bars(drawn["panels"], "worst_drift") == [0.03, 0.05]
+    report.draw_figure(rl_run(tmp_path / "b", rows, goal=0.9, goal_drift=0.02), grpo.PANELS)  # its own goal too
+    assert bars(drawn["panels"], "target_rate") == [0.9, 0.95]
+    assert bars(drawn["panels"], "worst_drift") == [0.02, 0.03, 0.05]
+    report.draw_figure(rl_run(tmp_path / "c", rows, goal=0.0), grpo.PANELS)  # compare's runs: --goal 0
+    assert bars(drawn["panels"], "target_rate") == [0.95]
+    labels = [label for p in drawn["panels"] if len(p) > 2 for _, label in p[2]]
+    assert labels and all(label for label in labels)

@@ -164,7 +164,8 @@ def test_every_setting_that_changes_the_experiment_names_its_default_folder():
     from minigrpo.rl.config import parse_rl_config
     from minigrpo.variants.presets import PRESETS
     out = lambda cls, *argv: parse_rl_config(cls, list(argv), "", cls.__name__[:-6].lower(), PRESETS).out
-    assert out(GRPOConfig) == out(GRPOConfig, "--steps", "7", "--quiet", "--threads", "2") == "runs/grpo-pizza"
+    assert out(GRPOConfig) == out(GRPOConfig, "--steps", "7", "--quiet", "--threads", "2", "--verbose") == \
+        "runs/grpo-pizza"
     assert out(GRPOConfig, "--policy-loss", "cispo") == "runs/grpo-pizza-policy-loss-cispo"
     assert out(GRPOConfig, "--policy-loss", "ppo_clip") == "runs/grpo-pizza", "the default value names nothing"
     assert out(GRPOConfig, "--preset", "dapo", "--seed", "1") == "runs/dapo-pizza-seed-1"
@@ -178,7 +179,8 @@ def test_progress_says_skipped_and_the_run_ends_naming_its_folder(tmp_path, tiny
     from minigrpo.rl.report import progress_line
     row = {"reward_mean": 1.0, "reward_rolling": 1.0, "skipped": 1.0, "step_time": 0.01}
     line = progress_line(3, 10, row, evaluated=False)
-    assert "update skipped" in line and "nan" not in line and "exact target" not in line
+    assert "skipped" in line and "nan" not in line and "target" not in line
+    assert "update skipped" in progress_line(3, 10, row, evaluated=False, verbose=True)
     init, _, _ = tiny_pretrained
     train(cfg_for(tmp_path, init, "named", quiet=False, steps=1))
     out = capsys.readouterr().out
@@ -211,3 +213,37 @@ def test_a_reward_that_exits_mid_run_stops_it_in_one_line_and_keeps_its_checkpoi
     assert "sys.exit(0)" in err and "quits.py" in err and "stopped at step" in err, err
     assert not (tmp_path / "run" / "summary.json").exists()
     assert read_checkpoint(tmp_path / "run" / "model.pt")["step"] >= 1
+
+
+FOOD_ROW = {"reward_mean": 0.984375, "reward_rolling": 0.7613, "target_rate": 0.98611, "exact_reward": 0.98611,
+            "worst_drift": 0.02712, "peak_worst_drift": 0.03013, "malformed": 0.00152, "peak_malformed": 0.00153,
+            "regret": 0.00116, "policy_loss": -0.00061, "kl_exact": 0.29371, "tr_scale": 0.5, "step_time": 0.155}
+
+
+def test_the_progress_line_fits_a_terminal_and_verbose_shows_it_all():
+    """The line was ~230 characters: by default at most 120 (step, reward, the exact target rate, drift and
+    malformed mass with their running maxima, the time), the whole line with --verbose (metrics.jsonl holds every
+    field)."""
+    from minigrpo.rl.report import progress_line
+    arithmetic = {k: v for k, v in FOOD_ROW.items() if "drift" not in k and k != "regret"} | {"heldout_rate": 0.8125}
+    for row in (FOOD_ROW, {**FOOD_ROW, "skipped": 1.0}, arithmetic):
+        short, full = progress_line(145, 200, row, True), progress_line(145, 200, row, True, verbose=True)
+        assert len(short) <= 120, (len(short), short)
+        assert short.startswith("step 145/200 | reward 0.984") and short.endswith("| 155 ms"), short
+        assert "target 0.986" in short and "malformed 0.0015 (max 0.0015)" in short, short
+        assert ("drift 0.027 (max 0.030)" in short) == ("worst_drift" in row), short
+        assert ("held-out 0.812" in short) == ("heldout_rate" in row), short
+        assert ("skipped" in short) == ("skipped" in row), short
+        assert "avg10 0.761" in full and "E[r] 0.986" in full and "KL 0.2937" in full and "step x0.5" in full, full
+        assert ("regret 0.0012" in full) == ("regret" in row) and ("loss -0.0006" in full) != ("skipped" in row), full
+    assert len(progress_line(145, 200, FOOD_ROW, False)) <= 60, "a step without an evaluation: the reward, the time"
+
+
+def test_a_no_preserve_run_suggests_sampling_another_person(tmp_path, tiny_pretrained, capsys):
+    """The closing hint sampled ravin, the trained person, which hides the spill-over --no-preserve exists to show."""
+    init, _, _ = tiny_pretrained
+    train(cfg_for(tmp_path, init, "np", quiet=False, steps=1, preserve=False))
+    out = capsys.readouterr().out
+    assert "--prompt 'alice likes '" in out and "--prompt 'ravin likes '" not in out, out
+    train(cfg_for(tmp_path, init, "np-bob", quiet=False, steps=1, preserve=False, person="alice"))
+    assert "--prompt 'ravin likes '" in capsys.readouterr().out, "another person than the one trained"

@@ -52,7 +52,7 @@ SECTIONS = ["sampling", "threads", "scale", "prefix", "pretrain", "grpo", "prese
 class BenchConfig:
     quick: bool = field(default=False, metadata={"help": "only the fast sections (sampling, threads)"})
     task: str = field(default="food", metadata={"help": "toy task for the pretrain, grpo and presets sections"})
-    only: str | None = field(default=None, metadata={"help": f"comma-separated sections of {','.join(SECTIONS)}"})
+    only: str | None = field(default=None, metadata={"help": f"comma-separated sections of {', '.join(SECTIONS)}"})
     out: str = field(default="runs/bench", metadata={"help": "folder for the runs the bench starts"})
     seeds: int = field(default=5, metadata=meta(
         "seeds per configuration in the pretrain, grpo, presets, rarest, custom sections"))

@@ -3,7 +3,7 @@
     python -m minigrpo.learn                  # the path: numbered exercises and their status
     python -m minigrpo.learn start 3          # writes exercise 3's stub into your workspace (runs/learn/)
     python -m minigrpo.learn check 3          # grades it with the library's property tests
-    python -m minigrpo.learn hint 3           # one hint at a time
+    python -m minigrpo.learn hint 3           # one hint at a time (hint 3 2: the second again; hint 3 --all)
     python -m minigrpo.learn check --all      # the whole path, then the capstone's training run
 
 N is an exercise's number or its function's name (e.g. group_advantages). Your function lives at
@@ -36,12 +36,16 @@ def parse(argv):
     common.add_argument("--dir", default=argparse.SUPPRESS, help="your workspace (default: runs/learn)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     for name, help_text in (("list", "the path and each exercise's status"), ("start", "write an exercise's stub"),
-                            ("check", "grade an exercise (or --all)"), ("hint", "the next hint of an exercise")):
+                            ("check", "grade an exercise (or --all)"),
+                            ("hint", "the next hint of an exercise (hint N K: hint K again; --all: every hint)")):
         p = sub.add_parser(name, help=help_text, parents=[common])
         if name != "list":
             p.add_argument("exercise", nargs="?", help="its number (1-%d) or its function's name" % len(PATH))
         if name == "check":
             p.add_argument("--all", action="store_true", help="every exercise in order, then the capstone's run")
+        if name == "hint":
+            p.add_argument("k", nargs="?", type=int, help="show hint K (again)")
+            p.add_argument("--all", action="store_true", help="every hint of the exercise")
     args = parser.parse_args(argv)
     args.command = args.command or "list"
     if Path(args.dir).resolve().is_relative_to(Path(grade.__file__).resolve().parent.parent):
@@ -54,6 +58,9 @@ def parse(argv):
             args.exercise = find(args.exercise)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    if args.command == "hint" and args.k is not None and not 1 <= args.k <= len(args.exercise.hints):
+        raise UsageError(f"exercise {args.exercise.number} has {len(args.exercise.hints)} hints: give K from 1 to "
+                         f"{len(args.exercise.hints)}")
     return args
 
 
@@ -75,7 +82,9 @@ def show_list(folder) -> None:
     for ex in PATH:
         print(f"  {ex.number:2d}  {ex.name:<26} {grade.graded_status(ex, folder):<21} ~{ex.minutes:2d} min  "
               f"{ex.lesson}")
-    print(f"start with: {workspace.command('start 1', folder)}")
+    step = grade.next_step(folder)
+    fresh = all(workspace.read(ex, folder)[0] == "not started" for ex in PATH)
+    print(grade.the_end(folder) if step is None else f"{'start with' if fresh else 'next'}: {step}")
 
 
 def start(ex, folder) -> None:
@@ -85,16 +94,20 @@ def start(ex, folder) -> None:
         return
     print(f"wrote the stub of exercise {ex.number} {ex.name} into {path}: replace its `raise NotImplementedError`")
     print(f"  what it teaches: {ex.lesson}")
+    print(f"  what the check grades: its docstring, and what the first hint adds "
+          f"({workspace.command(f'hint {ex.number} 1', folder)})")
     print(f"  then: {workspace.command(f'check {ex.number}', folder)}    "
           f"(stuck? {workspace.command(f'hint {ex.number}', folder)})")
 
 
-def hint(ex, folder) -> None:
+def hint(ex, folder, k: int | None = None, every: bool = False) -> None:
+    """The next hint (after the last one shown), hint k again, or every hint."""
     progress = grade.load_progress(folder)
     shown = progress.get(ex.name, {}).get("hints", 0)
-    k = min(shown, len(ex.hints) - 1)
-    print(f"hint {k + 1} of {len(ex.hints)} for exercise {ex.number} {ex.name}: {ex.hints[k]}")
-    progress[ex.name] = {**progress.get(ex.name, {}), "hints": k + 1}
+    numbers = range(1, len(ex.hints) + 1) if every else [k or min(shown + 1, len(ex.hints))]
+    for i in numbers:
+        print(f"hint {i} of {len(ex.hints)} for exercise {ex.number} {ex.name}: {ex.hints[i - 1]}")
+    progress[ex.name] = {**progress.get(ex.name, {}), "hints": max(shown, *numbers)}
     grade.save_progress(folder, progress)
 
 
@@ -118,16 +131,15 @@ def check(args) -> bool:
             print(f"exercise {ex.number} {ex.name}: not started")
             results[ex.name] = False
             continue
-        try:
-            results[ex.name] = grade.check(ex, folder)
-        except workspace.LearnerError as e:
-            print(f"exercise {ex.number} {ex.name}: your file does not load: {e}")
-            results[ex.name] = False
+        results[ex.name] = grade.check(ex, folder, say_next=not args.all)
     if CAPSTONE in todo and workspace.status(CAPSTONE, folder) == "written":
         ensure_pretrained(grade.repo_root())
         results["capstone run"] = grade.capstone(folder)[0]
     if args.all:
         print(f"the path: {sum(results.values())} of {len(results)} passing")
+        step = grade.next_step(folder)
+        if step:
+            print(f"next: {step}")
     return all(results.values())
 
 
@@ -142,7 +154,10 @@ def main(argv=None):
         show_list(args.dir)
     elif args.command in ("start", "hint"):
         try:
-            (start if args.command == "start" else hint)(args.exercise, args.dir)
+            if args.command == "start":
+                start(args.exercise, args.dir)
+            else:
+                hint(args.exercise, args.dir, args.k, args.all)
         except OSError as e:  # what check_workspace could not foresee (a read-only file system, a file in the way)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise  # main_guard's "the disk is full"

@@ -58,6 +58,11 @@ def _mean_includes_self(fn):
     return _close(fn(_t([[1.0, 0.0, 0.0, 0.0]])), [[0.75, -0.25, -0.25, -0.25]])
 
 
+def _rloo_equal_noise(fn):
+    out = fn(_t([[0.1] * 3, [0.7] * 3]))  # the mean of three 0.1s is not exactly 0.1
+    return isinstance(out, torch.Tensor) and not bool((out == 0).all())
+
+
 def _surrogate_sign(fn):
     loss, grad = _surrogate_grad(fn, 1.0, 1.0)
     return abs(loss - 1.0) < 1e-6 and grad > 0
@@ -138,6 +143,9 @@ CATALOGUE = (
     Mistake("rloo_advantages", "mean_includes_self", _mean_includes_self,
             "your baseline includes the completion itself: RLOO's is the mean of the OTHER G−1 rewards, "
             "r_i − (Σ_j r_j − r_i)/(G−1) = G/(G−1)·(r_i − r̄)"),
+    Mistake("rloo_advantages", "no_equal_group_guard", _rloo_equal_noise,
+            "an all-equal group must get exactly 0, but G/(G−1)·(r − r̄) leaves rounding noise there (the mean of "
+            "three 0.1s is not exactly 0.1): set those rows with equal_groups and torch.where"),
     Mistake("clipped_surrogate", "sign", _surrogate_sign,
             "sign: the function returns a LOSS to minimise, −min(ρA, clip(ρ)A). With +, gradient descent pushes "
             "good completions DOWN"),

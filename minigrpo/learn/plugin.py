@@ -1,14 +1,18 @@
 """A pytest plugin (pytest -p minigrpo.learn.plugin) that grades a learner's function with the library's
 own tests: before any test module is imported it plugs the learner's functions in (workspace.install),
 so `from minigrpo.objectives.advantages import group_advantages` in a test file gets the learner's; it then writes
-each test's outcome, assertion message and Hypothesis' smallest failing example to a JSON report.
+each test's outcome, assertion message and Hypothesis' smallest failing example to a JSON report, with the
+messages of the catalogued mistakes (mistakes.py) the function shows, or why the learner's file did not load.
 
-A test that runs past its time limit (setup, call and teardown together) fails with "<test> ran past N s" and
-ends the session: the remaining tests would most likely loop as well.
+Hypothesis runs every example the tests ask for, without its `explain` phase (which re-runs a failing test
+many times only to annotate the example) and with one failure per property, its smallest (check_profile).
+Once MINIGRPO_LEARN_MAX_BROKEN properties (test functions) have failed, the session stops before the first
+test of any other property. A test that runs past its time limit (setup, call and teardown together) fails
+with "<test> ran past N s" and ends the session: the remaining tests would most likely loop as well.
 
 Environment: MINIGRPO_LEARN_DIR (the workspace), MINIGRPO_LEARN_ONLY (comma-separated function names),
 MINIGRPO_LEARN_REPORT (where the JSON goes), MINIGRPO_LEARN_LIMIT (seconds per test; none when absent),
-MINIGRPO_LEARN_RUNNING (a file that holds the node id of the test running now).
+MINIGRPO_LEARN_RUNNING (a file that holds the node id of the test running now), MINIGRPO_LEARN_MAX_BROKEN.
 """
 
 from __future__ import annotations
@@ -19,22 +23,74 @@ import re
 import time
 
 import pytest
+from hypothesis import Phase, settings
 
-from minigrpo.learn.child import die_with_parent, ran_past, time_limit
+from minigrpo.learn.child import RanPastLimit, die_with_parent, ran_past, time_limit
 
+PROFILE = "minigrpo-learn"
+SHRINK_S = 0.5  # how long Hypothesis shrinks one failure during a check (its own limit: 300 s)
 _results: list[dict] = []
+_broken: list[str] = []  # the properties (test functions) that failed, in order
+_report = {"collected": 0, "load_error": None}
 _deadline: float | None = None  # time.monotonic() by which the running test must end
 _session = None
 
 
+def check_profile() -> settings:
+    """The Hypothesis settings of a check: every phase but `explain`, one failure (the smallest) per property."""
+    settings.register_profile(PROFILE, phases=[p for p in Phase if p != Phase.explain], report_multiple_bugs=False)
+    return settings.get_profile(PROFILE)
+
+
+def use_check_settings() -> None:
+    """The check's profile as Hypothesis' default, and its limit on shrinking: a learner waits for the answer."""
+    from hypothesis.internal.conjecture import engine
+
+    check_profile()
+    settings.load_profile(PROFILE)
+    engine.MAX_SHRINKING_SECONDS = SHRINK_S  # read each time a shrink starts; no setting offers it
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Before conftest.py builds its settings objects (they copy the default profile's values)."""
+    use_check_settings()
+
+
+def _only() -> set[str] | None:
+    only = os.environ.get("MINIGRPO_LEARN_ONLY")
+    return set(only.split(",")) if only else None
+
+
+def _graded() -> list:
+    """The exercises whose learner's functions this session grades."""
+    from minigrpo.learn.path import PATH
+
+    return [ex for ex in PATH if _only() is None or ex.name in _only()]
+
+
 def pytest_configure(config):
-    from minigrpo.learn.workspace import install
+    from minigrpo.learn.workspace import LearnerError, install, learner_function
 
     die_with_parent()
     folder = os.environ.get("MINIGRPO_LEARN_DIR")
     if folder:
-        only = os.environ.get("MINIGRPO_LEARN_ONLY")
-        install(folder, set(only.split(",")) if only else None)
+        install(folder, _only())  # a file that does not load leaves the library's function in place: say so
+        for ex in _graded():
+            try:
+                learner_function(ex, folder)
+            except LearnerError as e:
+                _report["load_error"] = _report["load_error"] or str(e)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if _report["load_error"]:  # nothing of the learner's to grade
+        config.hook.pytest_deselected(items=list(items))
+        items[:] = []
+
+
+def pytest_collection_finish(session):
+    _report["collected"] = len(session.items)
 
 
 def _limit() -> float:
@@ -46,14 +102,32 @@ def pytest_sessionstart(session):
     _session = session
 
 
-def pytest_runtest_logstart(nodeid, location):
-    global _deadline
-    _deadline = time.monotonic() + _limit() if _limit() > 0 else None
+def _property(nodeid: str) -> str:
+    return nodeid.split("::")[-1].split("[")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Stop before the first test of a new property once MINIGRPO_LEARN_MAX_BROKEN properties have failed."""
+    most = int(os.environ.get("MINIGRPO_LEARN_MAX_BROKEN", 0))
+    if most and len(_broken) >= most and _property(item.nodeid) not in _broken:
+        item.session.shouldstop = f"{len(_broken)} broken properties"
+        return True  # this test does not run; the session ends here
+    return None
+
+
+def _say_running(what: str) -> None:
     running = os.environ.get("MINIGRPO_LEARN_RUNNING")
     if running:  # written whole, then renamed: the command never reads half a node id
         with open(running + ".tmp", "w") as f:
-            f.write(nodeid)
+            f.write(what)
         os.replace(running + ".tmp", running)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    global _deadline
+    _deadline = time.monotonic() + _limit() if _limit() > 0 else None
+    _say_running(nodeid)
 
 
 def _limited(item):
@@ -108,14 +182,37 @@ def pytest_runtest_logreport(report):
         if report.failed:
             entry.update(message=_message(report), example=falsifying_example(report.longreprtext),
                          timeout="RanPastLimit: " in report.longreprtext)
+            if _property(report.nodeid) not in _broken:
+                _broken.append(_property(report.nodeid))
             if entry["timeout"]:  # the next tests would most likely loop too; its teardown runs to its end
                 _deadline = None
                 _session.shouldstop = "a test ran past its time limit"
         _results.append(entry)
 
 
+def _mistakes() -> list[str]:
+    """The messages of the catalogued mistakes the learner's functions show; none after a test ran out of time
+    (the function may not return), and none past the time limit of one test."""
+    from minigrpo.learn import mistakes, workspace
+
+    folder = os.environ.get("MINIGRPO_LEARN_DIR")
+    if not folder or _report["load_error"] or any(r.get("timeout") for r in _results):
+        return []
+    _say_running("the probes of the catalogued mistakes")
+    found = []
+    try:
+        with time_limit(_limit(), "the probes ran past their limit"):
+            for ex in _graded():
+                fn = workspace.learner_function(ex, folder)
+                found += [m.message for m in mistakes.diagnose(ex.name, fn)] if fn is not None else []
+    except RanPastLimit:
+        pass
+    return found
+
+
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("MINIGRPO_LEARN_REPORT")
     if path:
+        report = {"results": _results, "mistakes": _mistakes(), **_report}
         with open(path, "w") as f:
-            json.dump(_results, f)
+            json.dump(report, f)

@@ -5,11 +5,12 @@ plugged into a running process in place of the library's.
     <workspace>/losses.py       clipped_surrogate, aggregate ...
 
 A stub is the library function's signature and docstring with `raise NotImplementedError` as its body,
-preceded by the imports its reference body uses (so the library's own body, pasted in, also runs).
-`install` replaces the library's function by the learner's in every loaded minigrpo module and in the
-module-level tables that hold it (variants.kl.KL_ESTIMATORS, ...): in memory, in this process only. No file under
-minigrpo/ is ever written, and each workspace loads under its own module names, so two learners'
-workspaces never meet.
+preceded by the imports its exercise offers, each saying what it is for (path.py); the reference (the
+library's own body, pasted in) adds what else that body uses. `read` tells a stub from a written function
+without running the file; `status` runs it. `install` replaces the library's function by the learner's in
+every loaded minigrpo module and in the module-level tables that hold it (variants.kl.KL_ESTIMATORS, ...): in
+memory, in this process only. No file under minigrpo/ is ever written, and each workspace loads under its own
+module names, so two learners' workspaces never meet.
 """
 
 from __future__ import annotations
@@ -47,18 +48,25 @@ def library_function(ex: Exercise):
 
 
 def _function_node(source: str, name: str) -> ast.FunctionDef | None:
+    """The last top-level definition of `name` in source (the one Python keeps), None if there is none."""
+    found = None
     for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
-            return node
-    return None
+            found = node
+    return found
 
 
-def _imports_for(ex: Exercise) -> list[str]:
-    """Import lines for the module-level names the library's body of ex uses (torch, F, helpers, constants)."""
+def _offered(ex: Exercise) -> set[str]:
+    return {(alias.asname or alias.name).split(".")[0] for line, _ in ex.imports
+            for alias in ast.parse(line).body[0].names}
+
+
+def _library_imports(ex: Exercise) -> list[str]:
+    """Import lines for the module-level names the library's body of ex uses that its stub does not offer: what
+    the library's own body, pasted in as a learner's (reference_source), needs beyond them."""
     module = importlib.import_module(f"minigrpo.{ex.module}")
     node = _function_node(textwrap.dedent(inspect.getsource(library_function(ex))), ex.name)
-    offered = {alias.name for line in ex.extra_imports for alias in ast.parse(line).body[0].names}
-    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - {ex.name} - offered
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - {ex.name} - _offered(ex)
     lines, names = [], []
     for name in sorted(used):
         value = vars(module).get(name)
@@ -68,27 +76,29 @@ def _imports_for(ex: Exercise) -> list[str]:
             names.append(name)
     if names:
         lines.append(f"from minigrpo.{ex.module} import {', '.join(names)}")
-    return lines + list(ex.extra_imports)
+    return lines
 
 
-def stub_source(ex: Exercise, body: str | None = None, folder=DEFAULT_DIR) -> str:
-    """The learner's starting point: imports, then the signature and docstring of the library's function
-    with `body` (default: raise NotImplementedError, naming the hint command for `folder`) in place of its code."""
+def stub_source(ex: Exercise, body: str | None = None, folder=DEFAULT_DIR,
+                extra_imports: tuple[str, ...] = ()) -> str:
+    """The learner's starting point: the imports ex offers (each saying what it is for), then the signature and
+    docstring of the library's function with `body` (default: raise NotImplementedError, naming the hint
+    command for `folder`) in place of its code."""
     source = textwrap.dedent(inspect.getsource(library_function(ex)))
     node = _function_node(source, ex.name)
     lines = source.splitlines()
     doc_end = node.body[0].end_lineno if ast.get_docstring(node) else node.body[0].lineno - 1
     message = f"exercise {ex.number}: write {ex.name} ({command('hint %d' % ex.number, folder)})"
     body = body or f"raise NotImplementedError({message!r})"
-    head = lines[:doc_end]
-    return "\n".join(_imports_for(ex) + ["", ""] + head + ["    " + line for line in body.splitlines()]) + "\n"
+    imports = [f"{line}  # {why}" for line, why in ex.imports] + list(extra_imports)
+    return "\n".join(imports + ["", ""] + lines[:doc_end] + ["    " + line for line in body.splitlines()]) + "\n"
 
 
 def reference_source(ex: Exercise) -> str:
     """The library's own function with the imports it needs: what a perfect learner would write."""
     source = textwrap.dedent(inspect.getsource(library_function(ex)))
     body = source.splitlines()[_function_node(source, ex.name).body[0].end_lineno:]
-    return stub_source(ex, textwrap.dedent("\n".join(body)))
+    return stub_source(ex, textwrap.dedent("\n".join(body)), extra_imports=tuple(_library_imports(ex)))
 
 
 def learner_file(ex: Exercise, folder) -> Path:
@@ -134,11 +144,14 @@ def load_module(folder, module: str) -> types.ModuleType | None:
     return mod
 
 
-def is_stub(fn) -> bool:
-    """True while fn's body is still only `raise NotImplementedError(...)` (after its docstring)."""
-    node = _function_node(textwrap.dedent(inspect.getsource(fn)), fn.__name__)
+def _stub_node(node: ast.FunctionDef) -> bool:
     body = node.body[1:] if ast.get_docstring(node) else node.body
     return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
+
+
+def is_stub(fn) -> bool:
+    """True while fn's body is still only `raise NotImplementedError(...)` (after its docstring)."""
+    return _stub_node(_function_node(textwrap.dedent(inspect.getsource(fn)), fn.__name__))
 
 
 def learner_function(ex: Exercise, folder):
@@ -146,6 +159,35 @@ def learner_function(ex: Exercise, folder):
     mod = load_module(folder, ex.file_stem)
     fn = getattr(mod, ex.name, None) if mod is not None else None
     return None if fn is None or is_stub(fn) else fn
+
+
+def read(ex: Exercise, folder) -> tuple[str, str]:
+    """Without running the learner's file: ('not started' | 'stub' | 'written' | 'does not load', the compiler's
+    error for the last). A file that compiles may still fail when it runs (an import that is not there):
+    `status` runs it."""
+    path = learner_file(ex, folder)
+    text = path.read_text() if path.exists() else ""
+    if f"def {ex.name}(" not in text:
+        return "not started", ""
+    try:
+        compile(text, str(path), "exec", dont_inherit=True)  # a SyntaxError, a misplaced __future__ import
+    except (SyntaxError, ValueError) as e:
+        return "does not load", f"{path}: {type(e).__name__}: {e}"
+    node = _function_node(text, ex.name)
+    if node is None:  # nested, or a method: `def name(` is there, but not at the top level
+        return "not started", ""
+    return ("stub" if _stub_node(node) else "written"), ""
+
+
+def function_source(ex: Exercise, folder) -> str:
+    """The text of the learner's function (its last top-level definition), '' when there is none."""
+    path = learner_file(ex, folder)
+    text = path.read_text() if path.exists() else ""
+    try:
+        node = _function_node(text, ex.name)
+    except SyntaxError:
+        return ""
+    return (ast.get_source_segment(text, node) or "") if node is not None else ""
 
 
 def status(ex: Exercise, folder) -> str:

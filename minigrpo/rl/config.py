@@ -26,7 +26,12 @@ class RLConfig:
     overwrite: bool = field(default=False, metadata=meta("replace a finished run already in --out (refused otherwise)"))
     reward: str = field(default="pizza", metadata=meta(
         "reward spec: a task reward (food: pizza, food:<food>, graded[:<food>]; arithmetic: correct, format, "
-        "correct+format, strict), exact:<text>, regex:<pattern>, length, NAME=W,... or file.py:function"))
+        "correct+format, strict), exact:<text>, regex:<pattern>, length, NAME=W,... or file.py:function, a "
+        "function (prompt, completion) -> float\n"
+        "e.g. a file my.py of the two lines\n"
+        "    def reward(prompt, completion):\n"
+        "        return float(completion == \"pizza\")\n"
+        "and --reward my.py:reward"))
     person: str = field(default="ravin", metadata=meta("food task: whose prompt RL trains on"))
     unfinished_reward: float | None = field(default=None, metadata=meta(
         "reward for completions cut off before their end token (default: score them like the rest)"))
@@ -82,6 +87,9 @@ class RLConfig:
     threads: int = field(default=1, metadata=meta("torch CPU threads (1 is fastest for models this small)"))
     device: str = field(default="auto", metadata=meta("auto, cpu or cuda", choices=["auto", "cpu", "cuda"]))
     quiet: bool = field(default=False, metadata=meta("no progress lines"))
+    verbose: bool = field(default=False, metadata=meta(
+        "every figure in the progress line (by default at most 120 characters: the reward, the exact target rate, "
+        "drift and malformed mass, the time; metrics.jsonl holds every figure either way)"))
     plot: bool = field(default=True, metadata=meta(
         "draw metrics.png at the end (--no-plot: later, on request: python -m minigrpo.metrics <out>)"))
 
@@ -103,7 +111,7 @@ def check_rl_config(cfg: RLConfig) -> None:
 
 # flags a resumed run may change: how long it runs and how it reports, never what experiment it is
 RESUMABLE = {"steps", "goal", "goal_patience", "goal_malformed", "goal_drift", "plateau", "eval_every", "ckpt_every",
-             "quiet", "plot", "threads", "device", "resume", "out", "overwrite", "init"}
+             "quiet", "verbose", "plot", "threads", "device", "resume", "out", "overwrite", "init"}
 
 
 def check_resume_flags(cfg, saved: dict, folder: str, argv) -> None:

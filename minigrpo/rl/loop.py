@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+import textwrap
 import time
 import zlib
 from dataclasses import asdict
@@ -40,7 +41,7 @@ from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.rl.preserve import Anchor, anchor_loss, make_anchor
 from toy_tasks.rewards import RewardError, make_reward
 from minigrpo.rl.config import RLConfig, check_rl_config
-from minigrpo.rl.report import StopOnCtrlC, draw_figure, flat, progress_line, write_samples
+from minigrpo.rl.report import StopOnCtrlC, closing_hint, draw_figure, flat, progress_line, write_samples
 from minigrpo.rl.rollout import collect
 from minigrpo.util.runtime import global_rng_state, set_global_rng_state, setup_runtime
 from minigrpo.rl.stopping import Peaks, StopRule
@@ -221,8 +222,9 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
     logger = JsonlLogger(r.out / "metrics.jsonl", truncate_after_step=r.step if r.resume_state else None)
     r.log(f"{algo_name} on {cfg.task} | reward {cfg.reward} | {len(r.prompts)} RL prompt(s) | G={cfg.group_size} "
           f"x {cfg.prompts_per_step} prompts | preservation {'on' if r.anchor is not None else 'off'} | "
-          f"{'resuming at step ' + str(r.step) if r.resume_state else 'from ' + cfg.init} | at most {cfg.steps} "
-          f"steps" + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else ""))
+          f"{'resuming at step ' + str(r.step) if r.resume_state else 'from ' + cfg.init}\nat most {cfg.steps} "
+          f"steps" + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else "") +
+          ("" if cfg.verbose else " | max: the worst so far; --verbose: every figure"))
     last_eval = r.evaluate()
     if not r.resume_state:
         logger.log({"step": 0, **flat(last_eval)})
@@ -264,7 +266,7 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                 if r.stop_reason is None and r.step == cfg.steps:
                     r.stop_reason = f"cap: --steps {cfg.steps} reached"
                 logger.log(row)
-                r.log(progress_line(r.step, cfg.steps, row, evaluated))
+                r.log(progress_line(r.step, cfg.steps, row, evaluated, cfg.verbose))
                 if r.step % cfg.ckpt_every == 0 or r.stop_reason is not None:
                     r.save(algo, opt)
     except RewardError as e:  # a user reward raised or returned a non-finite value: one line, no traceback
@@ -280,12 +282,10 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
         draw_figure(r.out, panels)
     if last_batch is not None:
         write_samples(r.out / "samples.txt", last_batch)
-    r.log(f"stopped at step {r.step}: {r.stop_reason}")
+    r.log(textwrap.fill(f"stopped at step {r.step}: {r.stop_reason}", 120, subsequent_indent="  "))
     r.log(r.task.format_rl_eval(last_eval, cfg))
     details = {k: v for k, v in last_eval.items() if k not in flat(last_eval)}  # e.g. food: every person's shares
     summary = {"step": r.step, "stop_reason": r.stop_reason, **flat(last_eval), **details, "baseline": r.baseline}
     write_json(r.out / "summary.json", summary)
-    r.log(f"wrote {r.out}/ (metrics.jsonl, {'metrics.png, ' * cfg.plot}summary.json, samples.txt, model.pt); "
-          f"look at it with:\n"
-          f"  python -m minigrpo.sample --checkpoint {r.out / 'model.pt'} --prompt {r.prompts[0]!r} --num 1000")
+    r.log(closing_hint(r.out, r.prompts[0], r.task.anchor_prompts(cfg), cfg.plot, cfg.preserve))
     return summary

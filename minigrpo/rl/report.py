@@ -8,16 +8,19 @@ import signal
 import threading
 from pathlib import Path
 
+from minigrpo.rl.stopping import BARS
 from minigrpo.util.jsonl import read_jsonl
 from minigrpo.util.plotting import plot_panels
 
 
-# Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost (last).
+# Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost (last). A third
+# element names the quality bars (rl/stopping.py) the panel draws as dashed lines: a run within them at a glance.
 OUTCOME_PANELS = [
     ("reward (higher is better)", ["reward_mean", "reward_rolling", "exact_reward"]),
-    ("exact target rate (higher is better)", ["target_rate", "heldout_rate"]),
-    ("worst other-person drift, TV (lower is better)", ["worst_drift", "peak_worst_drift"]),
-    ("malformed mass (lower is better)", ["malformed", "peak_malformed"]),
+    ("exact target rate (higher is better)", ["target_rate", "heldout_rate"], ["final"]),
+    ("worst other-person drift, TV (lower is better)", ["worst_drift", "peak_worst_drift"],
+     ["peak_worst_drift", "worst_drift"]),
+    ("malformed mass (lower is better)", ["malformed", "peak_malformed"], ["peak_malformed", "malformed"]),
     ("policy loss", ["policy_loss"]),
 ]
 COST_PANELS = [
@@ -25,7 +28,23 @@ COST_PANELS = [
     ("preservation loss", ["preserve_loss"]),
     ("trust region: share of the step kept", ["tr_scale"]),
 ]
+BAR_LABELS = {"final": "bar: final >= {:g}", "peak_malformed": "bar: every step <= {:g}",
+              "malformed": "bar: end <= {:g}", "peak_worst_drift": "bar: every step <= {:g}",
+              "worst_drift": "bar: end <= {:g}"}
+GOAL_FLAGS = {"final": "goal", "malformed": "goal_malformed", "worst_drift": "goal_drift"}  # the run's own stop rule
 
+
+def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
+    """A panel's dashed lines [(y, label)]: each named bar, and the run's own goal flag (its config.json) where it
+    is set and differs from the bar (--goal 0.9; --goal 0, compare's runs, draws none)."""
+    lines = []
+    for name in names:
+        lines.append((BARS[name], BAR_LABELS[name].format(BARS[name])))
+        flag = GOAL_FLAGS.get(name)
+        own = config.get(flag) if flag else None
+        if own and own != BARS[name]:
+            lines.append((own, f"--{flag.replace('_', '-')} {own:g}"))
+    return lines
 
 
 class StopOnCtrlC:
@@ -62,8 +81,27 @@ def flat(ev: dict) -> dict:
     return {k: v for k, v in ev.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def progress_line(step: int, steps: int, row: dict, evaluated: bool) -> str:
-    """One line per step. The exact figures appear only on the steps that evaluated them."""
+def progress_line(step: int, steps: int, row: dict, evaluated: bool, verbose: bool = False) -> str:
+    """One line per step, the exact figures only on the steps that evaluated them. By default what a person watches,
+    in at most 120 characters: the reward, the exact target rate, the drift and malformed mass with their running
+    maxima (the bars judge those), the time; `verbose` adds everything else (metrics.jsonl always holds it all)."""
+    if verbose:
+        return full_progress_line(step, steps, row, evaluated)
+    parts = [f"step {step:{len(str(steps))}d}/{steps}", f"reward {row['reward_mean']:.3f}"]
+    if evaluated:
+        parts.append(f"target {row['target_rate']:.3f}")
+        if "worst_drift" in row:
+            parts.append(f"drift {row['worst_drift']:.3f} (max {row['peak_worst_drift']:.3f})")
+        parts.append(f"malformed {row['malformed']:.4f} (max {row['peak_malformed']:.4f})")
+        if "heldout_rate" in row:
+            parts.append(f"held-out {row['heldout_rate']:.3f}")
+    if row.get("skipped"):
+        parts.append("skipped")
+    return " | ".join(parts + [f"{1000 * row['step_time']:.0f} ms"])
+
+
+def full_progress_line(step: int, steps: int, row: dict, evaluated: bool) -> str:
+    """--verbose's progress line: every figure a step reports."""
     line = f"step {step:4d}/{steps} | reward {row['reward_mean']:.3f} (avg10 {row['reward_rolling']:.3f})"
     if evaluated:
         line += f" | exact target {row['target_rate']:.3f} E[r] {row['exact_reward']:.3f}"
@@ -101,7 +139,18 @@ def run_title(config: dict) -> str:
 
 def draw_figure(folder: Path, panels: list) -> Path:
     """Draw the RL run in `folder` (its metrics.jsonl and config.json) as folder/metrics.png with `panels`
-    ([(title, [metric keys])], the algorithm's PANELS); -> the figure's path."""
+    ([(title, [metric keys][, [bar names]])], the algorithm's PANELS); -> the figure's path."""
     config = json.loads((folder / "config.json").read_text())
+    panels = [(p[0], p[1], bar_lines(p[2], config)) if len(p) > 2 else p for p in panels]
     plot_panels(read_jsonl(folder / "metrics.jsonl"), panels, folder / "metrics.png", title=run_title(config))
     return folder / "metrics.png"
+
+
+def closing_hint(out: Path, prompt: str, others: list[str], plot: bool, preserve: bool) -> str:
+    """The run's last lines: what it wrote and the command that looks at it: sampling its prompt, or after
+    --no-preserve another person's (`others`: the task's off-target prompts), where the spill-over shows."""
+    files = f"wrote {out}/ (metrics.jsonl, {'metrics.png, ' * plot}summary.json, samples.txt, model.pt)"
+    look = lambda p: f"  python -m minigrpo.sample --checkpoint {out / 'model.pt'} --prompt {p!r} --num 1000"
+    if preserve or not others:
+        return f"{files}; look at it with:\n{look(prompt)}"
+    return f"{files}\nwithout preservation the other people drift too; see one of them with:\n{look(others[0])}"

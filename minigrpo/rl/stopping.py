@@ -22,6 +22,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+# The quality bars a run is judged by (tools/bars.py judges compare's and bench's runs; metrics.png draws them): final
+# exact target >= 0.95; at EVERY step malformed mass <= 0.02 and every other person's drift <= 0.05; at the end
+# malformed <= 0.01 and drift <= 0.03 (--goal, --goal-malformed and --goal-drift default to the final and end bars);
+# bench's whole process <= 30 s.
+BARS = {"final": 0.95, "peak_malformed": 0.02, "peak_worst_drift": 0.05, "malformed": 0.01, "worst_drift": 0.03,
+        "wall": 30.0}
+
 
 @dataclass
 class StopRule:

@@ -1,5 +1,6 @@
 """The quality bars a finished RL run is held to, and the summaries its figures are read with: shared by
-`python -m minigrpo.bench` (its RL sections) and `python -m minigrpo.compare` (its table's "within bars").
+`python -m minigrpo.bench` (its RL sections), `python -m minigrpo.compare` (its table's "within bars") and
+`python -m minigrpo.metrics` (its summary of a run).
 
 The bars (issue "any reward, any person"): final exact target >= 0.95; at EVERY step malformed mass
 <= 0.02 and every other person's drift <= 0.05; at the end malformed <= 0.01 and drift <= 0.03; the
@@ -11,23 +12,42 @@ from __future__ import annotations
 
 import statistics
 
+from minigrpo.rl.stopping import BARS  # defined beside the stop rule, whose goal flags default to them
+
 OPTIMUM_BAR = 0.02
-BARS = {"final": 0.95, "peak_malformed": 0.02, "peak_worst_drift": 0.05, "malformed": 0.01, "worst_drift": 0.03,
-        "wall": 30.0}
+
+
+# each quality bar: (what a person reads, the metric it holds, its decimals)
+CHECKS = {"final": ("final target", "target_rate", 3), "peak_malformed": ("peak malformed", "peak_malformed", 4),
+          "malformed": ("end malformed", "malformed", 4), "peak_worst_drift": ("peak drift", "peak_worst_drift", 3),
+          "worst_drift": ("end drift", "worst_drift", 3)}
+
+
+def misses(f: dict) -> list[str]:
+    """The quality bars above that a run's last evaluation (as its metrics.jsonl names them: target_rate, malformed,
+    the peaks) misses, each as "what value > bar"; [] within every bar. The drift bars only where the task has
+    off-target prompts (worst_drift None, NaN or absent: it has none)."""
+    drift = f.get("worst_drift")
+    out = []
+    for bar, (what, key, digits) in CHECKS.items():
+        if "drift" in bar and (drift is None or drift != drift):
+            continue
+        higher = bar == "final"  # the target rate must reach its bar, the rest stay under theirs (NaN: a miss)
+        value = f[key]
+        if not ((value >= BARS[bar]) if higher else (value <= BARS[bar])):
+            out.append(f"{what} {value:.{digits}f} {'<' if higher else '>'} {BARS[bar]:g}")
+    return out
 
 
 def quality_ok(final: float, peak_malformed: float, malformed: float, peak_drift, drift) -> bool:
-    """The quality bars above; the drift bars only where the task has off-target prompts (drift None or NaN:
-    it has none)."""
-    ok = final >= BARS["final"] and peak_malformed <= BARS["peak_malformed"] and malformed <= BARS["malformed"]
-    if drift is not None and drift == drift:
-        ok = ok and peak_drift <= BARS["peak_worst_drift"] and drift <= BARS["worst_drift"]
-    return ok
+    """The quality bars above (see `misses`)."""
+    return not misses({"target_rate": final, "peak_malformed": peak_malformed, "malformed": malformed,
+                       "peak_worst_drift": peak_drift, "worst_drift": drift})
 
 
 def within_bars(f: dict) -> bool:
     """The quality bars on a run's last evaluation as its metrics.jsonl names them (target_rate, the peaks)."""
-    return quality_ok(f["target_rate"], f["peak_malformed"], f["malformed"], f["peak_worst_drift"], f["worst_drift"])
+    return not misses(f)
 
 
 def first_reaching(xs: list, targets: list, level: float):

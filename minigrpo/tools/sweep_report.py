@@ -3,9 +3,10 @@ table (table.md: medians with min–max over seeds) and the figures (curves.png,
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
-from minigrpo.tools.bars import first_reaching, med, within_bars
+from minigrpo.tools.bars import BARS, first_reaching, med, within_bars
 from minigrpo.util.jsonl import read_jsonl
 
 
@@ -34,6 +35,31 @@ OPTIMUM_KEYS = ("kl_ref", "regret", "implied_beta", "kl_to_implied_optimum", "kl
 
 def summarise(values: list, none: str = "never") -> str:
     return med(values, "{:.3g}", none=none)
+
+
+def median(values: list, never: bool = False) -> str:
+    """The median of the values that exist ('-' if none); `never`: the missing ones (a goal never reached) counted."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return "never" if never and values else "-"
+    missing = len(values) - len(got)
+    return f"{statistics.median(got):.3g}" + (f" ({missing} never)" if never and missing else "")
+
+
+def short_table(results: dict, regret: bool) -> str:
+    """What compare prints: one line per algorithm, medians over seeds of what judges it (table.md: the ranges and
+    every other column), aligned for a terminal."""
+    goal = BARS["final"]
+    rows = [["algorithm", "within bars", f"steps to {goal:g}", "final target", "peak drift", "peak malformed",
+             "regret"][:7 if regret else 6]]
+    for algo, runs in results.items():
+        f = [c["final"] for c in runs]
+        rows.append([algo, f"{sum(map(within_bars, f))}/{len(f)}",
+                     median([first_reaching(c["steps"], c["target"], goal) for c in runs], never=True),
+                     *[median([x[k] for x in f]) for k in ("target_rate", "peak_worst_drift", "peak_malformed",
+                                                            "regret")[:4 if regret else 3]]])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None) -> None:

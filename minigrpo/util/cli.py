@@ -23,6 +23,7 @@ import signal
 import sys
 import types
 import typing
+from pathlib import Path
 
 
 def meta(help_text: str, **extra) -> dict:
@@ -59,14 +60,32 @@ def _none_or(tp):
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends "(default: X)" to a flag's help, except where the help already speaks of its default
-    and where there is no default (None) to show."""
+    """Appends "(default: X)" to a flag's help (to its first line), except where the help already speaks of its
+    default and where there is no default (None) to show. A help's indented lines (an example) are kept as written;
+    the rest is wrapped to the terminal."""
 
     def _get_help_string(self, action):
         help_ = action.help or ""
         if action.default is None or action.default is argparse.SUPPRESS or "default" in help_.lower():
             return help_
-        return super()._get_help_string(action)
+        first, newline, rest = help_.partition("\n")
+        return f"{first} (default: %(default)s){newline}{rest}"
+
+    def _split_lines(self, text, width):
+        lines = []
+        for line in text.split("\n"):
+            lines += [line] if line.startswith(" ") else super()._split_lines(line, width)
+        return lines
+
+
+def program() -> str | None:
+    """'python -m minigrpo.<cli>' when this process is one (argparse would name the file: 'grpo.py', '__main__.py')."""
+    path = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    package = Path(__file__).resolve().parent.parent  # minigrpo/
+    if path is None or path.suffix != ".py" or not path.is_relative_to(package):
+        return None
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return "python -m " + ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
 
 
 def flag_groups(cls) -> dict[str, str]:
@@ -86,7 +105,7 @@ def flag_groups(cls) -> dict[str, str]:
 def build_parser(cls, description: str, defaults: dict | None = None) -> argparse.ArgumentParser:
     hints, owner = typing.get_type_hints(cls), flag_groups(cls)
     grouped = len(set(owner.values())) > 1
-    parser = argparse.ArgumentParser(description=description, formatter_class=DefaultsHelpFormatter,
+    parser = argparse.ArgumentParser(prog=program(), description=description, formatter_class=DefaultsHelpFormatter,
                                      usage="%(prog)s [--flag VALUE ...]" if grouped else None)
     groups = {title: parser.add_argument_group(title) if grouped else parser
               for title in dict.fromkeys(owner.values())}
@@ -101,8 +120,10 @@ def build_parser(cls, description: str, defaults: dict | None = None) -> argpars
         else:
             if tp in (int, float) and _accepts_none(hints[f.name]):
                 tp = _none_or(tp)  # `--flag none` sets it back to None (e.g. PPO's --vf-clip none)
-            group.add_argument(flag, type=tp, default=default, help=help_, choices=f.metadata.get("choices"),
-                                metavar=f.metadata.get("metavar"))
+            choices, metavar = f.metadata.get("choices"), f.metadata.get("metavar")
+            if choices and metavar is None and len(",".join(map(str, choices))) > 40:  # {a,b,...} would overrun a line
+                metavar, help_ = f.name.upper(), f"{help_} (one of: {', '.join(map(str, choices))})"
+            group.add_argument(flag, type=tp, default=default, help=help_, choices=choices, metavar=metavar)
     return parser
 
 
