@@ -29,8 +29,7 @@ from toy_tasks import largest_remainder
 from toy_tasks.support import reward_figures
 
 NAME = "arithmetic"
-# Flags that differ from the CLIs' food-tuned defaults (why: docs/experiments.md, the arithmetic world; lr 6e-4 for
-# every trainer: PPO's food default 3e-4 is held down by the other people's drift, and here there are none).
+# Flags that differ from the CLIs' food-tuned defaults (why, and PPO's lr: docs/experiments.md, the arithmetic world).
 PRETRAIN_DEFAULTS = {"steps": 3000, "batch_size": 128, "n_embd": 32, "n_head": 2, "lr": 1e-2, "n_lines": 86880}
 RL_DEFAULTS = {"prompts_per_step": 64, "group_size": 8, "steps": 300, "reward": "correct+format", "lr": 6e-4}
 OFF_SUPPORT_PROBES = ("",)  # a completion with no answer at all (support.py; the off-support value is a bound here)
