@@ -39,14 +39,14 @@ def never(runs: list[dict]) -> int:
 
 def interval_table(results: dict[str, list[dict]]) -> list[str]:
     """One row per algorithm: the run count, then 'IQM [low, high]' of each score."""
-    present = [s for s in SCORES if all(s in scores(runs) for runs in results.values() if runs)]
+    sc = {a: scores(runs) for a, runs in results.items() if runs}
+    present = [s for s in SCORES if all(s in x for x in sc.values())]
     lines = ["| algorithm | runs | " + " | ".join(f"{s}: IQM [95 % CI]" for s in present) + " |",
              "|---" * (2 + len(present)) + "|"]
     for seed, (algo, runs) in enumerate(results.items()):
         if not runs:
             continue
-        sc = scores(runs)
-        cells = [iqm_interval(sc[s], seed).text() + (f", {never(runs)} never" if s == "steps to 0.95" and never(runs)
+        cells = [iqm_interval(sc[algo][s], seed).text() + (f", {never(runs)} never" if s == "steps to 0.95" and never(runs)
                                                       else "") for s in present]
         lines.append(f"| {algo} | {len(runs)} | " + " | ".join(cells) + " |")
     return lines
@@ -54,11 +54,11 @@ def interval_table(results: dict[str, list[dict]]) -> list[str]:
 
 def improvement_table(results: dict[str, list[dict]]) -> list[str]:
     """P(row > column) on the final exact target rate, with its 95 % interval; 0.5 = no difference."""
-    algos = [a for a, runs in results.items() if runs]
+    finals = {a: scores(runs)["final target"] for a, runs in results.items() if runs}
+    algos = list(finals)
     lines = ["| P(row > column) | " + " | ".join(algos) + " |", "|---" * (1 + len(algos)) + "|"]
     for i, a in enumerate(algos):
-        cells = ["-" if a == b else improvement_interval(scores(results[a])["final target"],
-                                                         scores(results[b])["final target"], 97 * i + j).text("{:.2f}")
+        cells = ["-" if a == b else improvement_interval(finals[a], finals[b], 97 * i + j).text("{:.2f}")
                  for j, b in enumerate(algos)]
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     return lines
@@ -69,13 +69,14 @@ def draw_intervals(results: dict[str, list[dict]], path: Path, title: str) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    algos = [a for a, runs in results.items() if runs]
-    present = [s for s in SCORES if all(s in scores(results[a]) for a in algos)]
+    sc = {a: scores(runs) for a, runs in results.items() if runs}
+    algos = list(sc)
+    present = [s for s in SCORES if all(s in x for x in sc.values())]
     fig, axes = plt.subplots(1, len(present) + 1, figsize=(4.2 * (len(present) + 1), 0.8 + 0.35 * len(algos) + 1.5))
     fig.suptitle(f"{title}\nIQM and 95 % bootstrap interval over seeds", fontsize=9)
     for ax, s in zip(axes, present):
         for y, a in enumerate(algos):
-            e = iqm_interval(scores(results[a])[s], y)
+            e = iqm_interval(sc[a][s], y)
             ax.plot([e.low, e.high], [y, y], color=f"C{y % 10}", lw=4, alpha=0.5, solid_capstyle="butt")
             ax.plot([e.value], [y], "o", color=f"C{y % 10}")
         ax.set_yticks(range(len(algos)), algos if ax is axes[0] else [""] * len(algos))
