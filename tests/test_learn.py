@@ -135,11 +135,13 @@ def test_the_checks_hypothesis_settings_skip_only_the_explain_phase_and_limit_sh
 
     from minigrpo.learn import plugin
     monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", engine.MAX_SHRINKING_SECONDS)  # restored after the test
+    default = settings.default  # "default", or "ci" where the CI variable is set (derandomized there)
+    settings.register_profile("before-check", default)
     try:
         plugin.use_check_settings()
-        profile, default = settings.default, settings.get_profile("default")
+        profile = settings.default
     finally:
-        settings.load_profile("default")
+        settings.load_profile("before-check")
     assert list(profile.phases) == [p for p in Phase if p != Phase.explain] and profile.report_multiple_bugs is False
     assert (profile.max_examples, profile.derandomize) == (default.max_examples, default.derandomize)
     assert engine.MAX_SHRINKING_SECONDS == plugin.SHRINK_S
