@@ -4,8 +4,10 @@
     python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
     python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags pass through
 
-The runs go to --jobs worker processes (default: the cores), one thread each, that import torch once and
-run their runs in process (pool.py: the same metrics as separate processes), each writing to
+With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one
+thread each, that import torch once and run their runs in process (pool.py: the same metrics as separate
+processes); with --engine population (the default on a GPU) every run goes at once in this process, their
+models' work batched (minigrpo/population: the same metrics to float rounding). Either way each run writes to
 <out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m
 minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
 fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
@@ -24,9 +26,13 @@ others finish, and the command then exits with code 1. Writes to <out> (default 
                 target rate and exact E[r], exact KL, worst drift and malformed mass at the end and at
                 their peak over every evaluated step; food: the regret to the frontier, the implied β, the
                 KL to the optimum of equal reward and to π*_β of the run's own --beta (DPO's is that
-                sequence-level β exactly; GRPO's per-token β only points near it); exact pass@8
+                sequence-level β exactly; GRPO's per-token β only points near it); exact pass@8; then the
+                interquartile means of the final target rate, the steps to 0.95 and the regret with their 95 %
+                bootstrap intervals, and P(A > B) on the final target rate for every pair (tools/stats.py)
+  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a band)
 and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the medians of the
-steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret.
+steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret; then the IQMs with
+their intervals.
 """
 
 from __future__ import annotations
@@ -38,9 +44,13 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.grpo import PRESETS
+from minigrpo.population.engine import run_population
+from minigrpo.tools.intervals import interval_table
 from minigrpo.tools.sweep_report import curves, short_table, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.stamps import claim_runs, finished_by
@@ -78,7 +88,11 @@ class CompareConfig:
         "output folder (default runs/compare-<reward>, or runs/compare-<task>)"))
     overwrite: bool = field(default=False, metadata=meta(
         "replace the runs in --out that another compare command made (refused otherwise)"))
-    jobs: int = field(default=0, metadata={"help": "runs at a time (0 = the number of cores)"})
+    jobs: int = field(default=0, metadata={"help": "runs at a time with --engine pool (0 = the number of cores)"})
+    engine: str = field(default="auto", metadata=meta(
+        "pool: worker processes, a few runs at a time; population: every run at once, their models' work batched "
+        "(minigrpo/population); auto: population when the runs' device is a GPU, else pool",
+        choices=["auto", "pool", "population"]))
 
 
 def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str) -> list[str]:
@@ -95,6 +109,14 @@ def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], ta
     """One run's whole command line: [python, "-m", its trainer, its flags, "--out", <out>/<algo>-s<seed>]."""
     return [sys.executable, "-m", module_of(algo), *trainer_args(algo, seed, cfg, passthrough, task), "--out",
             str(out / f"{algo}-s{seed}")]
+
+
+def on_gpu(passthrough: list[str]) -> bool:
+    """Whether the runs will use a GPU: --device cuda, or the default --device auto with one present."""
+    device = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    device.add_argument("--device", default="auto")
+    name = device.parse_known_args(passthrough)[0].device
+    return name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -152,7 +174,7 @@ def exact_frontier(passthrough: list[str], reward: str | None):
 def main(argv=None):
     # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps"):
+    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps", "--engine"):
         pre.add_argument(name)
     pre.add_argument("--overwrite", action="store_true", default=None)
     ours, passthrough = pre.parse_known_args(list(argv or []))
@@ -197,7 +219,9 @@ def main(argv=None):
     # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch updates a
     # step), so they go first: the sweep ends on short runs, not on one core idle while the other ends a long one
     todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: t[0] not in PPO_ALGOS)
-    print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run), {jobs} at a time -> {out}",
+    engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(passthrough) else "pool"
+    at_once = "all at once (population)" if engine == "population" else f"{jobs} at a time"
+    print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run), {at_once} -> {out}",
           flush=True)
     errors, finished = {}, {a: {} for a in algos}
 
@@ -210,7 +234,10 @@ def main(argv=None):
             errors.setdefault(algo, []).append((seed, err))
     for kept in (t for t in tasks if t not in todo):
         done(kept, None)
-    run_pool(run_one, todo, max(1, jobs), done)
+    if engine == "population":
+        run_population(todo, done)
+    else:
+        run_pool(run_one, todo, max(1, jobs), done)
     results = {a: [runs[s] for s in sorted(runs)] for a, runs in finished.items()}
     for algo in [a for a in ALGOS if a not in algos]:  # finished runs of the SAME flags stay in the table
         same = [out / f"{algo}-s{s}" for s in range(cfg.seeds)]
@@ -221,11 +248,14 @@ def main(argv=None):
     curve = exact_frontier(passthrough, cfg.reward)
     write_outputs(out, results, errors, title, curve)
     print(f"\n{textwrap.fill(title, 120)}; medians over seeds:\n{short_table(results, regret=curve is not None)}")
+    if any(results.values()):
+        print("\ninterquartile means with their 95 % bootstrap intervals:\n" +
+              "\n".join(interval_table({a: runs for a, runs in results.items() if runs})))
     for algo, errs in errors.items():
         for seed, err in errs:
             print(f"failed: {algo} seed {seed}: {err}")
-    print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'table.md'} (the full table: ranges over "
-          f"seeds, seconds, E[r], KL, ...)")
+    print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'intervals.png'}, {out / 'table.md'} (the "
+          f"full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)")
     if errors:
         raise SystemExit(1)
 

@@ -1,7 +1,7 @@
 """The package's layers, read from the source with `ast` (nothing is imported): every import of ours, at module
 level or inside a function, points to its own layer or one to its left, and no modules import each other in a circle.
 
-    util  lm  objectives  exact  toy_tasks  rl  variants  tools  commands  bench  learn
+    util  lm  objectives  exact  toy_tasks  rl  variants  tools  population  commands  bench  learn
 
 commands are the modules directly in minigrpo/ (pretrain.py, grpo.py, ...); minigrpo/__init__.py is the root and
 imports nothing of ours; nothing outside bench imports bench.
@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("minigrpo", "toy_tasks")
-LAYERS = ["util", "lm", "objectives", "exact", "toy_tasks", "rl", "variants", "tools", "commands", "bench", "learn"]
+LAYERS = ["util", "lm", "objectives", "exact", "toy_tasks", "rl", "variants", "tools", "population", "commands", "bench",
+          "learn"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 

@@ -61,6 +61,10 @@ class Generation:
     def from_dict(cls, d: dict) -> "Generation":
         return cls(*(d[f] for f in GENERATION_FIELDS))
 
+    def clone(self) -> "Generation":
+        """A copy of every tensor (made outside inference_mode: ordinary tensors that autograd may save)."""
+        return Generation.from_dict({k: v.clone() if torch.is_tensor(v) else v for k, v in self.to_dict().items()})
+
     def select(self, rows: torch.Tensor) -> "Generation":
         """The rows `rows` (a 1-D index tensor) of every per-row tensor."""
         return Generation(self.ids[rows], self.key_mask[rows], self.prompt_len, self.completion_mask[rows],
@@ -92,6 +96,17 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
+def draw_next(logits: torch.Tensor, done: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampling step: logits (B, V) of each row's next token, done (B,) bool rows already ended -> the drawn
+    token (B,) (PAD where done) and its log-prob under the sampling distribution (B,) (0 where done). Every row
+    draws, done or not, so a generator's stream depends only on the rows and the steps taken."""
+    logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
+    nxt = exponential_race(logp_all.exp(), generator)  # (B,)
+    lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
+    return nxt.masked_fill(done, PAD_ID), lp.masked_fill(done, 0.0)
+
+
 def prefill(model: GPT, decode: Decoder, prompt_ids: torch.Tensor, pos: torch.Tensor, key_mask: torch.Tensor | None,
             t_max: int) -> tuple[torch.Tensor, KVCache]:
     """Run the (left-padded) prompts (B, P) through the model into a new KV cache of t_max slots: -> the logits
@@ -118,12 +133,15 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
              top_p: float | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True) -> Generation:
     """Sample up to `max_new_tokens` tokens after each (left-padded) prompt row. See module docstring."""
+    batched = getattr(model, "batched_generate", None)  # a population's member: its draw joins one batch
+    if batched is not None:  # (minigrpo/population/member.py)
+        return batched(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator)
     # inference_mode, not no_grad: no version counters or autograd dispatch, 8-9 % faster sampling (one thread,
     # batch 8 and 64); its tensors cannot be saved for backward later, so the results leave as ordinary copies
     with torch.inference_mode():
         gen = _generate(model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator,
                         use_cache)
-    return Generation.from_dict({k: v.clone() if torch.is_tensor(v) else v for k, v in gen.to_dict().items()})
+    return gen.clone()
 
 
 def _generate(model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator,
@@ -158,12 +176,8 @@ def _generate(model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k
         t = P + n  # the slot being filled
         if not use_cache:  # slow path: recompute everything
             logits = model(ids[:, :t], pos=pos_all[:, :t], key_mask=km[:, :t] if padded else None)[:, -1]
-        logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
-        nxt = exponential_race(logp_all.exp(), generator)  # (B,)
-        lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
+        nxt, logprobs[:, n] = draw_next(logits, done, temperature, top_k, top_p, generator)
         completion_mask[:, n] = ~done
-        nxt = nxt.masked_fill(done, PAD_ID)
-        logprobs[:, n] = lp.masked_fill(done, 0.0)
         ids[:, t] = nxt
         done = done | (nxt == EOS_ID)
         if bool(done.all()) or n + 1 == max_new_tokens:

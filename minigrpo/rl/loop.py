@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+from contextvars import ContextVar
 from collections.abc import Callable
 import textwrap
 import time
@@ -49,6 +50,8 @@ from minigrpo.rl.trust_region import StepGuard
 from toy_tasks import get_task
 from toy_tasks.support import reward_table
 
+# set in each member's thread by a population (minigrpo/population): the run's model work then joins one batch
+BATCH: ContextVar = ContextVar("population_batch", default=None)
 # where each generator lives: sampling happens on the run's device, index draws on the CPU
 GENERATORS = {"rollout": "device", "prompts": "cpu", "anchor": "device", "anchor_rows": "cpu", "shuffle": "cpu"}
 
@@ -79,6 +82,8 @@ class Run:
             except CheckpointError as e:
                 hint = " (run `python -m minigrpo.pretrain` first)" if not Path(cfg.init).exists() else ""
                 raise UsageError(f"--init: {e}{hint}") from None
+        if BATCH.get() is not None:  # π_ref and any critic, deep copies of the policy, join with it
+            self.policy = BATCH.get().adopt(self.policy)
         if meta["task"] != cfg.task:
             raise UsageError(f"--init {cfg.init!r} was pretrained on task {meta['task']!r}, not {cfg.task!r}")
         try:
@@ -153,7 +158,7 @@ class Run:
 
     def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward() if BATCH.get() is None else self.policy.backward(loss)  # a member's: with the others'
         norm = float(clip_grad_norm(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")))
         if not math.isfinite(norm):  # a clip of an inf norm zeroes the step: the run would freeze without a word
             raise UsageError(f"the gradient became {norm} at step {self.step + 1}: a loss weight (e.g. --vf-coef, "

@@ -41,7 +41,15 @@ def run_in_process(module: str, argv: list[str]) -> str | None:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run stops on Ctrl-C as a process does
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            importlib.import_module(module).main(argv)
+            return run_main(module, argv, out, err)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_main(module: str, argv: list[str], out: io.StringIO, err: io.StringIO) -> str | None:
+    """`module`'s main(argv), whose output goes to out and err -> None if it succeeded, else its error line."""
+    try:
+        importlib.import_module(module).main(argv)
         return None
     except SystemExit as e:
         if e.code in (None, 0):
@@ -52,19 +60,18 @@ def run_in_process(module: str, argv: list[str]) -> str | None:
         return "interrupted"
     except Exception as e:  # what an uncaught exception's traceback ends with
         return traceback.format_exception_only(e)[-1].strip()
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
-def run_one(task) -> str | None:
+def run_one(task, runner=run_in_process) -> str | None:
     """One run, in a worker of the pool: its folder made afresh (a run of another command, or an unfinished
-    one, is replaced), the command stamped, then run in process; -> its error, or None."""
+    one, is replaced), the command stamped, then run in process (`runner`: a population's in its thread);
+    -> its error, or None."""
     _, _, cmd, folder = task  # cmd is [python, "-m", module, ...]
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     (folder / STAMP).write_text(json.dumps(stamp_of(cmd)))
-    error = run_in_process(cmd[2], cmd[3:])
+    error = runner(cmd[2], cmd[3:])
     release_out(folder)  # the run's lock on its folder: this worker goes on to other runs
     if error is None and not (folder / "summary.json").exists():  # a run counts as done only with its summary
         error = "the run ended without writing its summary.json"

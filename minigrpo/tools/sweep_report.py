@@ -1,5 +1,6 @@
 """What compare writes from a sweep's finished runs: each run's curves read back from its metrics.jsonl, then the
-table (table.md: medians with min–max over seeds) and the figures (curves.png, frontier.png)."""
+table (table.md: medians with min–max over seeds, then the IQMs with their 95 % intervals and P(A > B):
+intervals.py) and the figures (curves.png, frontier.png, intervals.png)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from minigrpo.tools.bars import BARS, first_reaching, med, within_bars
+from minigrpo.tools.intervals import draw_intervals, improvement_table, interval_table
 from minigrpo.util.jsonl import read_jsonl
 
 
@@ -118,6 +120,13 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
         f.tight_layout()
         f.savefig(out / name, dpi=90)
         plt.close(f)
+    ran = {a: runs for a, runs in results.items() if runs}
+    if ran:
+        lines += ["", "Interquartile means over seeds with their 95 % bootstrap intervals (tools/stats.py):", "",
+                  *interval_table(ran), "", "P(row > column) on the final exact target rate, with its 95 % interval "
+                  "(0.5: no difference; an interval without 0.5: a difference the runs support):", "",
+                  *improvement_table(ran)]
+        draw_intervals(ran, out / "intervals.png", title)
     for algo, errs in errors.items():
         for seed, err in errs:
             lines.append(f"\nfailed: {algo} seed {seed}: {err}")

@@ -1,0 +1,1 @@
+"""Populations: many runs trained as one batched computation (compare --engine population)."""

@@ -1,0 +1,67 @@
+"""compare's population engine: every run of a sweep at once, one thread each, their models' work batched.
+
+    run_population(items, done)      # the pool's items (tools/pool.py): (algo, seed, command, folder)
+
+Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
+required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py). What a run prints goes
+to a buffer of its thread, so its error line is reported as the pool reports it. done(item, error) is called in
+the calling thread as each run ends.
+
+Where it pays: on a GPU, whose batch is nearly free up to thousands of rows while one small model's step is
+launch-bound. On a CPU of few cores the arithmetic is the same and the pool is the default (compare --engine).
+Departures: threads share what a process holds once (torch's global generator, Python's `random`): a reward that
+draws from them draws a stream the members share; Ctrl-C stops the sweep where it is (the runs in flight are
+unfinished, and the next compare makes them again).
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import sys
+import threading
+
+from minigrpo.population.member import Batcher
+from minigrpo.rl.loop import BATCH
+from minigrpo.tools.pool import run_main, run_one
+
+
+class _ThreadOutput(io.TextIOBase):
+    """sys.stdout or sys.stderr, written to the calling thread's own buffer where it has one."""
+
+    def __init__(self, real):
+        self.real, self.buffers = real, {}
+
+    def write(self, s: str) -> int:
+        return self.buffers.get(threading.get_ident(), self.real).write(s)
+
+    def flush(self) -> None:
+        self.buffers.get(threading.get_ident(), self.real).flush()
+
+
+def run_population(items: list, done) -> None:
+    """run_one(item) for every item at once (one thread each, one batch), done(item, error) as each ends."""
+    batcher, ended = Batcher(), queue.Queue()
+    out, err = _ThreadOutput(sys.stdout), _ThreadOutput(sys.stderr)
+
+    def member(item) -> None:
+        me = threading.get_ident()
+        out.buffers[me], err.buffers[me] = io.StringIO(), io.StringIO()
+        BATCH.set(batcher)
+        try:
+            error = run_one(item, lambda module, argv: run_main(module, argv, out.buffers[me], err.buffers[me]))
+        except BaseException as e:  # noqa: BLE001 (the run's folder step failed: its error, the sweep goes on)
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            batcher.leave()
+        ended.put((item, error))
+
+    sys.stdout, sys.stderr = out, err
+    try:
+        threads = [threading.Thread(target=member, args=(item,), daemon=True) for item in items]
+        for t in threads:
+            t.start()
+        for _ in items:
+            done(*ended.get())
+    finally:
+        sys.stdout, sys.stderr = out.real, err.real

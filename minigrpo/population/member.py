@@ -1,0 +1,148 @@
+"""The members of a population run in lockstep: each is an ordinary run (rl/loop.py, its own thread), whose
+models' forward passes, samplings and backward passes wait for the other members' and go as one batch.
+
+    batcher = Batcher()
+    # in each member's thread: BATCH.set(batcher), then the run as usual; rl.Run adopts its policy:
+    policy = batcher.adopt(policy)       # a MemberGPT: the same GPT, its work joins the batch
+
+Every request (`hidden`, `generate`, `backward`) waits until each live member has one waiting; the last to
+arrive serves them all: the requests of one kind and grad mode as one computation (stacked.Stack,
+sampling.generate_all, one torch.autograd.backward over the members' losses), the rest in later rounds. What
+is not a model's work (rewards, advantages, losses, statistics, stop rules, files) stays in each member's own
+run, so a member computes what its single run computes, to float rounding, at any P (tests/test_population.py).
+
+Each member keeps its own GPT (parameters, optimiser, checkpoints): Stack stacks the weights for each batch,
+and the gradient of a member's loss reaches only its own parameters. A member whose run fails (a NaN, a
+reward that raises) leaves the batch; the others go on. Departure from a fully vectorised population (PureJaxRL):
+the per-member work between two batches is Python, run member after member; it is what a single run does.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import torch
+
+from minigrpo.lm.model import GPT, causal_mask
+from minigrpo.population.sampling import Request, generate_all
+from minigrpo.population.stacked import Stack
+
+
+class Batcher:
+    """The barrier the members' model work waits at, and the one who serves it (see the module docstring)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.members: set[int] = set()  # the threads of the live members
+        self.pending: list[dict] = []  # one request per waiting member
+
+    def adopt(self, model: GPT) -> GPT:
+        """Make `model` (and every deep copy of it: π_ref, critics) a member's: its work joins the batch."""
+        with self.cond:
+            self.members.add(threading.get_ident())
+        model.__class__, model.batcher = MemberGPT, self
+        return model
+
+    def leave(self) -> None:
+        """The calling member's run ended: the batch no longer waits for it."""
+        with self.cond:
+            self.members.discard(threading.get_ident())
+            if self.pending and len(self.pending) >= len(self.members):
+                self._serve()
+
+    def submit(self, kind: str, model, *args):
+        """Wait for every live member's request, serve them (the last to arrive does), -> this one's result."""
+        req = {"kind": kind, "model": model, "args": args, "grad": torch.is_grad_enabled(), "done": False}
+        with self.cond:
+            self.pending.append(req)
+            if len(self.pending) >= len(self.members):
+                self._serve()
+            while not req["done"]:
+                self.cond.wait()
+        if isinstance(req.get("error"), BaseException):
+            raise req["error"]
+        return req["result"]
+
+    def _serve(self) -> None:
+        batch, self.pending = self.pending, []
+        groups: dict[tuple, list[dict]] = {}
+        for req in batch:
+            groups.setdefault((req["kind"], req["grad"]), []).append(req)
+        for (kind, grad), reqs in groups.items():
+            try:
+                with torch.set_grad_enabled(grad):
+                    results = SERVE[kind](reqs)
+                for req, result in zip(reqs, results):
+                    req["error" if isinstance(result, BaseException) else "result"] = result
+            except Exception as e:  # a failure of the whole group reaches each of its members
+                for req in reqs:
+                    req["error"] = e
+        for req in batch:
+            req["done"] = True
+        self.cond.notify_all()
+
+
+def _hidden(reqs: list[dict]) -> list[torch.Tensor]:
+    """GPT.hidden(idx, pos, key_mask, attn_mask) of each request (no cache) -> (B, T, C) each, as one Stack."""
+    shapes = [r["args"][0].shape for r in reqs]
+    B, T = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    device = reqs[0]["args"][0].device
+    idx = torch.zeros((len(reqs), B, T), dtype=torch.long, device=device)
+    pos = torch.zeros_like(idx)
+    mask = torch.eye(T, dtype=torch.bool, device=device).repeat(len(reqs), B, 1, 1, 1)  # padding sees itself
+    for p, r in enumerate(reqs):
+        x, ps, key_mask, attn_mask = r["args"]
+        b, t = x.shape
+        idx[p, :b, :t] = x
+        pos[p, :b, :t] = torch.arange(t, device=device) if ps is None else ps
+        if attn_mask is None:
+            attn_mask = causal_mask(0, t, key_mask, device)
+            attn_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril() if attn_mask is None else attn_mask
+        mask[p, :b, :, :t, :t] = attn_mask.expand(b, 1, t, t) if attn_mask.dim() == 4 else attn_mask
+    h = Stack([r["model"] for r in reqs]).hidden(idx, pos, mask.view(len(reqs) * B, 1, T, T))
+    return [h[p, : s[0], : s[1]] for p, s in enumerate(shapes)]
+
+
+def _generate(reqs: list[dict]) -> list:
+    return generate_all([r["model"] for r in reqs], [Request(*r["args"]) for r in reqs])
+
+
+def _backward(reqs: list[dict]) -> list[None]:
+    # the losses may share one batched graph: keep it for members whose backward comes in a later round
+    torch.autograd.backward([r["args"][0] for r in reqs], retain_graph=True)
+    return [None] * len(reqs)
+
+
+SERVE = {"hidden": _hidden, "generate": _generate, "backward": _backward}
+
+
+class MemberGPT(GPT):
+    """A member's GPT: the same module (parameters, state_dict, checkpoints), whose forward passes without a
+    KV cache, samplings and backward passes go through its batcher."""
+    batcher: Batcher
+
+    def hidden(self, idx, pos=None, key_mask=None, cache=None, attn_mask=None):
+        if cache is not None:  # the cached forward of the slow sampler: alone
+            return super().hidden(idx, pos, key_mask, cache, attn_mask)
+        if attn_mask is not None and pos is None:
+            raise ValueError("attn_mask needs pos: the position id of each token (a tree's depths)")
+        if attn_mask is not None and key_mask is not None:
+            raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
+        self.cfg.check_length(idx.size(1) if attn_mask is None else int(pos.max()) + 1)
+        return self.batcher.submit("hidden", self, idx, pos, key_mask, attn_mask)
+
+    def batched_generate(self, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator):
+        """lm/sampling.generate of this member, drawn in one batch with the others'."""
+        return self.batcher.submit("generate", self, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k,
+                                   top_p, generator)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """loss.backward(), in one pass with the other members' losses."""
+        self.batcher.submit("backward", self, loss)
+
+    def __deepcopy__(self, memo):  # a copy (π_ref, a critic's trunk) is a member too, of the same batcher
+        memo[id(self.batcher)] = self.batcher
+        new = object.__new__(type(self))
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new

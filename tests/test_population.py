@@ -1,0 +1,174 @@
+"""minigrpo/population: the stacked forward and the batched sampler against each member's own GPT (their
+oracles), and a population's runs against the same runs made one by one."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
+from minigrpo.lm.prefix_tree import next_token_tree
+from minigrpo.lm.sampling import generate
+from minigrpo.population.engine import run_population
+from minigrpo.population.member import _hidden
+from minigrpo.population.sampling import Request, generate_all
+from minigrpo.population.stacked import Stack
+from minigrpo.tools.pool import run_one
+from minigrpo.util.jsonl import read_jsonl
+
+CFG = GPTConfig(vocab_size=20, block_size=24, n_layer=2, n_head=2, n_embd=16)
+UNTIMED = lambda row: {k: v for k, v in row.items() if k not in ("step_time", "tokens_per_s")}  # noqa: E731
+
+
+def members(n=3, seed=0):
+    torch.manual_seed(seed)
+    return [GPT(CFG) for _ in range(n)]
+
+
+def test_the_stacked_forward_is_each_members_own_and_its_gradient_reaches_only_that_member():
+    models = members()
+    torch.manual_seed(1)
+    idx = torch.randint(3, 20, (3, 4, 7))
+    key_mask = torch.ones(12, 7, dtype=torch.bool)
+    key_mask[0, :2] = key_mask[5, :4] = False  # left padding in two members' rows
+    pos = positions(key_mask).view(3, 4, 7)
+    h = Stack(models).hidden(idx, pos, causal_mask(0, 7, key_mask))
+    for p, m in enumerate(models):
+        alone = m.hidden(idx[p], pos[p], key_mask.view(3, 4, 7)[p])
+        real = key_mask.view(3, 4, 7)[p]  # a padding slot's state is meaningless (callers mask it)
+        assert torch.allclose(h[p][real], alone[real], atol=1e-5), p
+    Stack(models).head(h)[1].square().mean().backward()
+    assert all(p.grad is None or not p.grad.any() for m in (models[0], models[2]) for p in m.parameters())
+    assert sum(p.grad.abs().sum() for p in models[1].parameters()) > 0
+
+
+def test_the_batchers_forward_pads_requests_of_every_shape_and_mask_and_gives_each_its_own():
+    """Three members' GPT.hidden calls of other shapes, one plain, one left-padded, one a prefix tree, as one batch."""
+    models = members()
+    plain = torch.randint(3, 20, (2, 5))
+    padded, key_mask = torch.randint(3, 20, (4, 7)), torch.ones(4, 7, dtype=torch.bool)
+    key_mask[1, :3] = False
+    ids = torch.randint(3, 20, (3, 6))
+    ids[1] = ids[0]  # shared prefixes: the tree holds them once
+    tree = next_token_tree(ids, None)
+    calls = [(plain, None, None, None), (padded, None, key_mask, None), (tree.tokens, tree.pos, None, tree.mask)]
+    got = _hidden([{"model": m, "args": a} for m, a in zip(models, calls)])
+    for m, (x, pos, km, am), h in zip(models, calls, got):
+        want = m.hidden(x, pos, km, attn_mask=am)
+        real = km if km is not None else torch.ones(x.shape, dtype=torch.bool)
+        assert h.shape == want.shape and torch.allclose(h[real], want[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("settings", [[(1.0, None, None)] * 3, [(0.7, 5, None), (1.0, None, 0.9), (1.3, None, None)]])
+def test_batched_sampling_draws_what_each_member_draws_alone(settings):
+    models = members()
+    requests, alone, drawn_alone = [], [], []
+    for p, (B, width) in enumerate([(4, 3), (2, 5), (3, 1)]):  # other rows, other prompt widths
+        ids = torch.randint(3, 20, (B, width))
+        mask = torch.ones(B, width, dtype=torch.bool)
+        if width > 2:
+            mask[0, :2], ids[0, :2] = False, 0
+        t, k, top_p = settings[p]
+        requests.append(Request(ids, mask, 8, t, k, top_p, torch.Generator().manual_seed(p)))
+        drawn_alone.append(torch.Generator().manual_seed(p))
+        alone.append(generate(models[p], ids, mask, 8, t, k, top_p, drawn_alone[-1]))
+    for p, (got, want) in enumerate(zip(generate_all(models, requests), alone)):
+        for f in ("ids", "key_mask", "completion_mask", "finished"):
+            assert torch.equal(getattr(got, f), getattr(want, f)), (p, f)
+        assert got.prompt_len == want.prompt_len and torch.allclose(got.logprobs, want.logprobs, atol=1e-5)
+        # its generator drew exactly as often as alone (a member that ended early drew no more)
+        assert torch.equal(requests[p].generator.get_state(), drawn_alone[p].get_state()), p
+
+
+def test_a_member_that_cannot_sample_gets_its_error_and_the_others_sample_as_alone():
+    models = members()
+    with torch.no_grad():
+        models[1].wte.weight.fill_(float("nan"))
+    ids = torch.randint(3, 20, (2, 3))
+    requests = [Request(ids, None, 6, t, None, None, torch.Generator().manual_seed(0)) for t in (1.0, 1.0, 0.0)]
+    got = generate_all(models, requests)
+    assert isinstance(got[1], ValueError) and "non-finite" in str(got[1])
+    assert isinstance(got[2], ValueError) and "temperature" in str(got[2])
+    assert torch.equal(got[0].ids, generate(models[0], ids, None, 6, generator=torch.Generator().manual_seed(0)).ids)
+
+
+def _run(init, folder, seed, module="minigrpo.grpo", extra=()):
+    """A pool item (tools/pool.py) for a 3-step run; `extra` flags come last (a later --reward wins)."""
+    cmd = [sys.executable, "-m", module, "--reward", "pizza", "--seed", str(seed), "--threads", "1", "--quiet",
+           "--no-plot", "--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2",
+           "--init", str(init), *extra, "--out", str(folder)]
+    return (module, seed, cmd, folder)
+
+
+def close(a: dict, b: dict, tol: float = 1e-4) -> list[str]:
+    """The keys whose values differ by more than tol·max(1, |b|) (None and strings: exactly)."""
+    return [k for k in b if not (a[k] == b[k] or (isinstance(b[k], float) and a[k] is not None
+                                                      and abs(a[k] - b[k]) <= tol * max(1.0, abs(b[k]))))]
+
+
+def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(tmp_path, tiny_pretrained):
+    """GRPO seeds 0 and 1, PPO seed 0 and a GRPO run whose lr makes its loss non-finite, as one population: each
+    writes the files of its single run, whose metrics it matches to 1e-4 over its first two steps; the failing one
+    reports its own one-line error."""
+    init, _, _ = tiny_pretrained
+    bad = tmp_path / "bad.py"  # pizza, counting its calls; past limit.txt's count (if any) it raises
+    bad.write_text("from pathlib import Path\nHERE, calls = Path(__file__).parent, 0\n"
+                   "def reward(prompt, completion):\n    global calls\n    calls += 1\n"
+                   "    (HERE / 'count.txt').write_text(str(calls))\n"
+                   "    if (HERE / 'limit.txt').exists() and calls > int((HERE / 'limit.txt').read_text()):\n"
+                   "        raise RuntimeError('the reward broke')\n"
+                   "    return float('pizza' in completion)\n")
+    assert run_one(_run(init, tmp_path / "one-step", 2, "minigrpo.grpo", ("--reward", f"{bad}:reward",
+                                                                          "--steps", "1"))) is None
+    (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())  # it breaks in its second step
+    runs = [("grpo", 0, "minigrpo.grpo", ()), ("grpo", 1, "minigrpo.grpo", ()), ("ppo", 0, "minigrpo.ppo", ()),
+            ("broken", 2, "minigrpo.grpo", ("--reward", f"{bad}:reward"))]
+    items = [_run(init, tmp_path / f"pop-{name}-s{seed}", seed, module, extra) for name, seed, module, extra in runs]
+    errors = {}
+    run_population(items, lambda item, error: errors.__setitem__(item[3].name, error))
+    assert "the reward broke" in errors["pop-broken-s2"] and "stopped at step 1" in errors.pop("pop-broken-s2")
+    assert errors == {"pop-grpo-s0": None, "pop-grpo-s1": None, "pop-ppo-s0": None}
+    for name, seed, module, extra in runs[:3]:
+        pop, alone = tmp_path / f"pop-{name}-s{seed}", tmp_path / f"alone-{name}-s{seed}"
+        assert run_one(_run(init, alone, seed, module, extra)) is None
+        files = {"config.json", "metrics.jsonl", "summary.json", "samples.txt", "model.pt"}
+        assert files <= {f.name for f in pop.iterdir()}
+        rows, want = read_jsonl(pop / "metrics.jsonl"), read_jsonl(alone / "metrics.jsonl")
+        assert len(rows) == len(want) == 4
+        for got, ref in zip(rows[:3], want[:3]):  # steps 0, 1, 2
+            assert close(UNTIMED(got), UNTIMED(ref)) == [], (name, seed, got["step"])
+        assert json.loads((pop / "config.json").read_text())["out"].endswith(pop.name)
+
+
+def test_compare_runs_a_population_and_reports_intervals(tmp_path, tiny_pretrained, capsys):
+    from minigrpo.compare import main, on_gpu
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "cmp"
+    main(["--algos", "default,ppo", "--seeds", "2", "--engine", "population", "--out", str(out), "--init", str(init),
+          "--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2"])
+    printed = capsys.readouterr().out
+    assert "all at once (population)" in printed and "interquartile means with their 95 % bootstrap" in printed
+    assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
+    table = (out / "table.md").read_text()
+    assert "P(row > column)" in table and "| default | 2 |" in table and (out / "intervals.png").stat().st_size > 0
+    assert on_gpu(["--device", "cuda"]) and not on_gpu([]) and not on_gpu(["--device", "cpu"])  # tests see no GPU
+
+
+@pytest.mark.slow
+def test_whole_runs_of_a_population_agree_with_the_pools_within_the_seed_spread(tmp_path, tiny_pretrained):
+    """Five seeds of the default GRPO for 30 steps by each engine: the medians of the final exact target rate and
+    of the worst drift agree within the spread (min to max) of the other engine's seeds."""
+    from minigrpo.compare import main
+    init, _, _ = tiny_pretrained
+    finals = {}
+    for engine in ("pool", "population"):
+        out = tmp_path / engine
+        main(["--algos", "default", "--seeds", "5", "--engine", engine, "--jobs", "2", "--out", str(out),
+              "--init", str(init), "--steps", "30"])
+        finals[engine] = [json.loads((out / f"default-s{s}" / "summary.json").read_text()) for s in range(5)]
+    for key in ("target_rate", "worst_drift"):
+        for a, b in (("pool", "population"), ("population", "pool")):
+            values = sorted(f[key] for f in finals[b])
+            median = sorted(f[key] for f in finals[a])[2]
+            assert values[0] - 1e-6 <= median <= values[-1] + 1e-6, (key, a, median, values)
