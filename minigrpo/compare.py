@@ -53,6 +53,7 @@ from minigrpo.population.engine import run_population
 from minigrpo.tools.intervals import interval_table
 from minigrpo.tools.sweep_report import curves, short_table, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
+from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.rl.config import default_out
 
@@ -208,37 +209,55 @@ def main(argv=None):
         passthrough = [*passthrough, "--init", init]
     default = default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare") if cfg.reward else \
         f"runs/compare-{task}"
-    out = prepare_out(cfg.out if cfg.out is not None else default)
+    out = Path(cfg.out if cfg.out is not None else default)
     jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
         algo, _, seed = folder_name.rpartition("-s")
         return command(algo, int(seed), cfg, passthrough, task, out) if algo in ALGOS and seed.isdigit() else None
-    claim_runs(out, command_of, cfg.overwrite)
+    shard = join()  # under torchrun: this process's share of the runs (tools/shards.py)
+    refused = None
+    if shard.rank == 0:  # one process claims the folder; the others learn whether it was refused
+        try:
+            claim_runs(prepare_out(out), command_of, cfg.overwrite)
+        except UsageError as e:
+            refused = str(e)
+    refused = shard.share(refused)
+    if refused:
+        raise UsageError(refused)
     tasks = [(a, s, command(a, s, cfg, passthrough, task, out), out / f"{a}-s{s}") for a in algos
              for s in range(cfg.seeds)]
     # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch updates a
     # step), so they go first: the sweep ends on short runs, not on one core idle while the other ends a long one
     todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: t[0] not in PPO_ALGOS)
+    shard.barrier()  # every rank has read the same finished runs before any starts one
     engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(passthrough) else "pool"
     at_once = "all at once (population)" if engine == "population" else f"{jobs} at a time"
-    print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run), {at_once} -> {out}",
-          flush=True)
-    errors, finished = {}, {a: {} for a in algos}
+    ranks = f" over {shard.size} processes" if shard.size > 1 else ""
+    if shard.rank == 0:
+        print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> {out}",
+              flush=True)
+    mine = {}  # (algo, seed) -> error of this rank's failed runs
 
     def done(run, err):
-        algo, seed, _, folder = run
-        print(f"  {algo} seed {seed}: {'ok' if err is None else 'FAILED: ' + err}", flush=True)
-        if err is None:
-            finished[algo][seed] = curves(folder)
-        else:
-            errors.setdefault(algo, []).append((seed, err))
-    for kept in (t for t in tasks if t not in todo):
-        done(kept, None)
+        print(f"  {run[0]} seed {run[1]}: {'ok' if err is None else 'FAILED: ' + err}", flush=True)
+        if err is not None:
+            mine[run[:2]] = err
+    if shard.rank == 0:
+        for kept in (t for t in tasks if t not in todo):
+            done(kept, None)
     if engine == "population":
-        run_population(todo, done)
+        run_population(shard.mine(todo), done)
     else:
-        run_pool(run_one, todo, max(1, jobs), done)
-    results = {a: [runs[s] for s in sorted(runs)] for a, runs in finished.items()}
+        run_pool(run_one, shard.mine(todo), max(1, jobs), done)
+    everyone = shard.gather(mine)
+    shard.leave()
+    if everyone is None:  # not rank 0: rank 0 writes the table
+        return
+    failed = {k: v for errs in everyone for k, v in errs.items()}
+    errors = {}
+    for (algo, seed), err in sorted(failed.items()):
+        errors.setdefault(algo, []).append((seed, err))
+    results = {a: [curves(out / f"{a}-s{s}") for s in range(cfg.seeds) if (a, s) not in failed] for a in algos}
     for algo in [a for a in ALGOS if a not in algos]:  # finished runs of the SAME flags stay in the table
         same = [out / f"{algo}-s{s}" for s in range(cfg.seeds)]
         if all(finished_by(f, command(algo, s, cfg, passthrough, task, out)) for s, f in enumerate(same)):

@@ -1,0 +1,42 @@
+"""tools/shards.py: compare under torchrun, two ranks over gloo on the CPU, against the same sweep in one process."""
+
+import os
+import subprocess
+import sys
+
+from minigrpo.compare import main
+from minigrpo.tools.shards import Shard, join
+from minigrpo.util.jsonl import read_jsonl
+from test_population import UNTIMED, close
+
+SWEEP = ["--engine", "population", "--algos", "default,ppo", "--seeds", "2", "--steps", "3", "--group-size", "4",
+         "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
+
+
+def test_one_process_is_a_shard_of_the_whole_sweep(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    shard = join()
+    assert shard == Shard(0, 1) and shard.mine([1, 2, 3]) == [1, 2, 3] and shard.gather("x") == ["x"]
+    assert Shard(1, 3).mine(list(range(8))) == [1, 4, 7] and shard.share(5) == 5
+
+
+def test_two_torchrun_ranks_write_what_one_process_writes(tmp_path, tiny_pretrained, capsys):
+    init, _, _ = tiny_pretrained
+    one, two = tmp_path / "one", tmp_path / "two"
+    main([*SWEEP, "--out", str(one), "--init", str(init)])
+    capsys.readouterr()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "minigrpo.compare", *SWEEP, "--out", str(two), "--init", str(init)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "4 to run over 2 processes" in done.stdout and done.stdout.count("interquartile means") == 1, done.stdout
+    runs = sorted(p.name for p in one.iterdir() if p.is_dir())
+    assert runs == sorted(p.name for p in two.iterdir() if p.is_dir()) and len(runs) == 4
+    for run in runs:
+        rows, want = read_jsonl(two / run / "metrics.jsonl"), read_jsonl(one / run / "metrics.jsonl")
+        assert len(rows) == len(want) == 4 and (two / run / "summary.json").exists()
+        for got, ref in zip(rows[:3], want[:3]):  # batched with other members: equal to float rounding
+            assert close(UNTIMED(got), UNTIMED(ref)) == [], (run, got["step"])
+    table = (two / "table.md").read_text()
+    assert "| default | 2 |" in table and "| ppo | 2 |" in table and (two / "intervals.png").exists()
