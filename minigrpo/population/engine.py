@@ -48,6 +48,7 @@ def run_population(items: list, done) -> None:
         me = threading.get_ident()
         out.buffers[me], err.buffers[me] = io.StringIO(), io.StringIO()
         BATCH.set(batcher)
+        batcher.enter()  # every member from the start: the first batches wait for the slowest to set up
         try:
             error = run_one(item, lambda module, argv: run_main(module, argv, out.buffers[me], err.buffers[me]))
         except BaseException as e:  # noqa: BLE001 (the run's folder step failed: its error, the sweep goes on)

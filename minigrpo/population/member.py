@@ -34,20 +34,24 @@ class Batcher:
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.members: set[int] = set()  # the threads of the live members
+        self.members: dict[int, int] = {}  # the threads of the live members -> how many requests each has made
         self.pending: list[dict] = []  # one request per waiting member
+
+    def enter(self) -> None:
+        """The calling thread is a member: from now on every batch waits for it (until it leaves)."""
+        with self.cond:
+            self.members.setdefault(threading.get_ident(), 0)
 
     def adopt(self, model: GPT) -> GPT:
         """Make `model` (and every deep copy of it: π_ref, critics) a member's: its work joins the batch."""
-        with self.cond:
-            self.members.add(threading.get_ident())
+        self.enter()
         model.__class__, model.batcher = MemberGPT, self
         return model
 
     def leave(self) -> None:
         """The calling member's run ended: the batch no longer waits for it."""
         with self.cond:
-            self.members.discard(threading.get_ident())
+            self.members.pop(threading.get_ident(), None)
             if self.pending and len(self.pending) >= len(self.members):
                 self._serve()
 
@@ -55,6 +59,8 @@ class Batcher:
         """Wait for every live member's request, serve them (the last to arrive does), -> this one's result."""
         req = {"kind": kind, "model": model, "args": args, "grad": torch.is_grad_enabled(), "done": False}
         with self.cond:
+            me = threading.get_ident()
+            req["order"] = self.members[me] = self.members[me] + 1
             self.pending.append(req)
             if len(self.pending) >= len(self.members):
                 self._serve()
@@ -65,20 +71,25 @@ class Batcher:
         return req["result"]
 
     def _serve(self) -> None:
-        batch, self.pending = self.pending, []
+        """Serve one group of the waiting requests: those of one kind and grad mode as one computation. Forward
+        passes go first, so that members whose paths differ for a while (a trust region halving its step, another
+        algorithm) gather again at the next sampling or backward; among those, the group of the member furthest
+        behind (fewest requests made)."""
         groups: dict[tuple, list[dict]] = {}
-        for req in batch:
+        for req in self.pending:
             groups.setdefault((req["kind"], req["grad"]), []).append(req)
-        for (kind, grad), reqs in groups.items():
-            try:
-                with torch.set_grad_enabled(grad):
-                    results = SERVE[kind](reqs)
-                for req, result in zip(reqs, results):
-                    req["error" if isinstance(result, BaseException) else "result"] = result
-            except Exception as e:  # a failure of the whole group reaches each of its members
-                for req in reqs:
-                    req["error"] = e
-        for req in batch:
+        (kind, grad), reqs = min(groups.items(), key=lambda g: (g[0][0] != "hidden", min(r["order"] for r in g[1]),
+                                                                -len(g[1])))
+        self.pending = [r for r in self.pending if all(r is not q for q in reqs)]
+        try:
+            with torch.set_grad_enabled(grad):
+                results = SERVE[kind](reqs)
+            for req, result in zip(reqs, results):
+                req["error" if isinstance(result, BaseException) else "result"] = result
+        except Exception as e:  # a failure of the whole group reaches each of its members
+            for req in reqs:
+                req["error"] = e
+        for req in reqs:
             req["done"] = True
         self.cond.notify_all()
 
