@@ -23,7 +23,7 @@ from pathlib import Path
 PERFORMANCE, RESULTS = "performance.md", "results.md"
 TITLES = {PERFORMANCE: "Performance", RESULTS: "Measured results"}
 # blocks whose page is performance.md; every other block (the quality sections) goes to results.md
-SPEED_BLOCKS = {"sampling", "threads", "scale", "prefix", "step", "grpo-step-time"}
+SPEED_BLOCKS = {"sampling", "threads", "scale", "prefix", "step", "grpo-step-time", "population"}
 HEADER = "> **Written by `python -m minigrpo.bench`**"  # how a page's header line starts (and is found again)
 
 

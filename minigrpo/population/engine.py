@@ -16,6 +16,7 @@ unfinished, and the next compare makes them again).
 
 from __future__ import annotations
 
+import ctypes
 import io
 import queue
 import sys
@@ -24,6 +25,16 @@ import threading
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
 from minigrpo.tools.pool import run_main, run_one
+
+
+def _one_malloc_arena() -> None:
+    """glibc gives each new thread a malloc arena of its own, which a population's threads fill and fragment: one
+    arena for all halves the process's resident memory (9 default members on the CPU: 1.09 GB -> 0.61 GB, same
+    time). M_ARENA_MAX is mallopt's -8; elsewhere than glibc nothing happens."""
+    try:
+        ctypes.CDLL(None).mallopt(-8, 1)
+    except (OSError, AttributeError):
+        pass
 
 
 class _ThreadOutput(io.TextIOBase):
@@ -39,9 +50,10 @@ class _ThreadOutput(io.TextIOBase):
         self.buffers.get(threading.get_ident(), self.real).flush()
 
 
-def run_population(items: list, done) -> None:
-    """run_one(item) for every item at once (one thread each, one batch), done(item, error) as each ends."""
-    batcher, ended = Batcher(), queue.Queue()
+def run_population(items: list, done, batcher: Batcher | None = None) -> None:
+    """run_one(item) for every item at once (one thread each, one batch), done(item, error) as each ends.
+    `batcher`: one of the caller's (bench reads the time it spent serving), else a new one."""
+    batcher, ended = batcher or Batcher(), queue.Queue()
     out, err = _ThreadOutput(sys.stdout), _ThreadOutput(sys.stderr)
 
     def member(item) -> None:
@@ -57,6 +69,7 @@ def run_population(items: list, done) -> None:
             batcher.leave()
         ended.put((item, error))
 
+    _one_malloc_arena()
     sys.stdout, sys.stderr = out, err
     try:
         threads = [threading.Thread(target=member, args=(item,), daemon=True) for item in items]

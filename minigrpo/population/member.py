@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 
 import torch
 
@@ -36,6 +37,8 @@ class Batcher:
         self.cond = threading.Condition()
         self.members: dict[int, int] = {}  # the threads of the live members -> how many requests each has made
         self.pending: list[dict] = []  # one request per waiting member
+        self.spent: dict[tuple, list[float]] = {}  # (kind, grad) -> [seconds serving, requests served] (bench)
+        self.sync = False  # True: wait for the GPU after each batch, so `spent` holds its time (bench)
 
     def enter(self) -> None:
         """The calling thread is a member: from now on every batch waits for it (until it leaves)."""
@@ -81,14 +84,19 @@ class Batcher:
         (kind, grad), reqs = min(groups.items(), key=lambda g: (g[0][0] != "hidden", min(r["order"] for r in g[1]),
                                                                 -len(g[1])))
         self.pending = [r for r in self.pending if all(r is not q for q in reqs)]
+        start = time.perf_counter()
         try:
             with torch.set_grad_enabled(grad):
                 results = SERVE[kind](reqs)
+            if self.sync and torch.cuda.is_available():
+                torch.cuda.synchronize()
             for req, result in zip(reqs, results):
                 req["error" if isinstance(result, BaseException) else "result"] = result
         except Exception as e:  # a failure of the whole group reaches each of its members
             for req in reqs:
                 req["error"] = e
+        spent = self.spent.setdefault((kind, grad), [0.0, 0])
+        spent[0], spent[1] = spent[0] + time.perf_counter() - start, spent[1] + len(reqs)
         for req in reqs:
             req["done"] = True
         self.cond.notify_all()

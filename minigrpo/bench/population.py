@@ -1,0 +1,71 @@
+"""bench's population section: P default GRPO runs as one population (minigrpo/population) against P, on the
+run's device: run-steps per second, memory per member, and where the time goes.
+
+    python -m minigrpo.bench --only population                 # CPU: P = 1, 4, 16
+    python -m minigrpo.bench --only population --device cuda   # GPU: P = 1, 16, 64, 256, 1024
+
+Each population runs `python -m minigrpo.grpo --reward pizza` with seeds 0..P−1 for a fixed number of steps (the
+stop rule off), from the bench's pretrained model. The time is split as the batcher served it (it waits for the
+GPU after each batch here): sampling, the update (forward with gradient, backward), the evaluation and π_ref
+(forward without), and the members' own work between batches (rewards, losses, statistics, files: Python,
+member after member). The pool's figure beside it: the same run alone, one process.
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from minigrpo.bench.common import table
+from minigrpo.population.engine import run_population
+from minigrpo.population.member import Batcher
+from minigrpo.tools.pool import run_one
+
+
+def _items(out: Path, init: Path, device: str, seeds: range, steps: int) -> list:
+    items = []
+    for seed in seeds:
+        folder = out / f"s{seed}"
+        cmd = [sys.executable, "-m", "minigrpo.grpo", "--reward", "pizza", "--seed", str(seed), "--steps", str(steps),
+               "--goal", "0", "--plateau", "0", "--device", device, "--threads", "1", "--quiet", "--no-plot",
+               "--init", str(init), "--out", str(folder)]
+        items.append(("default", seed, cmd, folder))
+    return items
+
+
+def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None = None, steps: int = 10) -> str:
+    gpu = device.startswith("cuda")
+    sizes = sizes or ([1, 16, 64, 256, 1024] if gpu else [1, 4, 16])
+    alone_dir = out / "population" / "alone"
+    shutil.rmtree(alone_dir, ignore_errors=True)
+    start = time.perf_counter()
+    error = run_one(_items(alone_dir, init, device, range(1), steps)[0])
+    alone = steps / (time.perf_counter() - start)
+    rows = [["1 (alone, as the pool runs it)", f"{alone:.1f}", "", "", "", "", "", "", "ok" if error is None else error]]
+    for P in sizes:
+        folder = out / "population" / f"P{P}"
+        shutil.rmtree(folder, ignore_errors=True)
+        batcher, failed = Batcher(), []
+        batcher.sync = True
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        run_population(_items(folder, init, device, range(P), steps), lambda item, err: failed.append(err) if err
+                       else None, batcher)
+        wall = time.perf_counter() - start
+        spent = {k: v[0] for k, v in batcher.spent.items()}
+        share = lambda *keys: f"{100 * sum(spent.get(k, 0.0) for k in keys) / wall:.0f} %"  # noqa: E731
+        memory = (torch.cuda.max_memory_allocated() / P / 2**20 if gpu else
+                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / P)
+        rows.append([str(P), f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", f"{memory:.0f}",
+                     share(("generate", False)), share(("hidden", True), ("backward", True)), share(("hidden", False)),
+                     f"{100 * (1 - sum(spent.values()) / wall):.0f} %", "ok" if not failed else failed[0]])
+    memory_title = "GPU MiB per member (peak)" if gpu else "process peak RSS / P, MiB"
+    return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) as one population on {device}",
+                 ["P", "run-steps/s", "ms per run-step", memory_title, "sampling", "update",
+                  "evaluation and π_ref", "members' own", "runs"], rows)
