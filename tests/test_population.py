@@ -172,3 +172,26 @@ def test_whole_runs_of_a_population_agree_with_the_pools_within_the_seed_spread(
             values = sorted(f[key] for f in finals[b])
             median = sorted(f[key] for f in finals[a])[2]
             assert values[0] - 1e-6 <= median <= values[-1] + 1e-6, (key, a, median, values)
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_member_at_the_end_of_its_step_with_its_checkpoint(tmp_path, tiny_pretrained):
+    import signal
+    import subprocess
+    import time
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "cmp"
+    p = subprocess.Popen([sys.executable, "-m", "minigrpo.compare", "--engine", "population", "--algos", "default,ppo",
+                          "--seeds", "2", "--steps", "100000", "--out", str(out), "--init", str(init), "--group-size",
+                          "4", "--prompts-per-step", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not all((out / f"{a}-s{s}" / "metrics.jsonl").exists() and
+                                             len((out / f"{a}-s{s}" / "metrics.jsonl").read_text().splitlines()) > 2
+                                             for a in ("default", "ppo") for s in (0, 1)):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    printed, _ = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in printed, printed
+    for run in ("default-s0", "default-s1", "ppo-s0", "ppo-s1"):
+        assert f"checkpoint at step" in printed and (out / run / "model.pt").exists(), (run, printed)
+        assert not (out / run / "summary.json").exists()  # unfinished: the next compare makes it again

@@ -9,9 +9,9 @@ the calling thread as each run ends.
 
 Where it pays: on a GPU, whose batch is nearly free up to thousands of rows while one small model's step is
 launch-bound. On a CPU of few cores the arithmetic is the same and the pool is the default (compare --engine).
-Departures: threads share what a process holds once (torch's global generator, Python's `random`): a reward that
-draws from them draws a stream the members share; Ctrl-C stops the sweep where it is (the runs in flight are
-unfinished, and the next compare makes them again).
+Ctrl-C: every member finishes its step, writes its checkpoint and ends as interrupted (a run's own Ctrl-C), then
+KeyboardInterrupt is raised here; a second Ctrl-C raises it at once. Departure: threads share what a process holds
+once (torch's global generator, Python's `random`): a reward that draws from them draws a stream the members share.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import threading
 
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
+from minigrpo.rl.report import STOP_ALL
 from minigrpo.tools.pool import run_main, run_one
 
 
@@ -70,12 +71,24 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
         ended.put((item, error))
 
     _one_malloc_arena()
+    STOP_ALL.clear()
     sys.stdout, sys.stderr = out, err
+    left = len(items)
     try:
         threads = [threading.Thread(target=member, args=(item,), daemon=True) for item in items]
         for t in threads:
             t.start()
-        for _ in items:
-            done(*ended.get())
+        try:
+            while left:
+                done(*ended.get())
+                left -= 1
+        except KeyboardInterrupt:  # every member finishes its step, writes its checkpoint and ends as interrupted
+            STOP_ALL.set()
+            print("\nCtrl-C: every run stops at the end of its step (Ctrl-C again to stop at once)", file=out.real,
+                  flush=True)
+            while left:  # a second Ctrl-C raises from here at once
+                done(*ended.get())
+                left -= 1
+            raise
     finally:
         sys.stdout, sys.stderr = out.real, err.real

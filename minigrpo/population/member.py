@@ -6,8 +6,9 @@ models' forward passes, samplings and backward passes wait for the other members
     policy = batcher.adopt(policy)       # a MemberGPT: the same GPT, its work joins the batch
 
 Every request (`hidden`, `generate`, `backward`) waits until each live member has one waiting; the last to
-arrive serves them all: the requests of one kind and grad mode as one computation (stacked.Stack,
-sampling.generate_all, one torch.autograd.backward over the members' losses), the rest in later rounds. What
+arrive then serves the requests of one kind and grad mode as one computation (stacked.Stack,
+sampling.generate_all, one torch.autograd.backward over the members' losses), the others wait for a later
+round (Batcher._serve: which group goes first keeps the members in step). What
 is not a model's work (rewards, advantages, losses, statistics, stop rules, files) stays in each member's own
 run, so a member computes what its single run computes, to float rounding, at any P (tests/test_population.py).
 

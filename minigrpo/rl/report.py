@@ -47,20 +47,30 @@ def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
     return lines
 
 
+# set by a population (minigrpo/population/engine.py) on Ctrl-C: each member, a run in a thread that receives no
+# signal, stops at the end of its step as a run of its own would
+STOP_ALL = threading.Event()
+
+
 class StopOnCtrlC:
     """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one stops
     at once), so the checkpoint written on the way out never holds a half-applied update."""
 
     def __enter__(self):
-        self.requested, self.previous = False, None
-        if threading.current_thread() is threading.main_thread():
+        self._requested, self.previous = False, None
+        self.main = threading.current_thread() is threading.main_thread()
+        if self.main:
             self.previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
+    @property
+    def requested(self) -> bool:
+        return self._requested or (not self.main and STOP_ALL.is_set())
+
     def _handle(self, signum, frame):
-        if self.requested:
+        if self._requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self._requested = True
         print("\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True)
 
     def __exit__(self, *exc):
