@@ -193,5 +193,5 @@ def test_ctrl_c_ends_every_member_at_the_end_of_its_step_with_its_checkpoint(tmp
     printed, _ = p.communicate(timeout=120)
     assert p.returncode == 130 and "Traceback" not in printed, printed
     for run in ("default-s0", "default-s1", "ppo-s0", "ppo-s1"):
-        assert f"checkpoint at step" in printed and (out / run / "model.pt").exists(), (run, printed)
+        assert "checkpoint at step" in printed and (out / run / "model.pt").exists(), (run, printed)
         assert not (out / run / "summary.json").exists()  # unfinished: the next compare makes it again
