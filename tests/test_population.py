@@ -101,10 +101,15 @@ def _run(init, folder, seed, module="minigrpo.grpo", extra=()):
     return (module, seed, cmd, folder)
 
 
+# implied_beta is the β whose exact optimum has the run's E[r]: after a step that moved E[r] by δ, a rounding ε of
+# E[r] moves it by about ε/δ relative (random_reward on the tiny model: δ = 6e-4, ε = 1e-7, 1.8e-4)
+LOOSER = {"implied_beta": 1e-3}
+
+
 def close(a: dict, b: dict, tol: float = 1e-4) -> list[str]:
-    """The keys whose values differ by more than tol·max(1, |b|) (None and strings: exactly)."""
-    return [k for k in b if not (a[k] == b[k] or (isinstance(b[k], float) and a[k] is not None
-                                                      and abs(a[k] - b[k]) <= tol * max(1.0, abs(b[k]))))]
+    """The keys whose values differ by more than tol·max(1, |b|) (LOOSER's own tol; None and strings: exactly)."""
+    return [k for k in b if not (a[k] == b[k] or (isinstance(b[k], float) and a[k] is not None and
+                                                      abs(a[k] - b[k]) <= LOOSER.get(k, tol) * max(1.0, abs(b[k]))))]
 
 
 def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(tmp_path, tiny_pretrained):
@@ -139,6 +144,18 @@ def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_
         for got, ref in zip(rows[:3], want[:3]):  # steps 0, 1, 2
             assert close(UNTIMED(got), UNTIMED(ref)) == [], (name, seed, got["step"])
         assert json.loads((pop / "config.json").read_text())["out"].endswith(pop.name)
+
+
+def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
+    """However its threads happen to interleave, a population batches the same members in the same order: the same
+    metrics to the bit."""
+    init, _, _ = tiny_pretrained
+    for tag in ("a", "b"):
+        run_population([_run(init, tmp_path / f"{tag}{s}", s, extra=("--steps", "6")) for s in range(3)],
+                       lambda item, error: None)
+    for s in range(3):
+        rows = [[UNTIMED(r) for r in read_jsonl(tmp_path / f"{tag}{s}" / "metrics.jsonl")] for tag in ("a", "b")]
+        assert rows[0] == rows[1] and len(rows[0]) == 7
 
 
 def test_compare_runs_a_population_and_reports_intervals(tmp_path, tiny_pretrained, capsys):
@@ -195,3 +212,22 @@ def test_ctrl_c_ends_every_member_at_the_end_of_its_step_with_its_checkpoint(tmp
     for run in ("default-s0", "default-s1", "ppo-s0", "ppo-s1"):
         assert "checkpoint at step" in printed and (out / run / "model.pt").exists(), (run, printed)
         assert not (out / run / "summary.json").exists()  # unfinished: the next compare makes it again
+
+
+@pytest.mark.slow
+def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(tmp_path, tiny_pretrained):
+    """All of compare's algorithms (presets, PPO with either critic, DPO offline and online) as one population of
+    different paths: each member's first steps match its run alone to 1e-4."""
+    from minigrpo.compare import ALGOS, OWN_TRAINERS, module_of
+    init, _, _ = tiny_pretrained
+    flags = {a: OWN_TRAINERS[a][1] if a in OWN_TRAINERS else [] if a == "default" else ["--preset", a] for a in ALGOS}
+    items = [_run(init, tmp_path / f"pop-{a}", 0, module_of(a), flags[a]) for a in ALGOS]
+    errors = {}
+    run_population(items, lambda item, error: errors.__setitem__(item[3].name, error))
+    assert set(errors.values()) == {None}, errors
+    for a in ALGOS:
+        assert run_one(_run(init, tmp_path / f"alone-{a}", 0, module_of(a), flags[a])) is None
+        rows, want = read_jsonl(tmp_path / f"pop-{a}" / "metrics.jsonl"), read_jsonl(tmp_path / f"alone-{a}" /
+                                                                                   "metrics.jsonl")
+        assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == \
+            [[], [], []], a

@@ -54,14 +54,19 @@ class _ThreadOutput(io.TextIOBase):
 def run_population(items: list, done, batcher: Batcher | None = None) -> None:
     """run_one(item) for every item at once (one thread each, one batch), done(item, error) as each ends.
     `batcher`: one of the caller's (bench reads the time it spent serving), else a new one."""
+    if not items:
+        return
     batcher, ended = batcher or Batcher(), queue.Queue()
     out, err = _ThreadOutput(sys.stdout), _ThreadOutput(sys.stderr)
 
-    def member(item) -> None:
+    everyone_in = threading.Barrier(len(items))
+
+    def member(key: int, item) -> None:
         me = threading.get_ident()
         out.buffers[me], err.buffers[me] = io.StringIO(), io.StringIO()
         BATCH.set(batcher)
-        batcher.enter()  # every member from the start: the first batches wait for the slowest to set up
+        batcher.enter(key)  # every member from the start: no batch goes before each member is in
+        everyone_in.wait()
         try:
             error = run_one(item, lambda module, argv: run_main(module, argv, out.buffers[me], err.buffers[me]))
         except BaseException as e:  # noqa: BLE001 (the run's folder step failed: its error, the sweep goes on)
@@ -75,7 +80,8 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
     sys.stdout, sys.stderr = out, err
     left = len(items)
     try:
-        threads = [threading.Thread(target=member, args=(item,), daemon=True) for item in items]
+        threads = [threading.Thread(target=batcher.serve_forever, daemon=True)] + \
+            [threading.Thread(target=member, args=(k, item), daemon=True) for k, item in enumerate(items)]
         for t in threads:
             t.start()
         try:
@@ -91,4 +97,5 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
                 left -= 1
             raise
     finally:
+        batcher.close()
         sys.stdout, sys.stderr = out.real, err.real

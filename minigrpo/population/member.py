@@ -5,8 +5,8 @@ models' forward passes, samplings and backward passes wait for the other members
     # in each member's thread: BATCH.set(batcher), then the run as usual; rl.Run adopts its policy:
     policy = batcher.adopt(policy)       # a MemberGPT: the same GPT, its work joins the batch
 
-Every request (`hidden`, `generate`, `backward`) waits until each live member has one waiting; the last to
-arrive then serves the requests of one kind and grad mode as one computation (stacked.Stack,
+Every request (`hidden`, `generate`, `backward`) waits until each live member has one waiting; the server's
+thread then serves the requests of one kind and grad mode as one computation (stacked.Stack,
 sampling.generate_all, one torch.autograd.backward over the members' losses), the others wait for a later
 round (Batcher._serve: which group goes first keeps the members in step). What
 is not a model's work (rewards, advantages, losses, statistics, stop rules, files) stays in each member's own
@@ -32,19 +32,36 @@ from minigrpo.population.stacked import Stack
 
 
 class Batcher:
-    """The barrier the members' model work waits at, and the one who serves it (see the module docstring)."""
+    """The barrier the members' model work waits at, and its server (see the module docstring)."""
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.members: dict[int, int] = {}  # the threads of the live members -> how many requests each has made
+        self.members: dict[int, list[int]] = {}  # the threads of the live members -> [its key, requests made]
         self.pending: list[dict] = []  # one request per waiting member
         self.spent: dict[tuple, list[float]] = {}  # (kind, grad) -> [seconds serving, requests served] (bench)
         self.sync = False  # True: wait for the GPU after each batch, so `spent` holds its time (bench)
+        self.closed = False
 
-    def enter(self) -> None:
-        """The calling thread is a member: from now on every batch waits for it (until it leaves)."""
+    def serve_forever(self) -> None:
+        """The server's thread (one, always the same: the autograd nodes of the batches are then numbered the same
+        way each time, and a population computes the same to the bit): serve whenever every live member waits."""
         with self.cond:
-            self.members.setdefault(threading.get_ident(), 0)
+            while not self.closed:
+                if self.pending and len(self.pending) >= len(self.members):
+                    self._serve()
+                else:
+                    self.cond.wait()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def enter(self, key: int | None = None) -> None:
+        """The calling thread is a member: from now on every batch waits for it (until it leaves). `key` orders the
+        members within a batch (default: the order they entered), so that a population computes the same each time."""
+        with self.cond:
+            self.members.setdefault(threading.get_ident(), [len(self.members) if key is None else key, 0])
 
     def adopt(self, model: GPT) -> GPT:
         """Make `model` (and every deep copy of it: π_ref, critics) a member's: its work joins the batch."""
@@ -56,18 +73,17 @@ class Batcher:
         """The calling member's run ended: the batch no longer waits for it."""
         with self.cond:
             self.members.pop(threading.get_ident(), None)
-            if self.pending and len(self.pending) >= len(self.members):
-                self._serve()
+            self.cond.notify_all()
 
     def submit(self, kind: str, model, *args):
-        """Wait for every live member's request, serve them (the last to arrive does), -> this one's result."""
+        """Wait for every live member's request and the server's batch (serve_forever) -> this one's result."""
         req = {"kind": kind, "model": model, "args": args, "grad": torch.is_grad_enabled(), "done": False}
         with self.cond:
-            me = threading.get_ident()
-            req["order"] = self.members[me] = self.members[me] + 1
+            me = self.members[threading.get_ident()]
+            me[1] += 1
+            req["key"], req["order"] = me
             self.pending.append(req)
-            if len(self.pending) >= len(self.members):
-                self._serve()
+            self.cond.notify_all()
             while not req["done"]:
                 self.cond.wait()
         if isinstance(req.get("error"), BaseException):
@@ -85,6 +101,7 @@ class Batcher:
         (kind, grad), reqs = min(groups.items(), key=lambda g: (g[0][0] != "hidden", min(r["order"] for r in g[1]),
                                                                 -len(g[1])))
         self.pending = [r for r in self.pending if all(r is not q for q in reqs)]
+        reqs = sorted(reqs, key=lambda r: r["key"])  # the same batch whatever order the members arrived in
         start = time.perf_counter()
         try:
             with torch.set_grad_enabled(grad):
