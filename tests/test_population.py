@@ -146,6 +146,21 @@ def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_
         assert json.loads((pop / "config.json").read_text())["out"].endswith(pop.name)
 
 
+def test_members_of_other_model_shapes_share_a_population_but_never_a_batch(tmp_path, tiny_pretrained):
+    from minigrpo.pretrain import PretrainConfig, train
+    init, _, _ = tiny_pretrained
+    train(PretrainConfig(out=str(tmp_path / "small"), device="cpu", steps=30, batch_size=32, n_embd=16, n_head=2,
+                         n_lines=400, eval_every=30, ckpt_every=30), log=lambda *a: None)
+    inits = [init, tmp_path / "small" / "model.pt"]
+    errors = []
+    run_population([_run(i, tmp_path / f"pop{k}", 0) for k, i in enumerate(inits)], lambda it, e: errors.append(e))
+    assert errors == [None, None]
+    for k, i in enumerate(inits):
+        assert run_one(_run(i, tmp_path / f"alone{k}", 0)) is None
+        rows, want = (read_jsonl(tmp_path / f"{t}{k}" / "metrics.jsonl") for t in ("pop", "alone"))
+        assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == [[], [], []]
+
+
 def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
     """However its threads happen to interleave, a population batches the same members in the same order: the same
     metrics to the bit."""

@@ -96,10 +96,11 @@ class Batcher:
         algorithm) gather again at the next sampling or backward; among those, the group of the member furthest
         behind (fewest requests made)."""
         groups: dict[tuple, list[dict]] = {}
-        for req in self.pending:
-            groups.setdefault((req["kind"], req["grad"]), []).append(req)
-        (kind, grad), reqs = min(groups.items(), key=lambda g: (g[0][0] != "hidden", min(r["order"] for r in g[1]),
-                                                                -len(g[1])))
+        for req in self.pending:  # models of another shape (another --init) never share a batch
+            shape = tuple(vars(req["model"].cfg).values())
+            groups.setdefault((req["kind"], req["grad"], shape), []).append(req)
+        (kind, grad, _), reqs = min(groups.items(), key=lambda g: (g[0][0] != "hidden", min(r["order"] for r in g[1]),
+                                                                   -len(g[1])))
         self.pending = [r for r in self.pending if all(r is not q for q in reqs)]
         reqs = sorted(reqs, key=lambda r: r["key"])  # the same batch whatever order the members arrived in
         start = time.perf_counter()
