@@ -246,3 +246,21 @@ def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(t
                                                                                    "metrics.jsonl")
         assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == \
             [[], [], []], a
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pretrained):
+    """GRPO and PPO members on the GPU against the same runs alone on the GPU, over their first steps."""
+    from minigrpo.compare import on_gpu
+    init, _, _ = tiny_pretrained
+    runs = [("minigrpo.grpo", 0), ("minigrpo.grpo", 1), ("minigrpo.ppo", 0)]
+    items = [_run(init, tmp_path / f"pop{k}", seed, module, ("--device", "cuda")) for k, (module, seed) in
+             enumerate(runs)]
+    errors = []
+    run_population(items, lambda item, error: errors.append(error))
+    assert errors == [None] * 3 and on_gpu([])
+    for k, (module, seed) in enumerate(runs):
+        assert run_one(_run(init, tmp_path / f"alone{k}", seed, module, ("--device", "cuda"))) is None
+        rows, want = (read_jsonl(tmp_path / f"{t}{k}" / "metrics.jsonl") for t in ("pop", "alone"))
+        assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == [[], [], []], module
