@@ -7,8 +7,11 @@ required), in a thread of its own whose run joins the batch (rl/loop.BATCH, memb
 to a buffer of its thread, so its error line is reported as the pool reports it. done(item, error) is called in
 the calling thread as each run ends.
 
-Where it pays: on a GPU, whose batch is nearly free up to thousands of rows while one small model's step is
-launch-bound. On a CPU of few cores the arithmetic is the same and the pool is the default (compare --engine).
+Where it is meant to pay: a GPU, whose batch is nearly free up to thousands of rows while one small model's step
+is launch-bound; what does not batch is each member's own work between batches, one member after another
+(docs/performance.md). On a CPU of few cores the arithmetic is the same and the pool is the default (compare
+--engine).
+
 Ctrl-C: every member finishes its step, writes its checkpoint and ends as interrupted (a run's own Ctrl-C), then
 KeyboardInterrupt is raised here; a second Ctrl-C raises it at once. Departure: threads share what a process holds
 once (torch's global generator, Python's `random`): a reward that draws from them draws a stream the members share.
