@@ -96,15 +96,56 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
-def draw_next(logits: torch.Tensor, done: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sampling step: logits (B, V) of each row's next token, done (B,) bool rows already ended -> the drawn
-    token (B,) (PAD where done) and its log-prob under the sampling distribution (B,) (0 where done). Every row
-    draws, done or not, so a generator's stream depends only on the rows and the steps taken."""
-    logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
-    nxt = exponential_race(logp_all.exp(), generator)  # (B,)
-    lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
-    return nxt.masked_fill(done, PAD_ID), lp.masked_fill(done, 0.0)
+class Draws:
+    """One generate() call's draws so far: the new tokens of each row, their log-probs under the sampling
+    distribution, which are real (up to and including the row's first EOS), and the rows that have ended. The one
+    bookkeeping of sampling, for one model (`_generate`) and for a population's members (population/sampling.py).
+
+        d = Draws(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator, block_size)
+        while d.take(logits):   # logits (B, V) of each row's next token -> draw it; False once every row ended
+            ...                 # the next logits, after d.tokens[:, d.steps - 1]
+        gen = d.generation()
+
+    Every row draws at every step, ended or not, so a generator's stream depends only on the rows and the steps."""
+
+    def __init__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
+                 temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None,
+                 block_size: int):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        (B, P), device = prompt_ids.shape, prompt_ids.device
+        self.prompt_ids, self.settings = prompt_ids, (temperature, top_k, top_p, generator)
+        self.prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool) if prompt_mask is None else prompt_mask
+        self.n_max = min(max_new_tokens, block_size - int(self.prompt_mask.sum(1).max()))
+        if self.n_max < 1:
+            raise ValueError(f"prompt of {P} tokens leaves no room in block_size {block_size}")
+        self.tokens = torch.full((B, self.n_max), PAD_ID, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((B, self.n_max), device=device)
+        self.completion_mask = torch.zeros((B, self.n_max), dtype=torch.bool, device=device)
+        self.done = torch.zeros(B, dtype=torch.bool, device=device)
+        self.steps = 0
+
+    def take(self, logits: torch.Tensor) -> bool:
+        """Draw token `steps` of every row from logits (B, V) (PAD, log-prob 0 where the row has ended); -> whether
+        another step follows (False once every row has ended or n_max tokens are drawn)."""
+        n, (temperature, top_k, top_p, generator) = self.steps, self.settings
+        logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
+        nxt = exponential_race(logp_all.exp(), generator)  # (B,)
+        lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
+        self.tokens[:, n], self.logprobs[:, n] = nxt.masked_fill(self.done, PAD_ID), lp.masked_fill(self.done, 0.0)
+        self.completion_mask[:, n] = ~self.done
+        self.done = self.done | (self.tokens[:, n] == EOS_ID)
+        self.steps = n + 1
+        return not (bool(self.done.all()) or self.steps == self.n_max)
+
+    def generation(self) -> Generation:
+        N = self.steps
+        if not bool(torch.isfinite(self.logprobs[:, :N]).all()):  # torch.multinomial's input check, once per call
+            raise ValueError("sampling met non-finite probabilities: the model's weights hold NaN or inf")
+        return Generation(ids=torch.cat([self.prompt_ids, self.tokens[:, :N]], 1),
+                          key_mask=torch.cat([self.prompt_mask, self.completion_mask[:, :N]], 1),
+                          prompt_len=self.prompt_ids.size(1), completion_mask=self.completion_mask[:, :N],
+                          logprobs=self.logprobs[:, :N], finished=self.done)
 
 
 def prefill(model: GPT, decode: Decoder, prompt_ids: torch.Tensor, pos: torch.Tensor, key_mask: torch.Tensor | None,
@@ -146,50 +187,25 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
 
 def _generate(model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator,
               use_cache) -> Generation:
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    B, P = prompt_ids.shape
-    device = prompt_ids.device
-    if prompt_mask is None:
-        prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool)
-    max_new_tokens = min(max_new_tokens, model.cfg.block_size - int(prompt_mask.sum(1).max()))
-    if max_new_tokens < 1:
-        raise ValueError(f"prompt of {P} tokens leaves no room in block_size {model.cfg.block_size}")
-
-    ids = torch.full((B, P + max_new_tokens), PAD_ID, dtype=torch.long, device=device)
-    ids[:, :P] = prompt_ids
-    key_mask = torch.ones_like(ids, dtype=torch.bool)  # generated slots are real keys for their row
-    key_mask[:, :P] = prompt_mask
-    logprobs = torch.zeros((B, max_new_tokens), device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    completion_mask = torch.zeros((B, max_new_tokens), dtype=torch.bool, device=device)
-
-    pos_all = positions(key_mask)  # (B, P+N) position ids of every slot
-    padded = not bool(prompt_mask.all())  # without padding, plain causal attention needs no mask
+    d = Draws(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator, model.cfg.block_size)
+    (B, P), N = prompt_ids.shape, d.n_max
+    key_mask = torch.cat([d.prompt_mask, torch.ones((B, N), dtype=torch.bool, device=prompt_ids.device)], 1)
+    pos_all = positions(key_mask)  # (B, P+N) position ids of every slot; generated slots are real keys
+    padded = not bool(d.prompt_mask.all())  # without padding, plain causal attention needs no mask
     km = key_mask if padded else None
     if use_cache:
         decode = Decoder(model)  # the fast forward through the KV cache (decode.py); GPT.forward is its oracle
-        logits, cache = prefill(model, decode, prompt_ids, pos_all[:, :P], km[:, :P] if padded else None,
-                                P + max_new_tokens)
-    n = 0
-    for n in range(max_new_tokens):
-        t = P + n  # the slot being filled
-        if not use_cache:  # slow path: recompute everything
-            logits = model(ids[:, :t], pos=pos_all[:, :t], key_mask=km[:, :t] if padded else None)[:, -1]
-        nxt, logprobs[:, n] = draw_next(logits, done, temperature, top_k, top_p, generator)
-        completion_mask[:, n] = ~done
-        ids[:, t] = nxt
-        done = done | (nxt == EOS_ID)
-        if bool(done.all()) or n + 1 == max_new_tokens:
-            break
+        logits, cache = prefill(model, decode, prompt_ids, pos_all[:, :P], km[:, :P] if padded else None, P + N)
+    else:  # slow path: recompute everything at every step
+        logits = model(prompt_ids, pos=pos_all[:, :P], key_mask=km[:, :P] if padded else None)[:, -1]
+    while d.take(logits):
+        t = P + d.steps  # the slot after the token just drawn
         if use_cache:
-            logits = decode(nxt[:, None], pos_all[:, t:t + 1], cache, km[:, :t + 1] if padded else None)
-    N = n + 1
-    if not bool(torch.isfinite(logprobs[:, :N]).all()):  # torch.multinomial's input check, once per call
-        raise ValueError("sampling met non-finite probabilities: the model's weights hold NaN or inf")
-    return Generation(ids=ids[:, :P + N], key_mask=torch.cat([prompt_mask, completion_mask[:, :N]], 1),
-                      prompt_len=P, completion_mask=completion_mask[:, :N], logprobs=logprobs[:, :N],
-                      finished=done)
+            logits = decode(d.tokens[:, d.steps - 1:d.steps], pos_all[:, t - 1:t], cache, km[:, :t] if padded else None)
+        else:
+            ids = torch.cat([prompt_ids, d.tokens[:, :d.steps]], 1)
+            logits = model(ids, pos=pos_all[:, :t], key_mask=km[:, :t] if padded else None)[:, -1]
+    return d.generation()
 
 
 def encode_prompts(tok: CharTokenizer, prompts: list[str], device=None):
