@@ -112,12 +112,9 @@ def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], ta
             str(out / f"{algo}-s{seed}")]
 
 
-def on_gpu(passthrough: list[str]) -> bool:
-    """Whether the runs will use a GPU: --device cuda, or the default --device auto with one present."""
-    device = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    device.add_argument("--device", default="auto")
-    name = device.parse_known_args(passthrough)[0].device
-    return name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
+def on_gpu(device: str) -> bool:
+    """Whether runs of --device `device` use a GPU: cuda, or auto with one present."""
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -179,8 +176,9 @@ def main(argv=None):
         pre.add_argument(name)
     pre.add_argument("--overwrite", action="store_true", default=None)
     ours, passthrough = pre.parse_known_args(list(argv or []))
-    pre_task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre_task.add_argument("--task", default="food")
+    trainers = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the passed-through flags compare reads
+    trainers.add_argument("--task", default="food")
+    trainers.add_argument("--device", default="auto")
     if "-h" in passthrough or "--help" in passthrough:
         parse_config(CompareConfig, ["--help"], DESCRIPTION)
     own = [x for k, v in vars(ours).items() if v is not None for x in ((f"--{k}",) if v is True else (f"--{k}", v))]
@@ -203,7 +201,7 @@ def main(argv=None):
     if "--online" in passthrough or ("--critic" in passthrough and "ppo_oracle" in algos):
         raise UsageError("--online is compare's online_dpo (--algos online_dpo), and --critic would relabel "
                          "ppo_oracle's runs: pass --critic only with --algos ppo")
-    task = pre_task.parse_known_args(passthrough)[0].task
+    task, device = vars(trainers.parse_known_args(passthrough)[0]).values()
     init = check_all(algos, cfg, passthrough, task)
     if "--init" not in passthrough:  # named on every command line, so the runs' stamps hold its content (pool.py)
         passthrough = [*passthrough, "--init", init]
@@ -230,7 +228,7 @@ def main(argv=None):
     # step), so they go first: the sweep ends on short runs, not on one core idle while the other ends a long one
     todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: t[0] not in PPO_ALGOS)
     shard.barrier()  # every rank has read the same finished runs before any starts one
-    engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(passthrough) else "pool"
+    engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(device) else "pool"
     at_once = "all at once (population)" if engine == "population" else f"{jobs} at a time"
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
     if shard.rank == 0:
@@ -268,8 +266,7 @@ def main(argv=None):
     write_outputs(out, results, errors, title, curve)
     print(f"\n{textwrap.fill(title, 120)}; medians over seeds:\n{short_table(results, regret=curve is not None)}")
     if any(results.values()):
-        print("\ninterquartile means with their 95 % bootstrap intervals:\n" +
-              "\n".join(interval_table({a: runs for a, runs in results.items() if runs})))
+        print("\ninterquartile means with their 95 % bootstrap intervals:\n" + "\n".join(interval_table(results)))
     for algo, errs in errors.items():
         for seed, err in errs:
             print(f"failed: {algo} seed {seed}: {err}")

@@ -184,7 +184,7 @@ def test_compare_runs_a_population_and_reports_intervals(tmp_path, tiny_pretrain
     assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
     table = (out / "table.md").read_text()
     assert "P(row > column)" in table and "| default | 2 |" in table and (out / "intervals.png").stat().st_size > 0
-    assert on_gpu(["--device", "cuda"]) and not on_gpu([]) and not on_gpu(["--device", "cpu"])  # tests see no GPU
+    assert on_gpu("cuda") and not on_gpu("auto") and not on_gpu("cpu")  # tests see no GPU
 
 
 @pytest.mark.slow
@@ -259,7 +259,7 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
              enumerate(runs)]
     errors = []
     run_population(items, lambda item, error: errors.append(error))
-    assert errors == [None] * 3 and on_gpu([])
+    assert errors == [None] * 3 and on_gpu("auto")
     for k, (module, seed) in enumerate(runs):
         assert run_one(_run(init, tmp_path / f"alone{k}", seed, module, ("--device", "cuda"))) is None
         rows, want = (read_jsonl(tmp_path / f"{t}{k}" / "metrics.jsonl") for t in ("pop", "alone"))

@@ -120,13 +120,12 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
         f.tight_layout()
         f.savefig(out / name, dpi=90)
         plt.close(f)
-    ran = {a: runs for a, runs in results.items() if runs}
-    if ran:
+    if any(results.values()):  # the interval tables and figure leave out an algorithm without runs
         lines += ["", "Interquartile means over seeds with their 95 % bootstrap intervals (tools/stats.py):", "",
-                  *interval_table(ran), "", "P(row > column) on the final exact target rate, with its 95 % interval "
-                  "(0.5: no difference; an interval without 0.5: a difference the runs support):", "",
-                  *improvement_table(ran)]
-        draw_intervals(ran, out / "intervals.png", title)
+                  *interval_table(results), "", "P(row > column) on the final exact target rate, with its 95 % "
+                  "interval (0.5: no difference; an interval without 0.5: a difference the runs support):", "",
+                  *improvement_table(results)]
+        draw_intervals(results, out / "intervals.png", title)
     for algo, errs in errors.items():
         for seed, err in errs:
             lines.append(f"\nfailed: {algo} seed {seed}: {err}")
