@@ -6,8 +6,9 @@
 
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one
 thread each, that import torch once and run their runs in process (pool.py: the same metrics as separate
-processes); with --engine population (the default on a GPU) every run goes at once in this process, their
-models' work batched (minigrpo/population: the same metrics to float rounding). Either way each run writes to
+processes); with --engine population (the default on a GPU) every run goes at once, shared out over --jobs
+worker processes whose runs batch their models' work (minigrpo/population: the same metrics to float rounding).
+Under torchrun, --jobs defaults to the cores shared by the node's ranks. Either way each run writes to
 <out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m
 minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
 fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
@@ -49,7 +50,7 @@ import torch
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.grpo import PRESETS
-from minigrpo.population.engine import run_population
+from minigrpo.population.engine import run_populations
 from minigrpo.tools.intervals import interval_table
 from minigrpo.tools.sweep_report import curves, short_table, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
@@ -89,7 +90,8 @@ class CompareConfig:
         "output folder (default runs/compare-<reward>, or runs/compare-<task>)"))
     overwrite: bool = field(default=False, metadata=meta(
         "replace the runs in --out that another compare command made (refused otherwise)"))
-    jobs: int = field(default=0, metadata={"help": "runs at a time with --engine pool (0 = the number of cores)"})
+    jobs: int = field(default=0, metadata={"help": "worker processes: with --engine pool each runs one run at a "
+                                                   "time, with population each one population (0 = the cores)"})
     engine: str = field(default="auto", metadata=meta(
         "pool: worker processes, a few runs at a time; population: every run at once, their models' work batched "
         "(minigrpo/population); auto: population when the runs' device is a GPU, else pool",
@@ -208,7 +210,8 @@ def main(argv=None):
     default = default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare") if cfg.reward else \
         f"runs/compare-{task}"
     out = Path(cfg.out if cfg.out is not None else default)
-    jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    jobs = cfg.jobs or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # torchrun's ranks share the node
     def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
         algo, _, seed = folder_name.rpartition("-s")
         return command(algo, int(seed), cfg, passthrough, task, out) if algo in ALGOS and seed.isdigit() else None
@@ -229,7 +232,9 @@ def main(argv=None):
     todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: t[0] not in PPO_ALGOS)
     shard.barrier()  # every rank has read the same finished runs before any starts one
     engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(device) else "pool"
-    at_once = "all at once (population)" if engine == "population" else f"{jobs} at a time"
+    populations = max(1, min(jobs, len(todo)))
+    at_once = f"all at once, {populations} population{'s' * (populations > 1)}" if engine == "population" else \
+        f"{jobs} at a time"
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
     if shard.rank == 0:
         print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> {out}",
@@ -244,7 +249,7 @@ def main(argv=None):
         for kept in (t for t in tasks if t not in todo):
             done(kept, None)
     if engine == "population":
-        run_population(shard.mine(todo), done)
+        run_populations(shard.mine(todo), jobs, done)
     else:
         run_pool(run_one, shard.mine(todo), max(1, jobs), done)
     everyone = shard.gather(mine)

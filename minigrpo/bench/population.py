@@ -8,11 +8,13 @@ Each population runs `python -m minigrpo.grpo --reward pizza` with seeds 0..P−
 stop rule off), from the bench's pretrained model. The time is split as the batcher served it (it waits for the
 GPU after each batch here): sampling, the update (forward with gradient, backward), the evaluation and π_ref
 (forward without), and the members' own work between batches (rewards, losses, statistics, files: Python,
-member after member). The pool's figure beside it: the same run alone, one process.
+member after member). The pool's figure beside it: the same run alone, one process. Last, the largest P shared out
+over every core's worker process (population/engine.run_populations, as compare runs it): its wall time only.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import sys
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 from minigrpo.bench.common import table
-from minigrpo.population.engine import run_population
+from minigrpo.population.engine import run_population, run_populations
 from minigrpo.population.member import Batcher
 from minigrpo.tools.pool import run_one
 
@@ -66,6 +68,17 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
         rows.append([str(P), f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", f"{memory:.0f}",
                      share(("generate", False)), share(("hidden", True), ("backward", True)), share(("hidden", False)),
                      f"{100 * (1 - sum(spent.values()) / wall):.0f} %", "ok" if not failed else failed[0]])
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if jobs > 1:  # the largest P over every core's process: what does not batch runs on all of them
+        P, failed = sizes[-1], []
+        folder = out / "population" / f"P{P}-{jobs}"
+        shutil.rmtree(folder, ignore_errors=True)
+        start = time.perf_counter()
+        run_populations(_items(folder, init, device, range(P), steps), jobs,
+                        lambda item, err: failed.append(err) if err else None)
+        wall = time.perf_counter() - start
+        rows.append([f"{P} in {jobs} processes", f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", "", "",
+                     "", "", "", "ok" if not failed else failed[0]])
     memory_title = "GPU MiB per member (peak)" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) as one population on {device}",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "sampling", "update",

@@ -177,9 +177,9 @@ class GPT(nn.Module):
         w = self.wte.weight
         return KVCache(self.cfg, batch, t_max, w.device, w.dtype)
 
-    def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
-        """Final hidden states (B, T, C): everything but the output head. attn_mask: a ready bool mask (B, 1, T, T),
-        True = may attend (prefix_tree.py's tree attention), instead of key_mask and the cache."""
+    def inputs(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
+        """hidden's arguments checked, with their defaults -> (pos (B, T), attn_mask: (B, 1, T, T) bool, or None
+        where plain causal attention is meant)."""
         B, T = idx.shape
         offset = cache.length if cache is not None else 0
         if attn_mask is not None and pos is None:
@@ -189,13 +189,17 @@ class GPT(nn.Module):
             pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
         if attn_mask is not None and (key_mask is not None or cache is not None):
             raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
-        if attn_mask is None:
-            attn_mask = causal_mask(offset, T, key_mask, idx.device)
+        return pos, causal_mask(offset, T, key_mask, idx.device) if attn_mask is None else attn_mask
+
+    def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
+        """Final hidden states (B, T, C): everything but the output head. attn_mask: a ready bool mask (B, 1, T, T),
+        True = may attend (prefix_tree.py's tree attention), instead of key_mask and the cache."""
+        pos, attn_mask = self.inputs(idx, pos, key_mask, cache, attn_mask)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             x = block(x, attn_mask, cache, layer)
         if cache is not None:
-            cache.length += T
+            cache.length += idx.size(1)
         return self.ln_f(x)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

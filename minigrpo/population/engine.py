@@ -1,6 +1,7 @@
 """compare's population engine: every run of a sweep at once, one thread each, their models' work batched.
 
-    run_population(items, done)      # the pool's items (tools/pool.py): (algo, seed, command, folder)
+    run_population(items, done)           # the pool's items (tools/pool.py): (algo, seed, command, folder)
+    run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
 required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py). What a run prints goes
@@ -22,13 +23,14 @@ from __future__ import annotations
 import ctypes
 import io
 import queue
+import signal
 import sys
 import threading
 
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import STOP_ALL
-from minigrpo.tools.pool import run_main, run_one
+from minigrpo.tools.pool import STOPPING, run_main, run_one, run_pool
 
 
 def _one_malloc_arena() -> None:
@@ -102,3 +104,40 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
     finally:
         batcher.close()
         sys.stdout, sys.stderr = out.real, err.real
+
+
+def run_populations(items: list, jobs: int, done) -> None:
+    """run_population over `jobs` shares of the items, each in a worker process of tools/pool.run_pool (one share:
+    here). Why: what does not batch, each member's own Python between batches, runs one member after another in a
+    process (one interpreter lock), so it is shared out over the cores; the batches of a share stay large. Shares
+    are dealt in turn (items 0, J, 2J, ... to the first), so each gets the same mix of algorithms. done(item,
+    error) is called here as each share ends, for each of its runs (their progress lines come together)."""
+    jobs = max(1, min(jobs, len(items)))
+    if jobs == 1:
+        return run_population(items, done)
+    shares = [items[j::jobs] for j in range(jobs)]
+    run_pool(population_share, shares, jobs, lambda share, results: _report(share, results, done))
+
+
+def _report(share: list, results, done) -> None:
+    if isinstance(results, str):  # the worker died: every run of its share failed with its error
+        results = [(item, results) for item in share]
+    for item, error in results:
+        done(item, error)
+
+
+def population_share(items: list) -> list:
+    """A pool worker's share: one population -> [(item, error)] of its runs. Ctrl-C (the terminal signals the
+    whole process group; the parent's alone sets the pool's stop event) ends every member at the end of its step,
+    as in one process."""
+    results = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # the pool's workers start with it ignored
+    for stop in STOPPING:  # a Ctrl-C that reached the parent only (kill -INT <pid>) stops the members too
+        threading.Thread(target=lambda: stop.wait() and STOP_ALL.set(), daemon=True).start()
+    try:
+        run_population(items, lambda item, error: results.append((item, error)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return results

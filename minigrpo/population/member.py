@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from minigrpo.lm.model import GPT, causal_mask
+from minigrpo.lm.model import GPT
 from minigrpo.population.sampling import Request, generate_all
 from minigrpo.population.stacked import Stack
 
@@ -122,7 +122,7 @@ class Batcher:
 
 
 def _hidden(reqs: list[dict]) -> list[torch.Tensor]:
-    """GPT.hidden(idx, pos, key_mask, attn_mask) of each request (no cache) -> (B, T, C) each, as one Stack."""
+    """GPT.hidden of each request (idx, pos, attn_mask: GPT.inputs; no cache) -> (B, T, C) each, as one Stack."""
     shapes = [r["args"][0].shape for r in reqs]
     B, T = max(s[0] for s in shapes), max(s[1] for s in shapes)
     device = reqs[0]["args"][0].device
@@ -130,13 +130,11 @@ def _hidden(reqs: list[dict]) -> list[torch.Tensor]:
     pos = torch.zeros_like(idx)
     mask = torch.eye(T, dtype=torch.bool, device=device).repeat(len(reqs), B, 1, 1, 1)  # padding sees itself
     for p, r in enumerate(reqs):
-        x, ps, key_mask, attn_mask = r["args"]
+        x, ps, attn_mask = r["args"]
         b, t = x.shape
-        idx[p, :b, :t] = x
-        pos[p, :b, :t] = torch.arange(t, device=device) if ps is None else ps
-        if attn_mask is None:
-            attn_mask = causal_mask(0, t, key_mask, device)
-            attn_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril() if attn_mask is None else attn_mask
+        idx[p, :b, :t], pos[p, :b, :t] = x, ps
+        if attn_mask is None:  # plain causal attention
+            attn_mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
         mask[p, :b, :, :t, :t] = attn_mask.expand(b, 1, t, t) if attn_mask.dim() == 4 else attn_mask
     h = Stack([r["model"] for r in reqs]).hidden(idx, pos, mask.view(len(reqs) * B, 1, T, T))
     return [h[p, : s[0], : s[1]] for p, s in enumerate(shapes)]
@@ -163,12 +161,7 @@ class MemberGPT(GPT):
     def hidden(self, idx, pos=None, key_mask=None, cache=None, attn_mask=None):
         if cache is not None:  # the cached forward of the slow sampler: alone
             return super().hidden(idx, pos, key_mask, cache, attn_mask)
-        if attn_mask is not None and pos is None:
-            raise ValueError("attn_mask needs pos: the position id of each token (a tree's depths)")
-        if attn_mask is not None and key_mask is not None:
-            raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
-        self.cfg.check_length(idx.size(1) if attn_mask is None else int(pos.max()) + 1)
-        return self.batcher.submit("hidden", self, idx, pos, key_mask, attn_mask)
+        return self.batcher.submit("hidden", self, idx, *self.inputs(idx, pos, key_mask, None, attn_mask))
 
     def batched_generate(self, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator):
         """lm/sampling.generate of this member, drawn in one batch with the others'."""

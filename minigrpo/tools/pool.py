@@ -13,16 +13,18 @@ the earlier runs' calls (a `file.py:function` is loaded afresh for every run).
 
 Ctrl-C reaches the workers too (the terminal signals the whole process group): a run in flight finishes
 its step, writes its checkpoint and ends as interrupted, as a separate process would; no further run
-starts, and `run_pool` raises KeyboardInterrupt once the runs in flight have ended (a second Ctrl-C:
-at once). A worker that dies (killed, out of memory) fails its run only; a fresh worker takes its place.
+starts, and `run_pool` raises KeyboardInterrupt once the runs in flight have ended and been reported (a
+second Ctrl-C: at once). A worker that dies (killed, out of memory) fails its run only; a fresh worker takes its place.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import io
 import json
 import multiprocessing
+import os
 import shutil
 import signal
 import threading
@@ -80,16 +82,45 @@ def run_one(task, runner=run_in_process) -> str | None:
     return error
 
 
+def _stop_with_parent() -> None:
+    """Linux: when this worker's parent dies (killed, out of memory), its run in flight gets one Ctrl-C, so it ends
+    at its step with its checkpoint instead of running on alone. The kernel's parent-death signal (prctl's
+    PR_SET_PDEATHSIG, 1) is SIGUSR1, turned into one SIGINT: it can come more than once (once more per subreaper
+    the worker is handed to), and a second Ctrl-C would stop the run at once, without its checkpoint. Elsewhere
+    nothing happens: the worker ends when it next reads the closed pipe."""
+    def once(signum, frame):
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        handler = signal.getsignal(signal.SIGINT)  # ignored between two runs
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+    signal.signal(signal.SIGUSR1, once)
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGUSR1)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request: nobody will send it
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
+STOPPING = []  # in a worker process: the pool's stop event, set on the parent's Ctrl-C (what fn may watch)
+
+
 def _worker(conn, fn, stop) -> None:
     """A worker's life: fn(item) for each item the parent sends, until the parent closes the pipe. It starts
     with Ctrl-C ignored (inherited, see _Worker: an import cut short would print a traceback), which
     `run_in_process` turns back on for the length of a run; after a Ctrl-C (`stop`), no new item starts."""
+    STOPPING.append(stop)
+    _stop_with_parent()
     while True:
         try:
             item = conn.recv()
         except EOFError:
             return
-        conn.send(None if stop.is_set() else fn(item))
+        result = None if stop.is_set() else fn(item)
+        try:
+            conn.send(result)
+        except OSError:  # the parent is gone (_stop_with_parent): nobody to report to
+            return
 
 
 class _Worker:
@@ -138,10 +169,12 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
         for w in workers:
             if w.item is not None:
                 try:
-                    w.conn.recv()
+                    result = w.conn.recv()  # an interrupted run's error says where it left its checkpoint
                 except (EOFError, OSError):
-                    pass
-                w.item = None
+                    result = None
+                item, w.item = w.item, None
+                if result is not None:
+                    done(item, result)
         raise
     finally:
         for w in workers:  # an idle worker exits at once; one still in a run (an error, a 2nd Ctrl-C) is stopped
