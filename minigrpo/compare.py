@@ -93,8 +93,9 @@ class CompareConfig:
     jobs: int = field(default=0, metadata={"help": "worker processes: with --engine pool each runs one run at a "
                                                    "time, with population each one population (0 = the cores)"})
     engine: str = field(default="auto", metadata=meta(
-        "pool: worker processes, a few runs at a time; population: every run at once, their models' work batched "
-        "(minigrpo/population); auto: population when the runs' device is a GPU, else pool",
+        "pool: worker processes, a few runs at a time; population: every run at once, a population per worker "
+        "process, their models' work batched (minigrpo/population); auto: population when the runs' device is a "
+        "GPU, else pool",
         choices=["auto", "pool", "population"]))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import multiprocessing
 import queue
 import signal
 import sys
@@ -30,7 +31,7 @@ import threading
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import STOP_ALL
-from minigrpo.tools.pool import STOPPING, run_main, run_one, run_pool
+from minigrpo.tools.pool import STOPPING, STOPPING_LINE, run_main, run_one, run_pool
 
 
 def _one_malloc_arena() -> None:
@@ -95,8 +96,8 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
                 left -= 1
         except KeyboardInterrupt:  # every member finishes its step, writes its checkpoint and ends as interrupted
             STOP_ALL.set()
-            print("\nCtrl-C: every run stops at the end of its step (Ctrl-C again to stop at once)", file=out.real,
-                  flush=True)
+            if multiprocessing.parent_process() is None:  # in a pool's worker (run_populations) the pool says it
+                print(f"\n{STOPPING_LINE}", file=out.real, flush=True)
             while left:  # a second Ctrl-C raises from here at once
                 done(*ended.get())
                 left -= 1

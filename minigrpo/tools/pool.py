@@ -102,6 +102,7 @@ def _stop_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGUSR1)
 
 
+STOPPING_LINE = "Ctrl-C: every run stops at the end of its step (Ctrl-C again to stop at once)"
 STOPPING = []  # in a worker process: the pool's stop event, set on the parent's Ctrl-C (what fn may watch)
 
 
@@ -166,6 +167,7 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
                     done(item, result)
     except KeyboardInterrupt:  # the runs in flight got the Ctrl-C too: let them checkpoint and end
         stop.set()
+        print(f"\n{STOPPING_LINE}", flush=True)
         for w in workers:
             if w.item is not None:
                 try:
