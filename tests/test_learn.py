@@ -239,6 +239,26 @@ def test_a_capstone_without_a_pretrained_model_says_pretrain_first_and_trains_no
     assert f"no pretrained model at {bare / 'runs' / 'pretrain' / 'model.pt'}: pretrain first" in out, out
 
 
+def test_a_learner_file_whose_top_level_loops_forever_does_not_load_and_says_so(tmp_path, monkeypatch):
+    from minigrpo.learn import workspace
+    monkeypatch.setattr(workspace, "LOAD_LIMIT_S", 0.5)
+    (tmp_path / "kl.py").write_text("while True:\n    pass\n")
+    with pytest.raises(workspace.LearnerError, match=r"kl.py ran past 0.5 s while loading: does a loop at its top"):
+        workspace.load_module(tmp_path, "kl")
+
+
+def test_a_learner_file_that_failed_to_load_is_not_run_again_until_it_changes(tmp_path):
+    from minigrpo.learn.workspace import LearnerError, load_module
+    runs = tmp_path / "runs.txt"
+    (tmp_path / "kl.py").write_text(f"open({str(runs)!r}, 'a').write('x')\nraise ValueError('broken')\n")
+    for _ in range(2):
+        with pytest.raises(LearnerError, match="ValueError: broken"):
+            load_module(tmp_path, "kl")
+    assert runs.read_text() == "x"
+    (tmp_path / "kl.py").write_text(f"open({str(runs)!r}, 'a').write('y')\n")
+    assert load_module(tmp_path, "kl") is not None and runs.read_text() == "xy"
+
+
 def test_a_learner_file_that_exits_on_import_does_not_load_and_says_so(tmp_path):
     from minigrpo.learn.workspace import LearnerError, load_module
     (tmp_path / "kl.py").write_text("import sys\nsys.exit(0)\n")

@@ -49,8 +49,8 @@ from minigrpo.lm.tokenizer import SPECIALS, CharTokenizer
 from toy_tasks.food import ALPHABET
 
 PROMPT, BLOCK, LR = "ravin likes ", 32, 1e-6  # LR: TRL's default, on both sides
-RECORDED = 0.56  # ours (plain forward) / TRL's GRPOTrainer, paired here: 0.56, 0.57, 0.56; then with the (in, out)
-# weight order and 8 rounds 0.55, 0.55, 0.58, 0.57, 0.57 (2026-11-25)
+RECORDED = 0.56  # ours (plain forward) / TRL's GRPOTrainer, paired on this machine with trl installed: the rounds
+# are in docs/performance.md; used where trl is not importable, and the section says so
 OURS, PLAIN, TRL = "minigrpo (default)", "minigrpo, plain forward", "TRL GRPOTrainer"
 NO_KL = "minigrpo --no-rollout-kl (TRL's work at β = 0)"
 

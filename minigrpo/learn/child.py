@@ -9,16 +9,16 @@ this process that has run too long, with `RanPastLimit`.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from typing import Callable
+
+from minigrpo.util.parent import signal_on_parent_death
 
 PARENT_ENV = "MINIGRPO_LEARN_PARENT"  # the pid of the command, in its child's environment
 POLL_S = 0.5  # how often `run` asks `watch` whether to go on
@@ -62,11 +62,7 @@ def die_with_parent() -> None:
     """In a child started by `run`: be killed when the command that started it dies, however it dies (Linux);
     exit now if it has died already."""
     parent = os.environ.get(PARENT_ENV)
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if not parent or not signal_on_parent_death(signal.SIGKILL):
         return
     if os.getppid() != int(parent):  # the command died before the prctl: nobody waits for this child
         os._exit(1)

@@ -189,7 +189,8 @@ def next_step(folder, run: bool = True) -> str | None:
             return (f"write exercise {ex.number} {ex.name} in {workspace.learner_file(ex, folder)}, then: "
                     f"{workspace.command(f'check {ex.number}', folder)}")
         if state != "passing":
-            return f"{workspace.command(f'check {ex.number}', folder)}    (exercise {ex.number} is {state})"
+            verb = "" if state.startswith("does ") else "is "  # 'failing', 'does not load', ...
+            return f"{workspace.command(f'check {ex.number}', folder)}    (exercise {ex.number} {verb}{state})"
     return None
 
 

@@ -27,6 +27,7 @@ import textwrap
 import types
 from pathlib import Path
 
+from minigrpo.learn.child import RanPastLimit, time_limit
 from minigrpo.learn.path import PATH, Exercise
 
 DEFAULT_DIR = "runs/learn"
@@ -124,6 +125,10 @@ def _module_name(folder, module: str) -> str:
     return f"minigrpo_learner_{key}.{module}"
 
 
+LOAD_LIMIT_S = 20.0  # a learner's file loads in well under a second; past this, its top level loops
+_FAILED: dict[str, tuple[str, str]] = {}  # module name -> (the text that failed to load, its error line)
+
+
 def load_module(folder, module: str) -> types.ModuleType | None:
     """The learner's <folder>/<module>.py as a module of its own (loaded again when the file changed); None if
     absent."""
@@ -133,12 +138,18 @@ def load_module(folder, module: str) -> types.ModuleType | None:
     name, text = _module_name(folder, module), path.read_text()
     if name in sys.modules and getattr(sys.modules[name], "__learner_text__", None) == text:
         return sys.modules[name]  # loaded already, and the file has not changed since
+    if _FAILED.get(name, (None,))[0] == text:  # failed already, unchanged: not run again (a loop costs its limit)
+        raise LearnerError(_FAILED[name][1])
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(mod)
-    except (Exception, SystemExit) as e:  # a learner's file: any error, a sys.exit too, is theirs to see in one line
-        raise LearnerError(f"{path}: {type(e).__name__}: {e}") from None
+        with time_limit(LOAD_LIMIT_S, f"{path} ran past {LOAD_LIMIT_S:g} s while loading: does a loop at its top "
+                                      f"level never end? (code that runs on import goes under `if __name__ == "
+                                      f"'__main__':`)"):
+            spec.loader.exec_module(mod)
+    except (Exception, SystemExit, RanPastLimit) as e:  # a learner's file: any error, a sys.exit too, is theirs
+        _FAILED[name] = (text, str(e) if isinstance(e, RanPastLimit) else f"{path}: {type(e).__name__}: {e}")
+        raise LearnerError(_FAILED[name][1]) from None  # in one line
     mod.__learner_text__ = text
     sys.modules[name] = mod
     return mod

@@ -19,7 +19,6 @@ second Ctrl-C: at once). A worker that dies (killed, out of memory) fails its ru
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import io
 import json
@@ -33,6 +32,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from multiprocessing.connection import wait
 
 from minigrpo.util.outputs import release_out
+from minigrpo.util.parent import signal_on_parent_death
 from minigrpo.tools.stamps import STAMP, stamp_of
 
 
@@ -84,22 +84,17 @@ def run_one(task, runner=run_in_process) -> str | None:
 
 def _stop_with_parent() -> None:
     """Linux: when this worker's parent dies (killed, out of memory), its run in flight gets one Ctrl-C, so it ends
-    at its step with its checkpoint instead of running on alone. The kernel's parent-death signal (prctl's
-    PR_SET_PDEATHSIG, 1) is SIGUSR1, turned into one SIGINT: it can come more than once (once more per subreaper
-    the worker is handed to), and a second Ctrl-C would stop the run at once, without its checkpoint. Elsewhere
-    nothing happens: the worker ends when it next reads the closed pipe."""
+    at its step with its checkpoint instead of running on alone. The parent-death signal (util/parent.py) is SIGUSR1,
+    turned into one SIGINT: it can come more than once, and a second Ctrl-C would stop the run at once, without its
+    checkpoint. Elsewhere than Linux the worker ends when it next reads the closed pipe."""
     def once(signum, frame):
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         handler = signal.getsignal(signal.SIGINT)  # ignored between two runs
         if callable(handler):
             handler(signal.SIGINT, frame)
     signal.signal(signal.SIGUSR1, once)
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGUSR1)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the request: nobody will send it
-        os.kill(os.getpid(), signal.SIGUSR1)
+    if signal_on_parent_death(signal.SIGUSR1) and os.getppid() != multiprocessing.parent_process().pid:
+        os.kill(os.getpid(), signal.SIGUSR1)  # the parent died before the request: nobody will send it
 
 
 STOPPING_LINE = "Ctrl-C: every run stops at the end of its step (Ctrl-C again to stop at once)"
