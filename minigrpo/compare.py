@@ -49,6 +49,7 @@ import torch
 
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
+from minigrpo.util.runtime import cores
 from minigrpo.grpo import PRESETS
 from minigrpo.population.engine import run_populations
 from minigrpo.tools.intervals import interval_table
@@ -211,8 +212,7 @@ def main(argv=None):
     default = default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare") if cfg.reward else \
         f"runs/compare-{task}"
     out = Path(cfg.out if cfg.out is not None else default)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    jobs = cfg.jobs or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # torchrun's ranks share the node
+    jobs = cfg.jobs or max(1, cores() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # torchrun's ranks share the node
     def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
         algo, _, seed = folder_name.rpartition("-s")
         return command(algo, int(seed), cfg, passthrough, task, out) if algo in ALGOS and seed.isdigit() else None

@@ -14,11 +14,12 @@ says when, where and on what code it was last written (`header`): date, platform
 from __future__ import annotations
 
 import datetime
-import os
 import platform
 import re
 import subprocess
 from pathlib import Path
+
+from minigrpo.util.runtime import cores
 
 PERFORMANCE, RESULTS = "performance.md", "results.md"
 TITLES = {PERFORMANCE: "Performance", RESULTS: "Measured results"}
@@ -50,7 +51,7 @@ def machine(code_folder=None) -> dict[str, str]:
     """The header's fields: date, platform, CPUs (those this process may use), GPU, torch, commit (of the
     checkout holding `code_folder`, default this package's)."""
     import torch
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = cores()
     return {"date": datetime.date.today().isoformat(), "platform": f"{platform.system()} {platform.machine()}",
             "cpus": f"{cpus} CPUs", "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
             "torch": f"torch {torch.__version__}",

@@ -14,7 +14,6 @@ over every core's worker process (population/engine.run_populations, as compare 
 
 from __future__ import annotations
 
-import os
 import resource
 import shutil
 import sys
@@ -27,6 +26,7 @@ from minigrpo.bench.common import table
 from minigrpo.population.engine import run_population, run_populations
 from minigrpo.population.member import Batcher
 from minigrpo.tools.pool import run_one
+from minigrpo.util.runtime import cores
 
 
 def _items(out: Path, init: Path, device: str, seeds: range, steps: int) -> list:
@@ -68,7 +68,7 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
         rows.append([str(P), f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", f"{memory:.0f}",
                      share(("generate", False)), share(("hidden", True), ("backward", True)), share(("hidden", False)),
                      f"{100 * (1 - sum(spent.values()) / wall):.0f} %", "ok" if not failed else failed[0]])
-    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    jobs = cores()
     if jobs > 1:  # the largest P over every core's process: what does not batch runs on all of them
         P, failed = sizes[-1], []
         folder = out / "population" / f"P{P}-{jobs}"

@@ -43,7 +43,7 @@ from minigrpo.bench.mismatch import bench_mismatch
 from minigrpo.bench.step import bench_step
 from minigrpo.bench.population import bench_population
 from minigrpo.tools.bars import med
-from minigrpo.util.runtime import setup_runtime
+from minigrpo.util.runtime import cores, setup_runtime
 from toy_tasks import default_pretrain_dir, get_task
 
 SECTIONS = ["sampling", "threads", "scale", "prefix", "pretrain", "grpo", "presets", "targets", "rarest", "custom",
@@ -252,11 +252,10 @@ def main(argv=None):
                                                           "mismatch", "prefix")):
         raise UsageError("the targets, rarest, custom, optimum, entropy, mismatch and prefix sections are food's "
                          "(people and foods): use --task food")
-    jobs = cfg.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    jobs = cfg.jobs or cores()
     device = setup_runtime(cfg.threads, cfg.device)
     out = prepare_out(cfg.out)  # one line for an impossible or read-only folder; one bench per folder
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"machine: {platform.machine()} {cores} cores | torch {torch.__version__} | device {device} | "
+    print(f"machine: {platform.machine()} {cores()} cores | torch {torch.__version__} | device {device} | "
           f"threads {torch.get_num_threads()} | python {platform.python_version()}", flush=True)
     runners = {"sampling": lambda: bench_sampling(device), "threads": lambda: bench_threads(device),
                "scale": lambda: bench_scale(device), "prefix": lambda: bench_prefix(out, _task_init(out, "food")),

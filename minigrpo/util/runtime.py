@@ -18,6 +18,11 @@ import torch
 from minigrpo.util.cli import UsageError
 
 
+def cores() -> int:
+    """The CPU cores this process may use (its affinity where the system has one, else every core)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def auto_threads(load: tuple[float, int] | None = None) -> int:
     """Threads for --threads 0: the cores nobody else is using, at least 1. load: (1-minute load average, tasks
     running now besides this process); None reads them (`busy_now`).
@@ -27,10 +32,10 @@ def auto_threads(load: tuple[float, int] | None = None) -> int:
     lags (a neighbour that started seconds ago is hardly in it) and the running count is a snapshot (it misses a neighbour between its bursts),
     so a core counts as busy if either says so.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = cores()
     average, running = busy_now() if load is None else load
     busy = max(average, running)
-    return max(1, min(cores, int(cores - busy + 0.5)))
+    return max(1, min(n, int(n - busy + 0.5)))
 
 
 def busy_now(loadavg: str | None = None) -> tuple[float, int]:
