@@ -11,7 +11,9 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def cpu_unless_marked_cuda(request, monkeypatch):
     """The suite runs on the CPU wherever it runs: a run's --device auto resolves to the CPU (tests compare
-    numbers across runs and build CPU tensors), except in tests marked `cuda`, which skip without a GPU."""
+    numbers across runs and build CPU tensors), except in tests marked `cuda`, which skip without a GPU. This
+    holds in this process only: a test whose runs go to worker processes and compares their numbers names
+    --device cpu (on a machine with a GPU their auto would pick it)."""
     if request.node.get_closest_marker("cuda") is None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 

@@ -108,6 +108,9 @@ def test_a_section_result_becomes_named_blocks_and_another_task_never_overwrites
     parts = {"grpo": "a", "spillover": "b", "grpo-step-time": "c"}
     assert block_names("grpo", "food", parts) == parts
     assert block_names("grpo", "arithmetic", "t") == {"grpo-arithmetic": "t"}
+    assert block_names("population", "food", "t", "cuda") == {"population-cuda": "t"}  # never the CPU's block
+    assert block_names("grpo", "arithmetic", "t", "cuda:0") == {"grpo-arithmetic-cuda": "t"}
+    assert pages.page_of("population-cuda") == "performance.md" and pages.page_of("grpo-cuda") == "results.md"
     assert {pages.page_of(b) for b in ("sampling", "threads", "prefix", "step", "grpo-step-time")} == {"performance.md"}
     assert {pages.page_of(b) for b in ("grpo", "presets", "spillover", "pretrain", "grpo-arithmetic")} == {"results.md"}
 

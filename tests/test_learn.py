@@ -113,6 +113,15 @@ def with_body(name, body):
     return workspace.stub_source(find(name), textwrap.dedent(body).strip("\n"))
 
 
+@pytest.mark.parametrize("heading", ["Falsifying example:", "Failing test case:"])  # Hypothesis before/since 6.16x
+def test_the_smallest_failing_example_is_read_from_either_heading_on_one_line(heading):
+    from minigrpo.learn.plugin import falsifying_example
+    text = (f"AssertionError: the clip must stop the gradient\nassert tensor(False)\n{heading} test_clip(\n"
+            "    c=([[0.0, 0.0], [0.0, 1.0]], [0.0, 1.0]),  # or any other generated value\n    eps_low=0.25,\n)\n")
+    assert falsifying_example(text) == "c=([[0.0, 0.0], [0.0, 1.0]], [0.0, 1.0]), eps_low=0.25"  # its arguments
+    assert falsifying_example("E   AssertionError: no example here") == ""
+
+
 def test_a_failing_check_stops_after_a_few_broken_properties_each_shown_with_its_smallest_example(
         tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(grade, "MAX_BROKEN", 2, raising=False)

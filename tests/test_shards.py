@@ -10,7 +10,7 @@ from minigrpo.util.jsonl import read_jsonl
 from test_population import UNTIMED, close
 
 SWEEP = ["--engine", "population", "--algos", "default,ppo", "--seeds", "2", "--steps", "3", "--group-size", "4",
-         "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
+         "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--device", "cpu"]
 
 
 def test_one_process_is_a_shard_of_the_whole_sweep(monkeypatch):

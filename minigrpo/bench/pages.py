@@ -29,7 +29,7 @@ HEADER = "> **Written by `python -m minigrpo.bench`**"  # how a page's header li
 
 
 def page_of(block: str) -> str:
-    return PERFORMANCE if block in SPEED_BLOCKS else RESULTS
+    return PERFORMANCE if block.removesuffix("-cuda") in SPEED_BLOCKS else RESULTS
 
 
 def git_commit(folder) -> str:

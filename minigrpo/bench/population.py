@@ -68,6 +68,7 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
         rows.append([str(P), f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", f"{memory:.0f}",
                      share(("generate", False)), share(("hidden", True), ("backward", True)), share(("hidden", False)),
                      f"{100 * (1 - sum(spent.values()) / wall):.0f} %", "ok" if not failed else failed[0]])
+        print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)  # progress
     jobs = cores()
     if jobs > 1:  # the largest P over every core's process: what does not batch runs on all of them
         P, failed = sizes[-1], []

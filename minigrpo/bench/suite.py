@@ -223,11 +223,12 @@ def bench_presets(out: Path, task: str, seeds: int, jobs: int) -> str:
                        configs, out / "presets", init, seeds, jobs)[0]
 
 
-def block_names(section: str, task: str, result: str | dict[str, str]) -> dict[str, str]:
+def block_names(section: str, task: str, result: str | dict[str, str], device: str = "cpu") -> dict[str, str]:
     """{block name in the pages: markdown} of one section's result; a task other than food names its own blocks
-    (grpo-arithmetic), so it never overwrites food's."""
+    (grpo-arithmetic), and so does a GPU (population-cuda), so neither overwrites food's on the CPU."""
     parts = result if isinstance(result, dict) else {section: result}
-    return {name if task == "food" else f"{name}-{task}": text for name, text in parts.items()}
+    gpu = "-cuda" if device.startswith("cuda") else ""
+    return {(name if task == "food" else f"{name}-{task}") + gpu: text for name, text in parts.items()}
 
 
 @main_guard
@@ -274,7 +275,7 @@ def main(argv=None):
         raise UsageError(f"--docs {cfg.docs} is a file, not a folder (--no-docs: print only)")
     line = pages.header(pages.machine(), sections) if docs is not None else ""
     for s in sections:
-        blocks = block_names(s, cfg.task, runners[s]())
+        blocks = block_names(s, cfg.task, runners[s](), str(device))
         print("\n".join(blocks.values()), flush=True)
         if docs is not None:
             try:

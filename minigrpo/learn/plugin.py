@@ -153,10 +153,11 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def falsifying_example(text: str) -> str:
-    """Hypothesis' 'Falsifying example: test(arg=..., ...)' from a failure's text, on one line ('' if none)."""
+    """Hypothesis' 'Falsifying example: test(arg=..., ...)' from a failure's text, on one line ('' if none); newer
+    Hypothesis versions head it 'Failing test case:'."""
     lines = [re.sub(r"^E\s?", "", line).strip() for line in text.splitlines()]
     for i, line in enumerate(lines):
-        if line.startswith("Falsifying example:"):
+        if line.startswith(("Falsifying example:", "Failing test case:")):
             call = []
             for part in lines[i + 1:]:
                 call.append(re.sub(r"\s*#.*$", "", part))  # Hypothesis' comments ("# or any other ...")
