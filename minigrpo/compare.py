@@ -6,8 +6,9 @@
 
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one
 thread each, that import torch once and run their runs in process (pool.py: the same metrics as separate
-processes); with --engine population (the default on a GPU) every run goes at once, shared out over --jobs
-worker processes whose runs batch their models' work (minigrpo/population: the same metrics to float rounding).
+processes); with --engine population (the default on a GPU) the runs go as populations of at most --members runs,
+--jobs worker processes at a time, whose runs batch their models' work (minigrpo/population: the same metrics to
+float rounding).
 Under torchrun, --jobs defaults to the cores shared by the node's ranks. Either way each run writes to
 <out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m
 minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
@@ -51,7 +52,7 @@ from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import cores
 from minigrpo.grpo import PRESETS
-from minigrpo.population.engine import run_populations
+from minigrpo.population.engine import run_populations, shares_of
 from minigrpo.tools.intervals import interval_table
 from minigrpo.tools.sweep_report import curves, short_table, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
@@ -93,6 +94,10 @@ class CompareConfig:
         "replace the runs in --out that another compare command made (refused otherwise)"))
     jobs: int = field(default=0, metadata={"help": "worker processes: with --engine pool each runs one run at a "
                                                    "time, with population each one population (0 = the cores)"})
+    members: int = field(default=16, metadata=meta(
+        "most runs in one population (--engine population): more runs make more populations, each worker process "
+        "running one at a time; past 16, a population ran no faster per run on an H200, and each member costs memory "
+        "(0 = no limit)"))
     engine: str = field(default="auto", metadata=meta(
         "pool: worker processes, a few runs at a time; population: every run at once, a population per worker "
         "process, their models' work batched (minigrpo/population); auto: population when the runs' device is a "
@@ -176,7 +181,7 @@ def exact_frontier(passthrough: list[str], reward: str | None):
 def main(argv=None):
     # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps", "--engine"):
+    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps", "--engine", "--members"):
         pre.add_argument(name)
     pre.add_argument("--overwrite", action="store_true", default=None)
     ours, passthrough = pre.parse_known_args(list(argv or []))
@@ -199,6 +204,7 @@ def main(argv=None):
     if cfg.out is not None and not cfg.out.strip():
         raise UsageError("--out is empty; give a folder path such as runs/my-sweep")
     require(cfg, "jobs", cfg.jobs >= 0, ">= 0 (0 = the number of cores)")
+    require(cfg, "members", cfg.members >= 0, ">= 0 (0 = no limit)")
     if any(p in ("--seed", "--out", "--preset", "--resume", "--goal", "--plateau") for p in passthrough):
         raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
                          "use --seeds, --out, --algos and --budget")
@@ -233,9 +239,9 @@ def main(argv=None):
     todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: t[0] not in PPO_ALGOS)
     shard.barrier()  # every rank has read the same finished runs before any starts one
     engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(device) else "pool"
-    populations = max(1, min(jobs, len(todo)))
-    at_once = f"all at once, {populations} population{'s' * (populations > 1)}" if engine == "population" else \
-        f"{jobs} at a time"
+    populations = len(shares_of(shard.mine(todo), jobs, cfg.members))
+    at_once = f"{populations} population{'s' * (populations > 1)}, {min(jobs, populations)} at a time" if \
+        engine == "population" else f"{jobs} at a time"
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
     if shard.rank == 0:
         print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> {out}",
@@ -250,7 +256,7 @@ def main(argv=None):
         for kept in (t for t in tasks if t not in todo):
             done(kept, None)
     if engine == "population":
-        run_populations(shard.mine(todo), jobs, done)
+        run_populations(shard.mine(todo), jobs, done, cfg.members)
     else:
         run_pool(run_one, shard.mine(todo), max(1, jobs), done)
     everyone = shard.gather(mine)

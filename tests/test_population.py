@@ -12,7 +12,7 @@ import torch
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
 from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.lm.sampling import generate
-from minigrpo.population.engine import run_population
+from minigrpo.population.engine import run_population, run_populations, shares_of
 from minigrpo.population.member import _hidden
 from minigrpo.population.sampling import Request, generate_all
 from minigrpo.population.stacked import Stack
@@ -185,7 +185,7 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_
              "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--jobs", "2", "--device", "cpu"]
     main([*flags, "--engine", "population", "--out", str(tmp_path / "population")])
     printed = capsys.readouterr().out
-    assert "all at once, 2 populations" in printed and "interquartile means with their 95 % bootstrap" in printed
+    assert "2 populations, 2 at a time" in printed and "interquartile means with their 95 % bootstrap" in printed
     assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
     table = (tmp_path / "population" / "table.md").read_text()
     assert "P(row > column)" in table and "| default | 2 |" in table
@@ -196,6 +196,21 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_
         assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == \
             [[], [], [], []], run
     assert on_gpu("cuda") and not on_gpu("auto") and not on_gpu("cpu")  # tests see no GPU
+
+
+def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path, tiny_pretrained):
+    assert shares_of(list(range(7)), jobs=2) == [[0, 2, 4, 6], [1, 3, 5]]
+    assert shares_of(list(range(7)), jobs=2, most=3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert shares_of(list(range(3)), jobs=8) == [[0], [1], [2]] and shares_of([0, 1], jobs=1, most=0) == [[0, 1]]
+    init, _, _ = tiny_pretrained  # in this process, populations of one after another: each run is its single run
+    items = [_run(init, tmp_path / f"pop{s}", s) for s in range(2)]
+    errors = []
+    run_populations(items, 1, lambda item, error: errors.append((item[1], error)), most=1)
+    assert errors == [(0, None), (1, None)]
+    for s in range(2):
+        assert run_one(_run(init, tmp_path / f"alone{s}", s)) is None
+        rows, want = (read_jsonl(tmp_path / f"{t}{s}" / "metrics.jsonl") for t in ("pop", "alone"))
+        assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == [[]] * 4
 
 
 def test_a_share_whose_worker_died_fails_each_of_its_runs():

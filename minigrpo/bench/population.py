@@ -29,6 +29,9 @@ from minigrpo.tools.pool import run_one
 from minigrpo.util.runtime import cores
 
 
+LIMIT_S = 150  # a population the last rate says would take longer is not run (a lent GPU's minutes are few)
+
+
 def _items(out: Path, init: Path, device: str, seeds: range, steps: int) -> list:
     items = []
     for seed in seeds:
@@ -50,7 +53,13 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
     alone = time.perf_counter() - start
     rows = [["1 (alone, as the pool runs it)", f"{steps / alone:.1f}", f"{1e3 * alone / steps:.1f}", "", "", "", "",
              "", "ok" if error is None else error]]
+    measured, wall = 1, alone
     for P in sizes:
+        guess = wall * P / measured  # a population's step ran as fast per run at every P measured so far
+        if guess > LIMIT_S:
+            rows.append([str(P), "", "", "", "", "", "", "", f"not run: about {guess:.0f} s at the last rate "
+                                                              f"(this section's limit per population: {LIMIT_S} s)"])
+            continue
         folder = out / "population" / f"P{P}"
         shutil.rmtree(folder, ignore_errors=True)
         batcher, failed = Batcher(), []
@@ -69,9 +78,10 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
                      share(("generate", False)), share(("hidden", True), ("backward", True)), share(("hidden", False)),
                      f"{100 * (1 - sum(spent.values()) / wall):.0f} %", "ok" if not failed else failed[0]])
         print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)  # progress
+        measured = P
     jobs = cores()
     if jobs > 1:  # the largest P over every core's process: what does not batch runs on all of them
-        P, failed = sizes[-1], []
+        P, failed = measured, []
         folder = out / "population" / f"P{P}-{jobs}"
         shutil.rmtree(folder, ignore_errors=True)
         start = time.perf_counter()

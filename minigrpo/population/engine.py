@@ -107,17 +107,26 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
         sys.stdout, sys.stderr = out.real, err.real
 
 
-def run_populations(items: list, jobs: int, done) -> None:
-    """run_population over `jobs` shares of the items, each in a worker process of tools/pool.run_pool (one share:
-    here). Why: what does not batch, each member's own Python between batches, runs one member after another in a
-    process (one interpreter lock), so it is shared out over the cores; the batches of a share stay large. Shares
-    are dealt in turn (items 0, J, 2J, ... to the first), so each gets the same mix of algorithms. done(item,
-    error) is called here as each share ends, for each of its runs (their progress lines come together)."""
-    jobs = max(1, min(jobs, len(items)))
-    if jobs == 1:
-        return run_population(items, done)
-    shares = [items[j::jobs] for j in range(jobs)]
-    run_pool(population_share, shares, jobs, lambda share, results: _report(share, results, done))
+def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
+    """The populations `items` make: `jobs` of them, or more where one would hold over `most` runs (0: no limit).
+    Dealt in turn (items 0, S, 2S, ... to the first), so each gets the same mix of algorithms."""
+    n = max(1, min(jobs, len(items)), -(-len(items) // most) if most > 0 else 1)
+    return [items[j::n] for j in range(n)]
+
+
+def run_populations(items: list, jobs: int, done, most: int = 0) -> None:
+    """run_population over the shares of the items (shares_of: at most `most` runs each), each in a worker process of
+    tools/pool.run_pool, `jobs` at a time (jobs = 1: here, one after another). Why processes: what does not batch,
+    each member's own Python between batches, runs one member after another in a process (one interpreter lock), so
+    it is shared out over the cores. Why a limit: each member costs GPU memory, and past a few members a population
+    runs no faster per run (docs/performance.md). done(item, error) is called here as each share ends, for each of
+    its runs (their progress lines come together)."""
+    shares = shares_of(items, jobs, most)
+    if jobs <= 1 or len(shares) == 1:
+        for share in shares:
+            run_population(share, done)
+        return
+    run_pool(population_share, shares, min(jobs, len(shares)), lambda share, results: _report(share, results, done))
 
 
 def _report(share: list, results, done) -> None:
