@@ -27,8 +27,10 @@ from minigrpo.population.engine import run_population, run_populations
 from minigrpo.population.member import Batcher
 from minigrpo.tools.pool import run_one
 from minigrpo.util.runtime import cores
+from minigrpo.util.sampler import ThreadSampler
 
 
+ROOTS = ("minigrpo/rl/loop.py:run", "minigrpo/population/member.py:_serve", "minigrpo/rl/loop.py:__init__")
 LIMIT_S = 150  # a population the last rate says would take longer is not run (a lent GPU's minutes are few)
 
 
@@ -93,4 +95,20 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
     memory_title = "GPU MiB per member (peak)" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) as one population on {device}",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "sampling", "update",
-                  "evaluation and π_ref", "members' own", "runs"], rows)
+                  "evaluation and π_ref", "members' own", "runs"], rows) + _profile(out, init, device, measured, steps)
+
+
+def _profile(out: Path, init: Path, device: str, P: int, steps: int, shown: int = 14) -> str:
+    """Where the threads of a population of min(P, 16) work (util/sampler.py): the functions of this project with
+    the largest share of the working samples, cumulative (with their callees) and their own."""
+    P = min(P, 16)
+    folder = out / "population" / f"P{P}-profile"
+    shutil.rmtree(folder, ignore_errors=True)
+    with ThreadSampler(roots=ROOTS) as sampler:
+        run_population(_items(folder, init, device, range(P), steps), lambda item, err: None, Batcher())
+    share = lambda n: f"{100 * n / max(sampler.working(), 1):.0f} %"  # noqa: E731
+    rows = [[phase, share(n)] for phase, n in sampler.phases.most_common(shown)]
+    rows += [[f"own time: {name}", f"{100 * s:.0f} %"] for s, name in sampler.top(6, own=True)]
+    return "\n" + table(f"where a population's threads work: P = {P} on {device}, sampled every 2 ms, "
+                        f"{sampler.working()} working samples of {sampler.samples} (the rest waited)",
+                        ["what a member's run loop, or the batch server, was doing", "share"], rows)

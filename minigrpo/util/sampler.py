@@ -1,0 +1,85 @@
+"""A sampling profiler over threads: where each of the other threads is, every few milliseconds.
+
+    with ThreadSampler() as s:
+        run_population(...)              # its members are threads
+    s.top(10)                            # [(share, "minigrpo/grpo.py:update"), ...]
+    ThreadSampler(roots=["minigrpo/rl/loop.py:run"]).phases   # what run() was calling: {"...:evaluate": n, ...}
+
+Why not cProfile: it sees the thread that enabled it only, and from Python 3.12 it holds sys.monitoring, which
+one tool per process may hold. A sample takes every thread's innermost frame (sys._current_frames): a thread
+blocked in a wait (Condition.wait, a lock's acquire, join) is counted as waiting; for the others each function of
+this project on its stack counts once (its cumulative share), and the innermost one also as its own time. A thread
+waiting for the interpreter lock is counted where it stands, so shares are of the threads' time, not of the wall
+time.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+
+WAITS = {"wait", "acquire", "_wait_for_tstate_lock", "join"}  # a thread parked here is waiting, not working
+
+
+def _name(code) -> str:
+    path = code.co_filename.replace("\\", "/")
+    for root in ("minigrpo/", "toy_tasks/"):
+        if f"/{root}" in path:
+            return root + path.split(f"/{root}", 1)[1] + ":" + code.co_name
+    return ""
+
+
+class ThreadSampler:
+    def __init__(self, every: float = 0.002, roots: tuple = ()):
+        self.every, self.roots = every, set(roots)
+        self.phases: collections.Counter = collections.Counter()  # "root → what it was calling" -> samples
+        self.cumulative: collections.Counter = collections.Counter()  # function -> samples with it on the stack
+        self.own: collections.Counter = collections.Counter()  # function -> samples with it innermost (of ours)
+        self.samples = self.waiting = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "ThreadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.every):
+            for ident, frame in sys._current_frames().items():
+                if ident != me:
+                    self._sample(frame)
+
+    def _sample(self, frame) -> None:
+        self.samples += 1
+        if frame.f_code.co_name in WAITS:
+            self.waiting += 1
+            return
+        seen, innermost, inside, phase = set(), None, None, None
+        while frame is not None:
+            name = _name(frame.f_code)
+            if name and name not in seen:
+                seen.add(name)
+                self.cumulative[name] += 1
+                innermost = innermost or name
+                if name in self.roots and phase is None:  # the innermost root: what it was calling
+                    phase = f"{name} → {inside.rsplit(':', 1)[1]}" if inside else f"{name} (its own code)"
+                inside = name
+            frame = frame.f_back
+        if self.roots:
+            self.phases[phase or "(outside every root)"] += 1
+        if innermost:
+            self.own[innermost] += 1
+
+    def working(self) -> int:
+        return self.samples - self.waiting
+
+    def top(self, n: int, own: bool = False) -> list[tuple[float, str]]:
+        """The n functions with the largest share of the working samples: cumulative, or their own time."""
+        counts = self.own if own else self.cumulative
+        return [(c / max(self.working(), 1), name) for name, c in counts.most_common(n)]
