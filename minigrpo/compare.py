@@ -99,9 +99,9 @@ class CompareConfig:
         "running one at a time; past 16, a population ran no faster per run on an H200, and each member costs memory "
         "(0 = no limit)"))
     engine: str = field(default="auto", metadata=meta(
-        "pool: worker processes, a few runs at a time; population: every run at once, a population per worker "
-        "process, their models' work batched (minigrpo/population); auto: population when the runs' device is a "
-        "GPU, else pool",
+        "pool: worker processes, a few runs at a time; population: populations of at most --members runs, one per "
+        "worker process at a time, their models' work batched (minigrpo/population); auto: population when the "
+        "runs' device is a GPU, else pool",
         choices=["auto", "pool", "population"]))
 
 
