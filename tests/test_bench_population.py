@@ -15,4 +15,5 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     assert "not run: about" in rows["1000"] and "limit per population: 60 s" in rows["1000"], text
     assert rows["2 in 2 processes"].rstrip(" |").endswith("ok"), text  # the largest population measured
     assert not (tmp_path / "population" / "P1000").exists()
-    assert "where a population's threads work: P = 2 on cpu" in text and "| minigrpo/rl/loop.py:run " in text, text
+    assert "where a population's threads work: P = 2 on cpu" in text and "| minigrpo/rl/loop.py:run → " in text, text
+    assert "torch calls per run-step of one run on cpu (1 steps" in text and "| all " in text, text

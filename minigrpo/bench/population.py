@@ -26,6 +26,7 @@ from minigrpo.bench.common import table
 from minigrpo.population.engine import run_population, run_populations
 from minigrpo.population.member import Batcher
 from minigrpo.tools.pool import run_one
+from minigrpo.util.opcount import TorchCalls
 from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import ThreadSampler
 
@@ -95,7 +96,7 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
     memory_title = "GPU MiB per member (peak)" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) as one population on {device}",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "sampling", "update",
-                  "evaluation and π_ref", "members' own", "runs"], rows) + _profile(out, init, device, measured, steps)
+                  "evaluation and π_ref", "members' own", "runs"], rows) + _profile(out, init, device, measured, steps) + _calls(out, init, device, steps)
 
 
 def _profile(out: Path, init: Path, device: str, P: int, steps: int, shown: int = 14) -> str:
@@ -112,3 +113,20 @@ def _profile(out: Path, init: Path, device: str, P: int, steps: int, shown: int 
     return "\n" + table(f"where a population's threads work: P = {P} on {device}, sampled every 2 ms, "
                         f"{sampler.working()} working samples of {sampler.samples} (the rest waited)",
                         ["what a member's run loop, or the batch server, was doing", "share"], rows)
+
+
+def _calls(out: Path, init: Path, device: str, steps: int) -> str:
+    """The torch calls of one run alone per run-step (util/opcount.py), by what its run loop was calling: a
+    population batches the model's, and each member makes its own one after another."""
+    calls = TorchCalls(root="minigrpo/rl/loop.py:run", inside=("minigrpo/lm/model.py", "minigrpo/lm/sampling.py"))
+    with calls:
+        run_one(_items(out / "population" / "calls", init, device, range(1), steps)[0])
+    phases = sorted({k[0] for k in calls.counts}, key=lambda k: -sum(calls.counts[(k, w)] for w in ("own", "model")))
+    per = lambda n: f"{n / steps:.0f}"  # noqa: E731
+    rows = [[k, per(calls.counts[(k, "own")]), per(calls.counts[(k, "model")]),
+             per(calls.syncs[(k, "own")] + calls.syncs[(k, "model")])] for k in phases]
+    own = sum(n for (k, w), n in calls.counts.items() if w == "own")
+    rows.append(["all", per(own), per(sum(calls.counts.values()) - own), per(sum(calls.syncs.values()))])
+    return "\n" + table(f"torch calls per run-step of one run on {device} ({steps} steps, its set-up included), by "
+                        "what its run loop was calling", ["calling", "own calls", "model's calls", "reading a value"],
+                        rows)

@@ -1,0 +1,47 @@
+"""Count the torch calls a piece of code makes, by what a chosen function was calling at the time.
+
+    with TorchCalls(root="minigrpo/rl/loop.py:run", inside=("minigrpo/lm/model.py",)) as calls:
+        train(cfg)
+    calls.counts    # {("update", "own"): 1258, ("collect", "model"): 971, ...}
+    calls.syncs     # the same keys: calls that wait for the values (item, tolist, bool, ...)
+
+Why count calls: on a GPU each torch call on a small tensor costs a kernel launch and its dispatch (microseconds,
+whatever the tensor's size), and each call that reads a value back waits for the GPU; so for small models the
+count, not the arithmetic, sets a step's time there, and it can be counted on any machine. A call is "model"
+when a function of a file in `inside` is on the stack (a population batches those), else "own". It counts the
+calls torch's Python API sees (torch.overrides.TorchFunctionMode), not kernels.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+from torch.overrides import TorchFunctionMode
+
+from minigrpo.util.sampler import _name
+
+SYNCS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "nonzero"}
+
+
+class TorchCalls(TorchFunctionMode):
+    def __init__(self, root: str, inside: tuple = ()):
+        super().__init__()
+        self.root, self.inside = root, inside
+        self.counts: collections.Counter = collections.Counter()  # (what root was calling, "own"/"model") -> calls
+        self.syncs: collections.Counter = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        frame, calling, model = sys._getframe(1), None, False
+        while frame is not None:
+            name = _name(frame.f_code)
+            if name == self.root:
+                break
+            if name:
+                calling, model = name.rsplit(":", 1)[1], model or name.startswith(self.inside)
+            frame = frame.f_back
+        key = (calling or "(its own code)" if frame is not None else "(outside it)", "model" if model else "own")
+        self.counts[key] += 1
+        if getattr(func, "__name__", "") in SYNCS:
+            self.syncs[key] += 1
+        return func(*args, **(kwargs or {}))
