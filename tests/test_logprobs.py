@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import SET, call, right_padded
-from minigrpo.lm.logprobs import completion_token_logprobs
+from minigrpo.lm.logprobs import completion_token_logprobs, pad_left
 
 V = 7
 
@@ -61,3 +61,14 @@ def test_the_prompt_logits_change_nothing():
     a = call(completion_token_logprobs, logits, ids, 4, mask)
     b = call(completion_token_logprobs, other, ids2, 4, mask)
     assert torch.equal(a, b), "completion log-probs depend on the prompt's logits or ids"
+
+
+@SET
+@given(st.lists(st.lists(st.integers(1, 30), max_size=6), min_size=1, max_size=5))
+def test_pad_left_right_aligns_every_row_and_masks_exactly_its_tokens(rows):
+    ids, mask = pad_left(rows, 0)
+    width = max(len(r) for r in rows)
+    assert ids.shape == mask.shape == (len(rows), width) and ids.dtype == torch.long and mask.dtype == torch.bool
+    for i, r in enumerate(rows):
+        assert ids[i, width - len(r):].tolist() == r and mask[i].tolist() == [False] * (width - len(r)) + [True] * len(r)
+        assert (ids[i, : width - len(r)] == 0).all(), (rows, ids)

@@ -85,13 +85,9 @@ def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | No
 
 def pad_left(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to one tensor: -> ids (B, T) long, key_mask (B, T) bool."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = True
+    width, shape = max(len(r) for r in rows), (len(rows), -1)  # -1: a width of 0 too
+    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long).view(shape)
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=torch.bool).view(shape)
     return ids.to(device), mask.to(device)
 
 

@@ -31,16 +31,23 @@ class AdamW:
         lr, (b1, b2) = self.param_groups[0]["lr"], self.betas
         self.t += 1
         bias1, bias2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        for p, m, v in zip(self.params, self.m, self.v):
-            if p.grad is None:
-                continue
-            g = p.grad
-            m.mul_(b1).add_(g, alpha=1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            if self.weight_decay:
-                p.mul_(1 - lr * self.weight_decay)
-            denom = (v / bias2).sqrt_().add_(self.eps)
-            p.addcdiv_(m, denom, value=-lr / bias1)
+        live = [k for k, p in enumerate(self.params) if p.grad is not None]
+        if not live:
+            return
+        p, g = [self.params[k] for k in live], [self.params[k].grad for k in live]
+        m, v = [self.m[k] for k in live], [self.v[k] for k in live]
+        # each line is one tensor's update done to every tensor in one call (torch._foreach_*, as torch.optim does):
+        # the same arithmetic, with one call instead of one per tensor (on a GPU, a few launches instead of hundreds)
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, g, alpha=1 - b1)  # m ← β1·m + (1−β1)·g
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, g, g, value=1 - b2)  # v ← β2·v + (1−β2)·g²
+        if self.weight_decay:
+            torch._foreach_mul_(p, 1 - lr * self.weight_decay)  # θ ← θ − lr·λ·θ
+        denom = torch._foreach_div(v, bias2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, self.eps)  # sqrt(v / (1−β2^t)) + ε
+        torch._foreach_addcdiv_(p, m, denom, value=-lr / bias1)  # θ ← θ − lr · (m / (1−β1^t)) / denom
 
     def state_dict(self) -> dict:
         return {"t": self.t, "m": [m.cpu() for m in self.m], "v": [v.cpu() for v in self.v],
@@ -66,9 +73,8 @@ def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     coef = max_norm / (norm + 1e-6)
     if not bool(coef >= 1.0):  # coef < 1, or NaN
-        for g in grads:
-            g.mul_(coef)
+        torch._foreach_mul_(grads, coef)
     return norm
