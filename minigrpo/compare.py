@@ -121,6 +121,13 @@ def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], ta
             str(out / f"{algo}-s{seed}")]
 
 
+def brief(error: str, most: int = 200) -> str:
+    """An error's first line, cut to `most` characters (CUDA's out-of-memory line runs past 1,000; table.md
+    has it whole)."""
+    line = error.splitlines()[0] if error.strip() else error
+    return line if len(line) <= most else line[:most - 1] + "…"
+
+
 def on_gpu(device: str) -> bool:
     """Whether runs of --device `device` use a GPU: cuda, or auto with one present."""
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
@@ -249,7 +256,7 @@ def main(argv=None):
     mine = {}  # (algo, seed) -> error of this rank's failed runs
 
     def done(run, err):
-        print(f"  {run[0]} seed {run[1]}: {'ok' if err is None else 'FAILED: ' + err}", flush=True)
+        print(f"  {run[0]} seed {run[1]}: {'ok' if err is None else 'FAILED: ' + brief(err)}", flush=True)
         if err is not None:
             mine[run[:2]] = err
     if shard.rank == 0:
@@ -281,7 +288,7 @@ def main(argv=None):
         print("\ninterquartile means with their 95 % bootstrap intervals:\n" + "\n".join(interval_table(results)))
     for algo, errs in errors.items():
         for seed, err in errs:
-            print(f"failed: {algo} seed {seed}: {err}")
+            print(f"failed: {algo} seed {seed}: {brief(err)}")
     print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'intervals.png'}, {out / 'table.md'} (the "
           f"full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)")
     if errors:

@@ -229,3 +229,10 @@ def test_compare_prints_a_short_table_of_what_judges_each_algorithm():
     assert lines[2].split()[:5] == ["reinforce_rej", "1/2", "40", "(1", "never)"], lines
     assert all(len(line) <= 120 for line in lines) and len(lines) == 3
     assert "regret" not in short_table(results, regret=False)
+
+
+def test_a_failed_runs_line_is_its_errors_first_line_cut_short():
+    from minigrpo.compare import brief
+    oom = "torch.OutOfMemoryError: CUDA out of memory. " + "Process 581 has 9.48 GiB memory in use. " * 30
+    assert brief(oom).startswith("torch.OutOfMemoryError: CUDA out of memory.") and len(brief(oom)) == 200
+    assert brief(oom).endswith("…") and brief("ValueError: bad\nmore") == "ValueError: bad" and brief("") == ""
