@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 import sys
+import threading
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
 from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.lm.sampling import generate
 from minigrpo.population.engine import run_population, run_populations, shares_of
-from minigrpo.population.member import _hidden
+from minigrpo.population.member import Batcher, _hidden
 from minigrpo.population.sampling import Request, generate_all
 from minigrpo.population.stacked import Stack
 from minigrpo.tools.pool import run_one
@@ -196,6 +197,22 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_
         assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == \
             [[], [], [], []], run
     assert on_gpu("cuda") and not on_gpu("auto") and not on_gpu("cpu")  # tests see no GPU
+
+
+def test_in_a_grpo_population_only_the_batch_server_multiplies_matrices(tmp_path, tiny_pretrained, monkeypatch):
+    """A matmul in a member's thread would give that thread its own cuBLAS handle and workspace on a GPU (about
+    100 MB a member on an H200): every product of a GRPO member goes to the batch."""
+    init, _, _ = tiny_pretrained
+    batcher, where = Batcher(), []
+    for owner, name in [(torch.nn.functional, "linear"), (torch, "matmul"), (torch, "mm"), (torch, "bmm"),
+                        (torch, "addmm"), (torch, "baddbmm")]:
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, real=real, name=name, **k: (
+            where.append((name, threading.get_ident() in batcher.members)), real(*a, **k))[1])
+    errors = []
+    run_population([_run(init, tmp_path / f"pop{s}", s) for s in range(2)], lambda i, e: errors.append(e), batcher)
+    assert errors == [None, None] and where, where
+    assert [call for call in where if call[1]] == [], sorted(set(where))
 
 
 def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path, tiny_pretrained):
