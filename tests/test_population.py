@@ -199,9 +199,9 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_
     assert on_gpu("cuda") and not on_gpu("auto") and not on_gpu("cpu")  # tests see no GPU
 
 
-def test_in_a_grpo_population_only_the_batch_server_multiplies_matrices(tmp_path, tiny_pretrained, monkeypatch):
+def test_in_a_population_only_the_batch_server_multiplies_matrices(tmp_path, tiny_pretrained, monkeypatch):
     """A matmul in a member's thread would give that thread its own cuBLAS handle and workspace on a GPU (about
-    100 MB a member on an H200): every product of a GRPO member goes to the batch."""
+    100 MB a member on an H200): every product of a member goes to the batch, PPO's value heads too."""
     init, _, _ = tiny_pretrained
     batcher, where = Batcher(), []
     for owner, name in [(torch.nn.functional, "linear"), (torch, "matmul"), (torch, "mm"), (torch, "bmm"),
@@ -210,8 +210,10 @@ def test_in_a_grpo_population_only_the_batch_server_multiplies_matrices(tmp_path
         monkeypatch.setattr(owner, name, lambda *a, real=real, name=name, **k: (
             where.append((name, threading.get_ident() in batcher.members)), real(*a, **k))[1])
     errors = []
-    run_population([_run(init, tmp_path / f"pop{s}", s) for s in range(2)], lambda i, e: errors.append(e), batcher)
-    assert errors == [None, None] and where, where
+    runs = [("minigrpo.grpo", ()), ("minigrpo.ppo", ()), ("minigrpo.ppo", ("--critic", "separate"))]
+    run_population([_run(init, tmp_path / f"pop{k}", 0, module, extra) for k, (module, extra) in enumerate(runs)],
+                   lambda i, e: errors.append(e), batcher)
+    assert errors == [None] * 3 and where, (errors, where)
     assert [call for call in where if call[1]] == [], sorted(set(where))
 
 

@@ -78,8 +78,8 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
         memory = (torch.cuda.max_memory_allocated() / P / 2**20 if gpu else
                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / P)
         rows.append([str(P), f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", f"{memory:.0f}",
-                     share(("generate", False)), share(("hidden", True), ("head", True), ("backward", True)),
-                     share(("hidden", False), ("head", False)),
+                     share(("generate", False)), share(("hidden", True), ("linear", True), ("backward", True)),
+                     share(("hidden", False), ("linear", False)),
                      f"{100 * (1 - sum(spent.values()) / wall):.0f} %", "ok" if not failed else failed[0]])
         print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)  # progress
         measured = P

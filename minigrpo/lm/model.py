@@ -204,7 +204,12 @@ class GPT(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, T, C) -> logits (B, T, V) through the tied output head."""
-        return F.linear(h, self.wte.weight)
+        return self.linear(h, self.wte.weight)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ weightᵀ + bias on this model's states (its output head; a critic's value head): F.linear here, one
+        batched product over the members in a population (population/member.py)."""
+        return F.linear(x, weight, bias)
 
     def forward(self, idx, pos=None, key_mask=None, cache: KVCache | None = None):
         """idx (B, T) -> logits (B, T, V). See the module docstring for pos, key_mask and cache."""

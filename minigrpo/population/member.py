@@ -5,10 +5,10 @@ models' forward passes, samplings and backward passes wait for the other members
     # in each member's thread: BATCH.set(batcher), then the run as usual; rl.Run adopts its policy:
     policy = batcher.adopt(policy)       # a MemberGPT: the same GPT, its work joins the batch
 
-Every request (`hidden`, `head`, `generate`, `backward`) waits until each live member has one waiting; the server's
-thread then serves the requests of one kind and grad mode as one computation (stacked.Stack, one batched matmul
-for the heads, sampling.generate_all, one torch.autograd.backward over the members' losses), the others wait for a later
-round (Batcher._serve: which group goes first keeps the members in step). What
+Every request (`hidden`, `linear`, `generate`, `backward`) waits until each live member has one waiting; the
+server's thread then serves the requests of one kind and grad mode as one computation (stacked.Stack, one batched
+matmul for the heads (GPT.linear), sampling.generate_all, one torch.autograd.backward over the members' losses), the
+others wait for a later round (Batcher._serve: which group goes first keeps the members in step). What
 is not a model's work (rewards, advantages, losses, statistics, stop rules, files) stays in each member's own
 run, so a member computes what its single run computes, to float rounding, at any P (tests/test_population.py).
 
@@ -99,6 +99,8 @@ class Batcher:
         groups: dict[tuple, list[dict]] = {}
         for req in self.pending:  # models of another shape (another --init) never share a batch
             shape = tuple(vars(req["model"].cfg).values())
+            if req["kind"] == "linear":  # an output head and a value head never share a product
+                shape += (tuple(req["args"][1].shape), req["args"][2] is None)
             groups.setdefault((req["kind"], req["grad"], shape), []).append(req)
         (kind, grad, _), reqs = min(groups.items(), key=lambda g: (g[0][0] not in FORWARD,
                                                                    min(r["order"] for r in g[1]), -len(g[1])))
@@ -141,15 +143,19 @@ def _hidden(reqs: list[dict]) -> list[torch.Tensor]:
     return [h[p, : s[0], : s[1]] for p, s in enumerate(shapes)]
 
 
-def _head(reqs: list[dict]) -> list[torch.Tensor]:
-    """GPT.head of each request, h (..., C) -> logits (..., V), as one batched matmul over the members' tied heads.
-    Why batch so small a product: on a GPU, a matmul in a member's thread gives that thread its own cuBLAS handle
-    and workspace, which cost each member about 100 MB (docs/performance.md)."""
+def _linear(reqs: list[dict]) -> list[torch.Tensor]:
+    """GPT.linear of each request, x (..., in) @ weight (out, in)ᵀ + bias -> (..., out), as one batched matmul (the
+    output heads; PPO's value heads). Why batch so small a product: on a GPU, a matmul in a member's thread gives
+    that thread its own cuBLAS handle and workspace, which cost each member about 100 MB (docs/performance.md)."""
     flat = [r["args"][0].reshape(-1, r["args"][0].shape[-1]) for r in reqs]
     rows = max(f.shape[0] for f in flat)
-    h = torch.stack([F.pad(f, (0, 0, 0, rows - f.shape[0])) for f in flat])  # (P, rows, C)
-    logits = torch.bmm(h, torch.stack([r["model"].wte.weight for r in reqs]).transpose(1, 2))  # (P, rows, V)
-    return [logits[p, : f.shape[0]].view(*r["args"][0].shape[:-1], -1) for p, (f, r) in enumerate(zip(flat, reqs))]
+    x = torch.stack([F.pad(f, (0, 0, 0, rows - f.shape[0])) for f in flat])  # (P, rows, in)
+    w = torch.stack([r["args"][1] for r in reqs]).transpose(1, 2)  # (P, in, out)
+    if reqs[0]["args"][2] is None:
+        y = torch.bmm(x, w)
+    else:
+        y = torch.baddbmm(torch.stack([r["args"][2] for r in reqs])[:, None, :], x, w)
+    return [y[p, : f.shape[0]].view(*r["args"][0].shape[:-1], -1) for p, (f, r) in enumerate(zip(flat, reqs))]
 
 
 def _generate(reqs: list[dict]) -> list:
@@ -162,13 +168,13 @@ def _backward(reqs: list[dict]) -> list[None]:
     return [None] * len(reqs)
 
 
-SERVE = {"hidden": _hidden, "head": _head, "generate": _generate, "backward": _backward}
-FORWARD = ("hidden", "head")  # the forward passes, served before the other kinds (Batcher._serve)
+SERVE = {"hidden": _hidden, "linear": _linear, "generate": _generate, "backward": _backward}
+FORWARD = ("hidden", "linear")  # the forward passes, served before the other kinds (Batcher._serve)
 
 
 class MemberGPT(GPT):
     """A member's GPT: the same module (parameters, state_dict, checkpoints), whose forward passes without a
-    KV cache, output heads, samplings and backward passes go through its batcher."""
+    KV cache, heads (GPT.linear), samplings and backward passes go through its batcher."""
     batcher: Batcher
 
     def hidden(self, idx, pos=None, key_mask=None, cache=None, attn_mask=None):
@@ -176,8 +182,8 @@ class MemberGPT(GPT):
             return super().hidden(idx, pos, key_mask, cache, attn_mask)
         return self.batcher.submit("hidden", self, idx, *self.inputs(idx, pos, key_mask, None, attn_mask))
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.batcher.submit("head", self, h)
+    def linear(self, x, weight, bias=None):
+        return self.batcher.submit("linear", self, x, weight, bias)
 
     def batched_generate(self, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator):
         """lm/sampling.generate of this member, drawn in one batch with the others'."""
