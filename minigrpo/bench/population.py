@@ -75,9 +75,12 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
         wall = time.perf_counter() - start
         spent = {k: v[0] for k, v in batcher.spent.items()}
         share = lambda *keys: f"{100 * sum(spent.get(k, 0.0) for k in keys) / wall:.0f} %"  # noqa: E731
-        memory = (torch.cuda.max_memory_allocated() / P / 2**20 if gpu else
-                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / P)
-        rows.append([str(P), f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", f"{memory:.0f}",
+        if gpu:  # PyTorch's tensors at their peak, and the whole device in use after (cuBLAS's handles and the like)
+            free, total = torch.cuda.mem_get_info()
+            memory = f"{torch.cuda.max_memory_allocated() / P / 2**20:.0f}; {(total - free) / P / 2**20:.0f}"
+        else:
+            memory = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / P:.0f}"
+        rows.append([str(P), f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", memory,
                      share(("generate", False)), share(("hidden", True), ("linear", True), ("backward", True)),
                      share(("hidden", False), ("linear", False)),
                      f"{100 * (1 - sum(spent.values()) / wall):.0f} %", "ok" if not failed else failed[0]])
@@ -94,7 +97,7 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
         wall = time.perf_counter() - start
         rows.append([f"{P} in {jobs} processes", f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", "", "",
                      "", "", "", "ok" if not failed else failed[0]])
-    memory_title = "GPU MiB per member (peak)" if gpu else "process peak RSS / P, MiB"
+    memory_title = "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) as one population on {device}",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "sampling", "update",
                   "evaluation and π_ref", "members' own", "runs"], rows) + _profile(out, init, device, measured, steps) + _calls(out, init, device, steps)
