@@ -70,5 +70,6 @@ def test_pad_left_right_aligns_every_row_and_masks_exactly_its_tokens(rows):
     width = max(len(r) for r in rows)
     assert ids.shape == mask.shape == (len(rows), width) and ids.dtype == torch.long and mask.dtype == torch.bool
     for i, r in enumerate(rows):
-        assert ids[i, width - len(r):].tolist() == r and mask[i].tolist() == [False] * (width - len(r)) + [True] * len(r)
-        assert (ids[i, : width - len(r)] == 0).all(), (rows, ids)
+        pad = width - len(r)
+        assert ids[i, pad:].tolist() == r and mask[i].tolist() == [False] * pad + [True] * len(r), (rows, ids, mask)
+        assert (ids[i, :pad] == 0).all(), (rows, ids)

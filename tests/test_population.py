@@ -112,8 +112,9 @@ LOOSER = {"implied_beta": 1e-3}
 def close(a: dict, b: dict, tol: float = 1e-4) -> list[str]:
     """'key: a vs b' for each key whose values differ by more than tol·max(1, |b|) (LOOSER's own tol; None and
     strings: exactly)."""
-    return [f"{k}: {a[k]} vs {b[k]}" for k in b if not (a[k] == b[k] or (isinstance(b[k], float) and a[k] is not None and
-                                                      abs(a[k] - b[k]) <= LOOSER.get(k, tol) * max(1.0, abs(b[k]))))]
+    return [f"{k}: {a[k]} vs {b[k]}" for k in b if not (
+        a[k] == b[k] or (isinstance(b[k], float) and a[k] is not None and
+                         abs(a[k] - b[k]) <= LOOSER.get(k, tol) * max(1.0, abs(b[k]))))]
 
 
 def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(tmp_path, tiny_pretrained):

@@ -100,12 +100,13 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
     memory_title = "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) as one population on {device}",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "sampling", "update",
-                  "evaluation and π_ref", "members' own", "runs"], rows) + _profile(out, init, device, measured, steps) + _calls(out, init, device, steps)
+                  "evaluation and π_ref", "members' own", "runs"], rows) + \
+        _profile(out, init, device, measured, steps) + _calls(out, init, device, steps)
 
 
 def _profile(out: Path, init: Path, device: str, P: int, steps: int, shown: int = 14) -> str:
-    """Where the threads of a population of min(P, 16) work (util/sampler.py): the functions of this project with
-    the largest share of the working samples, cumulative (with their callees) and their own."""
+    """Where the threads of a population of min(P, 16) work (util/sampler.py): what each member's run loop or the
+    batch server was calling, and the functions with the most own time, as shares of the working samples."""
     P = min(P, 16)
     folder = out / "population" / f"P{P}-profile"
     shutil.rmtree(folder, ignore_errors=True)

@@ -155,7 +155,8 @@ def _linear(reqs: list[dict]) -> list[torch.Tensor]:
         y = torch.bmm(x, w)
     else:
         y = torch.baddbmm(torch.stack([r["args"][2] for r in reqs])[:, None, :], x, w)
-    return [y[p, : f.shape[0]].view(*r["args"][0].shape[:-1], -1) for p, (f, r) in enumerate(zip(flat, reqs))]
+    return [y[p, : f.shape[0]].reshape(*r["args"][0].shape[:-1], y.shape[-1]) for p, (f, r) in
+            enumerate(zip(flat, reqs))]
 
 
 def _generate(reqs: list[dict]) -> list:

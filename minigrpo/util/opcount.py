@@ -2,7 +2,7 @@
 
     with TorchCalls(root="minigrpo/rl/loop.py:run", inside=("minigrpo/lm/model.py",)) as calls:
         train(cfg)
-    calls.counts    # {("update", "own"): 1258, ("collect", "model"): 971, ...}
+    calls.counts    # {("update", "own"): n, ("collect", "model"): n, ...}
     calls.syncs     # the same keys: calls that wait for the values (item, tolist, bool, ...)
 
 Why count calls: on a GPU each torch call on a small tensor costs a kernel launch and its dispatch (microseconds,
@@ -19,7 +19,7 @@ import sys
 
 from torch.overrides import TorchFunctionMode
 
-from minigrpo.util.sampler import _name
+from minigrpo.util.sampler import function_name
 
 SYNCS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "nonzero"}
 
@@ -34,7 +34,7 @@ class TorchCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         frame, calling, model = sys._getframe(1), None, False
         while frame is not None:
-            name = _name(frame.f_code)
+            name = function_name(frame.f_code)
             if name == self.root:
                 break
             if name:

@@ -22,7 +22,8 @@ import threading
 WAITS = {"wait", "acquire", "_wait_for_tstate_lock", "join"}  # a thread parked here is waiting, not working
 
 
-def _name(code) -> str:
+def function_name(code) -> str:
+    """'minigrpo/<file>.py:<function>' of a code object of this project (or toy_tasks/), else ''."""
     path = code.co_filename.replace("\\", "/")
     for root in ("minigrpo/", "toy_tasks/"):
         if f"/{root}" in path:
@@ -62,7 +63,7 @@ class ThreadSampler:
             return
         seen, innermost, inside, phase = set(), None, None, None
         while frame is not None:
-            name = _name(frame.f_code)
+            name = function_name(frame.f_code)
             if name and name not in seen:
                 seen.add(name)
                 self.cumulative[name] += 1
