@@ -215,4 +215,4 @@ def encode_prompts(tok: CharTokenizer, prompts: list[str], device=None):
 
 def decode_completions(tok: CharTokenizer, gen: Generation) -> list[str]:
     """Completion text of each row: after the prompt, up to (not including) the first EOS."""
-    return [tok.decode(row.tolist()) for row in gen.completion_ids]
+    return [tok.decode(row) for row in gen.completion_ids.tolist()]  # one read of the tensor, not one per row

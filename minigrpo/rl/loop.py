@@ -257,11 +257,12 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                 if cfg.ref_update_every and r.step % cfg.ref_update_every == 0:  # iterative GRPO
                     r.ref.load_state_dict(r.policy.state_dict())
                 last_batch = batch
-                r.rewards_window = (r.rewards_window + [batch.rewards.mean().item()])[-10:]
-                row = {"step": r.step, "reward_mean": batch.rewards.mean().item(),
-                       "reward_std": batch.rewards.std().item(),
+                mean, std, length = torch.stack([batch.rewards.mean(), batch.rewards.std(),  # one read, not three
+                                                 batch.mask.sum(1).float().mean()]).tolist()
+                r.rewards_window = (r.rewards_window + [mean])[-10:]
+                row = {"step": r.step, "reward_mean": mean, "reward_std": std,
                        "reward_rolling": sum(r.rewards_window) / len(r.rewards_window), **stats,
-                       "completion_len": batch.mask.sum(1).float().mean().item(),
+                       "completion_len": length,
                        "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
                 evaluated = r.step % cfg.eval_every == 0 or r.step == cfg.steps
                 if evaluated:
