@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from minigrpo.lm.model import GPT
 from minigrpo.population.sampling import Request, generate_all
-from minigrpo.population.stacked import Stack
+from minigrpo.population.stacked import Stack, linear
 
 
 class Batcher:
@@ -150,11 +150,8 @@ def _linear(reqs: list[dict]) -> list[torch.Tensor]:
     flat = [r["args"][0].reshape(-1, r["args"][0].shape[-1]) for r in reqs]
     rows = max(f.shape[0] for f in flat)
     x = torch.stack([F.pad(f, (0, 0, 0, rows - f.shape[0])) for f in flat])  # (P, rows, in)
-    w = torch.stack([r["args"][1] for r in reqs]).transpose(1, 2)  # (P, in, out)
-    if reqs[0]["args"][2] is None:
-        y = torch.bmm(x, w)
-    else:
-        y = torch.baddbmm(torch.stack([r["args"][2] for r in reqs])[:, None, :], x, w)
+    bias = None if reqs[0]["args"][2] is None else torch.stack([r["args"][2] for r in reqs])
+    y = linear(x, torch.stack([r["args"][1] for r in reqs]), bias)  # (P, rows, out)
     return [y[p, : f.shape[0]].reshape(*r["args"][0].shape[:-1], y.shape[-1]) for p, (f, r) in
             enumerate(zip(flat, reqs))]
 

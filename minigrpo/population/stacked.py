@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from minigrpo.lm.model import GPT, KVCache, attention
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x (P, R, in), w (P, out, in), b (P, out) -> x @ wᵀ + b of each member, (P, R, out)."""
-    return torch.baddbmm(b[:, None, :], x, w.transpose(1, 2))
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x (P, R, in), w (P, out, in), b (P, out) or None -> x @ wᵀ + b of each member, (P, R, out)."""
+    return torch.bmm(x, w.transpose(1, 2)) if b is None else torch.baddbmm(b[:, None, :], x, w.transpose(1, 2))
 
 
 def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,13 +50,13 @@ class Stack:
         for i in range(self.cfg.n_layer):
             p = f"blocks.{i}."
             h = _layer_norm(x, w[p + "ln1.weight"], w[p + "ln1.bias"], self.eps)
-            qkv = _linear(h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"])  # (P, B*T, 3C)
+            qkv = linear(h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"])  # (P, B*T, 3C)
             q, k, v = qkv.view(P * B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)  # 3 x (P*B, H, T, D)
             y = attention(q, k, v, attn_mask, cache, i).transpose(1, 2).reshape(P, B * T, C)
-            x = x + _linear(y, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"])
+            x = x + linear(y, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"])
             h = _layer_norm(x, w[p + "ln2.weight"], w[p + "ln2.bias"], self.eps)
-            h = F.gelu(_linear(h, w[p + "mlp.0.weight"], w[p + "mlp.0.bias"]))
-            x = x + _linear(h, w[p + "mlp.2.weight"], w[p + "mlp.2.bias"])
+            h = F.gelu(linear(h, w[p + "mlp.0.weight"], w[p + "mlp.0.bias"]))
+            x = x + linear(h, w[p + "mlp.2.weight"], w[p + "mlp.2.bias"])
         if cache is not None:
             cache.length += T
         return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.eps).view(P, B, T, C)
@@ -64,7 +64,7 @@ class Stack:
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """(P, B, T, C) -> logits (P, B, T, V) through each member's tied output head."""
         P, B, T, C = h.shape
-        return torch.bmm(h.view(P, B * T, C), self.w["wte.weight"].transpose(1, 2)).view(P, B, T, -1)
+        return linear(h.view(P, B * T, C), self.w["wte.weight"]).view(P, B, T, -1)
 
     def new_cache(self, rows: int, t_max: int) -> KVCache:
         w = self.w["wte.weight"]

@@ -19,7 +19,7 @@ import sys
 
 from torch.overrides import TorchFunctionMode
 
-from minigrpo.util.sampler import function_name
+from minigrpo.util.sampler import project_stack
 
 SYNCS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "nonzero"}
 
@@ -32,15 +32,12 @@ class TorchCalls(TorchFunctionMode):
         self.syncs: collections.Counter = collections.Counter()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        frame, calling, model = sys._getframe(1), None, False
-        while frame is not None:
-            name = function_name(frame.f_code)
-            if name == self.root:
-                break
-            if name:
-                calling, model = name.rsplit(":", 1)[1], model or name.startswith(self.inside)
-            frame = frame.f_back
-        key = (calling or "(its own code)" if frame is not None else "(outside it)", "model" if model else "own")
+        names = project_stack(sys._getframe(1))
+        inner = names[:names.index(self.root)] if self.root in names else names  # the functions inside the root
+        model = any(name.startswith(self.inside) for name in inner) if self.inside else False
+        calling = "(outside it)" if self.root not in names else inner[-1].rsplit(":", 1)[1] if inner else \
+            "(its own code)"
+        key = (calling, "model" if model else "own")
         self.counts[key] += 1
         if getattr(func, "__name__", "") in SYNCS:
             self.syncs[key] += 1

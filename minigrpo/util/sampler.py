@@ -31,6 +31,15 @@ def function_name(code) -> str:
     return ""
 
 
+def project_stack(frame) -> list[str]:
+    """The functions of this project on a stack from `frame` outwards, innermost first (function_name)."""
+    names = []
+    while frame is not None:
+        names.append(function_name(frame.f_code))
+        frame = frame.f_back
+    return [name for name in names if name]
+
+
 class ThreadSampler:
     def __init__(self, every: float = 0.002, roots: tuple = ()):
         self.every, self.roots = every, set(roots)
@@ -61,21 +70,14 @@ class ThreadSampler:
         if frame.f_code.co_name in WAITS:
             self.waiting += 1
             return
-        seen, innermost, inside, phase = set(), None, None, None
-        while frame is not None:
-            name = function_name(frame.f_code)
-            if name and name not in seen:
-                seen.add(name)
-                self.cumulative[name] += 1
-                innermost = innermost or name
-                if name in self.roots and phase is None:  # the innermost root: what it was calling
-                    phase = f"{name} → {inside.rsplit(':', 1)[1]}" if inside else f"{name} (its own code)"
-                inside = name
-            frame = frame.f_back
-        if self.roots:
-            self.phases[phase or "(outside every root)"] += 1
-        if innermost:
-            self.own[innermost] += 1
+        names = project_stack(frame)
+        self.cumulative.update(set(names))
+        if names:
+            self.own[names[0]] += 1
+        if self.roots:  # the innermost root, and what it was calling (the function just inside it)
+            k = next((k for k, name in enumerate(names) if name in self.roots), None)
+            self.phases["(outside every root)" if k is None else f"{names[k]} (its own code)" if k == 0 else
+                        f"{names[k]} → {names[k - 1].rsplit(':', 1)[1]}"] += 1
 
     def working(self) -> int:
         return self.samples - self.waiting
