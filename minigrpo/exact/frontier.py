@@ -22,47 +22,70 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 INF = math.inf
+# The arithmetic is numpy's, on float64 arrays of K numbers: a torch call on so small a tensor costs several times
+# more, and releases the interpreter lock, which a population's threads then queue for (docs/performance.md).
+QUIET = dict(divide="ignore", invalid="ignore", over="ignore")  # log 0 = −inf, x/0 and inf − inf are meant
 
 
-def _check(p: torch.Tensor, r: torch.Tensor | None = None, name: str = "p_ref") -> None:
+def _array(x) -> np.ndarray:
+    """A tensor (any device), list or number as a float64 numpy array."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _check(p: np.ndarray, r: np.ndarray | None = None, name: str = "p_ref") -> None:
     """ValueError unless p is a 1-D distribution (≥ 0, sums to 1 within 1e-6) and r a finite (K,) vector."""
-    if p.dim() != 1 or (r is not None and r.shape != p.shape):
+    if p.ndim != 1 or (r is not None and r.shape != p.shape):
         raise ValueError(f"{name} must be 1-D (K,) and r the same shape, got {tuple(p.shape)}"
                          f"{'' if r is None else f' and {tuple(r.shape)}'}")
-    if not (p >= 0).all() or abs(p.sum().item() - 1) > 1e-6:
-        raise ValueError(f"{name} must be a probability distribution (≥ 0, sum 1), got sum {p.sum().item()}")
-    if r is not None and not torch.isfinite(r).all():
+    if not (p >= 0).all() or abs(p.sum() - 1) > 1e-6:
+        raise ValueError(f"{name} must be a probability distribution (≥ 0, sum 1), got sum {p.sum()}")
+    if r is not None and not np.isfinite(r).all():
         raise ValueError(f"rewards must be finite, got {r.tolist()}")
 
 
-def _solve(p_ref, r, beta) -> dict:
-    """The figures of π*_β for a (B,) tensor of β in [0, ∞]: log π* (B, K), KL (B,), E (B,), log Z (B,)."""
-    p_ref, r = p_ref.double(), r.double()
-    on = p_ref > 0
-    r_max = r[on].max()
-    gap = torch.where(on, r - r_max, torch.zeros_like(r))  # ≤ 0 on the support; 0 at its best outcomes
-    b = beta.double()[:, None]  # (B, 1)
-    s = torch.where(gap == 0, torch.zeros_like(gap), gap / b)  # (r − max r)/β; β = 0: −∞ off the argmax
-    log_w = p_ref.log() + s  # (B, K); −∞ where p_ref = 0
-    # log Σ π_ref e^{(r − max r)/β} ≤ 0: as log1p(Σ π_ref (e^s − 1)) where that sum is small (large β: the
-    # logsumexp of values near 0 would round away the 1/β-sized difference β·log Z is made of), else logsumexp
-    t = (p_ref * torch.expm1(s)).sum(-1, keepdim=True)
-    log_zs = torch.where(t.abs() < 0.5, torch.log1p(t), torch.logsumexp(log_w, dim=-1, keepdim=True))
-    log_pi = log_w - log_zs
-    pi = log_pi.exp()
-    ratio = s - log_zs  # log π*/π_ref on the support: no large terms cancel
-    kl = torch.where(pi > 0, pi * ratio, torch.zeros_like(pi)).sum(-1).clamp(min=0.0)
-    lead = torch.where(r_max == 0, torch.zeros_like(b), r_max / b)[:, 0]  # log Z_β = max r/β + log_zs
-    reward = r_max + (pi * gap).sum(-1)  # = Σ π* r, exactly max r at the β → 0 limit
-    return {"log_pi": log_pi, "pi": pi, "kl": kl, "expected_reward": reward,
-            "log_z": lead + log_zs[:, 0]}
+def _checked(p_ref, r) -> tuple[np.ndarray, np.ndarray]:
+    p_ref, r = _array(p_ref), _array(r)
+    _check(p_ref, r)
+    return p_ref, r
 
 
-def _betas(beta) -> torch.Tensor:  # a float or a list of them -> (B,) float64
-    return torch.as_tensor(beta, dtype=torch.float64).reshape(-1)
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    """log Σ e^x over the last dim, keepdims; −inf for a row of −inf."""
+    top = x.max(-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return top + np.log(np.exp(x - top).sum(-1, keepdims=True))
+
+
+def _solve(p_ref: np.ndarray, r: np.ndarray, beta: np.ndarray) -> dict:
+    """The figures of π*_β for a (B,) array of β in [0, ∞]: log π* (B, K), KL (B,), E (B,), log Z (B,)."""
+    with np.errstate(**QUIET):
+        on = p_ref > 0
+        r_max = r[on].max()
+        gap = np.where(on, r - r_max, 0.0)  # ≤ 0 on the support; 0 at its best outcomes
+        b = beta[:, None]  # (B, 1)
+        s = np.where(gap == 0, 0.0, gap / b)  # (r − max r)/β; β = 0: −∞ off the argmax
+        log_w = np.log(p_ref) + s  # (B, K); −∞ where p_ref = 0
+        # log Σ π_ref e^{(r − max r)/β} ≤ 0: as log1p(Σ π_ref (e^s − 1)) where that sum is small (large β: the
+        # logsumexp of values near 0 would round away the 1/β-sized difference β·log Z is made of), else logsumexp
+        t = (p_ref * np.expm1(s)).sum(-1, keepdims=True)
+        log_zs = np.where(np.abs(t) < 0.5, np.log1p(t), _logsumexp(log_w))
+        log_pi = log_w - log_zs
+        pi = np.exp(log_pi)
+        ratio = s - log_zs  # log π*/π_ref on the support: no large terms cancel
+        kl = np.maximum(np.where(pi > 0, pi * ratio, 0.0).sum(-1), 0.0)
+        lead = (np.zeros_like(b) if r_max == 0 else r_max / b)[:, 0]  # log Z_β = max r/β + log_zs
+        reward = r_max + (pi * gap).sum(-1)  # = Σ π* r, exactly max r at the β → 0 limit
+    return {"log_pi": log_pi, "pi": pi, "kl": kl, "expected_reward": reward, "log_z": lead + log_zs[:, 0]}
+
+
+def _betas(beta) -> np.ndarray:  # a float or a list of them -> (B,) float64
+    return _array(beta).reshape(-1)
 
 
 def optimum(p_ref: torch.Tensor, r: torch.Tensor, beta: float) -> torch.Tensor:
@@ -71,23 +94,25 @@ def optimum(p_ref: torch.Tensor, r: torch.Tensor, beta: float) -> torch.Tensor:
     β = ∞ gives p_ref; β = 0 gives p_ref restricted to argmax r (over p_ref's support), renormalised.
     For a 0/1 reward every non-target outcome keeps π_ref's proportions. (Rafailov et al. eq. 4.)
     """
-    _check(p_ref, r)
-    return _solve(p_ref, r, _betas(beta))["pi"][0]
+    return torch.from_numpy(_solve(*_checked(p_ref, r), _betas(beta))["pi"][0])
 
 
 def optimum_figures(p_ref: torch.Tensor, r: torch.Tensor, beta: float) -> dict[str, float]:
     """{expected_reward: E*[r], kl: KL(π*_β‖π_ref) = E*[r]/β − log Z_β, log_z: log Z_β}, β in [0, ∞].
 
     log Z_β = log Σ_y π_ref(y)·e^{r(y)/β}; β·log Z_β is the optimal value J_β(π*_β) (A*PO's V*(x), 2505.20686)."""
-    _check(p_ref, r)
-    out = _solve(p_ref, r, _betas(beta))
-    return {k: out[k][0].item() for k in ("expected_reward", "kl", "log_z")}
+    out = _solve(*_checked(p_ref, r), _betas(beta))
+    return {k: float(out[k][0]) for k in ("expected_reward", "kl", "log_z")}
+
+
+def _span(p_ref: np.ndarray, r: np.ndarray) -> float:
+    on = p_ref > 0
+    return float(r[on].max() - r[on].min())
 
 
 def reward_span(p_ref: torch.Tensor, r: torch.Tensor) -> float:
     """max r − min r over p_ref's support: the reward's scale (β is measured in it); 0 for a constant r."""
-    on = p_ref > 0
-    return (r[on].max() - r[on].min()).item()
+    return _span(_array(p_ref), _array(r))
 
 
 def frontier(p_ref: torch.Tensor, r: torch.Tensor, betas=None) -> dict[str, torch.Tensor]:
@@ -97,20 +122,22 @@ def frontier(p_ref: torch.Tensor, r: torch.Tensor, betas=None) -> dict[str, torc
     (1 for a constant reward), and the β → 0 limit (−log P_ref(argmax r), max r). Given betas are sorted
     decreasing. KL and E[r] are then both non-decreasing along the points, and E[r] concave in KL.
     """
-    _check(p_ref, r)
+    p_ref, r = _checked(p_ref, r)
     if betas is None:
-        span = reward_span(p_ref, r) or 1.0
-        betas = [INF, *torch.logspace(3, -3, 121, dtype=torch.float64).mul(span).tolist(), 0.0]
-    beta = _betas(betas).sort(descending=True).values
+        span = _span(p_ref, r) or 1.0
+        with np.errstate(over="ignore"):  # a span near the float range: β overflows to inf, as a β may be
+            betas = [INF, *(np.logspace(3, -3, 121) * span).tolist(), 0.0]
+    beta = -np.sort(-_betas(betas))
     out = _solve(p_ref, r, beta)
-    return {"beta": beta, "kl": out["kl"], "expected_reward": out["expected_reward"]}
+    return {"beta": torch.from_numpy(beta), "kl": torch.from_numpy(out["kl"]),
+            "expected_reward": torch.from_numpy(out["expected_reward"])}
 
 
 def _bisect(fn, target: float, scale: float) -> float:
-    """β with fn(β) = target for fn non-increasing in β; fn maps a (B,) tensor of β to (B,) values. Searched
+    """β with fn(β) = target for fn non-increasing in β; fn maps a (B,) array of β to (B,) values. Searched
     on t = log β, 128 points per round (each round narrows the bracket 128-fold, to 1e-13 in t): the
     same answer as bisection in a tenth of the calls (a run scores itself this way at every evaluation)."""
-    at = lambda t: fn(_betas(math.exp(t)))[0].item()  # noqa: E731
+    at = lambda t: fn(np.array([math.exp(t)]))[0]  # noqa: E731
     t0 = math.log(scale)
     lo, hi = t0 - 7, min(t0 + 7, 700.0)
     while at(lo) < target and lo > t0 - 700:  # bracket: fn(e^lo) ≥ target ≥ fn(e^hi)
@@ -118,25 +145,39 @@ def _bisect(fn, target: float, scale: float) -> float:
     while at(hi) > target and hi < min(t0 + 35, 700.0):
         hi += 7
     while hi - lo > 1e-13 * max(1.0, abs(lo)):
-        ts = torch.linspace(lo, hi, 129, dtype=torch.float64)
-        k = int((fn(ts.exp()) > target).sum().clamp(1, 128))  # the values above target come first
-        if (ts[k - 1].item(), ts[k].item()) == (lo, hi):  # float resolution reached
+        ts = np.linspace(lo, hi, 129)
+        k = int(np.clip((fn(np.exp(ts)) > target).sum(), 1, 128))  # the values above target come first
+        if (ts[k - 1], ts[k]) == (lo, hi):  # float resolution reached
             break
-        lo, hi = ts[k - 1].item(), ts[k].item()
+        lo, hi = float(ts[k - 1]), float(ts[k])
     return math.exp((lo + hi) / 2)
+
+
+def _frontier_reward_at(p_ref: np.ndarray, r: np.ndarray, kl: float) -> float:
+    ends = _solve(p_ref, r, np.array([INF, 0.0]))
+    if kl <= 0 or kl >= ends["kl"][1] or _span(p_ref, r) == 0:
+        return float(ends["expected_reward"][0 if kl <= 0 else 1])
+    beta = _bisect(lambda b: _solve(p_ref, r, b)["kl"], kl, _span(p_ref, r))
+    return float(_solve(p_ref, r, _betas(beta))["expected_reward"][0])
 
 
 def frontier_reward_at(p_ref: torch.Tensor, r: torch.Tensor, kl: float) -> float:
     """f(K) = max{E_π[r] : KL(π‖π_ref) ≤ K} = E*[r] at the β whose KL* is K (bisection on log β: KL* is
     non-increasing in β). K ≤ 0 gives E_ref[r]; K ≥ −log P_ref(argmax r) (the β → 0 limit) gives max r."""
-    _check(p_ref, r)
+    p_ref, r = _checked(p_ref, r)
     if math.isnan(kl):
         raise ValueError("kl is NaN")
-    ends = _solve(p_ref, r, _betas([INF, 0.0]))
-    if kl <= 0 or kl >= ends["kl"][1].item() or reward_span(p_ref, r) == 0:
-        return ends["expected_reward"][0 if kl <= 0 else 1].item()
-    beta = _bisect(lambda b: _solve(p_ref, r, b)["kl"], kl, reward_span(p_ref, r))
-    return _solve(p_ref, r, _betas(beta))["expected_reward"][0].item()
+    return _frontier_reward_at(p_ref, r, kl)
+
+
+def _implied_beta(p_ref: np.ndarray, r: np.ndarray, expected_reward: float) -> float:
+    ends = _solve(p_ref, r, np.array([INF, 0.0]))["expected_reward"]
+    tol = 1e-12 * (1 + np.abs(r).max())  # rounding of E[r] computed another way
+    if expected_reward <= ends[0] + tol:
+        return INF
+    if expected_reward >= ends[1] - tol:
+        return 0.0
+    return _bisect(lambda b: _solve(p_ref, r, b)["expected_reward"], expected_reward, _span(p_ref, r))
 
 
 def implied_beta(p_ref: torch.Tensor, r: torch.Tensor, expected_reward: float) -> float:
@@ -144,22 +185,18 @@ def implied_beta(p_ref: torch.Tensor, r: torch.Tensor, expected_reward: float) -
 
     inf when expected_reward ≤ E_ref[r] (no optimum is worse than π_ref; a constant reward included);
     0.0 when expected_reward ≥ max r (only the β → 0 limit reaches it); both within 1e-12·(1 + max |r|)."""
-    _check(p_ref, r)
-    ends = _solve(p_ref, r, _betas([INF, 0.0]))["expected_reward"].tolist()
-    tol = 1e-12 * (1 + r.abs().max().item())  # rounding of E[r] computed another way
-    if expected_reward <= ends[0] + tol:
-        return INF
-    if expected_reward >= ends[1] - tol:
-        return 0.0
-    return _bisect(lambda b: _solve(p_ref, r, b)["expected_reward"], expected_reward, reward_span(p_ref, r))
+    return _implied_beta(*_checked(p_ref, r), expected_reward)
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    with np.errstate(**QUIET):
+        return max(float(np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0).sum()), 0.0)
 
 
 def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     """KL(p‖q) = Σ_y p(y)·log(p(y)/q(y)) over outcome distributions p, q (K,): 0·log 0 = 0, inf where
     p > 0 = q. Clamped at 0 against rounding."""
-    p, q = p.double(), q.double()
-    terms = torch.where(p > 0, p * (p.log() - q.log()), torch.zeros_like(p))
-    return max(terms.sum().item(), 0.0)
+    return _kl(_array(p), _array(q))
 
 
 REGRET_TOL = 1e-9  # × (1 + reward span): the bisection's rounding (measured ≤ 3e-13 on 13 outcomes)
@@ -177,19 +214,20 @@ def score(p_theta: torch.Tensor, p_ref: torch.Tensor, r: torch.Tensor, beta: flo
     A regret below −REGRET_TOL·(1 + span) (a policy above the frontier: impossible, so a bug or p_theta over
     other outcomes than p_ref) raises ValueError; smaller negatives are rounding and become 0.
     """
+    p_theta, (p_ref, r) = _array(p_theta), _checked(p_ref, r)
     _check(p_theta, r, name="p_theta")
-    _check(p_ref, r)
-    kl_ref = kl(p_theta, p_ref)
-    reward = (p_theta.double() * r.double()).sum().item()
-    regret = frontier_reward_at(p_ref, r, kl_ref) - reward
-    if regret < -REGRET_TOL * (1 + reward_span(p_ref, r)):
+    kl_ref = _kl(p_theta, p_ref)
+    reward = float((p_theta * r).sum())
+    regret = _frontier_reward_at(p_ref, r, kl_ref) - reward
+    if regret < -REGRET_TOL * (1 + _span(p_ref, r)):
         raise ValueError(f"policy above the exact frontier by {-regret:.3g} at KL {kl_ref:.6g}: impossible "
                          f"unless p_theta puts mass where p_ref is 0")
-    b = implied_beta(p_ref, r, reward)
+    b = _implied_beta(p_ref, r, reward)
+    optimum_at = lambda beta: _solve(p_ref, r, _betas(beta))["pi"][0]  # noqa: E731
     out = {"kl_ref": kl_ref, "expected_reward": reward, "regret": max(regret, 0.0), "implied_beta": b,
-           "kl_to_implied_optimum": kl(p_theta, optimum(p_ref, r, b))}
+           "kl_to_implied_optimum": _kl(p_theta, optimum_at(b))}
     if beta is not None:
-        out["kl_to_optimum"] = kl(p_theta, optimum(p_ref, r, beta))
+        out["kl_to_optimum"] = _kl(p_theta, optimum_at(beta))
     return out
 
 
