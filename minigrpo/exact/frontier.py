@@ -154,10 +154,10 @@ def _bisect(fn, target: float, scale: float) -> float:
 
 
 def _frontier_reward_at(p_ref: np.ndarray, r: np.ndarray, kl: float) -> float:
-    ends = _solve(p_ref, r, np.array([INF, 0.0]))
-    if kl <= 0 or kl >= ends["kl"][1] or _span(p_ref, r) == 0:
+    ends, span = _solve(p_ref, r, np.array([INF, 0.0])), _span(p_ref, r)
+    if kl <= 0 or kl >= ends["kl"][1] or span == 0:
         return float(ends["expected_reward"][0 if kl <= 0 else 1])
-    beta = _bisect(lambda b: _solve(p_ref, r, b)["kl"], kl, _span(p_ref, r))
+    beta = _bisect(lambda b: _solve(p_ref, r, b)["kl"], kl, span)
     return float(_solve(p_ref, r, _betas(beta))["expected_reward"][0])
 
 
