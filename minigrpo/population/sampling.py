@@ -2,6 +2,7 @@
 through one KV cache (stacked.Stack), each member drawing from its own generator.
 
     gens = generate_all(models, requests)      # requests[p]: what models[p]'s own generate() call was given
+    gens = generate_all(None, requests, stack)  # the members' weights already stacked (population/lockstep.py)
 
 A member's Generation is the one `lm.sampling.generate(models[p], *requests[p])` returns (tests/test_population.py):
 its prompts keep their own left padding (the batch pads them further on the left, which position ids ignore), and
@@ -34,25 +35,31 @@ class Request:
     generator: torch.Generator | None
 
 
-def generate_all(models: list, requests: list[Request]) -> list[Generation | Exception]:
-    """Every member's generate() in one batch -> its Generation, or the exception its own call would raise."""
+def generate_all(models: list | None, requests: list[Request],
+                 stack: Stack | None = None) -> list[Generation | Exception]:
+    """Every member's generate() in one batch -> its Generation, or the exception its own call would raise.
+    `stack`: the members' weights (then `models` is not used)."""
     with torch.inference_mode():  # as lm/sampling.generate: sampled in inference mode, returned as ordinary copies
-        out = _generate_all(models, requests)
+        out = _generate_all(models, requests, stack)
     return [g.clone() if isinstance(g, Generation) else g for g in out]
 
 
-def _generate_all(models: list, requests: list[Request]) -> list[Generation | Exception]:
+def _generate_all(models: list | None, requests: list[Request], stack: Stack | None) -> list[Generation | Exception]:
     members: list[Draws | Exception] = []
+    block_size = (stack or models[0]).cfg.block_size
     for r in requests:
         try:
             members.append(Draws(r.prompt_ids, r.prompt_mask, r.max_new_tokens, r.temperature, r.top_k, r.top_p,
-                                 r.generator, models[0].cfg.block_size))
+                                 r.generator, block_size))
         except ValueError as e:
             members.append(e)
     live = [i for i, m in enumerate(members) if isinstance(m, Draws)]
     if not live:
         return members
-    stack = Stack([models[i] for i in live])
+    if stack is None:
+        stack = Stack([models[i] for i in live])
+    elif len(live) < len(members):
+        stack = stack.rows(live)
     P, B = len(live), max(members[i].prompt_ids.size(0) for i in live)
     width, n_max = max(members[i].prompt_ids.size(1) for i in live), max(members[i].n_max for i in live)
     device = requests[live[0]].prompt_ids.device

@@ -5,6 +5,8 @@ attention of every member's rows in one call (P folded into the batch).
     h = stack.hidden(idx, pos, attn_mask)                   # idx, pos (P, B, T) -> final hidden states (P, B, T, C)
     h = stack.hidden(ids, pos, attn_mask, cache)            # through a KV cache of P*B rows (the sampler's)
     logits = stack.head(h)                                  # (P, B, T, V), each member through its own tied head
+    weights = Stack(models, trainable=True)                 # the stacked weights as leaves: a lockstep population's
+    weights.copy_to(models)                                 # parameters (lockstep.py), copied back for a member's files
 
 It computes what `models[p].hidden(idx[p], pos[p], attn_mask=attn_mask[p])` computes (lm/model.py, the readable
 path and the oracle of tests/test_population.py), to float rounding. `torch.stack` keeps the gradient: a loss on
@@ -14,10 +16,12 @@ run folders of a population are those of single runs: model.pt is one member's G
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
-from minigrpo.lm.model import GPT, KVCache, attention
+from minigrpo.lm.model import GPT, KVCache, attention, causal_mask, positions
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -31,13 +35,42 @@ def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -
 
 
 class Stack:
-    """The weights of `models` (GPTs of one config) stacked along a new first dim, in the models' order."""
+    """The weights of `models` (GPTs of one config) stacked along a new first dim, in the models' order.
+    trainable=False: a differentiable stack of the models' own parameters (their gradients reach them);
+    trainable=True: a copy whose stacked tensors are leaves of their own (`parameters()`, one optimiser for all)."""
 
-    def __init__(self, models: list[GPT]):
+    def __init__(self, models: list[GPT], trainable: bool = False):
         self.cfg = models[0].cfg
         self.eps = models[0].ln_f.eps
         named = [dict(m.named_parameters()) for m in models]
         self.w = {name: torch.stack([n[name] for n in named]) for name in named[0]}
+        if trainable:
+            self.w = {name: w.detach().requires_grad_() for name, w in self.w.items()}
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.w.values())
+
+    def rows(self, members: list[int]) -> "Stack":
+        """The stack of the given members only (a copy, not differentiable back to this one's leaves)."""
+        out = copy.copy(self)
+        index = torch.tensor(members, device=self.w["wte.weight"].device)
+        out.w = {name: w.detach().index_select(0, index) for name, w in self.w.items()}
+        return out
+
+    @torch.no_grad()
+    def copy_to(self, models: list[GPT]) -> None:
+        """Write member p's weights into models[p] (its own tensors: a member's model.pt holds its weights only)."""
+        names = list(self.w)
+        mine = [dict(m.named_parameters())[name] for m in models for name in names]
+        torch._foreach_copy_(mine, [self.w[name][p] for p in range(len(models)) for name in names])
+
+    def logits(self, ids: torch.Tensor, key_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """The plain next-token forward of left-padded rows: ids, key_mask (P, B, L) -> logits (P, B, L, V) at the
+        temperature, logits[:, :, t] predicting ids[:, :, t + 1] (GPT.forward with a key mask, member by member)."""
+        P, B, L = ids.shape
+        km = key_mask.reshape(P * B, L)
+        h = self.hidden(ids, positions(km).view(P, B, L), causal_mask(0, L, km, ids.device))
+        return self.head(h) / temperature
 
     def hidden(self, idx: torch.Tensor, pos: torch.Tensor, attn_mask: torch.Tensor,
                cache: KVCache | None = None) -> torch.Tensor:

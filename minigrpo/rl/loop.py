@@ -4,9 +4,8 @@ evaluation, the stop rule, metrics, checkpoints, resume and Ctrl-C. An algorithm
 Each step:  collect a rollout (rollout.py)  ->  algorithm.update (its inner updates)  ->  exact
 evaluation (every --eval-every steps, default every step: one batched forward for all people)  ->
 the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap).
-Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C) hold the policy, π_ref, the optimiser, the
-algorithm's own state, every generator's state (the global ones a reward may draw from too), the anchor, the
-baseline and the stop rule, so `--resume` gives the same metrics on CPU as an uninterrupted run. At the end:
+Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C; rl/checkpoints.py) hold all the run, so
+`--resume` gives the same metrics on CPU as an uninterrupted run. At the end:
 summary.json, samples.txt and metrics.png (not with --no-plot; `python -m minigrpo.metrics <out>` draws it).
 
 One random generator per purpose (rollout sampling, prompt draws, the anchor's construction, the anchor's
@@ -33,18 +32,18 @@ from pathlib import Path
 import torch
 
 from minigrpo.rl.algorithm import Algorithm, rollout_flags
-from minigrpo.lm.checkpoint import (CheckpointError, load_checkpoint, model_from_state, read_checkpoint,
-                                 save_checkpoint)
+from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint, model_from_state
+from minigrpo.rl.checkpoints import RunCheckpoints
 from minigrpo.util.cli import UsageError
 from minigrpo.util.outputs import prepare_out, write_json
 from minigrpo.util.jsonl import JsonlLogger
 from minigrpo.lm.optim import AdamW, clip_grad_norm
-from minigrpo.rl.preserve import Anchor, anchor_loss, make_anchor
+from minigrpo.rl.preserve import anchor_loss, make_anchor
 from toy_tasks.rewards import RewardError, make_reward
 from minigrpo.rl.config import RLConfig, check_rl_config
 from minigrpo.rl.report import StopOnCtrlC, closing_hint, draw_figure, flat, progress_line, write_samples
 from minigrpo.rl.rollout import collect
-from minigrpo.util.runtime import global_rng_state, set_global_rng_state, setup_runtime
+from minigrpo.util.runtime import setup_runtime
 from minigrpo.rl.stopping import Peaks, StopRule
 from minigrpo.rl.trust_region import StepGuard
 from toy_tasks import get_task
@@ -61,7 +60,7 @@ def purpose_seed(seed: int, purpose: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(purpose.encode())) % (2 ** 63)
 
 
-class Run:
+class Run(RunCheckpoints):
     """Everything a running RL job holds; algorithms read policy, ref, anchor, gens and cfg from it."""
 
     def __init__(self, cfg: RLConfig, algo_name: str, log=print):
@@ -115,19 +114,6 @@ class Run:
             self.anchor = make_anchor(self.ref, self.tok, anchor_prompts, self.prompts, cfg, self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)
 
-    def _read_resume(self) -> dict:
-        path = Path(self.cfg.resume) / "model.pt"
-        if not Path(self.cfg.resume).is_dir():
-            raise UsageError(f"--resume {self.cfg.resume!r}: no such folder")
-        try:
-            state = read_checkpoint(path)
-        except CheckpointError as e:
-            raise UsageError(f"--resume {self.cfg.resume!r} has no usable checkpoint: {e}") from None
-        rl = state.get("extra", {}).get("rl", {})
-        if "gens" not in rl or (rl.get("anchor") is not None and "weights" not in rl["anchor"]):  # older minigrpo
-            raise UsageError(f"--resume {self.cfg.resume!r}: {path} is not an RL checkpoint of this version")
-        return state
-
     def evaluate(self) -> dict:
         """The task's exact evaluation now, with the running peaks of what must never break."""
         ev = self.task.rl_evaluate(self.policy, self.tok, self.baseline, self.cfg, self.rewards)
@@ -166,54 +152,90 @@ class Run:
         opt.step()
         return norm
 
-    # ---- checkpoints -------------------------------------------------------------------------
-    def save(self, algo, opt) -> None:
-        """A regular checkpoint (loadable by sample.py, usable as --init) plus the run's state under
-        extra["rl"], so --resume continues exactly."""
-        rl_state = {
-            "algo": self.algo_name, "config": asdict(self.cfg),
-            "ref": {k: v.detach().cpu() for k, v in self.ref.state_dict().items()},
-            "algo_state": algo.state_dict(), "gens": {k: g.get_state() for k, g in self.gens.items()},
-            "anchor": self.anchor.state_dict() if self.anchor is not None else None,
-            "baseline": self.baseline, "rewards_window": self.rewards_window,
-            "stop_rule": self.stop_rule.state_dict(), "peaks": self.peaks.values, "stop_reason": self.stop_reason,
-            "global_rng": global_rng_state(),  # what a user's reward may draw from
-        }
-        save_checkpoint(self.out / "model.pt", self.policy, self.tok, self.cfg.task, self.step, optimizer=opt,
-                        extra={"rl": rl_state})
 
-    def restore(self, algo, opt) -> None:
-        state = self.resume_state
-        rl = state["extra"]["rl"]
-        if rl["algo"] != self.algo_name:
-            raise UsageError(f"--resume {self.cfg.resume!r} holds a {rl['algo']} run, not {self.algo_name}")
-        self.policy.load_state_dict(state["model"])
-        self.ref.load_state_dict(rl["ref"])
-        opt.load_state_dict(state["optimizer"])
-        algo.load_state_dict(rl["algo_state"])
-        for k, g in self.gens.items():
-            g.set_state(rl["gens"][k])
-        self.anchor = Anchor.from_state_dict(rl["anchor"], self.device) if rl["anchor"] is not None else None
-        self.baseline = rl["baseline"]
-        self.rewards_window = list(rl["rewards_window"])
-        settings = ("goal", "patience", "plateau", "max_malformed", "max_drift")  # the new flags win
-        self.stop_rule.load_state_dict({k: v for k, v in rl["stop_rule"].items() if k not in settings})
-        self.peaks = Peaks(rl["peaks"])
-        if "global_rng" in rl:  # a checkpoint of an older minigrpo holds none
-            set_global_rng_state(rl["global_rng"])
-        self.step = state["step"]
-        ended = rl["stop_reason"]
-        if self.step >= self.cfg.steps:
-            raise UsageError(f"--resume {self.cfg.resume!r}: the run already took {self.step} steps; "
-                             f"pass --steps N with N > {self.step} (the new cap, counted from step 0)")
-        if ended and not ended.startswith("cap"):
-            rule = self.stop_rule
-            again = (rule.goal > 0 and rule.streak >= rule.patience) or \
-                    (rule.plateau and self.step - rule.best_step >= rule.plateau)
-            if again:
-                raise UsageError(f"--resume {self.cfg.resume!r}: the run stopped at step {self.step} ({ended}); "
-                                 f"to train on, pass --goal 0 --plateau 0 (or a higher --goal) with --steps N")
-            self.log(f"resuming a run that had stopped ({ended}): the new --goal/--plateau let it continue")
+    # ---- the parts of a step that are not the algorithm's (run() below; a lockstep population's members) ------
+    def begin(self, algo, opt) -> JsonlLogger:
+        """Before step 1 (or the resumed step): restore a resumed run, write config.json, open metrics.jsonl, say
+        what runs, and evaluate (logged as step 0 on a fresh run) -> the metrics logger."""
+        cfg = self.cfg
+        if self.resume_state:
+            self.restore(algo, opt)
+        write_json(self.out / "config.json", {"algo": self.algo_name, **asdict(cfg)})
+        logger = JsonlLogger(self.out / "metrics.jsonl", truncate_after_step=self.step if self.resume_state else None)
+        self.log(f"{self.algo_name} on {cfg.task} | reward {cfg.reward} | {len(self.prompts)} RL prompt(s) | "
+                 f"G={cfg.group_size} x {cfg.prompts_per_step} prompts | preservation "
+                 f"{'on' if self.anchor is not None else 'off'} | "
+                 f"{'resuming at step ' + str(self.step) if self.resume_state else 'from ' + cfg.init}\\nat most "
+                 f"{cfg.steps} steps" + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else "") +
+                 ("" if cfg.verbose else " | max: the worst so far; --verbose: every figure"))
+        self.last_eval = self.evaluate()
+        if not self.resume_state:
+            logger.log({"step": 0, **flat(self.last_eval)})
+        self.stop_reason = None
+        return logger
+
+    def set_lr(self, opt) -> None:
+        """This step's learning rate: --lr after a linear warm-up over --warmup steps."""
+        cfg = self.cfg
+        opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (self.step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+
+    def step_prompts(self) -> list[str]:
+        """The step's --prompts-per-step prompts, drawn with replacement from the run's prompts."""
+        idx = torch.randint(len(self.prompts), (self.cfg.prompts_per_step,), generator=self.gens["prompts"])
+        return [self.prompts[i] for i in idx.tolist()]
+
+    def end_step(self, algo, opt, batch, stats: dict, step_time: float, logger: JsonlLogger) -> None:
+        """After the update (and the trust region): check the losses, count the step, renew π_ref when due
+        (--ref-update-every), evaluate (every --eval-every steps), apply the stop rule, log the row and the progress
+        line, checkpoint when due."""
+        cfg = self.cfg
+        if not all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss")):
+            raise UsageError(f"the loss became non-finite at step {self.step + 1} (lr {cfg.lr:g}): "
+                             f"the run stopped; checkpoints already written are intact")
+        self.step += 1
+        if cfg.ref_update_every and self.step % cfg.ref_update_every == 0:  # iterative GRPO
+            self.ref.load_state_dict(self.policy.state_dict())
+        mean, std, length = torch.stack([batch.rewards.mean(), batch.rewards.std(),  # one read, not three
+                                         batch.mask.sum(1).float().mean()]).tolist()
+        self.rewards_window = (self.rewards_window + [mean])[-10:]
+        row = {"step": self.step, "reward_mean": mean, "reward_std": std,
+               "reward_rolling": sum(self.rewards_window) / len(self.rewards_window), **stats,
+               "completion_len": length, "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
+        evaluated = self.step % cfg.eval_every == 0 or self.step == cfg.steps
+        if evaluated:
+            self.last_eval = self.evaluate()
+            row.update(flat(self.last_eval))
+            self.stop_reason = self.stop_rule.update(self.step, self.last_eval)
+        if self.stop_reason is None and self.step == cfg.steps:
+            self.stop_reason = f"cap: --steps {cfg.steps} reached"
+        logger.log(row)
+        self.log(progress_line(self.step, cfg.steps, row, evaluated, cfg.verbose))
+        if self.step % cfg.ckpt_every == 0 or self.stop_reason is not None:
+            self.save(algo, opt)
+
+    def interrupted(self, algo, opt) -> None:
+        """Ctrl-C: the step in flight was finished: a consistent checkpoint, then exit 130."""
+        self.save(algo, opt)
+        print(f"\\ninterrupted: checkpoint at step {self.step} written to {self.out / 'model.pt'}; "
+              f"continue with --resume {self.out}", flush=True)
+        raise SystemExit(130)
+
+    def finish(self, last_batch, panels) -> dict:
+        """After the last step: metrics.png (not with --no-plot), samples.txt, summary.json, the closing lines ->
+        the summary."""
+        cfg, last_eval = self.cfg, self.last_eval
+        if cfg.plot:  # --no-plot (compare's runs): python -m minigrpo.metrics <out> draws it on request
+            draw_figure(self.out, panels)
+        if last_batch is not None:
+            write_samples(self.out / "samples.txt", last_batch)
+        self.log(textwrap.fill(f"stopped at step {self.step}: {self.stop_reason}", 120, subsequent_indent="  "))
+        self.log(self.task.format_rl_eval(last_eval, cfg))
+        details = {k: v for k, v in last_eval.items() if k not in flat(last_eval)}  # e.g. food: every person's shares
+        summary = {"step": self.step, "stop_reason": self.stop_reason, **flat(last_eval), **details,
+                   "baseline": self.baseline}
+        write_json(self.out / "summary.json", summary)
+        self.log(closing_hint(self.out, self.prompts[0], self.task.anchor_prompts(cfg), cfg.plot, cfg.preserve))
+        return summary
 
 
 def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str, panels, log=print) -> dict:
@@ -221,26 +243,14 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
     r = Run(cfg, algo_name, log)
     algo = algo_factory(r)
     opt = AdamW(algo.parameters(), lr=cfg.lr)
-    if r.resume_state:
-        r.restore(algo, opt)
-    write_json(r.out / "config.json", {"algo": algo_name, **asdict(cfg)})
-    logger = JsonlLogger(r.out / "metrics.jsonl", truncate_after_step=r.step if r.resume_state else None)
-    r.log(f"{algo_name} on {cfg.task} | reward {cfg.reward} | {len(r.prompts)} RL prompt(s) | G={cfg.group_size} "
-          f"x {cfg.prompts_per_step} prompts | preservation {'on' if r.anchor is not None else 'off'} | "
-          f"{'resuming at step ' + str(r.step) if r.resume_state else 'from ' + cfg.init}\nat most {cfg.steps} "
-          f"steps" + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else "") +
-          ("" if cfg.verbose else " | max: the worst so far; --verbose: every figure"))
-    last_eval = r.evaluate()
-    if not r.resume_state:
-        logger.log({"step": 0, **flat(last_eval)})
-    r.stop_reason, last_batch, guard = None, None, None
+    logger = r.begin(algo, opt)
+    last_batch, guard = None, None
     try:
         with StopOnCtrlC() as stop:
             while r.step < cfg.steps and not stop.requested and r.stop_reason is None:
                 t0 = time.perf_counter()
-                opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (r.step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
-                idx = torch.randint(len(r.prompts), (cfg.prompts_per_step,), generator=r.gens["prompts"]).tolist()
-                batch = collect(r.policy, r.ref, r.tok, [r.prompts[i] for i in idx], cfg.group_size, r.reward,
+                r.set_lr(opt)
+                batch = collect(r.policy, r.ref, r.tok, r.step_prompts(), cfg.group_size, r.reward,
                                 r.gens["rollout"], cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
                                 progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions (the "
                                                             f"reward is slow)"), **rollout_flags(algo))
@@ -249,49 +259,12 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
                 stats = algo.update(batch, opt)
                 if guard is not None:
                     stats.update(guard.enforce(r.policy))
-                if not all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss")):
-                    raise UsageError(f"the loss became non-finite at step {r.step + 1} (lr {cfg.lr:g}): "
-                                     f"the run stopped; checkpoints already written are intact")
-                step_time = time.perf_counter() - t0
-                r.step += 1
-                if cfg.ref_update_every and r.step % cfg.ref_update_every == 0:  # iterative GRPO
-                    r.ref.load_state_dict(r.policy.state_dict())
+                r.end_step(algo, opt, batch, stats, time.perf_counter() - t0, logger)
                 last_batch = batch
-                mean, std, length = torch.stack([batch.rewards.mean(), batch.rewards.std(),  # one read, not three
-                                                 batch.mask.sum(1).float().mean()]).tolist()
-                r.rewards_window = (r.rewards_window + [mean])[-10:]
-                row = {"step": r.step, "reward_mean": mean, "reward_std": std,
-                       "reward_rolling": sum(r.rewards_window) / len(r.rewards_window), **stats,
-                       "completion_len": length,
-                       "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
-                evaluated = r.step % cfg.eval_every == 0 or r.step == cfg.steps
-                if evaluated:
-                    last_eval = r.evaluate()
-                    row.update(flat(last_eval))
-                    r.stop_reason = r.stop_rule.update(r.step, last_eval)
-                if r.stop_reason is None and r.step == cfg.steps:
-                    r.stop_reason = f"cap: --steps {cfg.steps} reached"
-                logger.log(row)
-                r.log(progress_line(r.step, cfg.steps, row, evaluated, cfg.verbose))
-                if r.step % cfg.ckpt_every == 0 or r.stop_reason is not None:
-                    r.save(algo, opt)
     except RewardError as e:  # a user reward raised or returned a non-finite value: one line, no traceback
         raise UsageError(f"{e} (stopped at step {r.step}; checkpoints already written are intact)") from None
     finally:
         logger.close()
     if stop.requested and r.stop_reason is None:  # Ctrl-C: the step in flight was finished: a consistent checkpoint
-        r.save(algo, opt)
-        print(f"\ninterrupted: checkpoint at step {r.step} written to {r.out / 'model.pt'}; "
-              f"continue with --resume {r.out}", flush=True)
-        raise SystemExit(130)
-    if cfg.plot:  # --no-plot (compare's runs): python -m minigrpo.metrics <out> draws it on request
-        draw_figure(r.out, panels)
-    if last_batch is not None:
-        write_samples(r.out / "samples.txt", last_batch)
-    r.log(textwrap.fill(f"stopped at step {r.step}: {r.stop_reason}", 120, subsequent_indent="  "))
-    r.log(r.task.format_rl_eval(last_eval, cfg))
-    details = {k: v for k, v in last_eval.items() if k not in flat(last_eval)}  # e.g. food: every person's shares
-    summary = {"step": r.step, "stop_reason": r.stop_reason, **flat(last_eval), **details, "baseline": r.baseline}
-    write_json(r.out / "summary.json", summary)
-    r.log(closing_hint(r.out, r.prompts[0], r.task.anchor_prompts(cfg), cfg.plot, cfg.preserve))
-    return summary
+        r.interrupted(algo, opt)
+    return r.finish(last_batch, panels)

@@ -1,0 +1,123 @@
+"""GRPO's update (grpo.py, `GRPO.update`) for P members at once: the same pure functions, mapped over a leading
+member dim with torch.func.vmap, and one backward and one optimiser step for all members.
+
+    update = LockstepGRPO(cfg, anchor, grpo_loss)  # cfg: the members' common GRPOConfig; grpo.grpo_loss
+    stats, per_update, ratio = update(stack, ref, opt, rows, rewards, ref_logp, ref_logits, old_logp)
+
+rows: the step's rollouts (population/rows.Rows, (P, N, ...)); rewards (P, N); ref_logp (P, N, T), ref_logits
+(P, N, T, V): π_ref's, no gradient; old_logp (P, N, T) or None (π_old's, needed before the first update only with
+--kl-in reward). -> the step's figures {name: (P,)}, and each inner update's (lists of them, to be combined per
+member by rl/report.combine_stats as the single run combines them). Each member's figures are those of its single
+run, to float rounding (tests/test_lockstep.py).
+
+What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
+baselines and scales, aggregations); `unsupported(cfg)` names the others (a per-member random stream, a greedy
+decode, a step-dependent entropy coefficient, token filters that rank, rows dropped per member (--skip-equal-groups:
+a member whose every group is dropped takes one optimiser step, not μ)), which a population runs as threads
+(population/member.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import vmap
+
+from minigrpo.lm.optim import AdamW
+from minigrpo.objectives.advantages import equal_groups
+from minigrpo.objectives.kl import exact
+from minigrpo.objectives.losses import aggregate, surrogate_stats
+from minigrpo.population.optim import clip_grad_norms
+from minigrpo.population.rows import Rows
+from minigrpo.population.stacked import Stack
+from minigrpo.rl.preserve import Anchor
+from minigrpo.variants.advantages import BASELINES, advantages
+from minigrpo.variants.kl import kl_reward_penalty
+
+
+def unsupported(cfg) -> str | None:
+    """Why a lockstep population cannot run `cfg` (None: it can)."""
+    reasons = {"--random-reward": cfg.random_reward, "--baseline remax": BASELINES[cfg.baseline].needs_greedy,
+               "--cov-control": cfg.cov_control != "none", "--top-entropy": cfg.top_entropy < 1,
+               "--fork-entropy": cfg.fork_entropy > 0, "--entropy-target": cfg.entropy_target is not None,
+               "another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
+               "--is-correction": cfg.is_correction != "none",
+               "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled",
+               "--skip-equal-groups": cfg.skip_equal_groups}
+    return next((name for name, yes in reasons.items() if yes), None)
+
+
+def anchor_losses(stack: Stack, anchor: Anchor, rows: Rows, ref_logits: torch.Tensor,
+                  direction: str = "forward") -> torch.Tensor:
+    """rl/preserve.anchor_loss of every member on all of the anchor's rows (`rows`: Rows.shared(anchor.gen, P)),
+    against π_ref's logits there (P, M, T, V) -> (P,)."""
+    _, logits = rows.logprobs(stack)  # (P, M, T, V)
+    kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)
+    where = anchor.gen.completion_mask if anchor.kl_mask is None else anchor.kl_mask
+    kl = torch.where(where, kl, 0.0)
+    return (kl.sum(-1) * anchor.weights).sum(-1) / anchor.weights.sum()
+
+
+class LockstepGRPO:
+    def __init__(self, cfg, anchor: Anchor | None, grpo_loss):
+        self.cfg, self.anchor, self.anchor_rows = cfg, anchor, None
+        loss = lambda *x: grpo_loss(*x, cfg)  # noqa: E731 (logp, old, ref_logp, logits, ref_logits, adv, mask)
+        ref = 0 if cfg.beta > 0 or cfg.rollout_kl else None  # without π_ref's log-probs: None for every member
+        self.loss = vmap(loss, in_dims=(0, 0, ref, 0, ref, 0, 0))
+        self.ratio_stats = vmap(lambda lp, old, a, m: surrogate_stats(lp, old, a[:, None], m, cfg.clip_low,
+                                                                      cfg.clip_high, cfg.ratio))
+        self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
+        self.advantages = vmap(lambda r: advantages(r, cfg))
+        self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
+        self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)).float().mean())
+
+    def anchor_term(self, stack: Stack, ref: Stack) -> torch.Tensor | None:
+        """--preserve-coef × each member's anchor loss, against π_ref's logits on the anchor computed once by the
+        forward the members' own go through (the anchor's own, of the tree forward, differ by rounding, and where
+        π_θ = π_ref a gradient of rounding noise is what Adam's first step would amplify)."""
+        if self.anchor is None:
+            return None
+        P = stack.w["wte.weight"].size(0)
+        if self.anchor_rows is None or self.anchor_rows.ids.size(0) != P:  # at the start, and after members left
+            self.anchor_rows = Rows.shared(self.anchor.gen, P)
+            with torch.no_grad():
+                self.anchor_ref = self.anchor_rows.logprobs(ref)[1]
+        return self.cfg.preserve_coef * anchor_losses(stack, self.anchor, self.anchor_rows, self.anchor_ref,
+                                                      self.cfg.preserve_kl)
+
+    def __call__(self, stack: Stack, ref: Stack, opt: AdamW, rows: Rows, rewards, ref_logp, ref_logits, old_logp=None):
+        cfg, stats = self.cfg, {}
+        # 1. rewards -> one advantage per completion
+        if cfg.beta > 0 and cfg.kl_in == "reward":  # β·Σ_t k(π_old, π_ref) off each sequence's reward
+            penalty = self.penalty(old_logp, ref_logp, rows.completion_mask)
+            rewards = rewards - penalty
+            stats["kl_reward_penalty"] = penalty.mean(-1)
+        stats["equal_groups"] = self.equal(rewards)
+        adv = self.advantages(rewards)
+        stats.update(adv_mean=adv.mean(-1), adv_std=adv.std(-1))
+        mask = rows.completion_mask
+        # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
+        per_update, ratio = [], []
+        for i in range(cfg.updates):
+            logp, logits = rows.logprobs(stack, cfg.temperature)
+            if old_logp is None:  # first update: π_θ is π_old
+                old_logp = logp.detach()
+            loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask)
+            anchor = self.anchor_term(stack, ref)
+            if anchor is not None:
+                loss = loss + anchor
+            if i > 0 or cfg.updates == 1:
+                ratio.append(self.ratio_stats(logp.detach(), old_logp, adv, mask))
+            with torch.no_grad():
+                s = {"policy_loss": policy_loss, "loss": loss, "entropy": self.mean(ent, mask)}
+                if kl_tok is not None:
+                    s[f"kl_{cfg.kl}"] = self.mean(kl_tok, mask)
+                    s["kl_exact"] = s[f"kl_{cfg.kl}"] if cfg.kl == "exact" else self.mean(exact(logits, ref_logits),
+                                                                                          mask)
+                if anchor is not None:
+                    s["preserve_loss"] = anchor
+            opt.zero_grad()
+            loss.sum().backward()  # each member's loss reaches only its own slice of the weights
+            s["grad_norm"] = clip_grad_norms(opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            opt.step()
+            per_update.append({k: v.detach() for k, v in s.items()})
+        return stats, per_update, ratio

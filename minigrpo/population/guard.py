@@ -1,0 +1,72 @@
+"""The per-step trust region of rl/trust_region.py for P members at once: each member's step halved until its own
+probes' KL is within the limits (or rejected), the members' scales a (P,) tensor.
+
+    guard = Guard(stack, probes)     # before the update: the weights and each probe's logits
+    stats = guard.enforce(stack)     # after it -> {"tr_scale": (P,), "tr_kl_<probe>": (P,)}
+
+probes: [(name, rows (population/rows.Rows), limit, weights (N,) or None, group (N,) long or None)], the single
+run's probes with each member's rows. Per member it computes what StepGuard computes: the same halvings, the same
+rejection after `max_halvings`, the KLs of rl/trust_region.sequence_kl (the group means here a product with the
+groups' one-hot matrix; the same sums in another order).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minigrpo.objectives.kl import exact
+from minigrpo.population.stacked import Stack
+
+
+@torch.no_grad()
+def sequence_kls(old_logits, new_logits, mask, weights=None, group=None) -> torch.Tensor:
+    """rl/trust_region.sequence_kl of each member: (P, N, T, V) x2, (P, N, T) bool, weights (N,), group (N,)
+    -> (P,) the largest group's weighted mean over its rows of Σ_t KL(old ‖ new)."""
+    kl = torch.where(mask, exact(old_logits, new_logits), 0.0).sum(-1)  # (P, N)
+    w = torch.ones(kl.size(1), dtype=kl.dtype, device=kl.device) if weights is None else weights.to(kl.dtype)
+    g = torch.zeros(kl.size(1), dtype=torch.long, device=kl.device) if group is None else group
+    onehot = F.one_hot(g).to(kl.dtype)  # (N, groups)
+    return ((kl * w) @ onehot / (w @ onehot).clamp(min=1e-30)).amax(-1)
+
+
+class Guard:
+    def __init__(self, stack: Stack, probes: list[tuple], max_halvings: int = 5):
+        self.params = [w.detach().clone() for w in stack.parameters()]
+        self.probes = [(name, rows, limit, self._logits(stack, rows), (w, g)) for name, rows, limit, w, g in probes]
+        self.max_halvings = max_halvings
+
+    @staticmethod
+    @torch.no_grad()
+    def _logits(stack: Stack, rows) -> torch.Tensor:
+        return rows.logprobs(stack)[1]
+
+    def _kls(self, stack: Stack) -> tuple[dict, torch.Tensor]:
+        """-> ({probe: (P,) KL}, (P,) bool: every probe within its limit)."""
+        kls = {name: sequence_kls(old, self._logits(stack, rows), rows.completion_mask, *wg)
+               for name, rows, _, old, wg in self.probes}
+        within = torch.stack([kls[name] <= limit for name, _, limit, _, _ in self.probes]).all(0)
+        return kls, within
+
+    @torch.no_grad()
+    def enforce(self, stack: Stack) -> dict[str, torch.Tensor]:
+        params = stack.parameters()
+        new = [p.detach().clone() for p in params]
+        kls, ok = self._kls(stack)
+        scale = torch.ones(ok.shape, device=ok.device)
+        for _ in range(self.max_halvings):
+            if bool(ok.all()):
+                break
+            scale = torch.where(ok, scale, scale / 2)  # the members within their limits keep their step
+            for p, old, upd in zip(params, self.params, new):
+                s, keep = scale.view(-1, *[1] * (p.dim() - 1)), ok.view(-1, *[1] * (p.dim() - 1))
+                p.copy_(torch.where(keep, p, old + s * (upd - old)))
+            again, within = self._kls(stack)
+            kls = {name: torch.where(ok, kls[name], again[name]) for name in kls}
+            ok = ok | within
+        if not bool(ok.all()):  # still too large after every halving: the step is rejected
+            for p, old in zip(params, self.params):
+                p.copy_(torch.where(ok.view(-1, *[1] * (p.dim() - 1)), p, old))
+            scale = torch.where(ok, scale, 0.0)
+            kls = {name: torch.where(ok, v, 0.0) for name, v in kls.items()}
+        return {"tr_scale": scale, **{f"tr_kl_{name}": v for name, v in kls.items()}}

@@ -1,0 +1,194 @@
+"""A population in lockstep: P GRPO runs of one configuration, their seeds (and folders) apart, as one computation.
+
+    results = train_lockstep(grpo, cfgs, logs)   # grpo: the module minigrpo.grpo; cfgs[p]: member p's GRPOConfig
+                                                 # -> per member its summary, or its error line
+
+Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop rule, files), and each step does
+what rl/loop.run does, for all members at once:
+
+    sample        every member's prompts and completions from its own generators, one KV-cache batch
+                  (population/sampling.generate_all), scored by its reward
+    π_ref         one no-grad forward of every member's rows (population/rows.Rows)
+    update        GRPO's update over a leading member dim (population/grpo_update.py): one backward, one AdamW
+                  step on the stacked weights (population/optim.py)
+    trust region  every member's step halved until its own probes allow it (population/guard.py)
+    the rest      each member's own: its weights copied into its GPT, then Run.end_step (exact evaluation, stop
+                  rule, metrics, checkpoints) and, once it stops, Run.finish (summary.json, samples.txt)
+
+A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go
+on, untouched: every computation is per member. Each member's metrics are its single run's to float rounding
+(tests/test_lockstep.py), and its folder is the one its single run writes. `unsupported(cfgs)` says what it cannot
+run (a population then runs its members as threads: population/member.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict
+
+import torch
+
+from minigrpo.lm.optim import AdamW
+from minigrpo.lm.sampling import decode_completions, encode_prompts
+from minigrpo.population.grpo_update import LockstepGRPO, unsupported as unsupported_cfg
+from minigrpo.population.guard import Guard
+from minigrpo.population.optim import MemberOptimizer, keep
+from minigrpo.population.rows import Rows
+from minigrpo.population.sampling import Request, generate_all
+from minigrpo.population.stacked import Stack
+from minigrpo.rl.loop import Run
+from minigrpo.rl.report import StopOnCtrlC, combine_stats
+from minigrpo.rl.rollout import RolloutBatch
+from minigrpo.util.cli import UsageError
+from toy_tasks.rewards import RewardError, score
+
+OWN = ("seed", "out", "overwrite", "quiet", "verbose")  # what members may differ in
+
+
+def unsupported(cfgs: list) -> str | None:
+    """Why these configs cannot run in lockstep (None: they can)."""
+    first = {k: v for k, v in asdict(cfgs[0]).items() if k not in OWN}
+    if any({k: v for k, v in asdict(c).items() if k not in OWN} != first for c in cfgs):
+        return "members differ in more than their seeds"
+    if cfgs[0].resume is not None:
+        return "--resume"
+    return unsupported_cfg(cfgs[0])
+
+
+class Member:
+    """One member's run, its algorithm state (generators, for its checkpoint) and its open metrics file."""
+
+    def __init__(self, grpo, cfg, log):
+        grpo.check_grpo_config(cfg)
+        self.run = Run(cfg, "grpo", log)
+        self.algo = grpo.GRPO(self.run)
+        self.logger, self.batch, self.error = None, None, None
+
+
+def train_lockstep(grpo, cfgs: list, logs: list) -> list:
+    """Every member's run (module docstring) -> per member its summary (dict) or its error (str). `grpo`: the module
+    minigrpo.grpo (the command's layer is above this one), whose loss, algorithm state and panels the members use."""
+    members, results = [], [None] * len(cfgs)
+    for k, (cfg, log) in enumerate(zip(cfgs, logs)):
+        try:
+            members.append((k, Member(grpo, cfg, log)))
+        except UsageError as e:
+            results[k] = str(e)
+    if not members:
+        return results
+    cfg, first = cfgs[members[0][0]], members[0][1].run
+    stack = Stack([m.run.policy for _, m in members], trainable=True)
+    ref = Stack([m.run.ref for _, m in members])
+    opt = AdamW(stack.parameters(), lr=cfg.lr)
+    for j, (_, m) in enumerate(members):
+        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))
+    update = LockstepGRPO(cfg, first.anchor, grpo.grpo_loss)
+    anchor_probe = _anchor_probe(first) if first.anchor is not None and cfg.trust_region_anchor > 0 else None
+    try:
+        with StopOnCtrlC() as stop:
+            while members and not stop.requested:
+                _step(members, stack, ref, opt, update, anchor_probe, cfg)
+                ended = [j for j, (_, m) in enumerate(members) if m.error or m.run.stop_reason is not None]
+                for j in ended:
+                    k, m = members[j]
+                    results[k] = _end(m, grpo.PANELS)
+                if ended:
+                    live = [j for j in range(len(members)) if j not in ended]
+                    members = [members[j] for j in live]
+                    if members:
+                        keep(stack, opt, live)
+                        ref = ref.rows(live)
+    finally:
+        for _, m in members:
+            m.logger.close()
+    for j, (k, m) in enumerate(members):  # Ctrl-C: each member's step in flight was finished; its checkpoint
+        m.run.save(m.algo, MemberOptimizer(opt, j))
+        results[k] = f"interrupted: checkpoint at step {m.run.step} written to {m.run.out / 'model.pt'}"
+    return results
+
+
+def _anchor_probe(run: Run) -> tuple:
+    """The anchor rows the trust region measures (rl/loop.Run.probes): every person's rows of the tree."""
+    a = run.anchor
+    rows = (a.group >= 0).nonzero().flatten()
+    return a.gen.select(rows), a.weights[rows], a.group[rows]
+
+
+def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepGRPO, anchor_probe, cfg) -> None:
+    t0, runs = time.perf_counter(), [m.run for _, m in members]
+    runs[0].set_lr(opt)  # the members are at the same step
+    prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
+    requests = [Request(*encode_prompts(r.tok, rows, r.device), cfg.max_new_tokens, cfg.temperature, None, None,
+                        r.gens["rollout"]) for r, rows in zip(runs, prompts)]
+    gens = generate_all(None, requests, stack)
+    batches = []
+    for (_, m), rows, gen in zip(members, prompts, gens):
+        try:
+            if isinstance(gen, Exception):
+                raise UsageError(f"{gen} (stopped at step {m.run.step}; checkpoints already written are intact)")
+            completions = decode_completions(m.run.tok, gen)
+            rewards = score(m.run.reward, rows, completions, gen.finished.tolist(), cfg.unfinished_reward)
+        except RewardError as e:
+            m.error = f"{e} (stopped at step {m.run.step}; checkpoints already written are intact)"
+        except UsageError as e:
+            m.error = str(e)
+        if m.error:  # it leaves after this step; its rows still fill the batch (its update is never kept)
+            batches.append(None)
+            continue
+        batches.append(RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=gen.ids.device),
+                                    cfg.group_size, None, None))
+    some = next((b for b in batches if b is not None), None)
+    if some is None:  # every member failed
+        return
+    rows = Rows.of([(b or some).gen for b in batches])  # a failed member's slot: any rows, its update not kept
+    rewards = torch.stack([(b or some).rewards for b in batches])
+    with torch.no_grad():
+        needs_ref = cfg.rollout_kl or cfg.beta > 0
+        ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if needs_ref else (None, None)
+        old_logp = rows.logprobs(stack, cfg.temperature)[0] if cfg.beta > 0 and cfg.kl_in == "reward" else None
+    probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
+    if anchor_probe is not None:
+        gen, weights, group = anchor_probe
+        probes.append(("anchor", Rows.shared(gen, len(members)), cfg.trust_region_anchor, weights, group))
+    guard = Guard(stack, probes) if probes else None
+    stats, per_update, ratio = update(stack, ref, opt, rows, rewards, ref_logp, ref_logits, old_logp)
+    if guard is not None:
+        stats.update(guard.enforce(stack))
+    names = [k for k in stats] + [(i, k) for i, d in enumerate(per_update) for k in d] + \
+        [("ratio", i, k) for i, d in enumerate(ratio) for k in d]
+    values = [stats[k] for k in stats] + [d[k] for d in per_update for k in d] + [d[k] for d in ratio for k in d]
+    table = dict(zip(names, torch.stack(values).tolist()))  # one read of every member's figures
+    stack.copy_to([r.policy for r in runs])  # each member's GPT: its evaluation and checkpoint
+    step_time = time.perf_counter() - t0
+    for j, (_, m) in enumerate(members):
+        if m.error:
+            continue
+        mine = {k: v[j] for k, v in table.items()}
+        norms = [mine[(i, "grad_norm")] for i in range(len(per_update))]
+        bad = next((n for n in norms if not math.isfinite(n)), None)
+        if bad is not None:
+            m.error = (f"the gradient became {bad} at step {m.run.step + 1}: a loss weight (e.g. --vf-coef, "
+                       f"--preserve-coef) or --lr too large for float32; the run stopped, checkpoints intact")
+            continue
+        head = {k: mine[k] for k in stats if k not in ("tr_scale",) and not k.startswith("tr_kl_")}
+        row = {**head, **combine_stats([{k: mine[(i, k)] for k in d} for i, d in enumerate(per_update)]),
+               **combine_stats([{k: mine[("ratio", i, k)] for k in d} for i, d in enumerate(ratio)]),
+               **{k: mine[k] for k in stats if k == "tr_scale" or k.startswith("tr_kl_")}}
+        try:
+            m.run.end_step(m.algo, MemberOptimizer(opt, j), batches[j], row, step_time, m.logger)
+        except UsageError as e:
+            m.error = str(e)
+        m.batch = batches[j]
+    if cfg.ref_update_every and max(r.step for r in runs) % cfg.ref_update_every == 0:  # π_ref ← π_θ
+        with torch.no_grad():
+            for name, w in ref.w.items():
+                w.copy_(stack.w[name])
+
+
+def _end(m: Member, panels):
+    """A member that stopped: its files -> its summary; or its error."""
+    m.logger.close()
+    if m.error:
+        return m.error
+    return m.run.finish(m.batch, panels)

@@ -1,0 +1,63 @@
+"""The rows of P members as one (P, N, ...) batch: each member's sampled completions (or one shared set of rows, the
+anchor's), padded to one shape, and their log-probs under each member's own weights in one forward.
+
+    rows = Rows.of([gen_0, gen_1, ...])            # each member's Generation (lm/sampling.py), N rows each
+    rows = Rows.shared(anchor.gen, P)              # the same rows for every member
+    logp, logits = rows.logprobs(stack, temperature)   # (P, N, T), (P, N, T, V): lm/logprobs.generation_logprobs
+
+Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest completion, so
+completion token j of every row sits in slot prompt_len + j. Padding is never attended to and never counted (the
+completion mask is False there), so a member's log-probs are its single run's, to float rounding (the single run
+shares its rows' common prefixes (lm/prefix_tree.py); here every slot is computed: the tests' oracle path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minigrpo.lm.logprobs import completion_token_logprobs
+from minigrpo.lm.sampling import Generation
+from minigrpo.lm.tokenizer import PAD_ID
+from minigrpo.population.stacked import Stack
+
+
+@dataclass
+class Rows:
+    ids: torch.Tensor  # (P, N, W + T) long
+    key_mask: torch.Tensor  # (P, N, W + T) bool: real prompt and completion tokens
+    prompt_len: int  # W
+    completion_mask: torch.Tensor  # (P, N, T) bool
+
+    @classmethod
+    def of(cls, gens: list[Generation]) -> "Rows":
+        """Each member's rows (every member the same number N)."""
+        W, T = max(g.prompt_len for g in gens), max(g.completion_mask.size(1) for g in gens)
+        P, N, device = len(gens), gens[0].ids.size(0), gens[0].ids.device
+        ids = torch.full((P, N, W + T), PAD_ID, dtype=torch.long, device=device)
+        key_mask = torch.zeros((P, N, W + T), dtype=torch.bool, device=device)
+        for p, g in enumerate(gens):
+            w, t = g.prompt_len, g.completion_mask.size(1)
+            ids[p, :, W - w:W + t], key_mask[p, :, W - w:W + t] = g.ids, g.key_mask
+        return cls(ids, key_mask, W, key_mask[:, :, W:])
+
+    @classmethod
+    def shared(cls, gen: Generation, members: int) -> "Rows":
+        """The same rows for every member (expanded, not copied)."""
+        grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
+        return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask))
+
+    def select(self, members: list[int]) -> "Rows":
+        index = torch.tensor(members, device=self.ids.device)
+        return Rows(self.ids[index], self.key_mask[index], self.prompt_len, self.completion_mask[index])
+
+    def logprobs(self, stack: Stack, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T, V) that gave
+        them, each member through its own weights; differentiable (no_grad for π_old and π_ref)."""
+        P, N, L = self.ids.shape
+        logits = stack.logits(self.ids[..., :-1], self.key_mask[..., :-1], temperature)  # (P, N, L - 1, V)
+        flat = logits.reshape(P * N, L - 1, -1)
+        logp = completion_token_logprobs(flat, self.ids.reshape(P * N, L), self.prompt_len,
+                                         self.completion_mask.reshape(P * N, -1))
+        return logp.view(P, N, -1), logits[:, :, self.prompt_len - 1:]

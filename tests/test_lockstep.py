@@ -1,0 +1,89 @@
+"""minigrpo/population/lockstep.py: a lockstep population's members against the same runs made one by one (their
+oracle), a failing member against the others, and the configurations it refuses."""
+
+from dataclasses import replace
+
+import torch
+
+from minigrpo import grpo
+from minigrpo.grpo import PRESETS, GRPOConfig
+from minigrpo.population.guard import sequence_kls
+from minigrpo.population.lockstep import train_lockstep, unsupported
+from minigrpo.rl.config import parse_rl_config
+from minigrpo.rl.trust_region import sequence_kl
+from minigrpo.tools.pool import run_one
+from minigrpo.util.jsonl import read_jsonl
+from test_population import UNTIMED, _run, close
+
+
+def _cfg(init, folder, seed, extra=()):
+    argv = _run(init, folder, seed, extra=extra)[2][3:]
+    return parse_rl_config(GRPOConfig, argv, "", "grpo", PRESETS)
+
+
+def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pretrained):
+    """GRPO seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region, μ = 2): each member writes
+    its single run's files and matches its metrics to 1e-4 over the first two steps."""
+    init, _, _ = tiny_pretrained
+    cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s) for s in range(3)]
+    assert unsupported(cfgs) is None
+    results = train_lockstep(grpo, cfgs, [print] * 3)
+    assert [r["step"] for r in results] == [3, 3, 3]
+    for s in range(3):
+        pop, alone = tmp_path / f"lock-s{s}", tmp_path / f"alone-s{s}"
+        assert run_one(_run(init, alone, s)) is None
+        assert {"config.json", "metrics.jsonl", "summary.json", "samples.txt", "model.pt"} <= {f.name for f in
+                                                                                               pop.iterdir()}
+        rows, want = read_jsonl(pop / "metrics.jsonl"), read_jsonl(alone / "metrics.jsonl")
+        assert len(rows) == len(want) == 4
+        assert set(rows[1]) == set(want[1])
+        for got, ref in zip(rows[:3], want[:3]):  # steps 0, 1, 2
+            assert close(UNTIMED(got), UNTIMED(ref)) == [], (s, got["step"])
+        state = torch.load(pop / "model.pt", weights_only=True)  # its own weights and optimiser state, no other's
+        alone_state = torch.load(alone / "model.pt", weights_only=True)
+        assert all(v.shape == alone_state["model"][k].shape for k, v in state["model"].items())
+        assert [m.shape for m in state["optimizer"]["m"]] == [m.shape for m in alone_state["optimizer"]["m"]]
+
+
+def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_path, tiny_pretrained):
+    """Member 1's reward raises in its second step: it fails with its single run's line, and members 0 and 2 write
+    what they write without it. (Only the reward differs: train_lockstep takes what members share from the first.)"""
+    init, _, _ = tiny_pretrained
+    cfgs = [_cfg(init, tmp_path / f"two-s{s}", s) for s in (0, 2)]
+    assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [3, 3]
+    bad = tmp_path / "bad.py"  # pizza, counting its calls; past limit.txt's count (if any) it raises
+    bad.write_text("from pathlib import Path\nHERE, calls = Path(__file__).parent, 0\n"
+                   "def reward(prompt, completion):\n    global calls\n    calls += 1\n"
+                   "    (HERE / 'count.txt').write_text(str(calls))\n"
+                   "    if (HERE / 'limit.txt').exists() and calls > int((HERE / 'limit.txt').read_text()):\n"
+                   "        raise RuntimeError('the reward broke')\n"
+                   "    return float('pizza' in completion)\n")
+    train_lockstep(grpo, [_cfg(init, tmp_path / "one-step", 1, ("--reward", f"{bad}:reward", "--steps", "1"))], [print])
+    (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())  # it breaks in its second step
+    three = [replace(cfgs[0], out=str(tmp_path / "w0")), _cfg(init, tmp_path / "bad", 1, ("--reward", f"{bad}:reward")),
+             replace(cfgs[1], out=str(tmp_path / "w2"))]
+    results = train_lockstep(grpo, three, [print] * 3)
+    assert "the reward broke" in results[1] and "stopped at step 1" in results[1], results[1]
+    assert not (tmp_path / "bad" / "summary.json").exists()
+    for a, b in (("two-s0", "w0"), ("two-s2", "w2")):
+        rows, want = read_jsonl(tmp_path / b / "metrics.jsonl"), read_jsonl(tmp_path / a / "metrics.jsonl")
+        assert len(rows) == len(want) == 4
+        assert all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows, want))
+
+
+def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))
+    assert unsupported([a, b]) == "members differ in more than their seeds"
+    assert unsupported([_cfg(init, tmp_path / "c", 0, ("--preset", "dapo"))]) == "--skip-equal-groups"
+    assert unsupported([_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
+
+
+def test_the_members_sequence_kls_are_the_single_trust_regions():
+    torch.manual_seed(0)
+    old, new = torch.randn(3, 6, 5, 7), torch.randn(3, 6, 5, 7)
+    mask, w, g = torch.rand(3, 6, 5) > 0.3, torch.rand(6), torch.tensor([0, 0, 1, 1, 2, 2])
+    got = sequence_kls(old, new, mask, w, g)
+    for p in range(3):
+        assert abs(got[p].item() - sequence_kl(old[p], new[p], mask[p], w, g)) < 1e-5
+        assert abs(sequence_kls(old, new, mask)[p].item() - sequence_kl(old[p], new[p], mask[p])) < 1e-5
