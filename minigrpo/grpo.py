@@ -215,11 +215,15 @@ def train(cfg: GRPOConfig, log=print) -> dict:
     return run(cfg, GRPO, "grpo", PANELS, log)
 
 
+def parse(argv) -> GRPOConfig:
+    """The command line's config (a UsageError names a bad flag)."""
+    return parse_rl_config(GRPOConfig, argv, __doc__.split("\n\n")[0], "grpo", PRESETS)
+
+
 @main_guard
 @finish_unread
 def main(argv=None):
-    cfg = parse_rl_config(GRPOConfig, argv, __doc__.split("\n\n")[0], "grpo", PRESETS)
-    train(cfg)
+    train(parse(argv))
 
 
 if __name__ == "__main__":

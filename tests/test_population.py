@@ -84,6 +84,34 @@ def test_batched_sampling_draws_what_each_member_draws_alone(settings):
         assert torch.equal(requests[p].generator.get_state(), drawn_alone[p].get_state()), p
 
 
+def test_members_alike_draw_as_one_what_each_draws_alone():
+    """Members with the same rows and plain sampling draw as one (population/sampling.StackedDraws): each member's
+    tokens, log-probs and generator state are its own generate()'s, one whose block leaves fewer new tokens (a
+    20-token prompt in a 24-token block) and one whose weights are NaN (its error) included."""
+    models = members(4)
+    with torch.no_grad():
+        models[3].wte.weight.fill_(float("nan"))
+    requests, alone, gens = [], [], []
+    for p, width in enumerate([3, 20, 1, 2]):
+        ids = torch.randint(3, 20, (4, width))
+        mask = torch.ones(4, width, dtype=torch.bool)
+        mask[0, :width // 2] = False
+        requests.append(Request(ids, mask, 8, 0.8, None, None, torch.Generator().manual_seed(p)))
+        gens.append(torch.Generator().manual_seed(p))
+        try:
+            alone.append(generate(models[p], ids, mask, 8, 0.8, generator=gens[-1]))
+        except ValueError as e:
+            alone.append(e)
+    got = generate_all(models, requests)
+    assert isinstance(got[3], ValueError) and str(got[3]) == str(alone[3])
+    for p in range(3):
+        for f in ("ids", "key_mask", "completion_mask", "finished"):
+            assert torch.equal(getattr(got[p], f), getattr(alone[p], f)), (p, f)
+        assert torch.allclose(got[p].logprobs, alone[p].logprobs, atol=1e-5)
+        assert torch.equal(requests[p].generator.get_state(), gens[p].get_state()), p
+    assert got[1].completion_mask.size(1) == 4
+
+
 def test_a_member_that_cannot_sample_gets_its_error_and_the_others_sample_as_alone():
     models = members()
     with torch.no_grad():
@@ -179,15 +207,16 @@ def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
 
 
 def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_path, tiny_pretrained, capsys):
-    """compare --engine population --jobs 2: two worker processes, a population each (a GRPO and a PPO run), whose
-    runs match the pool's to 1e-4 over their first steps; the table has the intervals."""
+    """compare --engine population --jobs 2: two worker processes; the default GRPO's two seeds are one (lockstep)
+    population, PPO's two runs are dealt into two; their runs match the pool's to 1e-4 over their first steps; the
+    table has the intervals."""
     from minigrpo.compare import main, on_gpu
     init, _, _ = tiny_pretrained
     flags = ["--algos", "default,ppo", "--seeds", "2", "--init", str(init), "--steps", "3", "--group-size", "4",
              "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--jobs", "2", "--device", "cpu"]
     main([*flags, "--engine", "population", "--out", str(tmp_path / "population")])
     printed = capsys.readouterr().out
-    assert "2 populations, 2 at a time" in printed and "interquartile means with their 95 % bootstrap" in printed
+    assert "3 populations, 2 at a time" in printed and "interquartile means with their 95 % bootstrap" in printed
     assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
     table = (tmp_path / "population" / "table.md").read_text()
     assert "P(row > column)" in table and "| default | 2 |" in table
@@ -219,9 +248,17 @@ def test_in_a_population_only_the_batch_server_multiplies_matrices(tmp_path, tin
 
 
 def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path, tiny_pretrained):
-    assert shares_of(list(range(7)), jobs=2) == [[0, 2, 4, 6], [1, 3, 5]]
-    assert shares_of(list(range(7)), jobs=2, most=3) == [[0, 3, 6], [1, 4], [2, 5]]
-    assert shares_of(list(range(3)), jobs=8) == [[0], [1], [2]] and shares_of([0, 1], jobs=1, most=0) == [[0, 1]]
+    """Runs without lockstep (PPO) are dealt in turn; GRPO's are grouped by configuration (every flag but --seed and
+    --out), each group in nearly equal parts of at most `most`."""
+    ppo = [_run("m.pt", Path(f"p{s}"), s, "minigrpo.ppo") for s in range(7)]
+    seeds = lambda shares: [[item[1] for item in share] for share in shares]  # noqa: E731
+    assert seeds(shares_of(ppo, jobs=2)) == [[0, 2, 4, 6], [1, 3, 5]]
+    assert seeds(shares_of(ppo, jobs=2, most=3)) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert seeds(shares_of(ppo[:3], jobs=8)) == [[0], [1], [2]] and seeds(shares_of(ppo[:2], 1, 0)) == [[0, 1]]
+    grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)] + [_run("m.pt", Path(f"d{s}"), s, extra=(
+        "--preset", "dapo")) for s in range(2)]
+    assert seeds(shares_of(grpo + ppo[:2], jobs=2, most=3)) == [[0, 2, 4], [1, 3], [0, 1], [0], [1]]
+    assert seeds(shares_of(grpo, jobs=8)) == [[0, 1, 2, 3, 4], [0, 1]]  # lockstep: one population per configuration
     init, _, _ = tiny_pretrained  # in this process, populations of one after another: each run is its single run
     items = [_run(init, tmp_path / f"pop{s}", s) for s in range(2)]
     errors = []

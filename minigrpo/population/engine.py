@@ -1,7 +1,11 @@
-"""compare's population engine: every run of a sweep at once, one thread each, their models' work batched.
+"""compare's population engine: many runs at once in one process, in lockstep where they can be, else as threads.
 
     run_population(items, done)           # the pool's items (tools/pool.py): (algo, seed, command, folder)
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
+
+In lockstep (population/lockstep.py): runs of minigrpo.grpo that differ only in their seeds (and folders), whose
+configuration lockstep supports, train as one computation, each run a slice of every tensor. The others: as threads,
+below.
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
 required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py). What a run prints goes
@@ -21,6 +25,7 @@ once (torch's global generator, Python's `random`): a reward that draws from the
 from __future__ import annotations
 
 import ctypes
+import importlib
 import io
 import multiprocessing
 import queue
@@ -28,10 +33,14 @@ import signal
 import sys
 import threading
 
+from minigrpo.population.lockstep import train_lockstep, unsupported
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import STOP_ALL
-from minigrpo.tools.pool import STOPPING, STOPPING_LINE, run_main, run_one, run_pool
+from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, run_one, run_pool, start_folder
+from minigrpo.util.cli import UsageError
+
+LOCKSTEP = ("minigrpo.grpo",)  # the trainers a lockstep population runs (population/lockstep.py)
 
 
 def _one_malloc_arena() -> None:
@@ -57,10 +66,48 @@ class _ThreadOutput(io.TextIOBase):
         self.buffers.get(threading.get_ident(), self.real).flush()
 
 
+def lockstep_key(item) -> tuple | None:
+    """What a run must share with the others of a lockstep population: its trainer and every flag but --seed and
+    --out (None: its trainer has no lockstep)."""
+    cmd = item[2]  # [python, "-m", module, flags...]
+    if cmd[2] not in LOCKSTEP:
+        return None
+    flags, skip = [], False
+    for arg in cmd[3:]:
+        if not skip and arg not in ("--seed", "--out"):
+            flags.append(arg)
+        skip = not skip and arg in ("--seed", "--out")
+    return (cmd[2], *flags)
+
+
+def run_lockstep(items: list, done) -> bool:
+    """The items as one lockstep population, done(item, error) for each at the end -> False (nothing run) where they
+    cannot go in lockstep: another trainer or configuration, a flag lockstep does not support, a bad flag."""
+    key = lockstep_key(items[0])
+    if key is None or any(lockstep_key(item) != key for item in items):
+        return False
+    trainer = importlib.import_module(key[0])
+    try:
+        cfgs = [trainer.parse(item[2][3:]) for item in items]
+    except UsageError:  # every run reports it, as threads
+        return False
+    if unsupported(cfgs) is not None:
+        return False
+    for item in items:
+        start_folder(item)
+    results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
+    for item, result in zip(items, results):
+        done(item, end_folder(item, result if isinstance(result, str) else None))
+    if any(isinstance(r, str) and r.startswith("interrupted") for r in results):
+        raise KeyboardInterrupt
+    return True
+
+
 def run_population(items: list, done, batcher: Batcher | None = None) -> None:
-    """run_one(item) for every item at once (one thread each, one batch), done(item, error) as each ends.
-    `batcher`: one of the caller's (bench reads the time it spent serving), else a new one."""
-    if not items:
+    """Every item's run at once, done(item, error) as each ends: in lockstep where they can (run_lockstep), else
+    run_one(item) in a thread each, their models' work one batch. `batcher`: one of the caller's (bench reads the
+    time it spent serving), else a new one."""
+    if not items or run_lockstep(items, done):
         return
     batcher, ended = batcher or Batcher(), queue.Queue()
     out, err = _ThreadOutput(sys.stdout), _ThreadOutput(sys.stderr)
@@ -108,10 +155,21 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
 
 
 def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
-    """The populations `items` make: `jobs` of them, or more where one would hold over `most` runs (0: no limit).
-    Dealt in turn (items 0, S, 2S, ... to the first), so each gets the same mix of algorithms."""
-    n = max(1, min(jobs, len(items)), -(-len(items) // most) if most > 0 else 1)
-    return [items[j::n] for j in range(n)]
+    """The populations `items` make, each of at most `most` runs (0: no limit). Runs that may go in lockstep
+    (lockstep_key) are grouped by configuration: a group, or its nearly equal parts. The others: `jobs` populations,
+    or more where one would hold over `most`, dealt in turn (items 0, S, 2S, ... to the first), so each gets the
+    same mix of algorithms."""
+    groups: dict[tuple, list] = {}
+    for item in items:
+        groups.setdefault(lockstep_key(item) or (), []).append(item)
+    rest, shares = groups.pop((), []), []
+    for group in groups.values():
+        n = -(-len(group) // most) if most > 0 else 1
+        shares += [group[j::n] for j in range(n)]
+    if rest:
+        n = max(1, min(jobs, len(rest)), -(-len(rest) // most) if most > 0 else 1)
+        shares += [rest[j::n] for j in range(n)]
+    return shares
 
 
 def run_populations(items: list, jobs: int, done, most: int = 0) -> None:

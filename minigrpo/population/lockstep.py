@@ -12,8 +12,9 @@ what rl/loop.run does, for all members at once:
     update        GRPO's update over a leading member dim (population/grpo_update.py): one backward, one AdamW
                   step on the stacked weights (population/optim.py)
     trust region  every member's step halved until its own probes allow it (population/guard.py)
-    the rest      each member's own: its weights copied into its GPT, then Run.end_step (exact evaluation, stop
-                  rule, metrics, checkpoints) and, once it stops, Run.finish (summary.json, samples.txt)
+    the rest      each member's own: its weights copied into its GPT, then Run.end_step (exact evaluation, whose
+                  forward is one for all: population/evaluation.py; stop rule, metrics, checkpoints) and, once it
+                  stops, Run.finish (summary.json, samples.txt)
 
 A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go
 on, untouched: every computation is per member. Each member's metrics are its single run's to float rounding
@@ -31,6 +32,7 @@ import torch
 
 from minigrpo.lm.optim import AdamW
 from minigrpo.lm.sampling import decode_completions, encode_prompts
+from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.grpo_update import LockstepGRPO, unsupported as unsupported_cfg
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MemberOptimizer, keep
@@ -38,7 +40,7 @@ from minigrpo.population.rows import Rows
 from minigrpo.population.sampling import Request, generate_all
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import StopOnCtrlC, combine_stats
+from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, combine_stats
 from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
@@ -59,9 +61,9 @@ def unsupported(cfgs: list) -> str | None:
 class Member:
     """One member's run, its algorithm state (generators, for its checkpoint) and its open metrics file."""
 
-    def __init__(self, grpo, cfg, log):
+    def __init__(self, grpo, cfg, log, like: Run | None = None):
         grpo.check_grpo_config(cfg)
-        self.run = Run(cfg, "grpo", log)
+        self.run = Run(cfg, "grpo", log, like)
         self.algo = grpo.GRPO(self.run)
         self.logger, self.batch, self.error = None, None, None
 
@@ -72,7 +74,7 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     members, results = [], [None] * len(cfgs)
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
         try:
-            members.append((k, Member(grpo, cfg, log)))
+            members.append((k, Member(grpo, cfg, log, members[0][1].run if members else None)))
         except UsageError as e:
             results[k] = str(e)
     if not members:
@@ -81,14 +83,18 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     ref = Stack([m.run.ref for _, m in members])
     opt = AdamW(stack.parameters(), lr=cfg.lr)
+    shared = SharedForward()  # the members' exact evaluations: one forward for all
+    for j, (_, m) in enumerate(members):
+        shared.adopt(m.run.policy, j)
+    shared.fresh(stack)
     for j, (_, m) in enumerate(members):
         m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))
     update = LockstepGRPO(cfg, first.anchor, grpo.grpo_loss)
     anchor_probe = _anchor_probe(first) if first.anchor is not None and cfg.trust_region_anchor > 0 else None
     try:
         with StopOnCtrlC() as stop:
-            while members and not stop.requested:
-                _step(members, stack, ref, opt, update, anchor_probe, cfg)
+            while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
+                _step(members, stack, ref, opt, update, anchor_probe, cfg, shared)
                 ended = [j for j, (_, m) in enumerate(members) if m.error or m.run.stop_reason is not None]
                 for j in ended:
                     k, m = members[j]
@@ -99,6 +105,8 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
                     if members:
                         keep(stack, opt, live)
                         ref = ref.rows(live)
+                        for j, (_, m) in enumerate(members):
+                            shared.adopt(m.run.policy, j)
     finally:
         for _, m in members:
             m.logger.close()
@@ -115,7 +123,8 @@ def _anchor_probe(run: Run) -> tuple:
     return a.gen.select(rows), a.weights[rows], a.group[rows]
 
 
-def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepGRPO, anchor_probe, cfg) -> None:
+def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepGRPO, anchor_probe, cfg,
+          shared: SharedForward) -> None:
     t0, runs = time.perf_counter(), [m.run for _, m in members]
     runs[0].set_lr(opt)  # the members are at the same step
     prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
@@ -159,7 +168,8 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepG
         [("ratio", i, k) for i, d in enumerate(ratio) for k in d]
     values = [stats[k] for k in stats] + [d[k] for d in per_update for k in d] + [d[k] for d in ratio for k in d]
     table = dict(zip(names, torch.stack(values).tolist()))  # one read of every member's figures
-    stack.copy_to([r.policy for r in runs])  # each member's GPT: its evaluation and checkpoint
+    stack.copy_to([r.policy for r in runs])  # each member's GPT: its checkpoint
+    shared.fresh(stack)  # and its evaluation, one forward for all
     step_time = time.perf_counter() - t0
     for j, (_, m) in enumerate(members):
         if m.error:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from minigrpo.lm.model import causal_mask, positions
-from minigrpo.lm.sampling import Draws, Generation
-from minigrpo.lm.tokenizer import PAD_ID
+from minigrpo.lm.sampling import Draws, Generation, process_logits
+from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
 from minigrpo.population.stacked import Stack
 
 
@@ -71,23 +72,31 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
         ids[j, :b, width - w:] = m.prompt_ids
         key_mask[j, :b, width - w:width], key_mask[j, :b, width:] = m.prompt_mask, True
     key_mask = key_mask.view(P * B, -1)
-    pos = positions(key_mask).view(P, B, -1)
+    # a member whose prompt leaves it fewer new tokens than the others has stopped before its positions pass the block
+    pos = positions(key_mask).view(P, B, -1).clamp(max=block_size - 1)
     cache = stack.new_cache(P * B, width + n_max)
     h = stack.hidden(ids, pos[:, :, :width], causal_mask(0, width, key_mask, device), cache)
     logits = stack.head(h[:, :, -1:])[:, :, 0]  # (P, B, V)
+    draws = [members[i] for i in live]
+    alike = StackedDraws(draws) if StackedDraws.fits(draws) else None  # one draw for all members, else each its own
     going = set(range(P))
     for n in range(n_max):
-        nxt = torch.full((P, B), PAD_ID, dtype=torch.long, device=device)
-        for j in sorted(going):
-            m = members[live[j]]
-            if not m.take(logits[j, : m.tokens.size(0)]):
-                going.discard(j)
-            nxt[j, : m.tokens.size(0)] = m.tokens[:, n]
+        if alike is not None:
+            going, nxt = alike.take(logits, going), alike.tokens[:, :, n]
+        else:
+            nxt = torch.full((P, B), PAD_ID, dtype=torch.long, device=device)
+            for j in sorted(going):
+                m = draws[j]
+                if not m.take(logits[j, : m.tokens.size(0)]):
+                    going.discard(j)
+                nxt[j, : m.tokens.size(0)] = m.tokens[:, n]
         if not going:
             break
         t = width + n  # the slot the new tokens fill
         h = stack.hidden(nxt[:, :, None], pos[:, :, t:t + 1], causal_mask(t, 1, key_mask[:, :t + 1], device), cache)
         logits = stack.head(h)[:, :, 0]
+    if alike is not None:
+        alike.settle()
     out: list[Generation | Exception] = []
     for m in members:
         try:
@@ -95,3 +104,46 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
         except ValueError as e:
             out.append(e)
     return out
+
+
+class StackedDraws:
+    """The lm/sampling.Draws of P members with the same number of rows and the same plain sampling (temperature
+    only), drawn as one: the sampling distribution, the race and the bookkeeping over (P, B, V) at once, and each
+    member's exponential noise from its own generator, exactly as often as its own Draws draws it (a member whose
+    rows have all ended, or that reached its n_max, draws no more). Each Draws gets its draws back (`settle`)."""
+
+    def __init__(self, draws: list[Draws]):
+        self.draws = draws
+        self.tokens = torch.stack([d.tokens for d in draws])  # (P, B, n_max)
+        self.logprobs = torch.stack([d.logprobs for d in draws])
+        self.completion_mask = torch.stack([d.completion_mask for d in draws])
+        self.done = torch.stack([d.done for d in draws])  # (P, B)
+        self.steps = [0] * len(draws)
+
+    @staticmethod
+    def fits(draws: list[Draws]) -> bool:
+        settings = {(d.tokens.shape, d.settings[:3]) for d in draws}
+        return len(settings) == 1 and next(iter(settings))[1][1:] == (None, None)
+
+    def take(self, logits: torch.Tensor, going: set[int]) -> set[int]:
+        """Draws.take for the members in `going` from logits (P, B, V) -> the members that go on."""
+        n, temperature = max(self.steps), self.draws[0].settings[0]
+        logp_all = F.log_softmax(process_logits(logits, temperature), -1)  # (P, B, V)
+        probs = logp_all.exp()
+        noise = torch.stack([torch.empty_like(probs[p]).exponential_(generator=d.settings[3]) if p in going else
+                             torch.ones_like(probs[p]) for p, d in enumerate(self.draws)])
+        nxt = (probs / noise).argmax(-1)  # (P, B): lm/sampling.exponential_race of each member
+        lp = logp_all.gather(-1, nxt[..., None])[..., 0]
+        self.tokens[:, :, n], self.logprobs[:, :, n] = nxt.masked_fill(self.done, PAD_ID), lp.masked_fill(self.done, 0)
+        self.completion_mask[:, :, n] = ~self.done
+        self.done = self.done | (self.tokens[:, :, n] == EOS_ID)
+        ended = self.done.all(-1).tolist()
+        for p in going:
+            self.steps[p] = n + 1
+        return {p for p in going if not (ended[p] or n + 1 == self.draws[p].n_max)}
+
+    def settle(self) -> None:
+        """Each member's Draws holds its own draws (its generation() is then what it would be alone)."""
+        for p, d in enumerate(self.draws):
+            d.tokens, d.logprobs, d.completion_mask = self.tokens[p], self.logprobs[p], self.completion_mask[p]
+            d.done, d.steps = self.done[p], self.steps[p]

@@ -63,7 +63,10 @@ def purpose_seed(seed: int, purpose: str) -> int:
 class Run(RunCheckpoints):
     """Everything a running RL job holds; algorithms read policy, ref, anchor, gens and cfg from it."""
 
-    def __init__(self, cfg: RLConfig, algo_name: str, log=print):
+    def __init__(self, cfg: RLConfig, algo_name: str, log=print, like: "Run | None" = None):
+        """like: a run set up from the same --init and flags (its seed and folder aside) and not yet trained (a
+        lockstep population's first member): its model, tokenizer, tree anchor and baseline are taken, not built
+        again."""
         check_rl_config(cfg)
         self.cfg, self.algo_name, self.log = cfg, algo_name, (lambda *a: None) if cfg.quiet else log
         try:
@@ -75,6 +78,8 @@ class Run(RunCheckpoints):
         if self.resume_state is not None:  # the run's own checkpoint holds the model, π_ref and the tokenizer
             self.policy, self.tok = model_from_state(self.resume_state, self.device)
             meta = {"task": self.resume_state["task"]}
+        elif like is not None:
+            self.policy, self.tok, meta = copy.deepcopy(like.ref).requires_grad_(), like.tok, {"task": cfg.task}
         else:
             try:
                 self.policy, self.tok, meta = load_checkpoint(cfg.init, self.device)
@@ -109,7 +114,9 @@ class Run(RunCheckpoints):
         self.stop_rule = StopRule(cfg.goal, cfg.goal_patience, cfg.plateau, cfg.goal_malformed, cfg.goal_drift)
         self.peaks = Peaks()
         self.stop_reason: str | None = None
-        if self.resume_state is None:  # on resume, `restore` brings these back from the checkpoint
+        if like is not None and cfg.preserve_anchor != "sampled":  # π_ref's and the flags' alone: any seed's
+            self.anchor, self.baseline = like.anchor, like.baseline
+        elif self.resume_state is None:  # on resume, `restore` brings these back from the checkpoint
             anchor_prompts = self.task.anchor_prompts(cfg) if cfg.preserve else []
             self.anchor = make_anchor(self.ref, self.tok, anchor_prompts, self.prompts, cfg, self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)

@@ -69,13 +69,25 @@ def run_one(task, runner=run_in_process) -> str | None:
     one, is replaced), the command stamped, then run in process (`runner`: a population's in its thread);
     -> its error, or None."""
     _, _, cmd, folder = task  # cmd is [python, "-m", module, ...]
+    start_folder(task)
+    return end_folder(task, runner(cmd[2], cmd[3:]))
+
+
+def start_folder(task) -> None:
+    """A run's folder made afresh (a run of another command, or an unfinished one, is replaced), its command stamped."""
+    _, _, cmd, folder = task
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     (folder / STAMP).write_text(json.dumps(stamp_of(cmd)))
-    error = runner(cmd[2], cmd[3:])
-    release_out(folder)  # the run's lock on its folder: this worker goes on to other runs
-    if error is None and not (folder / "summary.json").exists():  # a run counts as done only with its summary
+
+
+def end_folder(task, error: str | None) -> str | None:
+    """After a run: its folder's lock released (this worker goes on to other runs); it counts as done only with its
+    summary, which a failed run's folder loses -> its error, or None."""
+    folder = task[3]
+    release_out(folder)
+    if error is None and not (folder / "summary.json").exists():
         error = "the run ended without writing its summary.json"
     if error:
         (folder / "summary.json").unlink(missing_ok=True)

@@ -1,0 +1,79 @@
+"""The members' exact evaluations as one forward: every member scores the same (prompt, completion) pairs, so the
+first member's forward computes every member's, and the others read theirs.
+
+    shared = SharedForward()
+    shared.adopt(model, p)      # member p's GPT (its own weights, for its files) computes through the population's
+    shared.fresh(stack)         # after each update: the weights to compute with; what was computed is forgotten
+    run.evaluate()              # unchanged: the task's rl_evaluate calls model.hidden and model.head as ever
+
+A call is recognised by its input tensors themselves (the exact evaluation's rows are built once and kept:
+lm/logprobs.scoring_batch), held while remembered so that no other tensor can take their place. Any other call, a
+cache's or one with inputs of its own, is the member's own GPT's. The figures are the single run's to float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minigrpo.lm.model import GPT, causal_mask
+from minigrpo.population.stacked import Stack
+
+
+class SharedForward:
+    def __init__(self):
+        self.stack, self.hidden, self.heads = None, [], {}
+
+    def adopt(self, model: GPT, p: int) -> None:
+        model.__class__, model.shared, model.member = EvalGPT, self, p
+
+    def fresh(self, stack: Stack) -> None:
+        self.stack, self.hidden, self.heads = stack, [], {}
+
+    def hidden_of(self, model: "EvalGPT", inputs: tuple) -> torch.Tensor | None:
+        """Member `model.member`'s hidden states for GPT.hidden's (idx, pos, key_mask, attn_mask), computed for every
+        member on their first request; None: not for sharing (a cache, no stack)."""
+        if self.stack is None:
+            return None
+        for held, views in self.hidden:
+            if all(a is b for a, b in zip(held, inputs)):
+                return views[model.member]
+        idx, pos, key_mask, attn_mask = inputs
+        pos, attn_mask = model.inputs(idx, pos, key_mask, None, attn_mask)
+        (B, T), P = idx.shape, self.stack.w["wte.weight"].size(0)
+        if attn_mask is None:  # plain causal attention
+            attn_mask = causal_mask(0, T, torch.ones(B, T, dtype=torch.bool, device=idx.device))
+        grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
+        with torch.no_grad():
+            h = self.stack.hidden(grow(idx), grow(pos), grow(attn_mask).reshape(P * B, *attn_mask.shape[1:]))
+        views = list(h.unbind(0))
+        self.hidden.append((inputs, views))
+        for view in views:
+            self.heads[id(view)] = (view, h)
+        return views[model.member]
+
+    def head_of(self, model: "EvalGPT", h: torch.Tensor) -> torch.Tensor | None:
+        """Member `model.member`'s logits of hidden states this forward handed out (every member's at once)."""
+        held = self.heads.get(id(h))
+        if held is None or held[0] is not h:
+            return None
+        every = held[1]
+        if not isinstance(every, list):
+            with torch.no_grad():
+                every = list(self.stack.head(every).unbind(0))
+            for view in list(self.heads):
+                if self.heads[view][1] is held[1]:
+                    self.heads[view] = (self.heads[view][0], every)
+        return every[model.member]
+
+
+class EvalGPT(GPT):
+    """A member's GPT whose cache-less forwards go through its population's SharedForward."""
+
+    def hidden(self, idx, pos=None, key_mask=None, cache=None, attn_mask=None):
+        h = None if cache is not None or torch.is_grad_enabled() else \
+            self.shared.hidden_of(self, (idx, pos, key_mask, attn_mask))
+        return super().hidden(idx, pos, key_mask, cache, attn_mask) if h is None else h
+
+    def head(self, h):
+        logits = self.shared.head_of(self, h)
+        return super().head(h) if logits is None else logits
