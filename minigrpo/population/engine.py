@@ -68,9 +68,14 @@ class _ThreadOutput(io.TextIOBase):
 
 def lockstep_key(item) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every flag but --seed and
-    --out (None: its trainer has no lockstep)."""
+    --out (None: its trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in LOCKSTEP:
+        return None
+    try:
+        if unsupported([importlib.import_module(cmd[2]).parse(cmd[3:])]) is not None:
+            return None
+    except UsageError:
         return None
     flags, skip = [], False
     for arg in cmd[3:]:
@@ -87,10 +92,7 @@ def run_lockstep(items: list, done) -> bool:
     if key is None or any(lockstep_key(item) != key for item in items):
         return False
     trainer = importlib.import_module(key[0])
-    try:
-        cfgs = [trainer.parse(item[2][3:]) for item in items]
-    except UsageError:  # every run reports it, as threads
-        return False
+    cfgs = [trainer.parse(item[2][3:]) for item in items]  # each parsed in lockstep_key
     if unsupported(cfgs) is not None:
         return False
     for item in items:
