@@ -86,9 +86,8 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     shared = SharedForward()  # the members' exact evaluations: one forward for all
     for j, (_, m) in enumerate(members):
         shared.adopt(m.run.policy, j)
-    shared.fresh(stack)
-    for j, (_, m) in enumerate(members):
-        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))
+    for j, (_, m) in enumerate(members):  # step 0 by each member's own forward, as its single run: figures that
+        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))  # compare π_θ with π_ref see them equal
     update = LockstepGRPO(cfg, first.anchor, grpo.grpo_loss)
     anchor_probe = _anchor_probe(first) if first.anchor is not None and cfg.trust_region_anchor > 0 else None
     try:

@@ -8,7 +8,8 @@ anchor's), padded to one shape, and their log-probs under each member's own weig
 Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest completion, so
 completion token j of every row sits in slot prompt_len + j. Padding is never attended to and never counted (the
 completion mask is False there), so a member's log-probs are its single run's, to float rounding (the single run
-shares its rows' common prefixes (lm/prefix_tree.py); here every slot is computed: the tests' oracle path).
+shares its rows' common prefixes (lm/prefix_tree.py); here a member's own rows compute every slot, the tests' oracle
+path, and rows every member shares (the anchor's) go through their one prefix tree).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo.lm.logprobs import completion_token_logprobs
+from minigrpo.lm.prefix_tree import PrefixTree
 from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
@@ -29,6 +31,7 @@ class Rows:
     key_mask: torch.Tensor  # (P, N, W + T) bool: real prompt and completion tokens
     prompt_len: int  # W
     completion_mask: torch.Tensor  # (P, N, T) bool
+    tree: PrefixTree | None = None  # rows shared by every member: their prefix tree (lm/prefix_tree.py), once
 
     @classmethod
     def of(cls, gens: list[Generation]) -> "Rows":
@@ -44,19 +47,26 @@ class Rows:
 
     @classmethod
     def shared(cls, gen: Generation, members: int) -> "Rows":
-        """The same rows for every member (expanded, not copied)."""
+        """The same rows for every member (expanded, not copied), computed once per distinct prefix as the single
+        run computes them (each member's weights over the one prefix tree)."""
         grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
-        return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask))
+        return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask), gen.prefix_tree())
 
     def select(self, members: list[int]) -> "Rows":
         index = torch.tensor(members, device=self.ids.device)
-        return Rows(self.ids[index], self.key_mask[index], self.prompt_len, self.completion_mask[index])
+        return Rows(self.ids[index], self.key_mask[index], self.prompt_len, self.completion_mask[index], self.tree)
 
     def logprobs(self, stack: Stack, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T, V) that gave
         them, each member through its own weights; differentiable (no_grad for π_old and π_ref)."""
         P, N, L = self.ids.shape
-        logits = stack.logits(self.ids[..., :-1], self.key_mask[..., :-1], temperature)  # (P, N, L - 1, V)
+        if self.tree is None:
+            logits = stack.logits(self.ids[..., :-1], self.key_mask[..., :-1], temperature)  # (P, N, L - 1, V)
+        else:  # every member's nodes (P, G, K), gathered into each member's rows
+            t, grow = self.tree, lambda x: x[None].expand(P, *x.shape)  # noqa: E731
+            G, K = t.tokens.shape
+            h = stack.hidden(grow(t.tokens), grow(t.pos), grow(t.mask).reshape(P * G, 1, K, K))
+            logits = (stack.head(h) / temperature).flatten(1, 2)[:, t.index]
         flat = logits.reshape(P * N, L - 1, -1)
         logp = completion_token_logprobs(flat, self.ids.reshape(P * N, L), self.prompt_len,
                                          self.completion_mask.reshape(P * N, -1))

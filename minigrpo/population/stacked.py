@@ -60,8 +60,8 @@ class Stack:
     @torch.no_grad()
     def copy_to(self, models: list[GPT]) -> None:
         """Write member p's weights into models[p] (its own tensors: a member's model.pt holds its weights only)."""
-        names = list(self.w)
-        mine = [dict(m.named_parameters())[name] for m in models for name in names]
+        names, params = list(self.w), [dict(m.named_parameters()) for m in models]
+        mine = [own[name] for own in params for name in names]
         torch._foreach_copy_(mine, [self.w[name][p] for p in range(len(models)) for name in names])
 
     def logits(self, ids: torch.Tensor, key_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
