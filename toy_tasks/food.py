@@ -204,14 +204,26 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards) -> dict:
     `regret`, `implied_beta`, `kl_to_implied_optimum`, and `kl_to_optimum` at the run's --beta read as a
     sequence-level β); each other person's drift (TV to the pretrained distribution), the worst drift,
     and the largest malformed mass over all people."""
-    dists = exact_distributions(model, tokenizer)
+    return rl_evaluate_many([model], tokenizer, baseline, cfg, rewards)[0]
+
+
+def rl_evaluate_many(models: list, tokenizer, baseline: dict, cfg, rewards) -> list[dict]:
+    """rl_evaluate of each model (a lockstep population's members), the frontier's bisections of all as one
+    (frontier.score_many)."""
+    every = [exact_distributions(model, tokenizer) for model in models]
+    r = torch.cat([rewards.support[0], rewards.off_support[:1]])
+    beta = getattr(cfg, "beta", 0.0) or None  # β = 0 has no optimum to be near
+    scores = frontier.score_many(torch.stack([outcomes(dists[cfg.person]) for dists in every]),
+                                 outcomes(baseline[cfg.person]), r, beta)
+    return [_figures(dists, baseline, cfg, rewards, score) for dists, score in zip(every, scores)]
+
+
+def _figures(dists: dict, baseline: dict, cfg, rewards, score: dict) -> dict:
     probs = torch.tensor([[dists[cfg.person][f] for f in FOODS]])
     out = reward_figures(probs, rewards.support)
     out["best_completions"] = [f for f, r in zip(FOODS, rewards.support[0].tolist())
                                if r >= out["best_reward"] - 1e-9]
-    r = torch.cat([rewards.support[0], rewards.off_support[:1]])
-    beta = getattr(cfg, "beta", 0.0) or None  # β = 0 has no optimum to be near
-    out.update(frontier.score(outcomes(dists[cfg.person]), outcomes(baseline[cfg.person]), r, beta))
+    out.update(score)
     for p in PEOPLE:
         if p != cfg.person:
             out[f"drift_{p}"] = total_variation(dists[p], baseline[p])

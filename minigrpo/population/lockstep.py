@@ -169,7 +169,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepG
     table = dict(zip(names, torch.stack(values).tolist()))  # one read of every member's figures
     stack.copy_to([r.policy for r in runs])  # each member's GPT: its checkpoint
     shared.fresh(stack)  # and its evaluation, one forward for all
-    step_time = time.perf_counter() - t0
+    step_time, rows = time.perf_counter() - t0, {}
     for j, (_, m) in enumerate(members):
         if m.error:
             continue
@@ -184,15 +184,36 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepG
         row = {**head, **combine_stats([{k: mine[(i, k)] for k in d} for i, d in enumerate(per_update)]),
                **combine_stats([{k: mine[("ratio", i, k)] for k in d} for i, d in enumerate(ratio)]),
                **{k: mine[k] for k in stats if k == "tr_scale" or k.startswith("tr_kl_")}}
+        rows[j] = row
+    finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
+                                                               if k.endswith("loss"))]  # else end_step says so
+    evaluations = _evaluate([m for m in finite if m.run.evaluating()])
+    for j, row in rows.items():
+        m = members[j][1]
         try:
-            m.run.end_step(m.algo, MemberOptimizer(opt, j), batches[j], row, step_time, m.logger)
+            m.run.end_step(m.algo, MemberOptimizer(opt, j), batches[j], row, step_time, m.logger,
+                           evaluations.get(id(m)))
         except UsageError as e:
             m.error = str(e)
+        except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)
+            m.error = f"{type(e).__name__}: {e}"
         m.batch = batches[j]
     if cfg.ref_update_every and max(r.step for r in runs) % cfg.ref_update_every == 0:  # π_ref ← π_θ
         with torch.no_grad():
             for name, w in ref.w.items():
                 w.copy_(stack.w[name])
+
+
+def _evaluate(members: list) -> dict:
+    """The exact evaluations of these members, as one (the task's rl_evaluate_many) -> {id(member): evaluation}."""
+    if not members:
+        return {}
+    r = members[0].run
+    try:
+        evs = r.task.rl_evaluate_many([m.run.policy for m in members], r.tok, r.baseline, r.cfg, r.rewards)
+    except ValueError:  # one member's figures cannot be made: each member evaluates itself (and it fails alone)
+        return {}
+    return {id(m): ev for m, ev in zip(members, evs)}
 
 
 def _end(m: Member, panels):

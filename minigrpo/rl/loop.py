@@ -121,9 +121,10 @@ class Run(RunCheckpoints):
             self.anchor = make_anchor(self.ref, self.tok, anchor_prompts, self.prompts, cfg, self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)
 
-    def evaluate(self) -> dict:
-        """The task's exact evaluation now, with the running peaks of what must never break."""
-        ev = self.task.rl_evaluate(self.policy, self.tok, self.baseline, self.cfg, self.rewards)
+    def evaluate(self, ev: dict | None = None) -> dict:
+        """The task's exact evaluation now (`ev`: already made, a lockstep population's), with the running peaks of
+        what must never break."""
+        ev = ev or self.task.rl_evaluate(self.policy, self.tok, self.baseline, self.cfg, self.rewards)
         return {**ev, **self.peaks.update(ev)}
 
     def probes(self, batch) -> list:
@@ -191,10 +192,15 @@ class Run(RunCheckpoints):
         idx = torch.randint(len(self.prompts), (self.cfg.prompts_per_step,), generator=self.gens["prompts"])
         return [self.prompts[i] for i in idx.tolist()]
 
-    def end_step(self, algo, opt, batch, stats: dict, step_time: float, logger: JsonlLogger) -> None:
+    def evaluating(self) -> bool:
+        """Whether the step about to end is evaluated: every --eval-every steps, and the last."""
+        return (self.step + 1) % self.cfg.eval_every == 0 or self.step + 1 == self.cfg.steps
+
+    def end_step(self, algo, opt, batch, stats: dict, step_time: float, logger: JsonlLogger,
+                 evaluation: dict | None = None) -> None:
         """After the update (and the trust region): check the losses, count the step, renew π_ref when due
         (--ref-update-every), evaluate (every --eval-every steps), apply the stop rule, log the row and the progress
-        line, checkpoint when due."""
+        line, checkpoint when due. `evaluation`: the step's exact evaluation, already made (a lockstep population's)."""
         cfg = self.cfg
         if not all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss")):
             raise UsageError(f"the loss became non-finite at step {self.step + 1} (lr {cfg.lr:g}): "
@@ -210,7 +216,7 @@ class Run(RunCheckpoints):
                "completion_len": length, "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
         evaluated = self.step % cfg.eval_every == 0 or self.step == cfg.steps
         if evaluated:
-            self.last_eval = self.evaluate()
+            self.last_eval = self.evaluate(evaluation)
             row.update(flat(self.last_eval))
             self.stop_reason = self.stop_rule.update(self.step, self.last_eval)
         if self.stop_reason is None and self.step == cfg.steps:
