@@ -94,9 +94,9 @@ class CompareConfig:
         "replace the runs in --out that another compare command made (refused otherwise)"))
     jobs: int = field(default=0, metadata={"help": "worker processes: with --engine pool each runs one run at a "
                                                    "time, with population each one population (0 = the cores)"})
-    members: int = field(default=16, metadata=meta(
-        "most runs in one population (--engine population): more runs make more populations, each worker process "
-        "running one at a time (0 = no limit)"))
+    members: int = field(default=128, metadata=meta(
+        "most runs in one population (--engine population; threads: at most 16): more runs make more populations, "
+        "each worker process running one at a time (0 = no limit)"))
     engine: str = field(default="auto", metadata=meta(
         "pool: worker processes, a few runs at a time; population: populations of at most --members runs, one per "
         "worker process at a time, a GRPO algorithm's seeds in lockstep, other runs as threads (minigrpo/population); "

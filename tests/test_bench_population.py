@@ -10,10 +10,13 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     monkeypatch.setattr(population, "LIMIT_S", 60)  # 1,000 runs at the rate of 1 and 2 would take far longer
     text = population.bench_population(tmp_path, init, "cpu", sizes=[1, 2, 1000], steps=1)
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    assert rows["1 (alone, as the pool runs it)"].rstrip(" |").endswith("ok"), text
-    assert rows["1"].rstrip(" |").endswith("ok") and rows["2"].rstrip(" |").endswith("ok"), text
+    ok = lambda name: rows[name].rstrip(" |").endswith("ok")  # noqa: E731
+    assert ok("1 alone, as the pool runs it") and ok("1") and ok("2"), text
     assert "not run: about" in rows["1000"] and "limit per population: 60 s" in rows["1000"], text
-    assert rows["2 in 2 processes"].rstrip(" |").endswith("ok"), text  # the largest population measured
+    assert ok("16 as threads (population/member.py)") and ok("2 in 2 processes"), text  # the largest P measured
     assert not (tmp_path / "population" / "P1000").exists()
-    assert "where a population's threads work: P = 2 on cpu" in text and "| minigrpo/rl/loop.py:run → " in text, text
-    assert "torch calls per run-step of one run on cpu (1 steps" in text and "| all " in text, text
+    assert "where a lockstep population of P = 2 works" in text, text
+    assert "| minigrpo/population/lockstep.py:_step → " in text, text
+    assert "torch calls per step of a lockstep population" in text and "| P = 1 | P = 2 |" in text, text
+    calls = rows["all"].split("|")
+    assert int(calls[2]) > 0 and int(calls[3]) > 0, text

@@ -41,6 +41,8 @@ from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, r
 from minigrpo.util.cli import UsageError
 
 LOCKSTEP = ("minigrpo.grpo",)  # the trainers a lockstep population runs (population/lockstep.py)
+THREADS_MOST = 16  # the most runs of a population of threads: past it a population ran no faster per run on an H200,
+# and each thread holds memory of its own (docs/performance.md)
 
 
 def _one_malloc_arena() -> None:
@@ -105,11 +107,11 @@ def run_lockstep(items: list, done) -> bool:
     return True
 
 
-def run_population(items: list, done, batcher: Batcher | None = None) -> None:
-    """Every item's run at once, done(item, error) as each ends: in lockstep where they can (run_lockstep), else
-    run_one(item) in a thread each, their models' work one batch. `batcher`: one of the caller's (bench reads the
-    time it spent serving), else a new one."""
-    if not items or run_lockstep(items, done):
+def run_population(items: list, done, batcher: Batcher | None = None, lockstep: bool = True) -> None:
+    """Every item's run at once, done(item, error) as each ends: in lockstep where they can (run_lockstep; not with
+    lockstep=False), else run_one(item) in a thread each, their models' work one batch. `batcher`: one of the
+    caller's (bench reads the time it spent serving), else a new one."""
+    if not items or (lockstep and run_lockstep(items, done)):
         return
     batcher, ended = batcher or Batcher(), queue.Queue()
     out, err = _ThreadOutput(sys.stdout), _ThreadOutput(sys.stderr)
@@ -159,8 +161,8 @@ def run_population(items: list, done, batcher: Batcher | None = None) -> None:
 def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
     """The populations `items` make, each of at most `most` runs (0: no limit). Runs that may go in lockstep
     (lockstep_key) are grouped by configuration: a group, or its nearly equal parts. The others: `jobs` populations,
-    or more where one would hold over `most`, dealt in turn (items 0, S, 2S, ... to the first), so each gets the
-    same mix of algorithms."""
+    or more where one would hold over `most` (and THREADS_MOST), dealt in turn (items 0, S, 2S, ... to the first),
+    so each gets the same mix of algorithms."""
     groups: dict[tuple, list] = {}
     for item in items:
         groups.setdefault(lockstep_key(item) or (), []).append(item)
@@ -169,7 +171,8 @@ def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
         n = -(-len(group) // most) if most > 0 else 1
         shares += [group[j::n] for j in range(n)]
     if rest:
-        n = max(1, min(jobs, len(rest)), -(-len(rest) // most) if most > 0 else 1)
+        most = min(most, THREADS_MOST) if most > 0 else THREADS_MOST
+        n = max(1, min(jobs, len(rest)), -(-len(rest) // most))
         shares += [rest[j::n] for j in range(n)]
     return shares
 

@@ -62,7 +62,8 @@ class Stack:
         """Write member p's weights into models[p] (its own tensors: a member's model.pt holds its weights only)."""
         names, params = list(self.w), [dict(m.named_parameters()) for m in models]
         mine = [own[name] for own in params for name in names]
-        torch._foreach_copy_(mine, [self.w[name][p] for p in range(len(models)) for name in names])
+        each = {name: self.w[name].detach().unbind(0) for name in names}  # one call per weight, not per member
+        torch._foreach_copy_(mine, [each[name][p] for p in range(len(models)) for name in names])
 
     def logits(self, ids: torch.Tensor, key_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """The plain next-token forward of left-padded rows: ids, key_mask (P, B, L) -> logits (P, B, L, V) at the
