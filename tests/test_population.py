@@ -390,11 +390,14 @@ def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(t
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pretrained):
-    """On the GPU, members against the same runs alone on the GPU: two GRPO members, and a PPO member alone in its
-    population, match to 1e-4 over their first steps. A mixed population (GRPO and PPO) matches only at the first
-    evaluation: there a batch of another shape rounds differently (other GEMM kernels), and PPO's clip and trust
-    region can turn that rounding into another step (measured on an H200: the first update's loss 40 % apart in
-    this test, 1e-4 with the bench's model); its runs must end with every metric finite."""
+    """On the GPU, members against the same runs alone on the GPU: a PPO member alone in its population matches to
+    1e-4 over its first steps, and two GRPO members (a lockstep population) to 1e-3 (an H200 measured 4.5e-4 on the
+    second step's gradient norm: batched products round otherwise than one model's, and Adam's first steps move the
+    weights whose gradients are rounding by a whole learning rate). A mixed population (GRPO and PPO, threads)
+    matches only at the first evaluation: there a batch of another shape rounds differently (other GEMM kernels),
+    and PPO's clip and trust region can turn that rounding into another step (measured on an H200: the first
+    update's loss 40 % apart in this test, 1e-4 with the bench's model); its runs must end with every metric
+    finite."""
     from minigrpo.compare import on_gpu
     init, _, _ = tiny_pretrained
     cuda = ("--device", "cuda")
@@ -411,7 +414,8 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
     for name, runs in populations.items():
         for k, (module, seed) in enumerate(runs):
             rows, want = read_jsonl(tmp_path / f"{name}{k}" / "metrics.jsonl"), alone(module, seed)
-            first = 1 if name == "mixed" else 3
-            assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:first], want)] == [[]] * first, (name, module)
+            first, tol = {"mixed": (1, 1e-4), "same": (3, 1e-3)}.get(name, (3, 1e-4))
+            assert [close(UNTIMED(g), UNTIMED(w), tol) for g, w in zip(rows[:first], want)] == [[]] * first, \
+                (name, module)
             assert len(rows) == len(want) and all(math.isfinite(v) for r in rows for v in r.values()
                                                   if isinstance(v, float)), (name, module)

@@ -19,7 +19,7 @@ import torch
 from minigrpo.lm.logprobs import completion_logprobs
 from toy_tasks import largest_remainder
 from minigrpo.exact import frontier
-from toy_tasks.support import reward_figures
+from toy_tasks.support import reward_figures_many
 
 NAME = "food"
 BLOCK_SIZE = 32  # BOS + longest line (23 characters) + EOS fits with room to spare
@@ -95,11 +95,18 @@ def exact_distribution(model, tokenizer, person: str) -> dict[str, float]:
 @torch.no_grad()
 def exact_distributions(model, tokenizer, people=PEOPLE) -> dict[str, dict[str, float]]:
     """exact_distribution for several people in ONE forward pass: {person: {food: probability}}."""
+    return exact_distributions_many([model], tokenizer, people)[0]
+
+
+@torch.no_grad()
+def exact_distributions_many(models: list, tokenizer, people=PEOPLE) -> list[dict[str, dict[str, float]]]:
+    """exact_distributions of each model, read back once."""
     people = list(people)
     prompts = [prompt(p) for p in people for _ in FOODS]
-    probs = completion_logprobs(model, tokenizer, prompts, FOODS * len(people)).exp().tolist()
+    logps = [completion_logprobs(model, tokenizer, prompts, FOODS * len(people)) for model in models]
     n = len(FOODS)
-    return {p: dict(zip(FOODS, probs[i * n:(i + 1) * n])) for i, p in enumerate(people)}
+    return [{p: dict(zip(FOODS, probs[i * n:(i + 1) * n])) for i, p in enumerate(people)}
+            for probs in torch.stack(logps).exp().tolist()]
 
 
 def total_variation(p: dict[str, float], q: dict[str, float]) -> float:
@@ -210,20 +217,20 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards) -> dict:
 def rl_evaluate_many(models: list, tokenizer, baseline: dict, cfg, rewards) -> list[dict]:
     """rl_evaluate of each model (a lockstep population's members), the frontier's bisections of all as one
     (frontier.score_many)."""
-    every = [exact_distributions(model, tokenizer) for model in models]
+    every = exact_distributions_many(models, tokenizer)
     r = torch.cat([rewards.support[0], rewards.off_support[:1]])
     beta = getattr(cfg, "beta", 0.0) or None  # β = 0 has no optimum to be near
-    scores = frontier.score_many(torch.stack([outcomes(dists[cfg.person]) for dists in every]),
+    probs = torch.tensor([[dists[cfg.person][f] for f in FOODS] for dists in every], dtype=torch.float64)  # (M, 12)
+    scores = frontier.score_many(torch.cat([probs, (1 - probs.sum(1, keepdim=True)).clamp(min=0)], 1),
                                  outcomes(baseline[cfg.person]), r, beta)
-    return [_figures(dists, baseline, cfg, rewards, score) for dists, score in zip(every, scores)]
+    figures = reward_figures_many(probs[:, None], rewards.support)
+    best = [f for f, r in zip(FOODS, rewards.support[0].tolist()) if r >= figures[0]["best_reward"] - 1e-9]
+    return [_figures(dists, baseline, cfg, {**f, "best_completions": list(best), **score})
+            for dists, f, score in zip(every, figures, scores)]
 
 
-def _figures(dists: dict, baseline: dict, cfg, rewards, score: dict) -> dict:
-    probs = torch.tensor([[dists[cfg.person][f] for f in FOODS]])
-    out = reward_figures(probs, rewards.support)
-    out["best_completions"] = [f for f, r in zip(FOODS, rewards.support[0].tolist())
-                               if r >= out["best_reward"] - 1e-9]
-    out.update(score)
+def _figures(dists: dict, baseline: dict, cfg, out: dict) -> dict:
+    """The rest of one model's evaluation, beside its `out`: every other person's drift, the malformed mass."""
     for p in PEOPLE:
         if p != cfg.person:
             out[f"drift_{p}"] = total_variation(dists[p], baseline[p])

@@ -61,11 +61,16 @@ def reward_table(reward, prompts: list[str], support, probes: tuple[str, ...] = 
 def reward_figures(probs: torch.Tensor, rewards: torch.Tensor, atol: float = 1e-9) -> dict[str, float]:
     """probs (P, K) exact π(y|x) over each prompt's support, rewards (P, K) -> the module's figures
     (means over the P prompts)."""
+    return reward_figures_many(probs[None], rewards, atol)[0]
+
+
+def reward_figures_many(probs: torch.Tensor, rewards: torch.Tensor, atol: float = 1e-9) -> list[dict[str, float]]:
+    """reward_figures of each of M policies, probs (M, P, K), in one computation and one read."""
     probs = probs.to(torch.float64)
     best = rewards.max(dim=1, keepdim=True).values  # (P, 1)
-    p_best = (probs * (rewards >= best - atol)).sum(1)  # (P,) P(a best completion | x)
-    return {"exact_reward": (probs * rewards).sum(1).mean().item(),
-            "off_support": (1 - probs.sum(1)).clamp(min=0).mean().item(),
-            "best_reward": best.mean().item(),
-            "target_rate": p_best.mean().item(),
-            "pass_at_8": pass_at_k(p_best.clamp(max=1), 8).mean().item()}
+    p_best = (probs * (rewards >= best - atol)).sum(-1)  # (M, P) P(a best completion | x)
+    names = ("exact_reward", "off_support", "best_reward", "target_rate", "pass_at_8")
+    figures = torch.stack([(probs * rewards).sum(-1).mean(-1), (1 - probs.sum(-1)).clamp(min=0).mean(-1),
+                           best.mean().to(probs).expand(probs.size(0)), p_best.mean(-1),
+                           pass_at_k(p_best.clamp(max=1), 8).mean(-1)], 1)  # (M, 5)
+    return [dict(zip(names, row)) for row in figures.tolist()]

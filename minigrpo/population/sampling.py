@@ -130,8 +130,10 @@ class StackedDraws:
         n, temperature = max(self.steps), self.draws[0].settings[0]
         logp_all = F.log_softmax(process_logits(logits, temperature), -1)  # (P, B, V)
         probs = logp_all.exp()
-        noise = torch.stack([torch.empty_like(probs[p]).exponential_(generator=d.settings[3]) if p in going else
-                             torch.ones_like(probs[p]) for p, d in enumerate(self.draws)])
+        noise = torch.ones_like(probs)  # a member that has ended draws nothing
+        rows = noise.unbind(0)
+        for p in going:  # each member's (B, V) from its own generator, as its own Draws draws them
+            rows[p].exponential_(generator=self.draws[p].settings[3])
         nxt = (probs / noise).argmax(-1)  # (P, B): lm/sampling.exponential_race of each member
         lp = logp_all.gather(-1, nxt[..., None])[..., 0]
         self.tokens[:, :, n], self.logprobs[:, :, n] = nxt.masked_fill(self.done, PAD_ID), lp.masked_fill(self.done, 0)
