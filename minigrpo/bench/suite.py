@@ -14,7 +14,7 @@ common.py (grpo, presets, targets, rarest, custom, optimum), each a median (minâ
 checked against the bars of minigrpo/tools/bars.py; grpo adds the spill-over figure and the per-step time of a
 4-layer model; step (step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is
 importable (otherwise through a plain/TRL ratio recorded on this machine); population (population.py): P default
-GRPO runs as one population against P, with where the time goes.
+GRPO runs as one lockstep population against P, with where the time goes.
 Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables replace its
 own block in --docs (default docs/: performance.md for the speed sections, results.md for the others; pages.py),
 the rest of each page kept; --no-docs only prints.
