@@ -18,7 +18,8 @@ what rl/loop.run does, for all members at once:
 
 A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go
 on, untouched: every computation is per member. Each member's metrics are its single run's to float rounding
-(tests/test_lockstep.py), and its folder is the one its single run writes. `unsupported(cfgs)` says what it cannot
+(tests/test_lockstep.py), and its folder is the one its single run writes; its step_time and tokens_per_s are the
+population's step's. `unsupported(cfgs)` says what it cannot
 run (a population then runs its members as threads: population/member.py).
 """
 
@@ -89,7 +90,7 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     for j, (_, m) in enumerate(members):  # step 0 by each member's own forward, as its single run: figures that
         m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))  # compare π_θ with π_ref see them equal
     update = LockstepGRPO(cfg, first.anchor, grpo.grpo_loss)
-    anchor_probe = _anchor_probe(first) if first.anchor is not None and cfg.trust_region_anchor > 0 else None
+    anchor_probe = first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None
     try:
         with StopOnCtrlC() as stop:
             while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
@@ -115,17 +116,56 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     return results
 
 
-def _anchor_probe(run: Run) -> tuple:
-    """The anchor rows the trust region measures (rl/loop.Run.probes): every person's rows of the tree."""
-    a = run.anchor
-    rows = (a.group >= 0).nonzero().flatten()
-    return a.gen.select(rows), a.weights[rows], a.group[rows]
-
-
 def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepGRPO, anchor_probe, cfg,
           shared: SharedForward) -> None:
+    """One step of every member (the module docstring's table); a member that fails gets its error and its row
+    no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
     runs[0].set_lr(opt)  # the members are at the same step
+    batches = _collect(members, stack, cfg)
+    some = next((b for b in batches if b is not None), None)
+    if some is None:  # every member failed
+        return
+    rows = Rows.of([(b or some).gen for b in batches])  # a failed member's slot: any rows, its update not kept
+    rewards = torch.stack([(b or some).rewards for b in batches])
+    with torch.no_grad():
+        needs_ref = cfg.rollout_kl or cfg.beta > 0
+        ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if needs_ref else (None, None)
+        old_logp = rows.logprobs(stack, cfg.temperature)[0] if cfg.beta > 0 and cfg.kl_in == "reward" else None
+    probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
+    if anchor_probe is not None:
+        gen, weights, group = anchor_probe
+        probes.append(("anchor", Rows.shared(gen, len(members)), cfg.trust_region_anchor, weights, group))
+    guard = Guard(stack, probes) if probes else None
+    stats, per_update, ratio = update(stack, ref, opt, rows, rewards, ref_logp, ref_logits, old_logp)
+    if guard is not None:
+        stats.update(guard.enforce(stack))
+    stack.copy_to([r.policy for r in runs])  # each member's GPT: its checkpoint
+    shared.fresh(stack)  # and its evaluation, one forward for all
+    step_time, rows = time.perf_counter() - t0, _rows(members, stats, per_update, ratio)
+    finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
+                                                               if k.endswith("loss"))]  # else end_step says so
+    evaluations = _evaluate([m for m in finite if m.run.evaluating()])
+    for j, row in rows.items():
+        m = members[j][1]
+        try:
+            m.run.end_step(m.algo, MemberOptimizer(opt, j), batches[j], row, step_time, m.logger,
+                           evaluations.get(id(m)))
+        except UsageError as e:
+            m.error = str(e)
+        except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)
+            m.error = f"{type(e).__name__}: {e}"
+        m.batch = batches[j]
+    if cfg.ref_update_every and max(r.step for r in runs) % cfg.ref_update_every == 0:  # π_ref ← π_θ
+        with torch.no_grad():
+            for name, w in ref.w.items():
+                w.copy_(stack.w[name])
+
+
+def _collect(members: list, stack: Stack, cfg) -> list:
+    """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) -> its RolloutBatch,
+    or None where it failed (its error set: a sampling that met NaN, a reward that raised)."""
+    runs = [m.run for _, m in members]
     prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
     requests = [Request(*encode_prompts(r.tok, rows, r.device), cfg.max_new_tokens, cfg.temperature, None, None,
                         r.gens["rollout"]) for r, rows in zip(runs, prompts)]
@@ -146,62 +186,33 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepG
             continue
         batches.append(RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=gen.ids.device),
                                     cfg.group_size, None, None))
-    some = next((b for b in batches if b is not None), None)
-    if some is None:  # every member failed
-        return
-    rows = Rows.of([(b or some).gen for b in batches])  # a failed member's slot: any rows, its update not kept
-    rewards = torch.stack([(b or some).rewards for b in batches])
-    with torch.no_grad():
-        needs_ref = cfg.rollout_kl or cfg.beta > 0
-        ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if needs_ref else (None, None)
-        old_logp = rows.logprobs(stack, cfg.temperature)[0] if cfg.beta > 0 and cfg.kl_in == "reward" else None
-    probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
-    if anchor_probe is not None:
-        gen, weights, group = anchor_probe
-        probes.append(("anchor", Rows.shared(gen, len(members)), cfg.trust_region_anchor, weights, group))
-    guard = Guard(stack, probes) if probes else None
-    stats, per_update, ratio = update(stack, ref, opt, rows, rewards, ref_logp, ref_logits, old_logp)
-    if guard is not None:
-        stats.update(guard.enforce(stack))
+    return batches
+
+
+def _rows(members: list, stats: dict, per_update: list, ratio: list) -> dict:
+    """Each live member's metrics row {j: row}, read back in one go, its inner updates' figures combined as its
+    single run combines them; a member whose gradient was not finite gets its single run's error instead."""
     names = [k for k in stats] + [(i, k) for i, d in enumerate(per_update) for k in d] + \
         [("ratio", i, k) for i, d in enumerate(ratio) for k in d]
     values = [stats[k] for k in stats] + [d[k] for d in per_update for k in d] + [d[k] for d in ratio for k in d]
     table = dict(zip(names, torch.stack(values).tolist()))  # one read of every member's figures
-    stack.copy_to([r.policy for r in runs])  # each member's GPT: its checkpoint
-    shared.fresh(stack)  # and its evaluation, one forward for all
-    step_time, rows = time.perf_counter() - t0, {}
+    rows = {}
     for j, (_, m) in enumerate(members):
         if m.error:
             continue
         mine = {k: v[j] for k, v in table.items()}
-        norms = [mine[(i, "grad_norm")] for i in range(len(per_update))]
-        bad = next((n for n in norms if not math.isfinite(n)), None)
+        bad = next((mine[(i, "grad_norm")] for i in range(len(per_update))
+                    if not math.isfinite(mine[(i, "grad_norm")])), None)
         if bad is not None:
             m.error = (f"the gradient became {bad} at step {m.run.step + 1}: a loss weight (e.g. --vf-coef, "
                        f"--preserve-coef) or --lr too large for float32; the run stopped, checkpoints intact")
             continue
-        head = {k: mine[k] for k in stats if k not in ("tr_scale",) and not k.startswith("tr_kl_")}
-        row = {**head, **combine_stats([{k: mine[(i, k)] for k in d} for i, d in enumerate(per_update)]),
-               **combine_stats([{k: mine[("ratio", i, k)] for k in d} for i, d in enumerate(ratio)]),
-               **{k: mine[k] for k in stats if k == "tr_scale" or k.startswith("tr_kl_")}}
-        rows[j] = row
-    finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
-                                                               if k.endswith("loss"))]  # else end_step says so
-    evaluations = _evaluate([m for m in finite if m.run.evaluating()])
-    for j, row in rows.items():
-        m = members[j][1]
-        try:
-            m.run.end_step(m.algo, MemberOptimizer(opt, j), batches[j], row, step_time, m.logger,
-                           evaluations.get(id(m)))
-        except UsageError as e:
-            m.error = str(e)
-        except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)
-            m.error = f"{type(e).__name__}: {e}"
-        m.batch = batches[j]
-    if cfg.ref_update_every and max(r.step for r in runs) % cfg.ref_update_every == 0:  # π_ref ← π_θ
-        with torch.no_grad():
-            for name, w in ref.w.items():
-                w.copy_(stack.w[name])
+        trust = lambda k: k == "tr_scale" or k.startswith("tr_kl_")  # noqa: E731 (last, as the single run logs it)
+        rows[j] = {**{k: mine[k] for k in stats if not trust(k)},
+                   **combine_stats([{k: mine[(i, k)] for k in d} for i, d in enumerate(per_update)]),
+                   **combine_stats([{k: mine[("ratio", i, k)] for k in d} for i, d in enumerate(ratio)]),
+                   **{k: mine[k] for k in stats if trust(k)}}
+    return rows
 
 
 def _evaluate(members: list) -> dict:

@@ -131,15 +131,20 @@ class Run(RunCheckpoints):
         """What the step's trust region measures (trust_region.py): the rollout, the anchor set."""
         out = [("rollout", batch.gen, self.cfg.trust_region, None, None)] if self.cfg.trust_region > 0 else []
         if self.anchor is not None and self.cfg.trust_region_anchor > 0:
-            if self.anchor_probe is None:  # chosen once: the tree's rows, or a quarter of each person's samples
-                a = self.anchor
-                rows = (a.group >= 0).nonzero().flatten()  # people only (group −1: the RL prompts' own states)
-                if self.cfg.preserve_anchor == "sampled":
-                    rows = rows[rows % self.cfg.preserve_per_prompt < max(1, self.cfg.preserve_per_prompt // 4)]
-                self.anchor_probe = (a.gen.select(rows), a.weights[rows], a.group[rows])
-            gen, weights, group = self.anchor_probe
+            gen, weights, group = self.anchor_probe_rows()
             out.append(("anchor", gen, self.cfg.trust_region_anchor, weights, group))
         return out
+
+    def anchor_probe_rows(self) -> tuple:
+        """The anchor rows the trust region measures -> (generation, weights, group), chosen once: the tree's rows, or
+        a quarter of each person's samples; people only (group −1: the RL prompts' own states)."""
+        if self.anchor_probe is None:
+            a = self.anchor
+            rows = (a.group >= 0).nonzero().flatten()
+            if self.cfg.preserve_anchor == "sampled":
+                rows = rows[rows % self.cfg.preserve_per_prompt < max(1, self.cfg.preserve_per_prompt // 4)]
+            self.anchor_probe = (a.gen.select(rows), a.weights[rows], a.group[rows])
+        return self.anchor_probe
 
     def anchor_term(self) -> torch.Tensor | None:
         """The preservation loss on a fresh minibatch of anchor rows (None when off)."""
