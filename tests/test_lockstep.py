@@ -47,7 +47,7 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
 
 def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_path, tiny_pretrained):
     """Member 1's reward raises in its second step: it fails with its single run's line, and members 0 and 2 write
-    what they write without it. (Only the reward differs: train_lockstep takes what members share from the first.)"""
+    what they write without it (to 1e-4 over the first two steps, as in the test above). (Only the reward differs: train_lockstep takes what members share from the first.)"""
     init, _, _ = tiny_pretrained
     cfgs = [_cfg(init, tmp_path / f"two-s{s}", s) for s in (0, 2)]
     assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [3, 3]
@@ -67,15 +67,16 @@ def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_p
     assert not (tmp_path / "bad" / "summary.json").exists()
     for a, b in (("two-s0", "w0"), ("two-s2", "w2")):
         rows, want = read_jsonl(tmp_path / b / "metrics.jsonl"), read_jsonl(tmp_path / a / "metrics.jsonl")
-        assert len(rows) == len(want) == 4
-        assert all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows, want))
+        assert len(rows) == len(want) == 4  # to 1e-4 over two steps: a population of another size rounds otherwise
+        assert all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows[:3], want[:3]))
 
 
 def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))
     assert unsupported([a, b]) == "members differ in more than their seeds"
-    assert unsupported([_cfg(init, tmp_path / "c", 0, ("--preset", "dapo"))]) == "--skip-equal-groups"
+    assert unsupported([_cfg(init, tmp_path / "c", 0, ("--preset", "reinforce_rej"))]) == \
+        "--skip-equal-groups with a mean per sequence"
     assert unsupported([_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
 
 
@@ -87,3 +88,22 @@ def test_the_members_sequence_kls_are_the_single_trust_regions():
     for p in range(3):
         assert abs(got[p].item() - sequence_kl(old[p], new[p], mask[p], w, g)) < 1e-5
         assert abs(sequence_kls(old, new, mask)[p].item() - sequence_kl(old[p], new[p], mask[p])) < 1e-5
+
+
+def test_dapos_members_skip_their_equal_groups_as_their_single_runs_do(tmp_path, tiny_pretrained):
+    """--preset dapo (--skip-equal-groups, token-mean) in lockstep: a member whose groups all have equal rewards
+    takes the anchor's one update (its step count then differs from the others'), as its single run does; the
+    members match their single runs to 1e-4 over all four steps, the same keys in every row."""
+    init, _, _ = tiny_pretrained
+    dapo = ("--preset", "dapo", "--steps", "4")
+    cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, dapo) for s in range(4)]
+    assert unsupported(cfgs) is None
+    assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 4)] == [4] * 4
+    skipped = 0
+    for s in range(4):
+        assert run_one(_run(init, tmp_path / f"alone-s{s}", s, extra=dapo)) is None
+        rows, want = (read_jsonl(tmp_path / f"{t}-s{s}" / "metrics.jsonl") for t in ("lock", "alone"))
+        assert len(rows) == len(want) == 5 and [set(r) for r in rows] == [set(w) for w in want], s
+        assert all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows, want)), s
+        skipped += sum(w.get("skipped", 0) for w in want)
+    assert 0 < skipped < 16, skipped  # both kinds of step were taken

@@ -259,8 +259,8 @@ def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path
     assert [len(share) for share in shares_of(many, jobs=1)] == [14, 13, 13] == \
         [len(share) for share in shares_of(many, jobs=1, most=128)]
     grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)] + [_run("m.pt", Path(f"d{s}"), s, extra=(
-        "--preset", "dapo")) for s in range(2)]
-    assert seeds(shares_of(grpo + ppo[:2], jobs=2, most=3)) == [[0, 2, 4], [1, 3], [0, 0], [1, 1]]  # dapo: threads
+        "--preset", "reinforce_rej")) for s in range(2)]  # not in lockstep: threads
+    assert seeds(shares_of(grpo + ppo[:2], jobs=2, most=3)) == [[0, 2, 4], [1, 3], [0, 0], [1, 1]]
     assert seeds(shares_of(grpo, jobs=8)) == [[0, 1, 2, 3, 4], [0], [1]]  # lockstep: one population per configuration
     init, _, _ = tiny_pretrained  # in this process, populations of one after another: each run is its single run
     items = [_run(init, tmp_path / f"pop{s}", s) for s in range(2)]

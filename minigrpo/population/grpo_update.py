@@ -12,9 +12,11 @@ run, to float rounding (tests/test_lockstep.py).
 
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
 baselines and scales, aggregations); `unsupported(cfg)` names the others (a per-member random stream, a greedy
-decode, a step-dependent entropy coefficient, token filters that rank, rows dropped per member (--skip-equal-groups:
-a member whose every group is dropped takes one optimiser step, not μ)), which a population runs as threads
-(population/member.py).
+decode, a step-dependent entropy coefficient, token filters that rank), which a population runs as threads
+(population/member.py). --skip-equal-groups (DAPO) drops a member's equal-reward groups by masking their tokens,
+which is dropping them for the token-mean it is run with (a mean per sequence would count them: not in lockstep);
+a member with no group left takes the anchor's update alone, once, as GRPO.preservation_only (MembersAdamW.step's
+mask).
 """
 
 from __future__ import annotations
@@ -22,16 +24,16 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
-from minigrpo.lm.optim import AdamW
 from minigrpo.objectives.advantages import equal_groups
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, surrogate_stats
-from minigrpo.population.optim import clip_grad_norms
+from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rows
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.preserve import Anchor
 from minigrpo.variants.advantages import BASELINES, advantages
 from minigrpo.variants.kl import kl_reward_penalty
+from minigrpo.variants.policy_losses import reduction
 
 
 def unsupported(cfg) -> str | None:
@@ -42,7 +44,8 @@ def unsupported(cfg) -> str | None:
                "another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
                "--is-correction": cfg.is_correction != "none",
                "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled",
-               "--skip-equal-groups": cfg.skip_equal_groups}
+               "--skip-equal-groups with a mean per sequence": cfg.skip_equal_groups and
+               (cfg.loss_agg, reduction(cfg)) != ("token-mean", "token-mean")}
     return next((name for name, yes in reasons.items() if yes), None)
 
 
@@ -84,7 +87,8 @@ class LockstepGRPO:
         return self.cfg.preserve_coef * anchor_losses(stack, self.anchor, self.anchor_rows, self.anchor_ref,
                                                       self.cfg.preserve_kl)
 
-    def __call__(self, stack: Stack, ref: Stack, opt: AdamW, rows: Rows, rewards, ref_logp, ref_logits, old_logp=None):
+    def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, rows: Rows, rewards, ref_logp, ref_logits,
+                 old_logp=None):
         cfg, stats = self.cfg, {}
         # 1. rewards -> one advantage per completion
         if cfg.beta > 0 and cfg.kl_in == "reward":  # β·Σ_t k(π_old, π_ref) off each sequence's reward
@@ -94,7 +98,14 @@ class LockstepGRPO:
         stats["equal_groups"] = self.equal(rewards)
         adv = self.advantages(rewards)
         stats.update(adv_mean=adv.mean(-1), adv_std=adv.std(-1))
-        mask = rows.completion_mask
+        mask, active = rows.completion_mask, None
+        if cfg.skip_equal_groups:  # DAPO: only the groups whose rewards differ, their rows' tokens kept (token-mean)
+            r = rewards.view(*rewards.shape[:-1], -1, cfg.group_size)  # (P, prompts, G)
+            differ = ~(r == r[..., :1]).all(-1)
+            mask = mask & differ.repeat_interleave(cfg.group_size, -1)[..., None]
+            skipped = ~differ.any(-1)  # (P,): no RL signal; the anchor alone updates, once (GRPO.preservation_only)
+            stats["skipped"] = skipped.float()
+            active = [~skipped | (self.anchor is not None)] + [~skipped] * (cfg.updates - 1)
         # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
         per_update, ratio = [], []
         for i in range(cfg.updates):
@@ -107,17 +118,18 @@ class LockstepGRPO:
                 loss = loss + anchor
             if i > 0 or cfg.updates == 1:
                 ratio.append(self.ratio_stats(logp.detach(), old_logp, adv, mask))
-            with torch.no_grad():
-                s = {"policy_loss": policy_loss, "loss": loss, "entropy": self.mean(ent, mask)}
+            with torch.no_grad():  # grpo.update_stats, per member
+                s = {"policy_loss": policy_loss, "loss": loss}
                 if kl_tok is not None:
                     s[f"kl_{cfg.kl}"] = self.mean(kl_tok, mask)
                     s["kl_exact"] = s[f"kl_{cfg.kl}"] if cfg.kl == "exact" else self.mean(exact(logits, ref_logits),
                                                                                           mask)
+                s["entropy"] = self.mean(ent, mask)
                 if anchor is not None:
                     s["preserve_loss"] = anchor
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slice of the weights
             s["grad_norm"] = clip_grad_norms(opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            opt.step()
+            opt.step(None if active is None else active[i])
             per_update.append({k: v.detach() for k, v in s.items()})
         return stats, per_update, ratio

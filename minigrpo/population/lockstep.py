@@ -31,12 +31,11 @@ from dataclasses import asdict
 
 import torch
 
-from minigrpo.lm.optim import AdamW
 from minigrpo.lm.sampling import decode_completions, encode_prompts
 from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.grpo_update import LockstepGRPO, unsupported as unsupported_cfg
 from minigrpo.population.guard import Guard
-from minigrpo.population.optim import MemberOptimizer, keep
+from minigrpo.population.optim import MemberOptimizer, MembersAdamW, keep
 from minigrpo.population.rows import Rows
 from minigrpo.population.sampling import Request, generate_all
 from minigrpo.population.stacked import Stack
@@ -83,7 +82,7 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     ref = Stack([m.run.ref for _, m in members])
-    opt = AdamW(stack.parameters(), lr=cfg.lr)
+    opt = MembersAdamW(stack.parameters(), lr=cfg.lr)
     shared = SharedForward()  # the members' exact evaluations: one forward for all
     for j, (_, m) in enumerate(members):
         shared.adopt(m.run.policy, j)
@@ -116,8 +115,8 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     return results
 
 
-def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update: LockstepGRPO, anchor_probe, cfg,
-          shared: SharedForward) -> None:
+def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update: LockstepGRPO, anchor_probe,
+          cfg, shared: SharedForward) -> None:
     """One step of every member (the module docstring's table); a member that fails gets its error and its row
     no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
@@ -208,10 +207,15 @@ def _rows(members: list, stats: dict, per_update: list, ratio: list) -> dict:
                        f"--preserve-coef) or --lr too large for float32; the run stopped, checkpoints intact")
             continue
         trust = lambda k: k == "tr_scale" or k.startswith("tr_kl_")  # noqa: E731 (last, as the single run logs it)
-        rows[j] = {**{k: mine[k] for k in stats if not trust(k)},
-                   **combine_stats([{k: mine[(i, k)] for k in d} for i, d in enumerate(per_update)]),
-                   **combine_stats([{k: mine[("ratio", i, k)] for k in d} for i, d in enumerate(ratio)]),
-                   **{k: mine[k] for k in stats if trust(k)}}
+        head, tail = {k: mine[k] for k in stats if not trust(k) and k != "skipped"}, {k: mine[k] for k in stats
+                                                                                       if trust(k)}
+        if mine.get("skipped"):  # every group's rewards equal: the anchor's one update, as GRPO.preservation_only
+            once = {k: mine[(0, k)] for k in ("preserve_loss", "grad_norm")} if "preserve_loss" in per_update[0] \
+                else {}
+            rows[j] = {**head, **once, "skipped": 1.0, **tail}
+            continue
+        rows[j] = {**head, **combine_stats([{k: mine[(i, k)] for k in d} for i, d in enumerate(per_update)]),
+                   **combine_stats([{k: mine[("ratio", i, k)] for k in d} for i, d in enumerate(ratio)]), **tail}
     return rows
 
 

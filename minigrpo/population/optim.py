@@ -1,8 +1,11 @@
-"""The optimiser of P members whose weights are stacked (P, ...): lm/optim.AdamW itself (its arithmetic is
-elementwise, so on stacked tensors it is each member's own AdamW, step for step), the gradient clip per member, and
-what a member's checkpoint holds of it.
+"""The optimiser of P members whose weights are stacked (P, ...): lm/optim.AdamW's arithmetic on the stacked
+tensors, so each member's own AdamW step for step, with a step count per member (a member whose step is skipped,
+--skip-equal-groups, keeps its weights, moments and count); the gradient clip per member; what a member's checkpoint
+holds of it.
 
+    opt = MembersAdamW(stack.parameters(), lr)
     norms = clip_grad_norms(opt.params, max_norm)   # (P,) each member's norm before its clip
+    opt.step(active)                                # active (P,) bool: the members that take this step
     MemberOptimizer(opt, p).state_dict()            # member p's AdamW state, as its single run saves it
     keep(stack, opt, members)                       # only these members from now on (the others have ended)
 """
@@ -29,6 +32,41 @@ def clip_grad_norms(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     return norm
 
 
+class MembersAdamW(AdamW):
+    """lm/optim.AdamW over stacked tensors, t a step count per member."""
+
+    def __init__(self, params, lr: float, **kw):
+        super().__init__(params, lr, **kw)
+        self.t = torch.zeros(self.params[0].size(0), dtype=torch.long)  # on the CPU: bias corrections in float64
+
+    @torch.no_grad()
+    def step(self, active: torch.Tensor | None = None) -> None:
+        """AdamW's step for the members in `active` (P,) bool (None: all); the others keep weights and state."""
+        lr, (b1, b2) = self.param_groups[0]["lr"], self.betas
+        on = torch.ones_like(self.t, dtype=torch.bool) if active is None else active.cpu()
+        self.t += on.long()
+        t = self.t.double().clamp(min=1)
+        device, P = self.params[0].device, self.t.numel()
+        bias2 = (1 - b2 ** t).float().to(device)  # float64 as the single step's, then its float32 rounding
+        rate = (lr / (1 - b1 ** t)).float().to(device)  # lr / (1 − β1^t)
+        go = on.to(device)
+        for p, m, v in zip(self.params, self.m, self.v):
+            if p.grad is None:
+                continue
+            shape = (P,) + (1,) * (p.dim() - 1)
+            keep = go.view(shape)
+            g = p.grad
+            m.copy_(torch.where(keep, m * b1 + g * (1 - b1), m))  # m ← β1·m + (1−β1)·g
+            v.copy_(torch.where(keep, v * b2 + g * (1 - b2) * g, v))  # v ← β2·v + (1−β2)·g², addcmul's order
+            if self.weight_decay:
+                p.copy_(torch.where(keep, p * (1 - lr * self.weight_decay), p))
+            denom = (v / bias2.view(shape)).sqrt_().add_(self.eps)
+            p.copy_(torch.where(keep, p - rate.view(shape) * (m / denom), p))
+
+    def member_t(self, p: int) -> int:
+        return int(self.t[p])
+
+
 class MemberOptimizer:
     """Member p's view of the stacked AdamW, for its checkpoint (rl/loop.Run.save): lm/optim.AdamW.state_dict's
     format, holding copies of its own slices only."""
@@ -38,14 +76,15 @@ class MemberOptimizer:
 
     def state_dict(self) -> dict:
         o, p = self.opt, self.p
-        return {"t": o.t, "m": [m[p].cpu().clone() for m in o.m], "v": [v[p].cpu().clone() for v in o.v],
+        return {"t": o.member_t(p), "m": [m[p].cpu().clone() for m in o.m], "v": [v[p].cpu().clone() for v in o.v],
                 "lr": o.param_groups[0]["lr"]}
 
 
 @torch.no_grad()
-def keep(stack: Stack, opt: AdamW, members: list[int]) -> None:
+def keep(stack: Stack, opt: MembersAdamW, members: list[int]) -> None:
     """Drop every member not in `members` (in this order) from the stacked weights and the optimiser's state."""
     index = torch.tensor(members, device=opt.params[0].device)
+    opt.t = opt.t[torch.tensor(members)]
     stack.w = {name: w.detach().index_select(0, index).requires_grad_() for name, w in stack.w.items()}
     opt.params = stack.parameters()
     opt.m = [m.index_select(0, index) for m in opt.m]
