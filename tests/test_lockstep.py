@@ -47,7 +47,8 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
 
 def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_path, tiny_pretrained):
     """Member 1's reward raises in its second step: it fails with its single run's line, and members 0 and 2 write
-    what they write without it (to 1e-4 over the first two steps, as in the test above). (Only the reward differs: train_lockstep takes what members share from the first.)"""
+    what they write without it (to 1e-4 over the first two steps, as in the test above). Only the reward differs:
+    train_lockstep takes what members share from the first."""
     init, _, _ = tiny_pretrained
     cfgs = [_cfg(init, tmp_path / f"two-s{s}", s) for s in (0, 2)]
     assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [3, 3]
