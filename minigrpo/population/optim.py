@@ -42,8 +42,15 @@ class MembersAdamW(AdamW):
     @torch.no_grad()
     def step(self, active: torch.Tensor | None = None) -> None:
         """AdamW's step for the members in `active` (P,) bool (None: all); the others keep weights and state."""
-        lr, (b1, b2) = self.param_groups[0]["lr"], self.betas
         on = torch.ones_like(self.t, dtype=torch.bool) if active is None else active.cpu()
+        if bool(on.all()) and bool((self.t == self.t[0]).all()):  # every member at one count: AdamW's own step
+            counts, self.t = self.t, int(self.t[0])  # (its foreach calls: a few for all tensors, none per tensor)
+            try:
+                super().step()
+            finally:
+                self.t = counts + 1
+            return
+        lr, (b1, b2) = self.param_groups[0]["lr"], self.betas
         self.t += on.long()
         t = self.t.double().clamp(min=1)
         device, P = self.params[0].device, self.t.numel()
