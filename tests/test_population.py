@@ -207,8 +207,8 @@ def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
 
 
 def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_path, tiny_pretrained, capsys):
-    """compare --engine population --jobs 2: two worker processes; the default GRPO's two seeds are one (lockstep)
-    population, PPO's two runs are dealt into two; their runs match the pool's to 1e-4 over their first steps; the
+    """compare --engine population --jobs 2: two worker processes, the default GRPO's two seeds one (lockstep)
+    population, PPO's two runs the other (threads); their runs match the pool's to 1e-4 over their first steps; the
     table has the intervals."""
     from minigrpo.compare import main, on_gpu
     init, _, _ = tiny_pretrained
@@ -216,7 +216,7 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_
              "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--jobs", "2", "--device", "cpu"]
     main([*flags, "--engine", "population", "--out", str(tmp_path / "population")])
     printed = capsys.readouterr().out
-    assert "3 populations, 2 at a time" in printed and "interquartile means with their 95 % bootstrap" in printed
+    assert "2 populations, 2 at a time" in printed and "interquartile means with their 95 % bootstrap" in printed
     assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
     table = (tmp_path / "population" / "table.md").read_text()
     assert "P(row > column)" in table and "| default | 2 |" in table
@@ -341,8 +341,8 @@ def test_the_workers_of_a_killed_compare_end_their_runs_at_a_step_with_a_checkpo
     init, _, _ = tiny_pretrained
     out = tmp_path / "cmp"
     p = subprocess.Popen([sys.executable, "-m", "minigrpo.compare", "--engine", "population", "--algos", "default",
-                          "--seeds", "2", "--jobs", "2", "--steps", "100000", "--out", str(out), "--init", str(init),
-                          "--group-size", "4", "--prompts-per-step", "2"], stdout=subprocess.DEVNULL,
+                          "--seeds", "2", "--jobs", "2", "--members", "1", "--steps", "100000", "--out", str(out),
+                          "--init", str(init), "--group-size", "4", "--prompts-per-step", "2"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
     alive = lambda pid: os.path.exists(f"/proc/{pid}")  # noqa: E731
     workers = []

@@ -160,9 +160,9 @@ def run_population(items: list, done, batcher: Batcher | None = None, lockstep: 
 
 def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
     """The populations `items` make, each of at most `most` runs (0: no limit). Runs that may go in lockstep
-    (lockstep_key) are grouped by configuration: a group, or its nearly equal parts. The others: `jobs` populations,
-    or more where one would hold over `most` (and THREADS_MOST), dealt in turn (items 0, S, 2S, ... to the first),
-    so each gets the same mix of algorithms."""
+    (lockstep_key) are grouped by configuration: a group, or its nearly equal parts. The others: as many populations
+    as the `jobs` those leave (at least one), or more where one would hold over `most` (and THREADS_MOST), dealt in
+    turn (items 0, S, 2S, ... to the first), so each gets the same mix of algorithms."""
     groups: dict[tuple, list] = {}
     for item in items:
         groups.setdefault(lockstep_key(item) or (), []).append(item)
@@ -172,7 +172,7 @@ def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
         shares += [group[j::n] for j in range(n)]
     if rest:
         most = min(most, THREADS_MOST) if most > 0 else THREADS_MOST
-        n = max(1, min(jobs, len(rest)), -(-len(rest) // most))
+        n = max(1, min(jobs - len(shares), len(rest)), -(-len(rest) // most))
         shares += [rest[j::n] for j in range(n)]
     return shares
 
