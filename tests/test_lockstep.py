@@ -23,7 +23,7 @@ def _cfg(init, folder, seed, extra=()):
 
 def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pretrained):
     """GRPO seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region, μ = 2): each member writes
-    its single run's files and matches its metrics to 1e-4 over the first two steps."""
+    its single run's files, matches its metrics to 1e-4 over the first two steps, and resumes as a single run."""
     init, _, _ = tiny_pretrained
     cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s) for s in range(3)]
     assert unsupported(cfgs) is None
@@ -43,6 +43,8 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
         alone_state = torch.load(alone / "model.pt", weights_only=True)
         assert all(v.shape == alone_state["model"][k].shape for k, v in state["model"].items())
         assert [m.shape for m in state["optimizer"]["m"]] == [m.shape for m in alone_state["optimizer"]["m"]]
+    grpo.train(grpo.parse(["--resume", str(tmp_path / "lock-s1"), "--steps", "4", "--quiet", "--no-plot"]))
+    assert [r["step"] for r in read_jsonl(tmp_path / "lock-s1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # as its own
 
 
 def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_path, tiny_pretrained):
