@@ -30,7 +30,7 @@ from minigrpo.objectives.losses import aggregate, surrogate_stats
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rows
 from minigrpo.population.stacked import Stack
-from minigrpo.rl.preserve import Anchor
+from minigrpo.rl.preserve import Anchor, weighted_kl
 from minigrpo.variants.advantages import BASELINES, advantages
 from minigrpo.variants.kl import kl_reward_penalty
 from minigrpo.variants.policy_losses import reduction
@@ -53,11 +53,8 @@ def anchor_losses(stack: Stack, anchor: Anchor, rows: Rows, ref_logits: torch.Te
                   direction: str = "forward") -> torch.Tensor:
     """rl/preserve.anchor_loss of every member on all of the anchor's rows (`rows`: Rows.shared(anchor.gen, P)),
     against π_ref's logits there (P, M, T, V) -> (P,)."""
-    _, logits = rows.logprobs(stack)  # (P, M, T, V)
-    kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)
     where = anchor.gen.completion_mask if anchor.kl_mask is None else anchor.kl_mask
-    kl = torch.where(where, kl, 0.0)
-    return (kl.sum(-1) * anchor.weights).sum(-1) / anchor.weights.sum()
+    return weighted_kl(rows.logprobs(stack)[1], ref_logits, where, anchor.weights, direction)
 
 
 class LockstepGRPO:

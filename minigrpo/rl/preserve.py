@@ -155,12 +155,17 @@ def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor | None = None,
     every = slice(None) if rows is None else rows
     sub = anchor.gen if rows is None else anchor.gen.select(rows)  # all rows: the anchor's own kept prefix tree
     _, logits = generation_logprobs(policy, sub, return_logits=True)  # (m, T, V)
-    ref_logits = anchor.ref_logits[every]
-    kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (m, T)
     where = sub.completion_mask if anchor.kl_mask is None else anchor.kl_mask[every]
+    return weighted_kl(logits, anchor.ref_logits[every], where, anchor.weights[every], direction)
+
+
+def weighted_kl(logits: torch.Tensor, ref_logits: torch.Tensor, where: torch.Tensor, weights: torch.Tensor,
+                direction: str = "forward") -> torch.Tensor:
+    """Σ_rows w·Σ_t KL / Σ_rows w, the exact KL at the positions `where` (m, T) of rows weighted (m,): logits,
+    ref_logits (..., m, T, V) -> (...) (a leading dim: a lockstep population's members)."""
+    kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (..., m, T)
     kl = torch.where(where, kl, torch.zeros((), device=kl.device))
-    w = anchor.weights[every]
-    return (kl.sum(dim=1) * w).sum() / w.sum()
+    return (kl.sum(-1) * weights).sum(-1) / weights.sum()
 
 
 def forced_state_anchor(anchor: Anchor, others: int, max_entropy: float, weight: float) -> Anchor:
