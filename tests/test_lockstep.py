@@ -135,3 +135,20 @@ def test_members_adamw_is_each_members_adamw_and_a_member_left_out_keeps_its_sta
     assert together.t.tolist() == [o.t for o in opts] == [3, 3, 4]
     for p in range(3):
         assert all(torch.allclose(a, w[p], atol=1e-7, rtol=0) for a, w in zip(alone[p], stacked)), p
+
+
+def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(tmp_path, tiny_pretrained, monkeypatch):
+    """An error of the batch itself (the GPU's memory, say) is each run's error line, its folder without a summary."""
+    from minigrpo.population import lockstep
+    from minigrpo.population.engine import run_population
+    from test_population import _run as item
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory (as a test)")
+    monkeypatch.setattr(lockstep, "_step", out_of_memory)
+    init, _, _ = tiny_pretrained
+    errors = {}
+    run_population([item(init, tmp_path / f"s{s}", s) for s in range(2)], lambda i, e: errors.__setitem__(i[1], e))
+    assert errors == {0: "RuntimeError: CUDA out of memory (as a test)", 1: "RuntimeError: CUDA out of memory (as a "
+                                                                            "test)"}
+    assert not (tmp_path / "s0" / "summary.json").exists() and (tmp_path / "s0" / "config.json").exists()

@@ -99,7 +99,10 @@ def run_lockstep(items: list, done) -> bool:
         return False
     for item in items:
         start_folder(item)
-    results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
+    try:
+        results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
+    except Exception as e:  # noqa: BLE001 (the population's own failure, e.g. the GPU's memory: each run says it)
+        results = [f"{type(e).__name__}: {e}"] * len(items)
     for item, result in zip(items, results):
         done(item, end_folder(item, result if isinstance(result, str) else None))
     if any(isinstance(r, str) and r.startswith("interrupted") for r in results):
