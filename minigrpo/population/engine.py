@@ -25,6 +25,7 @@ once (torch's global generator, Python's `random`): a reward that draws from the
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import io
 import multiprocessing
@@ -74,17 +75,21 @@ def lockstep_key(item) -> tuple | None:
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in LOCKSTEP:
         return None
-    try:
-        if unsupported([importlib.import_module(cmd[2]).parse(cmd[3:])]) is not None:
-            return None
-    except UsageError:
-        return None
     flags, skip = [], False
     for arg in cmd[3:]:
         if not skip and arg not in ("--seed", "--out"):
             flags.append(arg)
         skip = not skip and arg in ("--seed", "--out")
-    return (cmd[2], *flags)
+    return (cmd[2], *flags) if _in_lockstep(cmd[2], tuple(flags)) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _in_lockstep(module: str, flags: tuple) -> bool:
+    """Whether lockstep runs these flags (read once per configuration, not once per seed)."""
+    try:
+        return unsupported([importlib.import_module(module).parse(list(flags))]) is None
+    except UsageError:
+        return False
 
 
 def run_lockstep(items: list, done) -> bool:
