@@ -96,6 +96,9 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
+NON_FINITE = "sampling met non-finite probabilities: the model's weights hold NaN or inf"
+
+
 class Draws:
     """One generate() call's draws so far: the new tokens of each row, their log-probs under the sampling
     distribution, which are real (up to and including the row's first EOS), and the rows that have ended. The one
@@ -141,7 +144,7 @@ class Draws:
     def generation(self) -> Generation:
         N = self.steps
         if not bool(torch.isfinite(self.logprobs[:, :N]).all()):  # torch.multinomial's input check, once per call
-            raise ValueError("sampling met non-finite probabilities: the model's weights hold NaN or inf")
+            raise ValueError(NON_FINITE)
         return Generation(ids=torch.cat([self.prompt_ids, self.tokens[:, :N]], 1),
                           key_mask=torch.cat([self.prompt_mask, self.completion_mask[:, :N]], 1),
                           prompt_len=self.prompt_ids.size(1), completion_mask=self.completion_mask[:, :N],

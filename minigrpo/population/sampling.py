@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.lm.model import causal_mask, positions
-from minigrpo.lm.sampling import Draws, Generation, process_logits
+from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, process_logits
 from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
 from minigrpo.population.stacked import Stack
 
@@ -42,10 +42,13 @@ def generate_all(models: list | None, requests: list[Request],
     `stack`: the members' weights (then `models` is not used)."""
     with torch.inference_mode():  # as lm/sampling.generate: sampled in inference mode, returned as ordinary copies
         out = _generate_all(models, requests, stack)
+    if isinstance(out, StackedDraws):  # copied once for all members, each member's Generation views of the copy
+        return out.generations()
     return [g.clone() if isinstance(g, Generation) else g for g in out]
 
 
-def _generate_all(models: list | None, requests: list[Request], stack: Stack | None) -> list[Generation | Exception]:
+def _generate_all(models: list | None, requests: list[Request], stack: Stack | None):
+    """-> each member's Generation or exception, or the StackedDraws of members alike (its `generations()`)."""
     members: list[Draws | Exception] = []
     block_size = (stack or models[0]).cfg.block_size
     for r in requests:
@@ -78,7 +81,7 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
     h = stack.hidden(ids, pos[:, :, :width], causal_mask(0, width, key_mask, device), cache)
     logits = stack.head(h[:, :, -1:])[:, :, 0]  # (P, B, V)
     draws = [members[i] for i in live]
-    alike = StackedDraws(draws) if StackedDraws.fits(draws) else None  # one draw for all members, else each its own
+    alike = StackedDraws(members) if StackedDraws.fits(members) else None  # one draw for all, else each its own
     going = set(range(P))
     for n in range(n_max):
         if alike is not None:
@@ -96,7 +99,7 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
         h = stack.hidden(nxt[:, :, None], pos[:, :, t:t + 1], causal_mask(t, 1, key_mask[:, :t + 1], device), cache)
         logits = stack.head(h)[:, :, 0]
     if alike is not None:
-        alike.settle()
+        return alike
     out: list[Generation | Exception] = []
     for m in members:
         try:
@@ -107,10 +110,11 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
 
 
 class StackedDraws:
-    """The lm/sampling.Draws of P members with the same number of rows and the same plain sampling (temperature
+    """The lm/sampling.Draws of P members with the same number of rows, prompt width and plain sampling (temperature
     only), drawn as one: the sampling distribution, the race and the bookkeeping over (P, B, V) at once, and each
     member's exponential noise from its own generator, exactly as often as its own Draws draws it (a member whose
-    rows have all ended, or that reached its n_max, draws no more). Each Draws gets its draws back (`settle`)."""
+    rows have all ended, or that reached its n_max, draws no more). `generations()`: each member's Generation, the
+    one its own Draws would give."""
 
     def __init__(self, draws: list[Draws]):
         self.draws = draws
@@ -121,9 +125,12 @@ class StackedDraws:
         self.steps = [0] * len(draws)
 
     @staticmethod
-    def fits(draws: list[Draws]) -> bool:
-        settings = {(d.tokens.shape, d.settings[:3]) for d in draws}
-        return len(settings) == 1 and next(iter(settings))[1][1:] == (None, None)
+    def fits(members: list) -> bool:
+        """Every member a Draws (none refused at the start), of one shape and one plain sampling."""
+        if not all(isinstance(d, Draws) for d in members):
+            return False
+        settings = {(d.tokens.shape, d.prompt_ids.shape, d.settings[:3]) for d in members}
+        return len(settings) == 1 and next(iter(settings))[2][1:] == (None, None)
 
     def take(self, logits: torch.Tensor, going: set[int]) -> set[int]:
         """Draws.take for the members in `going` from logits (P, B, V) -> the members that go on."""
@@ -144,8 +151,23 @@ class StackedDraws:
             self.steps[p] = n + 1
         return {p for p in going if not (ended[p] or n + 1 == self.draws[p].n_max)}
 
-    def settle(self) -> None:
-        """Each member's Draws holds its own draws (its generation() is then what it would be alone)."""
-        for p, d in enumerate(self.draws):
-            d.tokens, d.logprobs, d.completion_mask = self.tokens[p], self.logprobs[p], self.completion_mask[p]
-            d.done, d.steps = self.done[p], self.steps[p]
+    def generations(self) -> list[Generation | ValueError]:
+        """Each member's Draws.generation(): its prompt, its first `steps` draws, or its ValueError where its
+        log-probs are not finite. Called outside inference mode: the stacked tensors are copied once, and each member's
+        Generation holds views of the copy (what lm/sampling.generate returns: ordinary tensors)."""
+        N = max(self.steps)
+        cut = lambda x: x[:, :, :N].clone()  # noqa: E731
+        tokens, logprobs, completion_mask, done = cut(self.tokens), cut(self.logprobs), cut(self.completion_mask), \
+            self.done.clone()
+        finite = torch.isfinite(logprobs).flatten(1).all(1).tolist()  # past a member's steps: zeros
+        prompt_ids = torch.stack([d.prompt_ids for d in self.draws])
+        prompt_mask = torch.stack([d.prompt_mask for d in self.draws])
+        W = prompt_ids.size(-1)
+        ids, key_mask = torch.cat([prompt_ids, tokens], -1).unbind(0), torch.cat([prompt_mask, completion_mask],
+                                                                                 -1).unbind(0)
+        out = []
+        for p, (n, ok) in enumerate(zip(self.steps, finite)):
+            out.append(Generation(ids[p][:, :W + n], key_mask[p][:, :W + n], W, completion_mask[p][:, :n],
+                                  logprobs[p][:, :n], done[p]) if ok else
+                       ValueError(NON_FINITE))
+        return out
