@@ -13,7 +13,7 @@ from minigrpo.rl.config import parse_rl_config
 from minigrpo.rl.trust_region import sequence_kl
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
-from test_population import UNTIMED, _run, close
+from test_population import UNTIMED, _run, breaking_reward, close
 
 
 def _cfg(init, folder, seed, extra=()):
@@ -54,13 +54,7 @@ def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_p
     init, _, _ = tiny_pretrained
     cfgs = [_cfg(init, tmp_path / f"two-s{s}", s) for s in (0, 2)]
     assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [3, 3]
-    bad = tmp_path / "bad.py"  # pizza, counting its calls; past limit.txt's count (if any) it raises
-    bad.write_text("from pathlib import Path\nHERE, calls = Path(__file__).parent, 0\n"
-                   "def reward(prompt, completion):\n    global calls\n    calls += 1\n"
-                   "    (HERE / 'count.txt').write_text(str(calls))\n"
-                   "    if (HERE / 'limit.txt').exists() and calls > int((HERE / 'limit.txt').read_text()):\n"
-                   "        raise RuntimeError('the reward broke')\n"
-                   "    return float('pizza' in completion)\n")
+    bad = breaking_reward(tmp_path)
     train_lockstep(grpo, [_cfg(init, tmp_path / "one-step", 1, ("--reward", f"{bad}:reward", "--steps", "1"))], [print])
     (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())  # it breaks in its second step
     three = [replace(cfgs[0], out=str(tmp_path / "w0")), _cfg(init, tmp_path / "bad", 1, ("--reward", f"{bad}:reward")),
@@ -156,8 +150,8 @@ def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(tmp
 
 def test_arithmetic_members_with_other_prompts_are_their_single_runs(tmp_path):
     """The arithmetic task in lockstep: each member draws its own prompts (other widths: the rows are padded, and
-    the members sample each from its own Draws), evaluates through the task's rl_evaluate_many, and matches its
-    single run to 1e-4 over two steps."""
+    the members sample each from its own Draws), evaluates model by model (the task has no rl_evaluate_many), and
+    matches its single run to 1e-4 over two steps."""
     from minigrpo.pretrain import PretrainConfig, train
     train(PretrainConfig(task="arithmetic", out=str(tmp_path / "pre"), device="cpu", steps=40, batch_size=64,
                          n_embd=32, n_head=2, lr=1e-2, n_lines=2000, eval_every=40, ckpt_every=40, threads=1),

@@ -145,18 +145,24 @@ def close(a: dict, b: dict, tol: float = 1e-4) -> list[str]:
                          abs(a[k] - b[k]) <= LOOSER.get(k, tol) * max(1.0, abs(b[k]))))]
 
 
-def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(tmp_path, tiny_pretrained):
-    """GRPO seeds 0 and 1, PPO seed 0 and a GRPO run whose lr makes its loss non-finite, as one population: each
-    writes the files of its single run, whose metrics it matches to 1e-4 over its first two steps; the failing one
-    reports its own one-line error."""
-    init, _, _ = tiny_pretrained
-    bad = tmp_path / "bad.py"  # pizza, counting its calls; past limit.txt's count (if any) it raises
+def breaking_reward(folder: Path) -> Path:
+    """A reward file in `folder`: pizza, counting its calls in count.txt; past limit.txt's count (if any) it raises."""
+    bad = folder / "bad.py"
     bad.write_text("from pathlib import Path\nHERE, calls = Path(__file__).parent, 0\n"
                    "def reward(prompt, completion):\n    global calls\n    calls += 1\n"
                    "    (HERE / 'count.txt').write_text(str(calls))\n"
                    "    if (HERE / 'limit.txt').exists() and calls > int((HERE / 'limit.txt').read_text()):\n"
                    "        raise RuntimeError('the reward broke')\n"
                    "    return float('pizza' in completion)\n")
+    return bad
+
+
+def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(tmp_path, tiny_pretrained):
+    """GRPO seeds 0 and 1, PPO seed 0 and a GRPO run whose lr makes its loss non-finite, as one population: each
+    writes the files of its single run, whose metrics it matches to 1e-4 over its first two steps; the failing one
+    reports its own one-line error."""
+    init, _, _ = tiny_pretrained
+    bad = breaking_reward(tmp_path)
     assert run_one(_run(init, tmp_path / "one-step", 2, "minigrpo.grpo", ("--reward", f"{bad}:reward",
                                                                           "--steps", "1"))) is None
     (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())  # it breaks in its second step

@@ -294,11 +294,6 @@ def rl_evaluate(model, tokenizer, baseline: None, cfg, rewards) -> dict:
             "malformed": max(0.0, 1 - f["well_formed"])}
 
 
-def rl_evaluate_many(models: list, tokenizer, baseline: None, cfg, rewards) -> list[dict]:
-    """rl_evaluate of each model (a lockstep population's members)."""
-    return [rl_evaluate(model, tokenizer, baseline, cfg, rewards) for model in models]
-
-
 def format_rl_eval(ev: dict, cfg) -> str:
     return (f"exact P(best declared answer) prompts {ev['target_rate']:.3f} | exact E[r] {ev['exact_reward']:.3f} "
             f"(best {ev['best_reward']:.3g}) | heldout {ev['heldout_rate']:.3f} | right "

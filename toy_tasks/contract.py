@@ -51,8 +51,8 @@ class Task(Protocol):
         heldout_rate where it has held-out prompts. Non-numbers (e.g. food's "shares") go to summary.json."""
 
     def rl_evaluate_many(self, models: list, tokenizer, baseline: Any, cfg, rewards: torch.Tensor) -> list[dict]:
-        """rl_evaluate of each of several models (a lockstep population's members), as one computation where the
-        task can."""
+        """Optional: rl_evaluate of each of several models (a lockstep population's members) as one computation
+        (food). Without it, a population calls rl_evaluate model by model."""
 
     def format_rl_eval(self, ev: dict, cfg) -> str:
         """The last line of an RL run."""

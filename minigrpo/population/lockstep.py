@@ -222,12 +222,15 @@ def _rows(members: list, stats: dict, per_update: list, ratio: list) -> dict:
 
 
 def _evaluate(members: list) -> dict:
-    """The exact evaluations of these members, as one (the task's rl_evaluate_many) -> {id(member): evaluation}."""
+    """The exact evaluations of these members, as one where the task can (its rl_evaluate_many) -> {id(member):
+    evaluation}."""
     if not members:
         return {}
-    r = members[0].run
+    r, models = members[0].run, [m.run.policy for m in members]
+    many = getattr(r.task, "rl_evaluate_many", None)  # optional (toy_tasks/contract.py): else each model's own
     try:
-        evs = r.task.rl_evaluate_many([m.run.policy for m in members], r.tok, r.baseline, r.cfg, r.rewards)
+        evs = many(models, r.tok, r.baseline, r.cfg, r.rewards) if many else \
+            [r.task.rl_evaluate(model, r.tok, r.baseline, r.cfg, r.rewards) for model in models]
     except ValueError:  # one member's figures cannot be made: each member evaluates itself (and it fails alone)
         return {}
     return {id(m): ev for m, ev in zip(members, evs)}
