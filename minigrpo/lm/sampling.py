@@ -134,12 +134,16 @@ class Draws:
         n, (temperature, top_k, top_p, generator) = self.steps, self.settings
         logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
         nxt = exponential_race(logp_all.exp(), generator)  # (B,)
-        lp = logp_all.gather(1, nxt[:, None]).squeeze(1)
-        self.tokens[:, n], self.logprobs[:, n] = nxt.masked_fill(self.done, PAD_ID), lp.masked_fill(self.done, 0.0)
-        self.completion_mask[:, n] = ~self.done
-        self.done = self.done | (self.tokens[:, n] == EOS_ID)
+        self.record(n, nxt, logp_all.gather(1, nxt[:, None]).squeeze(1))
         self.steps = n + 1
         return not (bool(self.done.all()) or self.steps == self.n_max)
+
+    def record(self, n: int, nxt: torch.Tensor, lp: torch.Tensor) -> None:
+        """Token n of every row: nxt and its log-prob lp (rows (B,), or any leading dims: a population's stacked
+        draws), PAD and 0 where the row has ended; a row that drew EOS has ended."""
+        self.tokens[..., n], self.logprobs[..., n] = nxt.masked_fill(self.done, PAD_ID), lp.masked_fill(self.done, 0.0)
+        self.completion_mask[..., n] = ~self.done
+        self.done = self.done | (self.tokens[..., n] == EOS_ID)
 
     def generation(self) -> Generation:
         N = self.steps

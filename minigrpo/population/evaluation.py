@@ -45,25 +45,21 @@ class SharedForward:
         grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
         with torch.no_grad():
             h = self.stack.hidden(grow(idx), grow(pos), grow(attn_mask).reshape(P * B, *attn_mask.shape[1:]))
-        views = list(h.unbind(0))
+        views, forward = list(h.unbind(0)), {"hidden": h, "logits": None}  # the logits: on the first head() call
         self.hidden.append((inputs, views))
         for view in views:
-            self.heads[id(view)] = (view, h)
+            self.heads[id(view)] = (view, forward)
         return views[model.member]
 
     def head_of(self, model: "EvalGPT", h: torch.Tensor) -> torch.Tensor | None:
         """Member `model.member`'s logits of hidden states this forward handed out (every member's at once)."""
-        held = self.heads.get(id(h))
-        if held is None or held[0] is not h:
+        view, forward = self.heads.get(id(h), (None, None))
+        if view is not h:
             return None
-        every = held[1]
-        if not isinstance(every, list):
+        if forward["logits"] is None:
             with torch.no_grad():
-                every = list(self.stack.head(every).unbind(0))
-            for view in list(self.heads):
-                if self.heads[view][1] is held[1]:
-                    self.heads[view] = (self.heads[view][0], every)
-        return every[model.member]
+                forward["logits"] = self.stack.head(forward["hidden"]).unbind(0)
+        return forward["logits"][model.member]
 
 
 class EvalGPT(GPT):

@@ -68,7 +68,7 @@ class LockstepGRPO:
         self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
         self.advantages = vmap(lambda r: advantages(r, cfg))
         self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
-        self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)).float().mean())
+        self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
 
     def anchor_term(self, stack: Stack, ref: Stack) -> torch.Tensor | None:
         """--preserve-coef × each member's anchor loss, against π_ref's logits on the anchor computed once by the
@@ -92,13 +92,13 @@ class LockstepGRPO:
             penalty = self.penalty(old_logp, ref_logp, rows.completion_mask)
             rewards = rewards - penalty
             stats["kl_reward_penalty"] = penalty.mean(-1)
-        stats["equal_groups"] = self.equal(rewards)
+        equal = self.equal(rewards)
+        stats["equal_groups"] = equal.float().mean(-1)
         adv = self.advantages(rewards)
         stats.update(adv_mean=adv.mean(-1), adv_std=adv.std(-1))
         mask, active = rows.completion_mask, None
         if cfg.skip_equal_groups:  # DAPO: only the groups whose rewards differ, their rows' tokens kept (token-mean)
-            r = rewards.view(*rewards.shape[:-1], -1, cfg.group_size)  # (P, prompts, G)
-            differ = ~(r == r[..., :1]).all(-1)
+            differ = ~equal
             mask = mask & differ.repeat_interleave(cfg.group_size, -1)[..., None]
             skipped = ~differ.any(-1)  # (P,): no RL signal; the anchor alone updates, once (GRPO.preservation_only)
             stats["skipped"] = skipped.float()

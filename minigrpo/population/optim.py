@@ -70,9 +70,6 @@ class MembersAdamW(AdamW):
             denom = (v / bias2.view(shape)).sqrt_().add_(self.eps)
             p.copy_(torch.where(keep, p - rate.view(shape) * (m / denom), p))
 
-    def member_t(self, p: int) -> int:
-        return int(self.t[p])
-
 
 class MemberOptimizer:
     """Member p's view of the stacked AdamW, for its checkpoint (rl/loop.Run.save): lm/optim.AdamW.state_dict's
@@ -83,7 +80,7 @@ class MemberOptimizer:
 
     def state_dict(self) -> dict:
         o, p = self.opt, self.p
-        return {"t": o.member_t(p), "m": [m[p].cpu().clone() for m in o.m], "v": [v[p].cpu().clone() for v in o.v],
+        return {"t": int(o.t[p]), "m": [m[p].cpu().clone() for m in o.m], "v": [v[p].cpu().clone() for v in o.v],
                 "lr": o.param_groups[0]["lr"]}
 
 

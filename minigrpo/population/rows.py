@@ -52,10 +52,6 @@ class Rows:
         grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
         return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask), gen.prefix_tree())
 
-    def select(self, members: list[int]) -> "Rows":
-        index = torch.tensor(members, device=self.ids.device)
-        return Rows(self.ids[index], self.key_mask[index], self.prompt_len, self.completion_mask[index], self.tree)
-
     def logprobs(self, stack: Stack, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T, V) that gave
         them, each member through its own weights; differentiable (no_grad for π_old and π_ref)."""

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from minigrpo.lm.model import causal_mask, positions
 from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, process_logits
-from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
+from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
 
 
@@ -116,6 +116,8 @@ class StackedDraws:
     rows have all ended, or that reached its n_max, draws no more). `generations()`: each member's Generation, the
     one its own Draws would give."""
 
+    record = Draws.record  # a single run's bookkeeping of a draw, over (P, B) rows
+
     def __init__(self, draws: list[Draws]):
         self.draws = draws
         self.tokens = torch.stack([d.tokens for d in draws])  # (P, B, n_max)
@@ -142,10 +144,7 @@ class StackedDraws:
         for p in going:  # each member's (B, V) from its own generator, as its own Draws draws them
             rows[p].exponential_(generator=self.draws[p].settings[3])
         nxt = (probs / noise).argmax(-1)  # (P, B): lm/sampling.exponential_race of each member
-        lp = logp_all.gather(-1, nxt[..., None])[..., 0]
-        self.tokens[:, :, n], self.logprobs[:, :, n] = nxt.masked_fill(self.done, PAD_ID), lp.masked_fill(self.done, 0)
-        self.completion_mask[:, :, n] = ~self.done
-        self.done = self.done | (self.tokens[:, :, n] == EOS_ID)
+        self.record(n, nxt, logp_all.gather(-1, nxt[..., None])[..., 0])
         ended = self.done.all(-1).tolist()
         for p in going:
             self.steps[p] = n + 1
