@@ -168,21 +168,30 @@ PANELS = OUTCOME_PANELS + [
 ] + COST_PANELS
 
 
-def train(cfg: PPOConfig, log=print) -> dict:
+def check_ppo_config(cfg: PPOConfig) -> None:
+    """Refuse values PPO cannot run as asked, with one line each."""
     check_ranges(cfg, {"beta": (0, None), "kl_target": (1e-9, None), "gamma": (0, 1), "lam": (0, 1), "clip": (0, 1),
                        "vf_clip": (0, None), "vf_coef": (0, None), "entropy_coef": (None, None)})
     check_positive(cfg, "epochs", "minibatches", "clip")
     if cfg.minibatches > cfg.group_size * cfg.prompts_per_step:
         n = cfg.group_size * cfg.prompts_per_step
         raise UsageError(f"--minibatches ({cfg.minibatches}) exceeds the rollout's {n} completions")
+
+
+def train(cfg: PPOConfig, log=print) -> dict:
+    check_ppo_config(cfg)
     return run(cfg, PPO, "ppo", PANELS, log)
+
+
+def parse(argv) -> PPOConfig:
+    """The command line's config (a UsageError names a bad flag)."""
+    return parse_rl_config(PPOConfig, argv, __doc__.split("\n\n")[0], "ppo")
 
 
 @main_guard
 @finish_unread
 def main(argv=None):
-    cfg = parse_rl_config(PPOConfig, argv, __doc__.split("\n\n")[0], "ppo")
-    train(cfg)
+    train(parse(argv))
 
 
 if __name__ == "__main__":

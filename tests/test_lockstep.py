@@ -5,33 +5,36 @@ from dataclasses import replace
 
 import torch
 
-from minigrpo import grpo
-from minigrpo.grpo import PRESETS, GRPOConfig
+import pytest
+
+from minigrpo import grpo, ppo
 from minigrpo.population.guard import sequence_kls
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.rl.config import parse_rl_config
 from minigrpo.rl.trust_region import sequence_kl
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 from test_population import UNTIMED, _run, breaking_reward, close
 
 
-def _cfg(init, folder, seed, extra=()):
-    argv = _run(init, folder, seed, extra=extra)[2][3:]
-    return parse_rl_config(GRPOConfig, argv, "", "grpo", PRESETS)
+def _cfg(init, folder, seed, extra=(), trainer=grpo):
+    return trainer.parse(_run(init, folder, seed, trainer.__name__, extra)[2][3:])
 
 
-def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pretrained):
-    """GRPO seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region, μ = 2): each member writes
-    its single run's files, matches its metrics to 1e-4 over the first two steps, and resumes as a single run."""
+@pytest.mark.parametrize("trainer, extra", [(grpo, ()), (ppo, ()), (ppo, ("--critic", "oracle")),
+                                            (ppo, ("--kl-target", "0.01"))],
+                         ids=["grpo", "ppo", "ppo-oracle", "ppo-kl-target"])
+def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pretrained, trainer, extra):
+    """Seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region; GRPO's μ = 2, PPO's 2 epochs × 2
+    minibatches with its separate or exact critic): each member writes its single run's files, matches its metrics
+    to 1e-4 over the first two steps, and resumes as a single run."""
     init, _, _ = tiny_pretrained
-    cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s) for s in range(3)]
-    assert unsupported(cfgs) is None
-    results = train_lockstep(grpo, cfgs, [print] * 3)
+    cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, extra, trainer) for s in range(3)]
+    assert unsupported(trainer, cfgs) is None
+    results = train_lockstep(trainer, cfgs, [print] * 3)
     assert [r["step"] for r in results] == [3, 3, 3]
     for s in range(3):
         pop, alone = tmp_path / f"lock-s{s}", tmp_path / f"alone-s{s}"
-        assert run_one(_run(init, alone, s)) is None
+        assert run_one(_run(init, alone, s, trainer.__name__, extra)) is None
         assert {"config.json", "metrics.jsonl", "summary.json", "samples.txt", "model.pt"} <= {f.name for f in
                                                                                                pop.iterdir()}
         rows, want = read_jsonl(pop / "metrics.jsonl"), read_jsonl(alone / "metrics.jsonl")
@@ -43,7 +46,10 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
         alone_state = torch.load(alone / "model.pt", weights_only=True)
         assert all(v.shape == alone_state["model"][k].shape for k, v in state["model"].items())
         assert [m.shape for m in state["optimizer"]["m"]] == [m.shape for m in alone_state["optimizer"]["m"]]
-    grpo.train(grpo.parse(["--resume", str(tmp_path / "lock-s1"), "--steps", "4", "--quiet", "--no-plot"]))
+        mine, its = state["extra"]["rl"]["algo_state"], alone_state["extra"]["rl"]["algo_state"]
+        assert mine.keys() == its.keys() and all(  # a critic's weights are its own too
+            (mine[k] is None) == (its[k] is None) for k in ("value_head", "critic_trunk") if k in its)
+    trainer.train(trainer.parse(["--resume", str(tmp_path / "lock-s1"), "--steps", "4", "--quiet", "--no-plot"]))
     assert [r["step"] for r in read_jsonl(tmp_path / "lock-s1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # as its own
 
 
@@ -71,10 +77,10 @@ def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_p
 def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))
-    assert unsupported([a, b]) == "members differ in more than their seeds"
-    assert unsupported([_cfg(init, tmp_path / "c", 0, ("--preset", "reinforce_rej"))]) == \
+    assert unsupported(grpo, [a, b]) == "members differ in more than their seeds"
+    assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preset", "reinforce_rej"))]) == \
         "--skip-equal-groups with a mean per sequence"
-    assert unsupported([_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
+    assert unsupported(grpo, [_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
 
 
 def test_the_members_sequence_kls_are_the_single_trust_regions():
@@ -94,7 +100,7 @@ def test_dapos_members_skip_their_equal_groups_as_their_single_runs_do(tmp_path,
     init, _, _ = tiny_pretrained
     dapo = ("--preset", "dapo", "--steps", "4")
     cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, dapo) for s in range(4)]
-    assert unsupported(cfgs) is None
+    assert unsupported(grpo, cfgs) is None
     assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 4)] == [4] * 4
     skipped = 0
     for s in range(4):
@@ -160,7 +166,7 @@ def test_arithmetic_members_with_other_prompts_are_their_single_runs(tmp_path):
     argv = lambda folder, seed: ["--seed", str(seed), "--init", str(init), "--quiet",  # noqa: E731
                                  "--no-plot", "--group-size", "4", *flags, "--out", str(tmp_path / folder)]
     cfgs = [grpo.parse(argv(f"lock-s{s}", s)) for s in range(2)]
-    assert unsupported(cfgs) is None and [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [2, 2]
+    assert unsupported(grpo, cfgs) is None and [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [2, 2]
     for s in range(2):
         grpo.train(grpo.parse(argv(f"alone-s{s}", s)), log=lambda *a: None)
         rows, want = (read_jsonl(tmp_path / f"{t}-s{s}" / "metrics.jsonl") for t in ("lock", "alone"))

@@ -3,9 +3,9 @@
     run_population(items, done)           # the pool's items (tools/pool.py): (algo, seed, command, folder)
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
 
-In lockstep (population/lockstep.py): runs of minigrpo.grpo that differ only in their seeds (and folders), whose
-configuration lockstep supports, train as one computation, each run a slice of every tensor. The others: as threads,
-below.
+In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in their seeds (and
+folders), whose configuration lockstep supports, train as one computation, each run a slice of every tensor. The
+others: as threads, below.
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
 required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py). What a run prints goes
@@ -41,7 +41,7 @@ from minigrpo.rl.report import STOP_ALL
 from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, run_one, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
-LOCKSTEP = ("minigrpo.grpo",)  # the trainers a lockstep population runs (population/lockstep.py)
+LOCKSTEP = ("minigrpo.grpo", "minigrpo.ppo")  # the trainers a lockstep population runs (population/lockstep.py)
 THREADS_MOST = 16  # the most runs of a population of threads: past it a population ran no faster per run on an H200,
 # and each thread holds memory of its own (docs/performance.md)
 
@@ -87,7 +87,8 @@ def lockstep_key(item) -> tuple | None:
 def _in_lockstep(module: str, flags: tuple) -> bool:
     """Whether lockstep runs these flags (read once per configuration, not once per seed)."""
     try:
-        return unsupported([importlib.import_module(module).parse(list(flags))]) is None
+        trainer = importlib.import_module(module)
+        return unsupported(trainer, [trainer.parse(list(flags))]) is None
     except UsageError:
         return False
 
@@ -100,7 +101,7 @@ def run_lockstep(items: list, done) -> bool:
         return False
     trainer = importlib.import_module(key[0])
     cfgs = [trainer.parse(item[2][3:]) for item in items]  # each parsed in lockstep_key
-    if unsupported(cfgs) is not None:
+    if unsupported(trainer, cfgs) is not None:
         return False
     for item in items:
         start_folder(item)

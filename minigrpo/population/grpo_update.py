@@ -1,14 +1,13 @@
 """GRPO's update (grpo.py, `GRPO.update`) for P members at once: the same pure functions, mapped over a leading
 member dim with torch.func.vmap, and one backward and one optimiser step for all members.
 
-    update = LockstepGRPO(cfg, anchor, grpo_loss)  # cfg: the members' common GRPOConfig; grpo.grpo_loss
-    stats, per_update, ratio = update(stack, ref, opt, rows, rewards, ref_logp, ref_logits, old_logp)
+    update = LockstepGRPO(cfg, anchor, grpo_loss)  # cfg: the members' common GRPOConfig; anchor: population/anchor.py
+    figures = update(stack, ref, opt, step)        # step: the members' rollouts (population/rows.Rollouts)
+    row = update.row(mine)                         # member p's figures {name: float} -> its metrics row's part
 
-rows: the step's rollouts (population/rows.Rows, (P, N, ...)); rewards (P, N); ref_logp (P, N, T), ref_logits
-(P, N, T, V): π_ref's, no gradient; old_logp (P, N, T) or None (π_old's, needed before the first update only with
---kl-in reward). -> the step's figures {name: (P,)}, and each inner update's (lists of them, to be combined per
-member by rl/report.combine_stats as the single run combines them). Each member's figures are those of its single
-run, to float rounding (tests/test_lockstep.py).
+-> figures {name: (P,)}: the step's, and each inner update's (named (i, name); ("ratio", i, name)), read back by
+the caller in one go; `row` combines a member's inner updates as its single run combines them (rl/report.py).
+Each member's figures are those of its single run, to float rounding (tests/test_lockstep.py).
 
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
 baselines and scales, aggregations); `unsupported(cfg)` names the others (a per-member random stream, a greedy
@@ -27,10 +26,11 @@ from torch.func import vmap
 from minigrpo.objectives.advantages import equal_groups
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, surrogate_stats
+from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
-from minigrpo.population.rows import Rows
+from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
-from minigrpo.rl.preserve import Anchor, weighted_kl
+from minigrpo.rl.report import combine_stats
 from minigrpo.variants.advantages import BASELINES, advantages
 from minigrpo.variants.kl import kl_reward_penalty
 from minigrpo.variants.policy_losses import reduction
@@ -49,17 +49,12 @@ def unsupported(cfg) -> str | None:
     return next((name for name, yes in reasons.items() if yes), None)
 
 
-def anchor_losses(stack: Stack, anchor: Anchor, rows: Rows, ref_logits: torch.Tensor,
-                  direction: str = "forward") -> torch.Tensor:
-    """rl/preserve.anchor_loss of every member on all of the anchor's rows (`rows`: Rows.shared(anchor.gen, P)),
-    against π_ref's logits there (P, M, T, V) -> (P,)."""
-    where = anchor.gen.completion_mask if anchor.kl_mask is None else anchor.kl_mask
-    return weighted_kl(rows.logprobs(stack)[1], ref_logits, where, anchor.weights, direction)
-
-
 class LockstepGRPO:
-    def __init__(self, cfg, anchor: Anchor | None, grpo_loss):
-        self.cfg, self.anchor, self.anchor_rows = cfg, anchor, None
+    def __init__(self, cfg, anchor: MembersAnchor | None, grpo_loss):
+        self.cfg, self.anchor = cfg, anchor
+        self.needs_ref = cfg.rollout_kl or cfg.beta > 0  # what the caller computes before the update (GRPO's)
+        self.needs_old_logp = cfg.beta > 0 and cfg.kl_in == "reward"
+        self.stacks = []  # nothing to train but the policy (a critic's weights: ppo_update.py)
         loss = lambda *x: grpo_loss(*x, cfg)  # noqa: E731 (logp, old, ref_logp, logits, ref_logits, adv, mask)
         ref = 0 if cfg.beta > 0 or cfg.rollout_kl else None  # without π_ref's log-probs: None for every member
         self.loss = vmap(loss, in_dims=(0, 0, ref, 0, ref, 0, 0))
@@ -70,23 +65,13 @@ class LockstepGRPO:
         self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
         self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
 
-    def anchor_term(self, stack: Stack, ref: Stack) -> torch.Tensor | None:
-        """--preserve-coef × each member's anchor loss, against π_ref's logits on the anchor computed once by the
-        forward the members' own go through (the anchor's own, of the tree forward, differ by rounding, and where
-        π_θ = π_ref a gradient of rounding noise is what Adam's first step would amplify)."""
-        if self.anchor is None:
-            return None
-        P = stack.w["wte.weight"].size(0)
-        if self.anchor_rows is None or self.anchor_rows.ids.size(0) != P:  # at the start, and after members left
-            self.anchor_rows = Rows.shared(self.anchor.gen, P)
-            with torch.no_grad():
-                self.anchor_ref = self.anchor_rows.logprobs(ref)[1]
-        return self.cfg.preserve_coef * anchor_losses(stack, self.anchor, self.anchor_rows, self.anchor_ref,
-                                                      self.cfg.preserve_kl)
+    def copy_to(self, algos: list) -> None:
+        """Nothing of a member's GRPO state changes in lockstep (its variants' generators are not used)."""
 
-    def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, rows: Rows, rewards, ref_logp, ref_logits,
-                 old_logp=None):
+    def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
         cfg, stats = self.cfg, {}
+        rows, rewards, ref_logp, ref_logits, old_logp = step.rows, step.rewards, step.ref_logp, step.ref_logits, \
+            step.old_logp
         # 1. rewards -> one advantage per completion
         if cfg.beta > 0 and cfg.kl_in == "reward":  # β·Σ_t k(π_old, π_ref) off each sequence's reward
             penalty = self.penalty(old_logp, ref_logp, rows.completion_mask)
@@ -110,7 +95,7 @@ class LockstepGRPO:
             if old_logp is None:  # first update: π_θ is π_old
                 old_logp = logp.detach()
             loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask)
-            anchor = self.anchor_term(stack, ref)
+            anchor = None if self.anchor is None else self.anchor.term(stack, ref)
             if anchor is not None:
                 loss = loss + anchor
             if i > 0 or cfg.updates == 1:
@@ -129,4 +114,19 @@ class LockstepGRPO:
             s["grad_norm"] = clip_grad_norms(opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             opt.step(None if active is None else active[i])
             per_update.append({k: v.detach() for k, v in s.items()})
-        return stats, per_update, ratio
+        self.inner = (len(per_update), len(ratio))
+        return {**stats, **{(i, k): v for i, d in enumerate(per_update) for k, v in d.items()},
+                **{("ratio", i, k): v for i, d in enumerate(ratio) for k, v in d.items()}}
+
+    def row(self, mine: dict, algo=None) -> dict:
+        """Member p's figures (this update's names, read as floats) -> its row as GRPO.update returns it: the step's
+        figures, then its inner updates' combined (rl/report.combine_stats)."""
+        head = {k: v for k, v in mine.items() if isinstance(k, str) and k != "skipped"}
+        updates, ratios = self.inner
+        if mine.get("skipped"):  # every group's rewards equal: the anchor's one update, as GRPO.preservation_only
+            once = {k: mine[(0, k)] for k in ("preserve_loss", "grad_norm")} if (0, "preserve_loss") in mine else {}
+            return {**head, **once, "skipped": 1.0}
+        inner = [{k[1]: v for k, v in mine.items() if isinstance(k, tuple) and k[0] == i} for i in range(updates)]
+        ratio = [{k[2]: v for k, v in mine.items() if isinstance(k, tuple) and k[:2] == ("ratio", i)}
+                 for i in range(ratios)]
+        return {**head, **combine_stats(inner), **combine_stats(ratio)}

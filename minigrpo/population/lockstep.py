@@ -1,7 +1,8 @@
-"""A population in lockstep: P GRPO runs of one configuration, their seeds (and folders) apart, as one computation.
+"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders) apart, as one
+computation.
 
-    results = train_lockstep(grpo, cfgs, logs)   # grpo: the module minigrpo.grpo; cfgs[p]: member p's GRPOConfig
-                                                 # -> per member its summary, or its error line
+    results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or minigrpo.ppo; cfgs[p]:
+                                                   # member p's config -> per member its summary, or its error line
 
 Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop rule, files), and each step does
 what rl/loop.run does, for all members at once:
@@ -9,8 +10,8 @@ what rl/loop.run does, for all members at once:
     sample        every member's prompts and completions from its own generators, one KV-cache batch
                   (population/sampling.generate_all), scored by its reward
     π_ref         one no-grad forward of every member's rows (population/rows.Rows)
-    update        GRPO's update over a leading member dim (population/grpo_update.py): one backward, one AdamW
-                  step on the stacked weights (population/optim.py)
+    update        the trainer's update over a leading member dim (population/grpo_update.py, ppo_update.py): one
+                  backward, one AdamW step on the stacked weights (population/optim.py)
     trust region  every member's step halved until its own probes allow it (population/guard.py)
     the rest      each member's own: its weights copied into its GPT, then Run.end_step (exact evaluation, whose
                   forward is one for all: population/evaluation.py; stop rule, metrics, checkpoints) and, once it
@@ -19,7 +20,7 @@ what rl/loop.run does, for all members at once:
 A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go
 on, untouched: every computation is per member. Each member's metrics are its single run's to float rounding
 (tests/test_lockstep.py), and its folder is the one its single run writes (`grpo --resume` continues it); its
-step_time and tokens_per_s are the population's step's. `unsupported(cfgs)` says what it cannot run (a population
+step_time and tokens_per_s are the population's step's. `unsupported(trainer, cfgs)` says what it cannot run (a population
 then runs its members as threads: population/member.py). Departures: the members' own rows compute every slot
 (their single runs share each prefix once: lm/prefix_tree.py), and set-up is the first member's, taken by the
 others (Run(like=): the model, the tree anchor, the baseline).
@@ -34,15 +35,16 @@ from dataclasses import asdict
 import torch
 
 from minigrpo.lm.sampling import decode_completions, encode_prompts
+from minigrpo.population import grpo_update, ppo_update
+from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.evaluation import SharedForward
-from minigrpo.population.grpo_update import LockstepGRPO, unsupported as unsupported_cfg
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MemberOptimizer, MembersAdamW, keep
-from minigrpo.population.rows import Rows
+from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import Request, generate_all
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, combine_stats
+from minigrpo.rl.report import STOP_ALL, StopOnCtrlC
 from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
@@ -50,33 +52,53 @@ from toy_tasks.rewards import RewardError, score
 OWN = ("seed", "out", "overwrite", "quiet", "verbose")  # what members may differ in
 
 
-def unsupported(cfgs: list) -> str | None:
-    """Why these configs cannot run in lockstep (None: they can)."""
+class Kind:
+    """What a lockstep population takes of a trainer (a command module, a layer above this one)."""
+
+    def __init__(self, name: str, check, algorithm, update, unsupported):
+        self.name = name  # the run's algorithm name (config.json, checkpoints)
+        self.check = check  # its flags' check: cfg -> None, or a UsageError
+        self.algorithm = algorithm  # run -> a member's algorithm object (its state: its checkpoint's)
+        self.update = update  # (cfg, anchor, algos) -> the members' update (population/*_update.py)
+        self.unsupported = unsupported  # cfg -> why lockstep cannot run it, or None
+
+
+KINDS = {
+    "minigrpo.grpo": lambda t: Kind("grpo", t.check_grpo_config, t.GRPO, lambda cfg, anchor, algos:
+                                    grpo_update.LockstepGRPO(cfg, anchor, t.grpo_loss), grpo_update.unsupported),
+    "minigrpo.ppo": lambda t: Kind("ppo", t.check_ppo_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported),
+}
+
+
+def unsupported(trainer, cfgs: list) -> str | None:
+    """Why these configs of `trainer` cannot run in lockstep (None: they can)."""
+    if trainer.__name__ not in KINDS:
+        return f"{trainer.__name__} has no lockstep"
     first = {k: v for k, v in asdict(cfgs[0]).items() if k not in OWN}
     if any({k: v for k, v in asdict(c).items() if k not in OWN} != first for c in cfgs):
         return "members differ in more than their seeds"
     if cfgs[0].resume is not None:
         return "--resume"
-    return unsupported_cfg(cfgs[0])
+    return KINDS[trainer.__name__](trainer).unsupported(cfgs[0])
 
 
 class Member:
-    """One member's run, its algorithm state (generators, for its checkpoint) and its open metrics file."""
+    """One member's run, its algorithm (its state, for its checkpoint) and its open metrics file."""
 
-    def __init__(self, grpo, cfg, log, like: Run | None = None):
-        grpo.check_grpo_config(cfg)
-        self.run = Run(cfg, "grpo", log, like)
-        self.algo = grpo.GRPO(self.run)
+    def __init__(self, kind: Kind, cfg, log, like: Run | None = None):
+        kind.check(cfg)
+        self.run = Run(cfg, kind.name, log, like)
+        self.algo = kind.algorithm(self.run)
         self.logger, self.batch, self.error = None, None, None
 
 
-def train_lockstep(grpo, cfgs: list, logs: list) -> list:
-    """Every member's run (module docstring) -> per member its summary (dict) or its error (str). `grpo`: the module
-    minigrpo.grpo (the command's layer is above this one), whose loss, algorithm state and panels the members use."""
-    members, results = [], [None] * len(cfgs)
+def train_lockstep(trainer, cfgs: list, logs: list) -> list:
+    """Every member's run (module docstring) -> per member its summary (dict) or its error (str). `trainer`: the
+    module minigrpo.grpo or minigrpo.ppo, whose checks, algorithm state, loss and panels the members use."""
+    kind, members, results = KINDS[trainer.__name__](trainer), [], [None] * len(cfgs)
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
         try:
-            members.append((k, Member(grpo, cfg, log, members[0][1].run if members else None)))
+            members.append((k, Member(kind, cfg, log, members[0][1].run if members else None)))
         except UsageError as e:
             results[k] = str(e)
     if not members:
@@ -84,13 +106,14 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     ref = Stack([m.run.ref for _, m in members])
-    opt = MembersAdamW(stack.parameters(), lr=cfg.lr)
+    update = kind.update(cfg, MembersAnchor(cfg, first.anchor) if first.anchor is not None else None,
+                         [m.algo for _, m in members])
+    opt = MembersAdamW(stack.parameters() + [w for s in update.stacks for w in s.parameters()], lr=cfg.lr)
     shared = SharedForward()  # the members' exact evaluations: one forward for all
     for j, (_, m) in enumerate(members):
         shared.adopt(m.run.policy, j)
     for j, (_, m) in enumerate(members):  # step 0 by each member's own forward, as its single run: figures that
         m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))  # compare π_θ with π_ref see them equal
-    update = LockstepGRPO(cfg, first.anchor, grpo.grpo_loss)
     anchor_probe = first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None
     try:
         with StopOnCtrlC() as stop:
@@ -99,12 +122,12 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
                 ended = [j for j, (_, m) in enumerate(members) if m.error or m.run.stop_reason is not None]
                 for j in ended:
                     k, m = members[j]
-                    results[k] = _end(m, grpo.PANELS)
+                    results[k] = _end(m, trainer.PANELS)
                 if ended:
                     live = [j for j in range(len(members)) if j not in ended]
                     members = [members[j] for j in live]
                     if members:
-                        keep(stack, opt, live)
+                        keep([stack, *update.stacks], opt, live)
                         ref = ref.rows(live)
                         for j, (_, m) in enumerate(members):
                             shared.adopt(m.run.policy, j)
@@ -117,8 +140,8 @@ def train_lockstep(grpo, cfgs: list, logs: list) -> list:
     return results
 
 
-def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update: LockstepGRPO, anchor_probe,
-          cfg, shared: SharedForward) -> None:
+def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, anchor_probe, cfg,
+          shared: SharedForward) -> None:
     """One step of every member (the module docstring's table); a member that fails gets its error and its row
     no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
@@ -130,20 +153,20 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update: Lo
     rows = Rows.of([(b or some).gen for b in batches])  # a failed member's slot: any rows, its update not kept
     rewards = torch.stack([(b or some).rewards for b in batches])
     with torch.no_grad():
-        needs_ref = cfg.rollout_kl or cfg.beta > 0
-        ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if needs_ref else (None, None)
-        old_logp = rows.logprobs(stack, cfg.temperature)[0] if cfg.beta > 0 and cfg.kl_in == "reward" else None
+        ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
+        old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
     probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
     if anchor_probe is not None:
         gen, weights, group = anchor_probe
         probes.append(("anchor", Rows.shared(gen, len(members)), cfg.trust_region_anchor, weights, group))
     guard = Guard(stack, probes) if probes else None
-    stats, per_update, ratio = update(stack, ref, opt, rows, rewards, ref_logp, ref_logits, old_logp)
-    if guard is not None:
-        stats.update(guard.enforce(stack))
-    stack.copy_to([r.policy for r in runs])  # each member's GPT: its checkpoint
+    figures = update(stack, ref, opt, Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs,
+                                               [m.algo for _, m in members]))
+    trust = guard.enforce(stack) if guard is not None else {}
+    stack.copy_to([r.policy for r in runs])  # each member's GPT (and critic): its checkpoint
+    update.copy_to([m.algo for _, m in members])
     shared.fresh(stack)  # and its evaluation, one forward for all
-    step_time, rows = time.perf_counter() - t0, _rows(members, stats, per_update, ratio)
+    step_time, rows = time.perf_counter() - t0, _rows(members, update, figures, trust)
     finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
                                                                if k.endswith("loss"))]  # else end_step says so
     evaluations = _evaluate([m for m in finite if m.run.evaluating()])
@@ -190,34 +213,23 @@ def _collect(members: list, stack: Stack, cfg) -> list:
     return batches
 
 
-def _rows(members: list, stats: dict, per_update: list, ratio: list) -> dict:
-    """Each live member's metrics row {j: row}, read back in one go, its inner updates' figures combined as its
-    single run combines them; a member whose gradient was not finite gets its single run's error instead."""
-    names = [k for k in stats] + [(i, k) for i, d in enumerate(per_update) for k in d] + \
-        [("ratio", i, k) for i, d in enumerate(ratio) for k in d]
-    values = [stats[k] for k in stats] + [d[k] for d in per_update for k in d] + [d[k] for d in ratio for k in d]
-    table = dict(zip(names, torch.stack(values).tolist()))  # one read of every member's figures
+def _rows(members: list, update, figures: dict, trust: dict) -> dict:
+    """Each live member's metrics row {j: row}, every member's figures read back in one go: the update's (its
+    `row`), then the trust region's, as the single run logs them; a member whose gradient was not finite gets its
+    single run's error instead."""
+    values = torch.stack([*figures.values(), *trust.values()]).tolist()  # one read
+    own, region = dict(zip(figures, values)), dict(zip(trust, values[len(figures):]))
     rows = {}
     for j, (_, m) in enumerate(members):
         if m.error:
             continue
-        mine = {k: v[j] for k, v in table.items()}
-        bad = next((mine[(i, "grad_norm")] for i in range(len(per_update))
-                    if not math.isfinite(mine[(i, "grad_norm")])), None)
+        bad = next((v[j] for k, v in own.items() if isinstance(k, tuple) and k[-1] == "grad_norm"
+                    and not math.isfinite(v[j])), None)
         if bad is not None:
             m.error = (f"the gradient became {bad} at step {m.run.step + 1}: a loss weight (e.g. --vf-coef, "
                        f"--preserve-coef) or --lr too large for float32; the run stopped, checkpoints intact")
             continue
-        trust = lambda k: k == "tr_scale" or k.startswith("tr_kl_")  # noqa: E731 (last, as the single run logs it)
-        head, tail = {k: mine[k] for k in stats if not trust(k) and k != "skipped"}, {k: mine[k] for k in stats
-                                                                                       if trust(k)}
-        if mine.get("skipped"):  # every group's rewards equal: the anchor's one update, as GRPO.preservation_only
-            once = {k: mine[(0, k)] for k in ("preserve_loss", "grad_norm")} if "preserve_loss" in per_update[0] \
-                else {}
-            rows[j] = {**head, **once, "skipped": 1.0, **tail}
-            continue
-        rows[j] = {**head, **combine_stats([{k: mine[(i, k)] for k in d} for i, d in enumerate(per_update)]),
-                   **combine_stats([{k: mine[("ratio", i, k)] for k in d} for i, d in enumerate(ratio)]), **tail}
+        rows[j] = {**update.row({k: v[j] for k, v in own.items()}, m.algo), **{k: v[j] for k, v in region.items()}}
     return rows
 
 

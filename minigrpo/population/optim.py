@@ -7,7 +7,7 @@ holds of it.
     norms = clip_grad_norms(opt.params, max_norm)   # (P,) each member's norm before its clip
     opt.step(active)                                # active (P,) bool: the members that take this step
     MemberOptimizer(opt, p).state_dict()            # member p's AdamW state, as its single run saves it
-    keep(stack, opt, members)                       # only these members from now on (the others have ended)
+    keep([stack], opt, members)                     # only these members from now on (the others have ended)
 """
 
 from __future__ import annotations
@@ -85,11 +85,13 @@ class MemberOptimizer:
 
 
 @torch.no_grad()
-def keep(stack: Stack, opt: MembersAdamW, members: list[int]) -> None:
-    """Drop every member not in `members` (in this order) from the stacked weights and the optimiser's state."""
+def keep(stacks: list[Stack], opt: MembersAdamW, members: list[int]) -> None:
+    """Drop every member not in `members` (in this order) from the stacked weights (the stacks whose parameters the
+    optimiser holds, in its order) and the optimiser's state."""
     index = torch.tensor(members, device=opt.params[0].device)
     opt.t = opt.t[torch.tensor(members)]
-    stack.w = {name: w.detach().index_select(0, index).requires_grad_() for name, w in stack.w.items()}
-    opt.params = stack.parameters()
+    for stack in stacks:
+        stack.w = {name: w.detach().index_select(0, index).requires_grad_() for name, w in stack.w.items()}
+    opt.params = [w for stack in stacks for w in stack.parameters()]
     opt.m = [m.index_select(0, index) for m in opt.m]
     opt.v = [v.index_select(0, index) for v in opt.v]

@@ -3,6 +3,7 @@ anchor's), padded to one shape, and their log-probs under each member's own weig
 
     rows = Rows.of([gen_0, gen_1, ...])            # each member's Generation (lm/sampling.py), N rows each
     rows = Rows.shared(anchor.gen, P)              # the same rows for every member
+    sub = rows.select(index)                       # index (P, n): each member's own rows (PPO's minibatches)
     logp, logits = rows.logprobs(stack, temperature)   # (P, N, T), (P, N, T, V): lm/logprobs.generation_logprobs
 
 Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest completion, so
@@ -14,7 +15,7 @@ path, and rows every member shares (the anchor's) go through their one prefix tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,6 +53,11 @@ class Rows:
         grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
         return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask), gen.prefix_tree())
 
+    def select(self, index: torch.Tensor) -> "Rows":
+        """Member p's rows index[p] (P, n), in that order (RolloutBatch.select of each member)."""
+        pick = lambda x: x.gather(1, index.view(*index.shape, 1).expand(-1, -1, x.size(2)))  # noqa: E731
+        return Rows(pick(self.ids), pick(self.key_mask), self.prompt_len, pick(self.completion_mask))
+
     def logprobs(self, stack: Stack, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T, V) that gave
         them, each member through its own weights; differentiable (no_grad for π_old and π_ref)."""
@@ -67,3 +73,16 @@ class Rows:
         logp = completion_token_logprobs(flat, self.ids.reshape(P * N, L), self.prompt_len,
                                          self.completion_mask.reshape(P * N, -1))
         return logp.view(P, N, -1), logits[:, :, self.prompt_len - 1:]
+
+
+@dataclass
+class Rollouts:
+    """One step's rollouts of P members, what a lockstep update reads (rl/rollout.RolloutBatch of each member)."""
+    rows: Rows  # (P, N, ...) every member's completions
+    rewards: torch.Tensor  # (P, N)
+    ref_logp: torch.Tensor | None  # (P, N, T) π_ref's log-probs, or None where the update needs none
+    ref_logits: torch.Tensor | None  # (P, N, T, V)
+    old_logp: torch.Tensor | None  # (P, N, T) π_old's, or None (the first update's own forward gives them)
+    batches: list = field(default_factory=list)  # each member's RolloutBatch (its prompts, its generation)
+    runs: list = field(default_factory=list)  # each member's rl/loop.Run (its generators, models, task)
+    algos: list = field(default_factory=list)  # each member's algorithm object (PPO's: its β)

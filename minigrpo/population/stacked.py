@@ -68,10 +68,13 @@ class Stack:
     def logits(self, ids: torch.Tensor, key_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """The plain next-token forward of left-padded rows: ids, key_mask (P, B, L) -> logits (P, B, L, V) at the
         temperature, logits[:, :, t] predicting ids[:, :, t + 1] (GPT.forward with a key mask, member by member)."""
+        return self.head(self.states(ids, key_mask)) / temperature
+
+    def states(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """The final hidden states of left-padded rows: ids, key_mask (P, B, L) -> (P, B, L, C)."""
         P, B, L = ids.shape
         km = key_mask.reshape(P * B, L)
-        h = self.hidden(ids, positions(km).view(P, B, L), causal_mask(0, L, km, ids.device))
-        return self.head(h) / temperature
+        return self.hidden(ids, positions(km).view(P, B, L), causal_mask(0, L, km, ids.device))
 
     def hidden(self, idx: torch.Tensor, pos: torch.Tensor, attn_mask: torch.Tensor,
                cache: KVCache | None = None) -> torch.Tensor:

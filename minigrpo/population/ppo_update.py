@@ -1,0 +1,181 @@
+"""PPO's update (ppo.py, `PPO.update`) for P members at once: the KL-shaped rewards, the critic's values, GAE and
+whitening, then epochs × minibatches of clipped policy and value updates, every tensor with a leading member dim.
+
+    update = LockstepPPO(cfg, anchor, algos)       # algos: each member's ppo.PPO (its critic, its β)
+    figures = update(stack, ref, opt, step)        # step: the members' rollouts (population/rows.Rollouts)
+    row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics row's part
+
+The critic: `separate` is `Critics`, the members' trunks and heads stacked, trained by the population's optimiser
+after the policy (`parameters()`); `oracle` is each member's exact values (toy_tasks/oracle.prefix_values, member by
+member, as the learned critic's explained_variance_oracle). Each member shuffles its minibatches with its own
+generator, so they are its single run's rows, gathered (Rows.select). Each member's figures are its single run's to
+float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the head critic (the policy's hidden
+states), the sampled anchor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import vmap
+
+from minigrpo.objectives.advantages import explained_variance, gae, whiten
+from minigrpo.objectives.kl import exact, k1
+from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
+from minigrpo.population.anchor import MembersAnchor
+from minigrpo.population.optim import MembersAdamW, clip_grad_norms
+from minigrpo.population.rows import Rollouts, Rows
+from minigrpo.population.stacked import Stack, linear
+from minigrpo.rl.report import combine_stats
+from toy_tasks.oracle import prefix_values
+
+
+def unsupported(cfg) -> str | None:
+    """Why a lockstep population cannot run `cfg` (None: it can)."""
+    reasons = {"--critic head": cfg.critic == "head",
+               "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
+    return next((name for name, yes in reasons.items() if yes), None)
+
+
+class Critics(Stack):
+    """The members' separate critics (rl/critics.SeparateCritic): their trunks stacked, trainable, with their heads'
+    weights (P, 1, C) and biases (P, 1) first, in the single run's order of parameters (the head's, the trunk's)."""
+
+    def __init__(self, critics: list):
+        super().__init__([c.trunk for c in critics], trainable=True)
+        head = {f"head.{k}": torch.stack([getattr(c.head.linear, k) for c in critics]) for k in ("weight", "bias")}
+        self.w = {**{k: v.detach().requires_grad_() for k, v in head.items()}, **self.w}
+
+    def values(self, rows: Rows) -> torch.Tensor:
+        """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked."""
+        h = self.states(rows.ids[..., :-1], rows.key_mask[..., :-1])[:, :, rows.prompt_len - 1:]  # (P, N, T, C)
+        P, N, T, C = h.shape
+        v = linear(h.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
+        return torch.where(rows.completion_mask, v, 0.0)
+
+    @torch.no_grad()
+    def copy_to(self, critics: list) -> None:
+        """Each member's weights into its own critic (its checkpoint's value_head and critic_trunk)."""
+        trunk = Stack.__new__(Stack)
+        trunk.w = {k: w for k, w in self.w.items() if not k.startswith("head.")}
+        Stack.copy_to(trunk, [c.trunk for c in critics])
+        for p, c in enumerate(critics):
+            c.head.linear.weight.copy_(self.w["head.weight"][p])
+            c.head.linear.bias.copy_(self.w["head.bias"][p])
+
+
+def oracle_values(step: Rollouts, betas: list[float]) -> torch.Tensor:
+    """Each member's exact values under its policy now (rl/critics.OracleCritic), its β -> (P, N, T), 0 where masked
+    and in a failed member's slot."""
+    out = torch.zeros(step.rows.completion_mask.shape, device=step.rows.ids.device)
+    for p, (r, b) in enumerate(zip(step.runs, step.batches)):
+        if b is not None:
+            v = prefix_values(r.policy, r.tok, b.prompts, b.gen.completion_ids, b.mask, r.prompts, r.task.support,
+                              r.rewards, r.cfg.temperature, r.ref, betas[p])
+            out[p, :, :v.size(1)] = torch.where(b.mask, v, 0.0)
+    return out
+
+
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (P, N, ...) -> (P, n, ...): member p's rows index[p]."""
+    return x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
+
+
+class LockstepPPO:
+    needs_ref = True  # as PPO: the KL penalty in the reward, and π_old's log-probs before any update
+    needs_old_logp = True
+
+    def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
+        self.cfg, self.anchor = cfg, anchor
+        self.critics = Critics([a.critic for a in algos]) if cfg.critic == "separate" else None
+        self.learned = self.critics is not None
+        self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
+        self.whiten = vmap(whiten)
+        self.explained = vmap(explained_variance)
+        self.surrogate = vmap(lambda lp, old, a, m: surrogate_stats(lp, old, a, m, cfg.clip))
+
+    @property
+    def stacks(self) -> list[Stack]:
+        """What the optimiser updates besides the policy (after it, in this order)."""
+        return [self.critics] if self.critics is not None else []
+
+    def copy_to(self, algos: list) -> None:
+        if self.critics is not None:
+            self.critics.copy_to([a.critic for a in algos])
+
+    @torch.no_grad()
+    def advantages(self, step: Rollouts, betas: list[float]):
+        """PPO.advantages of every member -> V_old, the whitened advantages, returns (P, N, T); the (P, N) KL per
+        sequence; the exact values (None with the oracle critic: they are V_old)."""
+        cfg, mask = self.cfg, step.rows.completion_mask
+        exact_values = oracle_values(step, betas)
+        old_values = self.critics.values(step.rows) if self.learned else exact_values
+        kl = torch.where(mask, k1(step.old_logp, step.ref_logp), 0.0)  # PPO.token_rewards, per member
+        beta = torch.tensor(betas, device=kl.device, dtype=kl.dtype)
+        r = -beta[:, None, None] * kl
+        last = (mask.sum(-1) - 1).clamp(min=0)  # (P, N)
+        r = r.scatter_add(-1, last[..., None], (step.rewards * mask.any(-1))[..., None])
+        adv, returns = (x.view(mask.shape) for x in gae(r.flatten(0, 1), old_values.flatten(0, 1),
+                                                         mask.flatten(0, 1), cfg.gamma, cfg.lam))
+        return old_values, adv, returns, kl.sum(-1), exact_values if self.learned else None
+
+    def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
+        cfg, mask = self.cfg, step.rows.completion_mask
+        old_values, raw, returns, kl_seq, exact_values = self.advantages(step, [a.beta for a in step.algos])
+        adv = self.whiten(raw, mask)
+        P, N = mask.shape[:2]
+        per_update = []
+        for _ in range(cfg.epochs):
+            order = torch.stack([torch.randperm(N, generator=r.gens["shuffle"]) for r in step.runs]).to(mask.device)
+            for rows in order.chunk(cfg.minibatches, dim=1):
+                sub = step.rows.select(rows)
+                m, old, a = sub.completion_mask, _take(step.old_logp, rows), _take(adv, rows)
+                logp, logits = sub.logprobs(stack, cfg.temperature)
+                pg_loss = self.mean(clipped_surrogate(logp, old, a, m, cfg.clip), m)
+                ent = self.mean(entropy(logits), m)
+                loss = pg_loss - cfg.entropy_coef * ent
+                if self.learned:
+                    values, v_old = self.critics.values(sub), _take(old_values, rows)
+                    vf_loss = self.mean(value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m)
+                    loss = loss + cfg.vf_coef * vf_loss
+                anchor = None if self.anchor is None else self.anchor.term(stack, ref)
+                if anchor is not None:
+                    loss = loss + anchor
+                with torch.no_grad():
+                    s = {"policy_loss": pg_loss, "loss": loss, "entropy": ent,
+                         "kl_exact": self.mean(exact(logits, _take(step.ref_logits, rows)), m),
+                         **({"preserve_loss": anchor} if anchor is not None else {}), **self.surrogate(logp, old, a, m)}
+                    if self.learned:
+                        limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
+                        clipped = ((values - v_old).abs() > limit) & m
+                        s.update(value_loss=vf_loss, value_clip_frac=clipped.sum((1, 2)) / m.sum((1, 2)).clamp(min=1))
+                opt.zero_grad()
+                loss.sum().backward()  # each member's loss reaches only its own slices of the weights
+                s["grad_norm"] = clip_grad_norms(opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+                opt.step()
+                per_update.append({k: v.detach() for k, v in s.items()})
+        self.updates = len(per_update)
+        n = mask.sum((1, 2))
+        adv_mean = torch.where(mask, adv, 0.0).sum((1, 2)) / n
+        adv_var = torch.where(mask, (adv - adv_mean[:, None, None]) ** 2, 0.0).sum((1, 2)) / (n - 1).clamp(min=1)
+        out = {"kl_k1_seq": kl_seq.mean(-1), "value_mean": old_values.sum((1, 2)) / n.clamp(min=1),
+               "explained_variance": self.explained(old_values, returns, mask), "adv_mean": adv_mean,
+               "adv_std": torch.where(n > 1, adv_var.sqrt(), 0.0)}
+        if exact_values is not None:
+            out["explained_variance_oracle"] = self.explained(old_values, exact_values, mask)
+        return {**out, **{(i, k): v for i, d in enumerate(per_update) for k, v in d.items()}}
+
+    def row(self, mine: dict, algo) -> dict:
+        """Member p's figures -> its row as PPO.update returns it (its minibatch updates combined, then the step's);
+        its β adapted towards --kl-target as PPO.update adapts it."""
+        cfg, N = self.cfg, self.cfg.group_size * self.cfg.prompts_per_step
+        out = combine_stats([{k[1]: v for k, v in mine.items() if isinstance(k, tuple) and k[0] == i}
+                             for i in range(self.updates)])
+        kl_mean = mine["kl_k1_seq"]
+        if cfg.kl_target is not None:  # adaptive β (Ziegler et al. 2019): proportional control, error clipped to ±0.2
+            error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1))
+            algo.beta *= 1 + error * N / 1000
+        out.update(kl_k1_seq=kl_mean, beta=algo.beta, **{k: mine[k] for k in ("value_mean", "explained_variance",
+                                                                              "adv_mean", "adv_std")})
+        if "explained_variance_oracle" in mine:
+            out["explained_variance_oracle"] = mine["explained_variance_oracle"]
+        return out
