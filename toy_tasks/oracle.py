@@ -52,8 +52,9 @@ def value_tables(model, tok: CharTokenizer, needed: list[str], prompts: list[str
     pairs = [(x, y, prompts.index(x), k) for x in needed for k, y in enumerate(support(x))]
     ids, key_mask = pad_left([tok.encode(x, bos=True) + tok.encode(y, eos=True) for x, y, *_ in pairs], tok.pad_id,
                              device)
-    logp = sequence_logprobs(model, ids, key_mask, temperature).double()  # (M, W-1): target j is token j+1
-    ref_logp = sequence_logprobs(ref, ids, key_mask, temperature).double() if ref is not None and beta else logp
+    logp = sequence_logprobs(model, ids, key_mask, temperature).double().cpu()  # (M, W-1): target j is token j+1
+    ref_logp = sequence_logprobs(ref, ids, key_mask, temperature).double().cpu() if ref is not None and beta else logp
+    # (read once: the loops below read each entry as a Python float, which on a GPU would be one wait per entry)
     out = {}
     for x in needed:
         r_off = table.off_support[prompts.index(x)].item()

@@ -6,11 +6,11 @@ whitening, then epochs × minibatches of clipped policy and value updates, every
     row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics row's part
 
 The critic: `separate` is `Critics`, the members' trunks and heads stacked, trained by the population's optimiser
-after the policy (`parameters()`); `oracle` is each member's exact values (toy_tasks/oracle.prefix_values, member by
-member, as the learned critic's explained_variance_oracle). Each member shuffles its minibatches with its own
-generator, so they are its single run's rows, gathered (Rows.select). Each member's figures are its single run's to
-float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the head critic (the policy's hidden
-states), the sampled anchor.
+after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`: toy_tasks/value_tree.py over
+every member at once; the learned critics' explained_variance_oracle reads them too). Each member shuffles its
+minibatches with its own generator, so they are its single run's rows, gathered (Rows.select). Each member's
+figures are its single run's to float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the head
+critic (the policy's hidden states), the sampled anchor.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.stacked import Stack, linear
 from minigrpo.rl.report import combine_stats
-from toy_tasks.oracle import prefix_values
+from toy_tasks.value_tree import ValueTree
 
 
 def unsupported(cfg) -> str | None:
@@ -63,16 +63,26 @@ class Critics(Stack):
             c.head.linear.bias.copy_(self.w["head.bias"][p])
 
 
-def oracle_values(step: Rollouts, betas: list[float]) -> torch.Tensor:
-    """Each member's exact values under its policy now (rl/critics.OracleCritic), its β -> (P, N, T), 0 where masked
-    and in a failed member's slot."""
-    out = torch.zeros(step.rows.completion_mask.shape, device=step.rows.ids.device)
-    for p, (r, b) in enumerate(zip(step.runs, step.batches)):
-        if b is not None:
-            v = prefix_values(r.policy, r.tok, b.prompts, b.gen.completion_ids, b.mask, r.prompts, r.task.support,
-                              r.rewards, r.cfg.temperature, r.ref, betas[p])
-            out[p, :, :v.size(1)] = torch.where(b.mask, v, 0.0)
-    return out
+class ExactValues:
+    """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once: every member's log-probs
+    of the support's rows in one forward through the stack (and π_ref's), then toy_tasks/value_tree.py."""
+
+    def __init__(self, run):
+        self.tree = ValueTree(run.tok, run.prompts, run.task.support, run.rewards, run.device)
+        self.prompts, self.temperature = {x: i for i, x in enumerate(run.prompts)}, run.cfg.temperature
+
+    @torch.no_grad()
+    def __call__(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]) -> torch.Tensor:
+        """-> (P, N, T), 0 where masked (any value in a failed member's slot)."""
+        rows, tree = step.rows, self.tree
+        P, device = rows.ids.size(0), rows.ids.device
+        grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
+        support = Rows(grow(tree.ids), grow(tree.key_mask), 1, grow(tree.key_mask[:, 1:]))  # every token a target
+        V = tree.values(support.logprobs(stack, self.temperature)[0], support.logprobs(ref, self.temperature)[0],
+                        torch.tensor(betas, device=device))
+        index = torch.tensor([[self.prompts[x] for x in b.prompts] if b is not None else [0] * rows.ids.size(1)
+                              for b in step.batches], device=device)
+        return tree.prefix_values(V, index, rows.ids[..., rows.prompt_len:], rows.completion_mask)
 
 
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -87,6 +97,7 @@ class LockstepPPO:
     def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
         self.cfg, self.anchor = cfg, anchor
         self.critics = Critics([a.critic for a in algos]) if cfg.critic == "separate" else None
+        self.exact = ExactValues(algos[0].run)
         self.learned = self.critics is not None
         self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
         self.whiten = vmap(whiten)
@@ -103,11 +114,11 @@ class LockstepPPO:
             self.critics.copy_to([a.critic for a in algos])
 
     @torch.no_grad()
-    def advantages(self, step: Rollouts, betas: list[float]):
+    def advantages(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]):
         """PPO.advantages of every member -> V_old, the whitened advantages, returns (P, N, T); the (P, N) KL per
         sequence; the exact values (None with the oracle critic: they are V_old)."""
         cfg, mask = self.cfg, step.rows.completion_mask
-        exact_values = oracle_values(step, betas)
+        exact_values = self.exact(stack, ref, step, betas)
         old_values = self.critics.values(step.rows) if self.learned else exact_values
         kl = torch.where(mask, k1(step.old_logp, step.ref_logp), 0.0)  # PPO.token_rewards, per member
         beta = torch.tensor(betas, device=kl.device, dtype=kl.dtype)
@@ -120,7 +131,7 @@ class LockstepPPO:
 
     def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
         cfg, mask = self.cfg, step.rows.completion_mask
-        old_values, raw, returns, kl_seq, exact_values = self.advantages(step, [a.beta for a in step.algos])
+        old_values, raw, returns, kl_seq, exact_values = self.advantages(stack, ref, step, [a.beta for a in step.algos])
         adv = self.whiten(raw, mask)
         P, N = mask.shape[:2]
         per_update = []
