@@ -47,8 +47,13 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
         assert all(v.shape == alone_state["model"][k].shape for k, v in state["model"].items())
         assert [m.shape for m in state["optimizer"]["m"]] == [m.shape for m in alone_state["optimizer"]["m"]]
         mine, its = state["extra"]["rl"]["algo_state"], alone_state["extra"]["rl"]["algo_state"]
-        assert mine.keys() == its.keys() and all(  # a critic's weights are its own too
-            (mine[k] is None) == (its[k] is None) for k in ("value_head", "critic_trunk") if k in its)
+        assert mine.keys() == its.keys()
+        start = {"value_head": {"linear.weight": 0.0, "linear.bias": 0.0},  # a critic's weights before training
+                 "critic_trunk": torch.load(init, weights_only=True)["model"]}
+        for part in ("value_head", "critic_trunk"):  # a learned critic's weights are its single run's too, trained
+            if its.get(part) is not None:
+                assert all(torch.allclose(w, its[part][k], atol=1e-3) for k, w in mine[part].items()), part
+                assert any(not torch.equal(w, w * 0 + start[part][k]) for k, w in mine[part].items()), part
     trainer.train(trainer.parse(["--resume", str(tmp_path / "lock-s1"), "--steps", "4", "--quiet", "--no-plot"]))
     assert [r["step"] for r in read_jsonl(tmp_path / "lock-s1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # as its own
 

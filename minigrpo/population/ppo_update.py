@@ -52,15 +52,10 @@ class Critics(Stack):
         v = linear(h.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
         return torch.where(rows.completion_mask, v, 0.0)
 
-    @torch.no_grad()
     def copy_to(self, critics: list) -> None:
         """Each member's weights into its own critic (its checkpoint's value_head and critic_trunk)."""
-        trunk = Stack.__new__(Stack)
-        trunk.w = {k: w for k, w in self.w.items() if not k.startswith("head.")}
-        Stack.copy_to(trunk, [c.trunk for c in critics])
-        for p, c in enumerate(critics):
-            c.head.linear.weight.copy_(self.w["head.weight"][p])
-            c.head.linear.bias.copy_(self.w["head.bias"][p])
+        self.copy_into([{**{f"head.{k}": w for k, w in c.head.linear.named_parameters()},
+                         **dict(c.trunk.named_parameters())} for c in critics])
 
 
 class ExactValues:

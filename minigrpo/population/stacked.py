@@ -57,13 +57,17 @@ class Stack:
         out.w = {name: w.detach().index_select(0, index) for name, w in self.w.items()}
         return out
 
-    @torch.no_grad()
     def copy_to(self, models: list[GPT]) -> None:
         """Write member p's weights into models[p] (its own tensors: a member's model.pt holds its weights only)."""
-        names, params = list(self.w), [dict(m.named_parameters()) for m in models]
-        mine = [own[name] for own in params for name in names]
-        each = {name: self.w[name].detach().unbind(0) for name in names}  # one call per weight, not per member
-        torch._foreach_copy_(mine, [each[name][p] for p in range(len(models)) for name in names])
+        self.copy_into([dict(m.named_parameters()) for m in models])
+
+    @torch.no_grad()
+    def copy_into(self, params: list[dict]) -> None:
+        """Write member p's weight `name` into params[p][name], every weight of every member in one call."""
+        names = list(self.w)
+        each = {name: self.w[name].detach().unbind(0) for name in names}
+        torch._foreach_copy_([own[name] for own in params for name in names],
+                             [each[name][p] for p in range(len(params)) for name in names])
 
     def logits(self, ids: torch.Tensor, key_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """The plain next-token forward of left-padded rows: ids, key_mask (P, B, L) -> logits (P, B, L, V) at the
