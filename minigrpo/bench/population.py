@@ -1,5 +1,6 @@
 """bench's population section: P default GRPO runs as one lockstep population (population/lockstep.py) against P,
 on the run's device: run-steps per second, memory per member, where the time goes, and the torch calls per step.
+PPO's lockstep (its separate critic, and its exact one) at the largest P.
 
     python -m minigrpo.bench --only population                 # CPU: P = 1, 4, 16
     python -m minigrpo.bench --only population --device cuda   # GPU: P = 1, 32, 128, 512
@@ -34,14 +35,15 @@ ROOTS = ("minigrpo/population/lockstep.py:_step", "minigrpo/population/lockstep.
 LIMIT_S = 150  # a population the last rate says would take longer is not run (a lent GPU's minutes are few)
 
 
-def _items(out: Path, init: Path, device: str, seeds: range, steps: int) -> list:
+def _items(out: Path, init: Path, device: str, seeds: range, steps: int, trainer: str = "minigrpo.grpo",
+           extra: tuple = ()) -> list:
     items = []
     for seed in seeds:
         folder = out / f"s{seed}"
-        cmd = [sys.executable, "-m", "minigrpo.grpo", "--reward", "pizza", "--seed", str(seed), "--steps", str(steps),
+        cmd = [sys.executable, "-m", trainer, "--reward", "pizza", "--seed", str(seed), "--steps", str(steps),
                "--goal", "0", "--plateau", "0", "--device", device, "--threads", "1", "--quiet", "--no-plot",
-               "--init", str(init), "--out", str(folder)]
-        items.append(("default", seed, cmd, folder))
+               "--init", str(init), *extra, "--out", str(folder)]
+        items.append((trainer.rsplit(".", 1)[1], seed, cmd, folder))
     return items
 
 
@@ -84,6 +86,11 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
         rows.append(_row(str(P), P, steps, wall, _memory(gpu, P), failed))
         print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)  # progress
         measured = (P, wall)
+    for name, extra in (("ppo", ()), ("ppo_oracle", ("--critic", "oracle"))):  # PPO's lockstep at the largest P
+        P = measured[0]
+        ppo = _items(folder(f"{name}{P}"), init, device, range(P), steps, "minigrpo.ppo", extra)
+        wall, failed = _timed(gpu, P, lambda done: run_population(ppo, done))
+        rows.append(_row(f"{P} of {name}", P, steps, wall, _memory(gpu, P), failed))
     wall, failed = _timed(gpu, 16, lambda done: run_population(items("threads", 16), done, lockstep=False))
     rows.append(_row("16 as threads (population/member.py)", 16, steps, wall, _memory(gpu, 16), failed))
     P, jobs = measured[0], cores()
@@ -92,7 +99,7 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
                                                                    most=-(-P // jobs)))
         rows.append(_row(f"{P} in {min(jobs, P)} processes", P, steps, wall, "", failed))
     memory_title = "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
-    return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) in lockstep on {device}",
+    return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) in lockstep on {device}; then PPO's",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "runs"], rows) + \
         _profile(items, measured[0], steps) + _calls(items, min(measured[0], 16), steps)
 
