@@ -254,16 +254,16 @@ def test_in_a_population_only_the_batch_server_multiplies_matrices(tmp_path, tin
 
 
 def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path, tiny_pretrained):
-    """Runs without lockstep (PPO with the head critic) are dealt in turn, at most 16 to a population of threads;
+    """Runs without lockstep (PPO with the sampled anchor) are dealt in turn, at most 16 to a population of threads;
     lockstep's are grouped by configuration (every flag but --seed and --out), each group in nearly equal parts of at
     most `most`."""
-    head = ("--critic", "head")
-    ppo = [_run("m.pt", Path(f"p{s}"), s, "minigrpo.ppo", head) for s in range(7)]
+    sampled = ("--preserve-anchor", "sampled")
+    ppo = [_run("m.pt", Path(f"p{s}"), s, "minigrpo.ppo", sampled) for s in range(7)]
     seeds = lambda shares: [[item[1] for item in share] for share in shares]  # noqa: E731
     assert seeds(shares_of(ppo, jobs=2)) == [[0, 2, 4, 6], [1, 3, 5]]
     assert seeds(shares_of(ppo, jobs=2, most=3)) == [[0, 3, 6], [1, 4], [2, 5]]
     assert seeds(shares_of(ppo[:3], jobs=8)) == [[0], [1], [2]] and seeds(shares_of(ppo[:2], 1, 0)) == [[0, 1]]
-    many = [_run("m.pt", Path(f"q{s}"), s, "minigrpo.ppo", head) for s in range(40)]  # threads: at most THREADS_MOST
+    many = [_run("m.pt", Path(f"q{s}"), s, "minigrpo.ppo", sampled) for s in range(40)]  # threads: at most THREADS_MOST
     assert [len(share) for share in shares_of(many, jobs=1)] == [14, 13, 13] == \
         [len(share) for share in shares_of(many, jobs=1, most=128)]
     grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)] + [_run("m.pt", Path(f"d{s}"), s, extra=(

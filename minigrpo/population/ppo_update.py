@@ -5,12 +5,12 @@ whitening, then epochs × minibatches of clipped policy and value updates, every
     figures = update(stack, ref, opt, step)        # step: the members' rollouts (population/rows.Rollouts)
     row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics row's part
 
-The critic: `separate` is `Critics`, the members' trunks and heads stacked, trained by the population's optimiser
-after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`: toy_tasks/value_tree.py over
+The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by the population's
+optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`: toy_tasks/value_tree.py over
 every member at once; the learned critics' explained_variance_oracle reads them too). Each member shuffles its
 minibatches with its own generator, so they are its single run's rows, gathered (Rows.select). Each member's
-figures are its single run's to float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the head
-critic (the policy's hidden states), the sampled anchor.
+figures are its single run's to float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the
+sampled anchor.
 """
 
 from __future__ import annotations
@@ -31,31 +31,38 @@ from toy_tasks.value_tree import ValueTree
 
 def unsupported(cfg) -> str | None:
     """Why a lockstep population cannot run `cfg` (None: it can)."""
-    reasons = {"--critic head": cfg.critic == "head",
-               "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
+    reasons = {"--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
     return next((name for name, yes in reasons.items() if yes), None)
 
 
 class Critics(Stack):
-    """The members' separate critics (rl/critics.SeparateCritic): their trunks stacked, trainable, with their heads'
-    weights (P, 1, C) and biases (P, 1) first, in the single run's order of parameters (the head's, the trunk's)."""
+    """The members' learned critics (rl/critics.py), their heads' weights (P, 1, C) and biases (P, 1) stacked,
+    trainable, first, then (the separate critic) their trunks: the single run's order of parameters. The head critic
+    has no trunk: its values come from the policy's hidden states, and their gradient reaches the policy."""
 
     def __init__(self, critics: list):
-        super().__init__([c.trunk for c in critics], trainable=True)
+        trunks = [c.trunk for c in critics if c.trunk is not None]
+        if trunks:
+            super().__init__(trunks, trainable=True)
+        else:
+            self.w = {}
         head = {f"head.{k}": torch.stack([getattr(c.head.linear, k) for c in critics]) for k in ("weight", "bias")}
         self.w = {**{k: v.detach().requires_grad_() for k, v in head.items()}, **self.w}
+        self.separate = bool(trunks)
 
-    def values(self, rows: Rows) -> torch.Tensor:
-        """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked."""
-        h = self.states(rows.ids[..., :-1], rows.key_mask[..., :-1])[:, :, rows.prompt_len - 1:]  # (P, N, T, C)
-        P, N, T, C = h.shape
-        v = linear(h.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
+    def values(self, rows: Rows, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked. hidden: the
+        policy's states there (P, N, T, C), the head critic's input; the separate critic's trunks make their own."""
+        if self.separate:
+            hidden = self.states(rows.ids[..., :-1], rows.key_mask[..., :-1])[:, :, rows.prompt_len - 1:]
+        P, N, T, C = hidden.shape
+        v = linear(hidden.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
         return torch.where(rows.completion_mask, v, 0.0)
 
     def copy_to(self, critics: list) -> None:
         """Each member's weights into its own critic (its checkpoint's value_head and critic_trunk)."""
         self.copy_into([{**{f"head.{k}": w for k, w in c.head.linear.named_parameters()},
-                         **dict(c.trunk.named_parameters())} for c in critics])
+                         **(dict(c.trunk.named_parameters()) if c.trunk is not None else {})} for c in critics])
 
 
 class ExactValues:
@@ -91,7 +98,7 @@ class LockstepPPO:
 
     def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
         self.cfg, self.anchor = cfg, anchor
-        self.critics = Critics([a.critic for a in algos]) if cfg.critic == "separate" else None
+        self.critics = Critics([a.critic for a in algos]) if algos[0].critic.learned else None
         self.exact = ExactValues(algos[0].run)
         self.learned = self.critics is not None
         self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
@@ -114,7 +121,11 @@ class LockstepPPO:
         sequence; the exact values (None with the oracle critic: they are V_old)."""
         cfg, mask = self.cfg, step.rows.completion_mask
         exact_values = self.exact(stack, ref, step, betas)
-        old_values = self.critics.values(step.rows) if self.learned else exact_values
+        if not self.learned:
+            old_values = exact_values
+        else:  # the head critic reads the policy's states: a forward of its own, as HeadCritic.values
+            hidden = None if self.critics.separate else step.rows.logprobs(stack, cfg.temperature, states=True)[2]
+            old_values = self.critics.values(step.rows, hidden)
         kl = torch.where(mask, k1(step.old_logp, step.ref_logp), 0.0)  # PPO.token_rewards, per member
         beta = torch.tensor(betas, device=kl.device, dtype=kl.dtype)
         r = -beta[:, None, None] * kl
@@ -135,12 +146,12 @@ class LockstepPPO:
             for rows in order.chunk(cfg.minibatches, dim=1):
                 sub = step.rows.select(rows)
                 m, old, a = sub.completion_mask, _take(step.old_logp, rows), _take(adv, rows)
-                logp, logits = sub.logprobs(stack, cfg.temperature)
+                logp, logits, hidden = sub.logprobs(stack, cfg.temperature, states=True)
                 pg_loss = self.mean(clipped_surrogate(logp, old, a, m, cfg.clip), m)
                 ent = self.mean(entropy(logits), m)
                 loss = pg_loss - cfg.entropy_coef * ent
                 if self.learned:
-                    values, v_old = self.critics.values(sub), _take(old_values, rows)
+                    values, v_old = self.critics.values(sub, hidden), _take(old_values, rows)
                     vf_loss = self.mean(value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m)
                     loss = loss + cfg.vf_coef * vf_loss
                 anchor = None if self.anchor is None else self.anchor.term(stack, ref)

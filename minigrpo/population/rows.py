@@ -58,20 +58,28 @@ class Rows:
         pick = lambda x: x.gather(1, index.view(*index.shape, 1).expand(-1, -1, x.size(2)))  # noqa: E731
         return Rows(pick(self.ids), pick(self.key_mask), self.prompt_len, pick(self.completion_mask))
 
-    def logprobs(self, stack: Stack, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, stack: Stack, temperature: float = 1.0, states: bool = False) -> tuple:
         """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T, V) that gave
-        them, each member through its own weights; differentiable (no_grad for π_old and π_ref)."""
+        them, each member through its own weights; differentiable (no_grad for π_old and π_ref). states: also the
+        final hidden states they came from (P, N, T, C) (a value head's input; not for shared rows)."""
         P, N, L = self.ids.shape
         if self.tree is None:
-            logits = stack.logits(self.ids[..., :-1], self.key_mask[..., :-1], temperature)  # (P, N, L - 1, V)
+            h = stack.states(self.ids[..., :-1], self.key_mask[..., :-1])  # (P, N, L - 1, C)
+            logits = stack.head(h) / temperature
+            if states:
+                return *self.logprobs_of(logits), h[:, :, self.prompt_len - 1:]
         else:  # every member's nodes (P, G, K), gathered into each member's rows
             t, grow = self.tree, lambda x: x[None].expand(P, *x.shape)  # noqa: E731
             G, K = t.tokens.shape
             h = stack.hidden(grow(t.tokens), grow(t.pos), grow(t.mask).reshape(P * G, 1, K, K))
             logits = (stack.head(h) / temperature).flatten(1, 2)[:, t.index]
-        flat = logits.reshape(P * N, L - 1, -1)
-        logp = completion_token_logprobs(flat, self.ids.reshape(P * N, L), self.prompt_len,
-                                         self.completion_mask.reshape(P * N, -1))
+        return self.logprobs_of(logits)
+
+    def logprobs_of(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward's logits over every slot (P, N, L − 1, V) -> the completion tokens' log-probs and logits."""
+        P, N, L = self.ids.shape
+        logp = completion_token_logprobs(logits.reshape(P * N, L - 1, -1), self.ids.reshape(P * N, L),
+                                         self.prompt_len, self.completion_mask.reshape(P * N, -1))
         return logp.view(P, N, -1), logits[:, :, self.prompt_len - 1:]
 
 
