@@ -17,13 +17,13 @@ what rl/loop.run does, for all members at once:
                   forward is one for all: population/evaluation.py; stop rule, metrics, checkpoints) and, once it
                   stops, Run.finish (summary.json, samples.txt)
 
-A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go
-on, untouched: every computation is per member. Each member's metrics are its single run's to float rounding
+A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go on,
+untouched: every computation is per member. Each member's metrics are its single run's to float rounding
 (tests/test_lockstep.py), and its folder is the one its single run writes (`grpo --resume` or `ppo --resume`
 continues it); its step_time and tokens_per_s are the population's step's. `unsupported(trainer, cfgs)` says what it
-cannot run (a population then runs its members as threads: population/member.py). Departures: the members' own rows compute every slot
-(their single runs share each prefix once: lm/prefix_tree.py), and set-up is the first member's, taken by the
-others (Run(like=): the model, the tree anchor, the baseline).
+cannot run (a population then runs its members as threads: population/member.py). Departures: the members' own rows
+compute every slot (their single runs share each prefix once: lm/prefix_tree.py), and set-up is the first member's,
+taken by the others (Run(like=): the model, the tree anchor, the baseline).
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ whitening, then epochs × minibatches of clipped policy and value updates, every
     figures = update(stack, ref, opt, step)        # step: the members' rollouts (population/rows.Rollouts)
     row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics row's part
 
-The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by the population's
-optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`: toy_tasks/value_tree.py over
-every member at once; the learned critics' explained_variance_oracle reads them too). Each member shuffles its
-minibatches with its own generator, so they are its single run's rows, gathered (Rows.select). Each member's
-figures are its single run's to float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the
-sampled anchor.
+The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by the
+population's optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`:
+toy_tasks/value_tree.py over every member at once; the learned critics' explained_variance_oracle reads them too).
+Each member shuffles its minibatches with its own generator, so they are its single run's rows, gathered
+(Rows.select). Each member's figures are its single run's to float rounding (tests/test_lockstep.py). Not in
+lockstep (`unsupported`): the sampled anchor.
 """
 
 from __future__ import annotations
