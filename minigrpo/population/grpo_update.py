@@ -10,12 +10,12 @@ the caller in one go; `row` combines a member's inner updates as its single run 
 Each member's figures are those of its single run, to float rounding (tests/test_lockstep.py).
 
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
-baselines and scales, aggregations); `unsupported(cfg)` names the others (a per-member random stream, a greedy
-decode, a step-dependent entropy coefficient, token filters that rank), which a population runs as threads
-(population/member.py). --skip-equal-groups (DAPO) drops a member's equal-reward groups by masking their tokens,
-which is dropping them for the token-mean it is run with (a mean per sequence would count them: not in lockstep);
-a member with no group left takes the anchor's update alone, once, as GRPO.preservation_only (MembersAdamW.step's
-mask).
+baselines and scales, aggregations; --random-reward's draws, each member's from its own stream); `unsupported(cfg)`
+names the others (a greedy decode, a step-dependent entropy coefficient, token filters that rank), which a
+population runs as threads (population/member.py). --skip-equal-groups (DAPO) drops a member's equal-reward groups
+by masking their tokens, which is dropping them for the token-mean it is run with (a mean per sequence would count
+them: not in lockstep); a member with no group left takes the anchor's update alone, once, as GRPO.preservation_only
+(MembersAdamW.step's mask).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import combine_stats
-from minigrpo.variants.advantages import BASELINES, advantages
+from minigrpo.variants.advantages import BASELINES, advantages, update_rewards
 from minigrpo.variants.kl import kl_reward_penalty
 from minigrpo.variants.policy_losses import reduction
 
 
 def unsupported(cfg) -> str | None:
     """Why a lockstep population cannot run `cfg` (None: it can)."""
-    reasons = {"--random-reward": cfg.random_reward, "--baseline remax": BASELINES[cfg.baseline].needs_greedy,
+    reasons = {"--baseline remax": BASELINES[cfg.baseline].needs_greedy,
                "--cov-control": cfg.cov_control != "none", "--top-entropy": cfg.top_entropy < 1,
                "--fork-entropy": cfg.fork_entropy > 0, "--entropy-target": cfg.entropy_target is not None,
                "another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
@@ -73,6 +73,10 @@ class LockstepGRPO:
         rows, rewards, ref_logp, ref_logits, old_logp = step.rows, step.rewards, step.ref_logp, step.ref_logits, \
             step.old_logp
         # 1. rewards -> one advantage per completion
+        if cfg.random_reward:  # each member's Bernoulli(0.5) draws from its own stream (on the CPU, as alone)
+            rewards = torch.stack([update_rewards(torch.zeros(rewards.size(1)), cfg, a.gens["random_reward"], {})
+                                   for a in step.algos]).to(rewards)
+            stats["random_reward_mean"] = rewards.mean(-1)
         if cfg.beta > 0 and cfg.kl_in == "reward":  # β·Σ_t k(π_old, π_ref) off each sequence's reward
             penalty = self.penalty(old_logp, ref_logp, rows.completion_mask)
             rewards = rewards - penalty
