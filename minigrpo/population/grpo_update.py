@@ -10,12 +10,12 @@ the caller in one go; `row` combines a member's inner updates as its single run 
 Each member's figures are those of its single run, to float rounding (tests/test_lockstep.py).
 
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
-baselines and scales, aggregations; --random-reward's draws, each member's from its own stream); `unsupported(cfg)`
-names the others (a greedy decode, a step-dependent entropy coefficient, token filters that rank), which a
-population runs as threads (population/member.py). --skip-equal-groups (DAPO) drops a member's equal-reward groups
-by masking their tokens, which is dropping them for the token-mean it is run with (a mean per sequence would count
-them: not in lockstep); a member with no group left takes the anchor's update alone, once, as GRPO.preservation_only
-(MembersAdamW.step's mask).
+baselines and scales, aggregations; --random-reward's draws, each member's from its own stream; ReMax's greedy
+decodes, member by member); `unsupported(cfg)` names the others (a step-dependent entropy coefficient, token filters
+that rank), which a population runs as threads (population/member.py). --skip-equal-groups (DAPO) drops a member's
+equal-reward groups by masking their tokens, which is dropping them for the token-mean it is run with (a mean per
+sequence would count them: not in lockstep); a member with no group left takes the anchor's update alone, once, as
+GRPO.preservation_only (MembersAdamW.step's mask).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import combine_stats
+from minigrpo.rl.rollout import greedy_rewards
 from minigrpo.variants.advantages import BASELINES, advantages, update_rewards
 from minigrpo.variants.kl import kl_reward_penalty
 from minigrpo.variants.policy_losses import reduction
@@ -38,7 +39,7 @@ from minigrpo.variants.policy_losses import reduction
 
 def unsupported(cfg) -> str | None:
     """Why a lockstep population cannot run `cfg` (None: it can)."""
-    reasons = {"--baseline remax": BASELINES[cfg.baseline].needs_greedy,
+    reasons = {
                "--cov-control": cfg.cov_control != "none", "--top-entropy": cfg.top_entropy < 1,
                "--fork-entropy": cfg.fork_entropy > 0, "--entropy-target": cfg.entropy_target is not None,
                "another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
@@ -61,7 +62,8 @@ class LockstepGRPO:
         self.ratio_stats = vmap(lambda lp, old, a, m: surrogate_stats(lp, old, a[:, None], m, cfg.clip_low,
                                                                       cfg.clip_high, cfg.ratio))
         self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
-        self.advantages = vmap(lambda r: advantages(r, cfg))
+        greedy = 0 if BASELINES[cfg.baseline].needs_greedy else None  # ReMax's baseline: each member's (P, prompts)
+        self.advantages = vmap(lambda r, g: advantages(r, cfg, g), in_dims=(0, greedy))
         self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
         self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
 
@@ -77,13 +79,20 @@ class LockstepGRPO:
             rewards = torch.stack([update_rewards(torch.zeros(rewards.size(1)), cfg, a.gens["random_reward"], {})
                                    for a in step.algos]).to(rewards)
             stats["random_reward_mean"] = rewards.mean(-1)
+        greedy = None
+        if BASELINES[cfg.baseline].needs_greedy:  # ReMax: each member's greedy completions, by its own GPT (π_old)
+            greedy = torch.stack([greedy_rewards(r.policy, r.tok, r.reward, b.prompts[::cfg.group_size],
+                                                 cfg.max_new_tokens, cfg.unfinished_reward) if b is not None else
+                                  torch.zeros(cfg.prompts_per_step, device=rewards.device)
+                                  for r, b in zip(step.runs, step.batches)])
+            stats["greedy_reward_mean"] = greedy.mean(-1)
         if cfg.beta > 0 and cfg.kl_in == "reward":  # β·Σ_t k(π_old, π_ref) off each sequence's reward
             penalty = self.penalty(old_logp, ref_logp, rows.completion_mask)
             rewards = rewards - penalty
             stats["kl_reward_penalty"] = penalty.mean(-1)
         equal = self.equal(rewards)
         stats["equal_groups"] = equal.float().mean(-1)
-        adv = self.advantages(rewards)
+        adv = self.advantages(rewards, greedy)
         stats.update(adv_mean=adv.mean(-1), adv_std=adv.std(-1))
         mask, active = rows.completion_mask, None
         if cfg.skip_equal_groups:  # DAPO: only the groups whose rewards differ, their rows' tokens kept (token-mean)
