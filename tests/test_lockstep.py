@@ -21,14 +21,17 @@ def _cfg(init, folder, seed, extra=(), trainer=grpo):
 
 
 @pytest.mark.parametrize("trainer, extra", [(grpo, ()), (grpo, ("--preset", "random_reward")),
-                                            (grpo, ("--preset", "remax")), (ppo, ()), (ppo, ("--critic", "oracle")),
-                                            (ppo, ("--critic", "head")), (ppo, ("--kl-target", "0.01"))],
-                         ids=["grpo", "random-reward", "remax", "ppo", "ppo-oracle", "ppo-head", "ppo-kl-target"])
+                                            (grpo, ("--preset", "remax")), (grpo, ("--preset", "reinforce_rej")),
+                                            (ppo, ()), (ppo, ("--critic", "oracle")), (ppo, ("--critic", "head")),
+                                            (ppo, ("--kl-target", "0.01"))],
+                         ids=["grpo", "random-reward", "remax", "reinforce-rej", "ppo", "ppo-oracle", "ppo-head",
+                              "ppo-kl-target"])
 def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pretrained, trainer, extra):
-    """Seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region; GRPO's μ = 2, its random rewards
-    and ReMax's greedy baseline, each member's own; PPO's 2 epochs × 2 minibatches with each of its critics, and an
-    adaptive β): each member writes its single run's files, matches its metrics to 1e-4 over the first two steps
-    (test_population.LOOSER: two figures that amplify rounding), and resumes as a single run."""
+    """Seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region; GRPO's μ = 2; its random rewards
+    and ReMax's greedy baseline, each member's own; REINFORCE-Rej's groups dropped under a mean over sequences;
+    PPO's 2 epochs × 2 minibatches with each of its critics, and an adaptive β): each member writes its single run's
+    files, matches its metrics to 1e-4 over the first two steps (test_population.LOOSER: two figures that amplify
+    rounding), and resumes as a single run."""
     init, _, _ = tiny_pretrained
     cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, extra, trainer) for s in range(3)]
     assert unsupported(trainer, cfgs) is None
@@ -85,8 +88,9 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))
     assert unsupported(grpo, [a, b]) == "members differ in more than their seeds"
-    assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preset", "reinforce_rej"))]) == \
-        "--skip-equal-groups with a mean per sequence"
+    assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preset", "clip_cov"))]) == "--cov-control"
+    assert unsupported(ppo, [_cfg(init, tmp_path / "e", 0, ("--preserve-anchor", "sampled"), ppo)]) == \
+        "--preserve-anchor sampled"
     assert unsupported(grpo, [_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
 
 

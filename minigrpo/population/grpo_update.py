@@ -12,9 +12,10 @@ Each member's figures are those of its single run, to float rounding (tests/test
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
 baselines and scales, aggregations; --random-reward's draws, each member's from its own stream; ReMax's greedy
 decodes, member by member); `unsupported(cfg)` names the others (a step-dependent entropy coefficient, token filters
-that rank), which a population runs as threads (population/member.py). --skip-equal-groups (DAPO) drops a member's
-equal-reward groups by masking their tokens, which is dropping them for the token-mean it is run with (a mean per
-sequence would count them: not in lockstep); a member with no group left takes the anchor's update alone, once, as
+that rank, another sampler, the sampled anchor), which a population runs as threads (population/member.py).
+--skip-equal-groups (DAPO, REINFORCE-Rej) drops a member's equal-reward groups by masking their tokens, which is
+dropping them for a token-mean; a mean over sequences would still count the masked rows, so each term that is one is
+rescaled by N / (the rows kept). A member with no group left takes the anchor's update alone, once, as
 GRPO.preservation_only (MembersAdamW.step's mask).
 """
 
@@ -44,9 +45,7 @@ def unsupported(cfg) -> str | None:
                "--fork-entropy": cfg.fork_entropy > 0, "--entropy-target": cfg.entropy_target is not None,
                "another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
                "--is-correction": cfg.is_correction != "none",
-               "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled",
-               "--skip-equal-groups with a mean per sequence": cfg.skip_equal_groups and
-               (cfg.loss_agg, reduction(cfg)) != ("token-mean", "token-mean")}
+               "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
     return next((name for name, yes in reasons.items() if yes), None)
 
 
@@ -94,13 +93,15 @@ class LockstepGRPO:
         stats["equal_groups"] = equal.float().mean(-1)
         adv = self.advantages(rewards, greedy)
         stats.update(adv_mean=adv.mean(-1), adv_std=adv.std(-1))
-        mask, active = rows.completion_mask, None
-        if cfg.skip_equal_groups:  # DAPO: only the groups whose rewards differ, their rows' tokens kept (token-mean)
+        mask, active, drop = rows.completion_mask, None, None
+        if cfg.skip_equal_groups:  # DAPO, REINFORCE-Rej: only the groups whose rewards differ, their rows' tokens kept
             differ = ~equal
-            mask = mask & differ.repeat_interleave(cfg.group_size, -1)[..., None]
+            kept = differ.repeat_interleave(cfg.group_size, -1)  # (P, N)
+            mask = mask & kept[..., None]
             skipped = ~differ.any(-1)  # (P,): no RL signal; the anchor alone updates, once (GRPO.preservation_only)
             stats["skipped"] = skipped.float()
             active = [~skipped | (self.anchor is not None)] + [~skipped] * (cfg.updates - 1)
+            drop = kept.size(1) / kept.sum(-1).clamp(min=1)  # a mean over sequences: over the kept ones (below)
         # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
         per_update, ratio = [], []
         for i in range(cfg.updates):
@@ -108,6 +109,10 @@ class LockstepGRPO:
             if old_logp is None:  # first update: π_θ is π_old
                 old_logp = logp.detach()
             loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask)
+            if drop is not None:  # masked rows still count in a mean over sequences: rescale each term that is one
+                scale = lambda mode: drop if mode != "token-mean" else 1.0  # noqa: E731 (grpo_loss's two reductions)
+                loss = policy_loss * scale(reduction(cfg)) + (loss - policy_loss) * scale(cfg.loss_agg)
+                policy_loss = policy_loss * scale(reduction(cfg))
             anchor = None if self.anchor is None else self.anchor.term(stack, ref)
             if anchor is not None:
                 loss = loss + anchor
