@@ -7,9 +7,9 @@
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one
 thread each, that import torch once and run their runs in process (pool.py: the same metrics as separate
 processes); with --engine population (the default on a GPU) the runs go as populations of at most --members runs,
---jobs worker processes at a time: a GRPO algorithm's seeds in lockstep, one computation (population/lockstep.py),
-the others as threads that batch their models' work (minigrpo/population: the same metrics to float rounding).
-Under torchrun, --jobs defaults to the cores shared by the node's ranks. Either way each run writes to
+--jobs worker processes at a time: a GRPO or PPO algorithm's seeds in lockstep, one computation
+(population/lockstep.py), the others as threads that batch their models' work (minigrpo/population: the same
+metrics to float rounding). Under torchrun, --jobs defaults to the cores shared by the node's ranks. Either way each run writes to
 <out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m
 minigrpo.metrics <out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget
 fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal work;
@@ -99,7 +99,8 @@ class CompareConfig:
         "each worker process running one at a time (0 = no limit)"))
     engine: str = field(default="auto", metadata=meta(
         "pool: worker processes, a few runs at a time; population: populations of at most --members runs, one per "
-        "worker process at a time, a GRPO algorithm's seeds in lockstep, other runs as threads (minigrpo/population); "
+        "worker process at a time, a GRPO or PPO algorithm's seeds in lockstep, other runs as threads "
+        "(minigrpo/population); "
         "auto: population when the runs' device is a GPU, else pool",
         choices=["auto", "pool", "population"]))
 
