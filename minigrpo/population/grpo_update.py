@@ -11,12 +11,13 @@ Each member's figures are those of its single run, to float rounding (tests/test
 
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
 baselines and scales, aggregations; --random-reward's draws, each member's from its own stream; ReMax's greedy
-decodes, member by member); `unsupported(cfg)` names the others (a step-dependent entropy coefficient, token filters
-that rank, another sampler, the sampled anchor), which a population runs as threads (population/member.py).
---skip-equal-groups (DAPO, REINFORCE-Rej) drops a member's equal-reward groups by masking their tokens, which is
-dropping them for a token-mean; a mean over sequences would still count the masked rows, so each term that is one is
-rescaled by N / (the rows kept). A member with no group left takes the anchor's update alone, once, as
-GRPO.preservation_only (MembersAdamW.step's mask).
+decodes, member by member). The entropy controls (the token filters that rank, Clip-Cov's draws, an adaptive
+coefficient) take their loss member by member (`loss_each`), each with its own generator and coefficient.
+`unsupported(cfg)` names the rest (another sampler, its importance correction, the sampled anchor), which a
+population runs as threads (population/member.py). --skip-equal-groups (DAPO, REINFORCE-Rej) drops a member's
+equal-reward groups by masking their tokens, which is dropping them for a token-mean; a mean over sequences would
+still count the masked rows, so each term that is one is rescaled by N / (the rows kept). A member with no group
+left takes the anchor's update alone, once, as GRPO.preservation_only (MembersAdamW.step's mask).
 """
 
 from __future__ import annotations
@@ -34,16 +35,14 @@ from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import combine_stats
 from minigrpo.rl.rollout import greedy_rewards
 from minigrpo.variants.advantages import BASELINES, advantages, update_rewards
+from minigrpo.variants.entropy import fork_mask
 from minigrpo.variants.kl import kl_reward_penalty
 from minigrpo.variants.policy_losses import reduction
 
 
 def unsupported(cfg) -> str | None:
     """Why a lockstep population cannot run `cfg` (None: it can)."""
-    reasons = {
-               "--cov-control": cfg.cov_control != "none", "--top-entropy": cfg.top_entropy < 1,
-               "--fork-entropy": cfg.fork_entropy > 0, "--entropy-target": cfg.entropy_target is not None,
-               "another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
+    reasons = {"another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
                "--is-correction": cfg.is_correction != "none",
                "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
     return next((name for name, yes in reasons.items() if yes), None)
@@ -52,11 +51,15 @@ def unsupported(cfg) -> str | None:
 class LockstepGRPO:
     def __init__(self, cfg, anchor: MembersAnchor | None, grpo_loss):
         self.cfg, self.anchor = cfg, anchor
-        self.needs_ref = cfg.rollout_kl or cfg.beta > 0  # what the caller computes before the update (GRPO's)
+        self.needs_ref = cfg.rollout_kl or cfg.beta > 0 or cfg.fork_entropy > 0  # what the caller computes first
         self.needs_old_logp = cfg.beta > 0 and cfg.kl_in == "reward"
         self.stacks = []  # nothing to train but the policy (a critic's weights: ppo_update.py)
+        self.grpo_loss = grpo_loss
         loss = lambda *x: grpo_loss(*x, cfg)  # noqa: E731 (logp, old, ref_logp, logits, ref_logits, adv, mask)
-        ref = 0 if cfg.beta > 0 or cfg.rollout_kl else None  # without π_ref's log-probs: None for every member
+        ref = 0 if self.needs_ref else None  # without π_ref's log-probs: None for every member
+        # the entropy controls (filters that rank by a count read from the data, Clip-Cov's draws from each member's
+        # generator, a coefficient of each member's own) cannot be mapped: their loss is taken member by member
+        self.each = (cfg.cov_control, cfg.top_entropy, cfg.fork_entropy, cfg.entropy_target) != ("none", 1, 0, None)
         self.loss = vmap(loss, in_dims=(0, 0, ref, 0, ref, 0, 0))
         self.ratio_stats = vmap(lambda lp, old, a, m: surrogate_stats(lp, old, a[:, None], m, cfg.clip_low,
                                                                       cfg.clip_high, cfg.ratio))
@@ -67,7 +70,22 @@ class LockstepGRPO:
         self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
 
     def copy_to(self, algos: list) -> None:
-        """Nothing of a member's GRPO state changes in lockstep (its variants' generators are not used)."""
+        """A member's GRPO state (its Clip-Cov generator, its entropy coefficient) is its algorithm's own already."""
+
+    def loss_each(self, logp, old_logp, ref_logp, logits, ref_logits, adv, mask, algos: list, stats: dict | None):
+        """grpo_loss member by member, each with its own Clip-Cov generator and entropy bonus -> its outputs stacked.
+        `stats`: given at the step's first update, where each member's EntropyBonus sets its coefficient for the
+        step (from π_old, as GRPO.update) and its figures join the step's."""
+        take = lambda x, p: None if x is None else x[p]  # noqa: E731
+        if stats is not None:
+            figures = [{} for _ in algos]
+            self.loss_cfgs = [a.entropy_bonus.for_step(logits[p], mask[p], figures[p]) for p, a in enumerate(algos)]
+            for k in figures[0]:  # --entropy-target's e_k, c_k, α_k
+                stats[k] = torch.tensor([f[k] for f in figures], device=logp.device)
+        outs = [self.grpo_loss(logp[p], old_logp[p], take(ref_logp, p), logits[p], take(ref_logits, p), adv[p],
+                               mask[p], c, fork_mask(take(ref_logits, p), mask[p], c), a.gens["clip_cov"])
+                for p, (a, c) in enumerate(zip(algos, self.loss_cfgs))]
+        return tuple(None if x[0] is None else torch.stack(x) for x in zip(*outs))
 
     def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
         cfg, stats = self.cfg, {}
@@ -108,7 +126,11 @@ class LockstepGRPO:
             logp, logits = rows.logprobs(stack, cfg.temperature)
             if old_logp is None:  # first update: π_θ is π_old
                 old_logp = logp.detach()
-            loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask)
+            if self.each:
+                loss, policy_loss, kl_tok, ent = self.loss_each(logp, old_logp, ref_logp, logits, ref_logits, adv, mask,
+                                                                step.algos, stats if i == 0 else None)
+            else:
+                loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask)
             if drop is not None:  # masked rows still count in a mean over sequences: rescale each term that is one
                 scale = lambda mode: drop if mode != "token-mean" else 1.0  # noqa: E731 (grpo_loss's two reductions)
                 loss = policy_loss * scale(reduction(cfg)) + (loss - policy_loss) * scale(cfg.loss_agg)
