@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.objectives.advantages import explained_variance, gae, whiten
-from minigrpo.objectives.kl import exact, k1
+from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
+from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.critics import CRITICS, OracleCritic
@@ -87,13 +87,8 @@ class PPO:
 
     def token_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, T) per-token rewards −β·k1 plus the scalar reward at each row's last valid token,
-        and the (N,) summed KL penalty's k1 estimate."""
-        mask = batch.mask
-        kl = torch.where(mask, k1(batch.old_logp, batch.ref_logp), 0.0)  # (N, T)
-        r = -self.beta * kl
-        last = (mask.sum(1) - 1).clamp(min=0)  # (N,) index of the last valid token
-        r = r.scatter_add(1, last[:, None], batch.rewards[:, None] * mask.any(1, keepdim=True))
-        return r, kl.sum(1)
+        and the (N,) summed KL penalty's k1 estimate (objectives/advantages.kl_shaped_rewards)."""
+        return kl_shaped_rewards(batch.rewards, batch.old_logp, batch.ref_logp, batch.mask, self.beta)
 
     @torch.no_grad()
     def advantages(self, batch: RolloutBatch):

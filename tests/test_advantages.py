@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 
 from conftest import SET, call, garbage, naive_gae, right_padded
 from minigrpo.objectives.advantages import batch_scaled, explained_variance, gae, group_advantages, rloo_advantages, whiten
+from minigrpo.objectives.advantages import kl_shaped_rewards
 
 SCALES = ["group", "batch", "none"]
 
@@ -184,6 +185,37 @@ def test_worked_example_gives_0935_with_bessel_and_1_with_population_std():
 def test_unknown_scale_raises_value_error_listing_the_choices():
     with pytest.raises(ValueError, match="group.*batch.*none"):
         group_advantages(torch.zeros(1, 2), scale="std")
+
+
+# ---- PPO's KL-shaped rewards ---------------------------------------------------------------------
+
+shaped_case = st.integers(1, 3).flatmap(lambda P: st.integers(1, 4).flatmap(lambda N: st.integers(1, 5).flatmap(
+    lambda T: st.tuples(st.lists(st.floats(-3, 3), min_size=P * N, max_size=P * N),
+                        st.lists(st.floats(-5, 0), min_size=2 * P * N * T, max_size=2 * P * N * T),
+                        st.lists(st.integers(0, T), min_size=P * N, max_size=P * N),
+                        st.lists(st.floats(0, 2), min_size=P, max_size=P), st.just((P, N, T))))))
+
+
+@SET
+@given(shaped_case)
+def test_kl_shaped_rewards_put_the_penalty_on_every_token_and_the_reward_on_the_last(case):
+    """r_t = −β·(log π_old − log π_ref)_t on every valid token, plus the reward on the last one; 0 where masked
+    (garbage there reaches nothing); a row with no valid token gets nothing; per sequence Σ_t k1_t. With a leading
+    dim of P members, each member's own β: each member's own call."""
+    rewards, logps, lengths, betas, (P, N, T) = case
+    r = torch.tensor(rewards, dtype=torch.float64).view(P, N)
+    old, ref = torch.tensor(logps, dtype=torch.float64).view(2, P, N, T)
+    mask = right_padded(lengths, T).view(P, N, T)
+    beta = torch.tensor(betas, dtype=torch.float64)[:, None, None]
+    got, kl_seq = kl_shaped_rewards(r, garbage(old, mask), garbage(ref, mask), mask, beta)
+    k1 = torch.where(mask, old - ref, 0.0)
+    assert torch.allclose(kl_seq, k1.sum(-1), atol=1e-12) and (got[~mask] == 0).all()
+    last = torch.nn.functional.one_hot((mask.sum(-1) - 1).clamp(min=0), T).bool() & mask  # (P, N, T)
+    want = torch.where(mask, -beta * k1, 0.0) + torch.where(last, r[..., None], 0.0)
+    assert torch.allclose(got, want, atol=1e-12), (got.tolist(), want.tolist())
+    for p in range(P):  # the population's call is each member's own, β a float
+        one, seq = kl_shaped_rewards(r[p], old[p], ref[p], mask[p], betas[p])
+        assert torch.allclose(one, got[p], atol=1e-12) and torch.allclose(seq, kl_seq[p], atol=1e-12)
 
 
 # ---- GAE ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
     group_advantages    GRPO's group-normalised outcome advantage (DeepSeekMath 2402.03300 §4.1.2)
     rloo_advantages     REINFORCE leave-one-out baseline (RLOO: Kool et al. 2019; Ahmadian et al. 2402.14740)
     batch_scaled        already-centred advantages divided by their batch std (REINFORCE++, 2501.03262)
+    kl_shaped_rewards   PPO's per-token reward: −β·k1 at every token, the scalar reward at the last (2203.02155)
     gae                 generalised advantage estimation for PPO (Schulman et al. 2015, 1506.02438 §3)
     whiten              masked normalisation to mean 0, variance 1 (PPO's advantage whitening)
     explained_variance  how much of the returns' variance the critic explains (a PPO diagnostic)
@@ -24,6 +25,8 @@ Defaults and departures:
 from __future__ import annotations
 
 import torch
+
+from minigrpo.objectives.kl import k1
 
 SCALES = ("group", "batch", "none")
 
@@ -106,6 +109,22 @@ def batch_scaled(adv: torch.Tensor, unbiased: bool = True, eps: float = 1e-4) ->
     """
     std = _std(adv.double().reshape(1, -1), (1,), unbiased)  # (1, 1)
     return (adv.double() / (std.reshape(()) + eps)).to(adv.dtype)
+
+
+def kl_shaped_rewards(rewards: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                      beta) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's reward per completion token (InstructGPT 2203.02155 eq. 2; Ziegler et al. 1909.08593):
+
+        r_t = −β·k1_t + [t is the row's last valid token]·r,    k1_t = log π_old(o_t) − log π_ref(o_t)
+    rewards (..., N); old_logp, ref_logp, mask (..., N, T), mask right-padded; beta a float, or a tensor broadcasting
+    to (..., N, T) (a population's β per member) -> (r_t (..., N, T), Σ_t k1_t (..., N)). Masked slots 0 whatever
+    the log-probs hold there; a row without a valid token gets nothing, not even its scalar reward.
+    """
+    kl = torch.where(mask, k1(old_logp, ref_logp), 0.0)
+    r = -beta * kl
+    last = (mask.sum(-1) - 1).clamp(min=0)  # the index of each row's last valid token
+    r = r.scatter_add(-1, last[..., None], (rewards * mask.any(-1))[..., None])
+    return r, kl.sum(-1)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
-from minigrpo.objectives.advantages import explained_variance, gae, whiten
-from minigrpo.objectives.kl import exact, k1
+from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
+from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
@@ -126,14 +126,11 @@ class LockstepPPO:
         else:  # the head critic reads the policy's states: a forward of its own, as HeadCritic.values
             hidden = None if self.critics.separate else step.rows.logprobs(stack, cfg.temperature, states=True)[2]
             old_values = self.critics.values(step.rows, hidden)
-        kl = torch.where(mask, k1(step.old_logp, step.ref_logp), 0.0)  # PPO.token_rewards, per member
-        beta = torch.tensor(betas, device=kl.device, dtype=kl.dtype)
-        r = -beta[:, None, None] * kl
-        last = (mask.sum(-1) - 1).clamp(min=0)  # (P, N)
-        r = r.scatter_add(-1, last[..., None], (step.rewards * mask.any(-1))[..., None])
+        beta = torch.tensor(betas, device=mask.device)[:, None, None]  # each member's
+        r, kl_seq = kl_shaped_rewards(step.rewards, step.old_logp, step.ref_logp, mask, beta)
         adv, returns = (x.view(mask.shape) for x in gae(r.flatten(0, 1), old_values.flatten(0, 1),
                                                          mask.flatten(0, 1), cfg.gamma, cfg.lam))
-        return old_values, adv, returns, kl.sum(-1), exact_values if self.learned else None
+        return old_values, adv, returns, kl_seq, exact_values if self.learned else None
 
     def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
         cfg, mask = self.cfg, step.rows.completion_mask
