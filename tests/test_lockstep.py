@@ -69,19 +69,21 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
     assert [r["step"] for r in read_jsonl(tmp_path / "lock-s1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # as its own
 
 
-def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_path, tiny_pretrained):
+@pytest.mark.parametrize("trainer", [grpo, ppo], ids=["grpo", "ppo"])
+def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_path, tiny_pretrained, trainer):
     """Member 1's reward raises in its second step: it fails with its single run's line, and members 0 and 2 write
-    what they write without it (to 1e-4 over the first two steps, as in the test above). Only the reward differs:
-    train_lockstep takes what members share from the first."""
+    what they write without it (to 1e-4 over the first two steps, as in the test above; PPO's critics leave the
+    stack with it). Only the reward differs: train_lockstep takes what members share from the first."""
     init, _, _ = tiny_pretrained
-    cfgs = [_cfg(init, tmp_path / f"two-s{s}", s) for s in (0, 2)]
-    assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [3, 3]
+    cfg = lambda folder, seed, extra=(): _cfg(init, tmp_path / folder, seed, extra, trainer)  # noqa: E731
+    cfgs = [cfg(f"two-s{s}", s) for s in (0, 2)]
+    assert [r["step"] for r in train_lockstep(trainer, cfgs, [print] * 2)] == [3, 3]
     bad = breaking_reward(tmp_path)
-    train_lockstep(grpo, [_cfg(init, tmp_path / "one-step", 1, ("--reward", f"{bad}:reward", "--steps", "1"))], [print])
+    train_lockstep(trainer, [cfg("one-step", 1, ("--reward", f"{bad}:reward", "--steps", "1"))], [print])
     (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())  # it breaks in its second step
-    three = [replace(cfgs[0], out=str(tmp_path / "w0")), _cfg(init, tmp_path / "bad", 1, ("--reward", f"{bad}:reward")),
+    three = [replace(cfgs[0], out=str(tmp_path / "w0")), cfg("bad", 1, ("--reward", f"{bad}:reward")),
              replace(cfgs[1], out=str(tmp_path / "w2"))]
-    results = train_lockstep(grpo, three, [print] * 3)
+    results = train_lockstep(trainer, three, [print] * 3)
     assert "the reward broke" in results[1] and "stopped at step 1" in results[1], results[1]
     assert not (tmp_path / "bad" / "summary.json").exists()
     for a, b in (("two-s0", "w0"), ("two-s2", "w2")):
