@@ -12,17 +12,22 @@ Each member's figures are those of its single run, to float rounding (tests/test
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
 baselines and scales, aggregations; --random-reward's draws, each member's from its own stream; ReMax's greedy
 decodes, member by member). The entropy controls (the token filters that rank, Clip-Cov's draws, an adaptive
-coefficient) take their loss member by member (`loss_each`), each with its own generator and coefficient.
-`unsupported(cfg)` names the rest (another sampler, its importance correction, the sampled anchor), which a
-population runs as threads (population/member.py). --skip-equal-groups (DAPO, REINFORCE-Rej) drops a member's
-equal-reward groups by masking their tokens, which is dropping them for a token-mean; a mean over sequences would
-still count the masked rows, so each term that is one is rescaled by N / (the rows kept). A member with no group
-left takes the anchor's update alone, once, as GRPO.preservation_only (MembersAdamW.step's mask).
+coefficient) take their loss member by member (`loss_each`), each with its own generator and coefficient. Another
+sampler (its temperature, its nucleus) samples every member's rows in the one batch; its figures and
+--is-correction's weights are each member's own (`is_weights`). `unsupported(cfg)` names the rest (a stale sampler's
+past weights, the sampled anchor), which a population runs as threads (population/member.py). --skip-equal-groups
+(DAPO, REINFORCE-Rej) drops a member's equal-reward groups by masking their tokens, which is dropping them for a
+token-mean; a mean over sequences would still count the masked rows, so each term that is one is rescaled by N /
+(the rows kept). A member with no group left takes the anchor's update alone, once, as GRPO.preservation_only
+(MembersAdamW.step's mask).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
+import torch.nn.functional as F
 from torch.func import vmap
 
 from minigrpo.objectives.advantages import equal_groups
@@ -38,12 +43,12 @@ from minigrpo.variants.advantages import BASELINES, advantages, update_rewards
 from minigrpo.variants.entropy import fork_mask
 from minigrpo.variants.kl import kl_reward_penalty
 from minigrpo.variants.policy_losses import reduction
+from minigrpo.variants.sampler import weights
 
 
 def unsupported(cfg) -> str | None:
     """Why a lockstep population cannot run `cfg` (None: it can)."""
-    reasons = {"another sampler": (cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) != (None, None, 0),
-               "--is-correction": cfg.is_correction != "none",
+    reasons = {"--sample-stale": cfg.sample_stale > 0,
                "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
     return next((name for name, yes in reasons.items() if yes), None)
 
@@ -55,12 +60,14 @@ class LockstepGRPO:
         self.needs_old_logp = cfg.beta > 0 and cfg.kl_in == "reward"
         self.stacks = []  # nothing to train but the policy (a critic's weights: ppo_update.py)
         self.grpo_loss = grpo_loss
-        loss = lambda *x: grpo_loss(*x, cfg)  # noqa: E731 (logp, old, ref_logp, logits, ref_logits, adv, mask)
+        loss = lambda lp, old, rlp, lg, rlg, adv, m, w: grpo_loss(  # noqa: E731 (w: the sampler correction's)
+            lp, old, rlp, lg, rlg, adv, m, cfg, is_weights=w)
         ref = 0 if self.needs_ref else None  # without π_ref's log-probs: None for every member
+        self.corrected = (cfg.sample_temperature, cfg.sample_top_p) != (None, None) or cfg.is_correction != "none"
         # the entropy controls (filters that rank by a count read from the data, Clip-Cov's draws from each member's
         # generator, a coefficient of each member's own) cannot be mapped: their loss is taken member by member
         self.each = (cfg.cov_control, cfg.top_entropy, cfg.fork_entropy, cfg.entropy_target) != ("none", 1, 0, None)
-        self.loss = vmap(loss, in_dims=(0, 0, ref, 0, ref, 0, 0))
+        self.loss = vmap(loss, in_dims=(0, 0, ref, 0, ref, 0, 0, 0 if cfg.is_correction != "none" else None))
         self.ratio_stats = vmap(lambda lp, old, a, m: surrogate_stats(lp, old, a[:, None], m, cfg.clip_low,
                                                                       cfg.clip_high, cfg.ratio))
         self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
@@ -72,7 +79,25 @@ class LockstepGRPO:
     def copy_to(self, algos: list) -> None:
         """A member's GRPO state (its Clip-Cov generator, its entropy coefficient) is its algorithm's own already."""
 
-    def loss_each(self, logp, old_logp, ref_logp, logits, ref_logits, adv, mask, algos: list, stats: dict | None):
+    @torch.no_grad()
+    def is_weights(self, step: Rollouts, old_logp, mask, stats: dict) -> torch.Tensor | None:
+        """Another sampler's figures and its --is-correction weights (P, N, T) or None: variants/sampler.weights
+        member by member on its own rows (its sampler's log-probs are its Generation's), as GRPO.update takes them
+        at the first update."""
+        some, T = next(b for b in step.batches if b is not None), mask.size(-1)
+        figures, ws = [], []
+        for p, (b, a) in enumerate(zip(step.batches, step.algos)):
+            b, t = b or some, (b or some).gen.logprobs.size(1)  # a failed member's slot: any rows, not kept
+            figures.append({})
+            mine = SimpleNamespace(old_logp=old_logp[p, :, :t], sampler_logp=b.gen.logprobs)
+            w = weights(self.cfg, a.sampler, mine, mask[p, :, :t], figures[-1]).get("is_weights")
+            ws.append(None if w is None else F.pad(w, (0, T - t)))
+        for k in figures[0]:
+            stats[k] = torch.tensor([f[k] for f in figures], device=mask.device)
+        return None if ws[0] is None else torch.stack(ws)
+
+    def loss_each(self, logp, old_logp, ref_logp, logits, ref_logits, adv, mask, algos: list, stats: dict | None,
+                  is_w=None):
         """grpo_loss member by member, each with its own Clip-Cov generator and entropy bonus -> its outputs stacked.
         `stats`: given at the step's first update, where each member's EntropyBonus sets its coefficient for the
         step (from π_old, as GRPO.update) and its figures join the step's."""
@@ -83,8 +108,8 @@ class LockstepGRPO:
             for k in figures[0]:  # --entropy-target's e_k, c_k, α_k
                 stats[k] = torch.tensor([f[k] for f in figures], device=logp.device)
         outs = [self.grpo_loss(logp[p], old_logp[p], take(ref_logp, p), logits[p], take(ref_logits, p), adv[p],
-                               mask[p], c, fork_mask(take(ref_logits, p), mask[p], c), a.gens["clip_cov"])
-                for p, (a, c) in enumerate(zip(algos, self.loss_cfgs))]
+                               mask[p], c, fork_mask(take(ref_logits, p), mask[p], c), a.gens["clip_cov"],
+                               take(is_w, p)) for p, (a, c) in enumerate(zip(algos, self.loss_cfgs))]
         return tuple(None if x[0] is None else torch.stack(x) for x in zip(*outs))
 
     def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
@@ -121,16 +146,19 @@ class LockstepGRPO:
             active = [~skipped | (self.anchor is not None)] + [~skipped] * (cfg.updates - 1)
             drop = kept.size(1) / kept.sum(-1).clamp(min=1)  # a mean over sequences: over the kept ones (below)
         # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
-        per_update, ratio = [], []
+        per_update, ratio, is_w = [], [], None
         for i in range(cfg.updates):
             logp, logits = rows.logprobs(stack, cfg.temperature)
             if old_logp is None:  # first update: π_θ is π_old
                 old_logp = logp.detach()
+            if i == 0 and self.corrected:  # rollouts from another sampler: its figures, and its correction's weights
+                is_w = self.is_weights(step, old_logp, mask, stats)
             if self.each:
                 loss, policy_loss, kl_tok, ent = self.loss_each(logp, old_logp, ref_logp, logits, ref_logits, adv, mask,
-                                                                step.algos, stats if i == 0 else None)
+                                                                step.algos, stats if i == 0 else None, is_w)
             else:
-                loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask)
+                loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask,
+                                                           is_w)
             if drop is not None:  # masked rows still count in a mean over sequences: rescale each term that is one
                 scale = lambda mode: drop if mode != "token-mean" else 1.0  # noqa: E731 (grpo_loss's two reductions)
                 loss = policy_loss * scale(reduction(cfg)) + (loss - policy_loss) * scale(cfg.loss_agg)

@@ -189,10 +189,11 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, an
 def _collect(members: list, stack: Stack, cfg) -> list:
     """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) -> its RolloutBatch,
     or None where it failed (its error set: a sampling that met NaN, a reward that raised)."""
-    runs = [m.run for _, m in members]
+    runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler  # GRPO's --sample-*: alike for all
+    temperature = cfg.temperature if sampler is None or sampler.temperature is None else sampler.temperature
     prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
-    requests = [Request(*encode_prompts(r.tok, rows, r.device), cfg.max_new_tokens, cfg.temperature, None, None,
-                        r.gens["rollout"]) for r, rows in zip(runs, prompts)]
+    requests = [Request(*encode_prompts(r.tok, rows, r.device), cfg.max_new_tokens, temperature, None,
+                        sampler and sampler.top_p, r.gens["rollout"]) for r, rows in zip(runs, prompts)]
     gens = generate_all(None, requests, stack)
     batches = []
     for (_, m), rows, gen in zip(members, prompts, gens):
