@@ -146,7 +146,7 @@ class LockstepGRPO:
             active = [~skipped | (self.anchor is not None)] + [~skipped] * (cfg.updates - 1)
             drop = kept.size(1) / kept.sum(-1).clamp(min=1)  # a mean over sequences: over the kept ones (below)
         # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
-        per_update, ratio, is_w = [], [], None
+        per_update, ratio, is_w, self.before = [], [], None, list(stats)  # before: what a skipped member logs
         for i in range(cfg.updates):
             logp, logits = rows.logprobs(stack, cfg.temperature)
             if old_logp is None:  # first update: π_θ is π_old
@@ -193,7 +193,7 @@ class LockstepGRPO:
         updates, ratios = self.inner
         if mine.get("skipped"):  # every group's rewards equal: the anchor's one update, as GRPO.preservation_only
             once = {k: mine[(0, k)] for k in ("preserve_loss", "grad_norm")} if (0, "preserve_loss") in mine else {}
-            return {**head, **once, "skipped": 1.0}
+            return {**{k: head[k] for k in self.before if k in head}, **once, "skipped": 1.0}
         inner = [{k[1]: v for k, v in mine.items() if isinstance(k, tuple) and k[0] == i} for i in range(updates)]
         ratio = [{k[2]: v for k, v in mine.items() if isinstance(k, tuple) and k[:2] == ("ratio", i)}
                  for i in range(ratios)]
