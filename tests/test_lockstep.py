@@ -178,20 +178,23 @@ def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(tmp
     assert not (tmp_path / "s0" / "summary.json").exists() and (tmp_path / "s0" / "config.json").exists()
 
 
-def test_arithmetic_members_with_other_prompts_are_their_single_runs(tmp_path):
+@pytest.mark.parametrize("trainer, extra", [(grpo, ()), (ppo, ("--critic", "oracle"))], ids=["grpo", "ppo-oracle"])
+def test_arithmetic_members_with_other_prompts_are_their_single_runs(tmp_path, trainer, extra):
     """The arithmetic task in lockstep: each member draws its own prompts (other widths: the rows are padded, and
     the members sample each from its own Draws), evaluates model by model (the task has no rl_evaluate_many), and
-    matches its single run to 1e-4 over two steps."""
+    matches its single run to 1e-4 over two steps; PPO's exact critic over many prompts' supports, each answer
+    rewarded otherwise."""
     from minigrpo.pretrain import PretrainConfig, train
     train(PretrainConfig(task="arithmetic", out=str(tmp_path / "pre"), device="cpu", steps=40, batch_size=64,
                          n_embd=32, n_head=2, lr=1e-2, n_lines=2000, eval_every=40, ckpt_every=40, threads=1),
           log=lambda *a: None)
     init, flags = tmp_path / "pre" / "model.pt", ("--task", "arithmetic", "--prompts-per-step", "4", "--steps", "2")
     argv = lambda folder, seed: ["--seed", str(seed), "--init", str(init), "--quiet",  # noqa: E731
-                                 "--no-plot", "--group-size", "4", *flags, "--out", str(tmp_path / folder)]
-    cfgs = [grpo.parse(argv(f"lock-s{s}", s)) for s in range(2)]
-    assert unsupported(grpo, cfgs) is None and [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 2)] == [2, 2]
+                                 "--no-plot", "--group-size", "4", *flags, *extra, "--out", str(tmp_path / folder)]
+    cfgs = [trainer.parse(argv(f"lock-s{s}", s)) for s in range(2)]
+    assert unsupported(trainer, cfgs) is None
+    assert [r["step"] for r in train_lockstep(trainer, cfgs, [print] * 2)] == [2, 2]
     for s in range(2):
-        grpo.train(grpo.parse(argv(f"alone-s{s}", s)), log=lambda *a: None)
+        trainer.train(trainer.parse(argv(f"alone-s{s}", s)), log=lambda *a: None)
         rows, want = (read_jsonl(tmp_path / f"{t}-s{s}" / "metrics.jsonl") for t in ("lock", "alone"))
         assert len(rows) == len(want) == 3 and all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows, want))
