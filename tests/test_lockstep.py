@@ -27,6 +27,7 @@ LOCKSTEP_RUNS = {"grpo": (grpo, ()), "random-reward": (grpo, ("--preset", "rando
                  "entropy-target": (grpo, ("--entropy-target", "0.5", "--entropy-step", "0.01",
                                            "--fork-entropy", "0.1")),
                  "sampler": (grpo, ("--sample-temperature", "0.8", "--sample-top-p", "0.9", "--is-correction", "tis")),
+                 "stale-sampler": (grpo, ("--sample-stale", "1", "--is-correction", "mis")),
                  "ppo": (ppo, ()), "ppo-oracle": (ppo, ("--critic", "oracle")), "ppo-head": (ppo, ("--critic", "head")),
                  "ppo-kl-target": (ppo, ("--kl-target", "0.01"))}
 
@@ -35,8 +36,8 @@ LOCKSTEP_RUNS = {"grpo": (grpo, ()), "random-reward": (grpo, ("--preset", "rando
 def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pretrained, trainer, extra):
     """Seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region; GRPO's μ = 2; its random rewards
     and ReMax's greedy baseline, each member's own; REINFORCE-Rej's groups dropped under a mean over sequences;
-    the entropy controls, member by member, Clip-Cov drawing from each member's generator; another sampler and its
-    correction;
+    the entropy controls, member by member, Clip-Cov drawing from each member's generator; another sampler (a stale
+    one too) and its correction;
     PPO's 2 epochs × 2 minibatches with each of its critics, and an adaptive β): each member writes its single run's
     files, matches its metrics to 1e-4 over the first two steps (test_population.LOOSER: two figures that amplify
     rounding), and resumes as a single run."""
@@ -98,7 +99,8 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))
     assert unsupported(grpo, [a, b]) == "members differ in more than their seeds"
-    assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--sample-stale", "1"))]) == "--sample-stale"
+    assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preserve-anchor", "sampled"))]) == \
+        "--preserve-anchor sampled"
     assert unsupported(ppo, [_cfg(init, tmp_path / "e", 0, ("--preserve-anchor", "sampled"), ppo)]) == \
         "--preserve-anchor sampled"
     assert unsupported(grpo, [_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None

@@ -269,7 +269,7 @@ def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path
     assert [len(share) for share in shares_of(many, jobs=1)] == [14, 13, 13] == \
         [len(share) for share in shares_of(many, jobs=1, most=128)]
     grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)] + [_run("m.pt", Path(f"d{s}"), s, extra=(
-        "--sample-stale", "1")) for s in range(2)]  # not in lockstep: threads
+        "--preserve-anchor", "sampled")) for s in range(2)]  # not in lockstep: threads
     assert seeds(shares_of(grpo + ppo[:2], jobs=2, most=3)) == [[0, 2, 4], [1, 3], [0, 0], [1, 1]]
     assert seeds(shares_of(grpo, jobs=8)) == [[0, 1, 2, 3, 4], [0], [1]]  # lockstep: one population per configuration
     lockstep_ppo = [_run("m.pt", Path(f"o{s}"), s, "minigrpo.ppo", extra) for extra in ((), ("--critic", "oracle"))

@@ -13,13 +13,15 @@ What it runs: every variant whose functions are pure over one member's tensors (
 baselines and scales, aggregations; --random-reward's draws, each member's from its own stream; ReMax's greedy
 decodes, member by member). The entropy controls (the token filters that rank, Clip-Cov's draws, an adaptive
 coefficient) take their loss member by member (`loss_each`), each with its own generator and coefficient. Another
-sampler (its temperature, its nucleus) samples every member's rows in the one batch; its figures and
---is-correction's weights are each member's own (`is_weights`). `unsupported(cfg)` names the rest (a stale sampler's
-past weights, the sampled anchor), which a population runs as threads (population/member.py). --skip-equal-groups
-(DAPO, REINFORCE-Rej) drops a member's equal-reward groups by masking their tokens, which is dropping them for a
-token-mean; a mean over sequences would still count the masked rows, so each term that is one is rescaled by N /
-(the rows kept). A member with no group left takes the anchor's update alone, once, as GRPO.preservation_only
-(MembersAdamW.step's mask).
+sampler (its temperature, its nucleus, its stale weights: population/sampling.StaleWeights) samples every member's
+rows in the one batch; its figures and --is-correction's weights are each member's own (`is_weights`).
+`unsupported(cfg)` names the rest (the sampled anchor: each member's own rows, whose π_ref logits its single run
+takes from another forward than its policy's, so that at π_θ = π_ref their gradient is rounding that Adam's first
+step amplifies, and no lockstep member could match it), which a population runs as threads (population/member.py).
+--skip-equal-groups (DAPO, REINFORCE-Rej) drops a member's equal-reward groups by masking their tokens, which is
+dropping them for a token-mean; a mean over sequences would still count the masked rows, so each term that is one is
+rescaled by N / (the rows kept). A member with no group left takes the anchor's update alone, once, as
+GRPO.preservation_only (MembersAdamW.step's mask).
 """
 
 from __future__ import annotations
@@ -48,8 +50,7 @@ from minigrpo.variants.sampler import weights
 
 def unsupported(cfg) -> str | None:
     """Why a lockstep population cannot run `cfg` (None: it can)."""
-    reasons = {"--sample-stale": cfg.sample_stale > 0,
-               "--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
+    reasons = {"--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
     return next((name for name, yes in reasons.items() if yes), None)
 
 

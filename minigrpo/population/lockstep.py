@@ -41,7 +41,7 @@ from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MemberOptimizer, MembersAdamW, keep
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.sampling import Request, generate_all
+from minigrpo.population.sampling import Request, StaleWeights, generate_all
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import STOP_ALL, StopOnCtrlC
@@ -110,15 +110,19 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                          [m.algo for _, m in members])
     opt = MembersAdamW(stack.parameters() + [w for s in update.stacks for w in s.parameters()], lr=cfg.lr)
     shared = SharedForward()  # the members' exact evaluations: one forward for all
+    sampler = members[0][1].algo.sampler  # GRPO's --sample-*: alike for all members
+    stale = StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None
     for j, (_, m) in enumerate(members):
         shared.adopt(m.run.policy, j)
+        if stale is not None:
+            m.algo.sampler = stale.member(m.algo.sampler, j)
     for j, (_, m) in enumerate(members):  # step 0 by each member's own forward, as its single run: figures that
         m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))  # compare π_θ with π_ref see them equal
     anchor_probe = first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None
     try:
         with StopOnCtrlC() as stop:
             while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
-                _step(members, stack, ref, opt, update, anchor_probe, cfg, shared)
+                _step(members, stack, ref, opt, update, anchor_probe, cfg, shared, stale)
                 ended = [j for j, (_, m) in enumerate(members) if m.error or m.run.stop_reason is not None]
                 for j in ended:
                     k, m = members[j]
@@ -129,8 +133,12 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                     if members:
                         keep([stack, *update.stacks], opt, live)
                         ref = ref.rows(live)
+                        if stale is not None:
+                            stale.keep(live)
                         for j, (_, m) in enumerate(members):
                             shared.adopt(m.run.policy, j)
+                            if stale is not None:
+                                m.algo.sampler = stale.member(m.algo.sampler, j)
     finally:
         for _, m in members:
             m.logger.close()
@@ -141,12 +149,12 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
 
 
 def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, anchor_probe, cfg,
-          shared: SharedForward) -> None:
+          shared: SharedForward, stale: StaleWeights | None = None) -> None:
     """One step of every member (the module docstring's table); a member that fails gets its error and its row
     no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
     runs[0].set_lr(opt)  # the members are at the same step
-    batches = _collect(members, stack, cfg)
+    batches = _collect(members, stale.pick(stack) if stale is not None else stack, cfg)  # sampled from
     some = next((b for b in batches if b is not None), None)
     if some is None:  # every member failed
         return
@@ -187,8 +195,9 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, an
 
 
 def _collect(members: list, stack: Stack, cfg) -> list:
-    """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) -> its RolloutBatch,
-    or None where it failed (its error set: a sampling that met NaN, a reward that raised)."""
+    """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) from the weights
+    `stack` (the policy's, or a stale sampler's) -> its RolloutBatch, or None where it failed (its error set: a
+    sampling that met NaN, a reward that raised)."""
     runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler  # GRPO's --sample-*: alike for all
     temperature = cfg.temperature if sampler is None or sampler.temperature is None else sampler.temperature
     prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]

@@ -13,6 +13,7 @@ probabilities are not finite gets its ValueError; the others are untouched.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from minigrpo.lm.model import causal_mask, positions
 from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, process_logits
+from minigrpo.rl.rollout import Sampler
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
 
@@ -170,3 +172,43 @@ class StackedDraws:
                                   logprobs[p][:, :n], done[p]) if ok else
                        ValueError(NON_FINITE))
         return out
+
+
+class StaleWeights:
+    """rl/rollout.Sampler's stale policy (--sample-stale N) for P members at once: the stacked weights at the start of
+    each of the last N + 1 steps, the oldest sampled from (the first N steps: the oldest there is).
+
+        stale = StaleWeights(n)
+        sampling = stale.pick(stack)     # once a step, before sampling: records the weights -> the weights to sample
+        stale.keep(members)              # only these members (their indices) from now on
+        algo.sampler = stale.member(algo.sampler, p)   # member p's Sampler: its state_dict is its own slices
+    """
+
+    def __init__(self, n: int):
+        self.n, self.snapshots = n, []
+
+    @torch.no_grad()
+    def pick(self, stack: Stack) -> Stack:
+        self.snapshots = (self.snapshots + [{k: w.detach().clone() for k, w in stack.w.items()}])[-(self.n + 1):]
+        oldest = copy.copy(stack)
+        oldest.w = self.snapshots[0]
+        return oldest
+
+    def keep(self, members: list[int]) -> None:
+        index = torch.tensor(members, device=next(iter(self.snapshots[0].values())).device) if self.snapshots else None
+        self.snapshots = [{k: w.index_select(0, index) for k, w in s.items()} for s in self.snapshots]
+
+    def member(self, sampler: Sampler, p: int) -> Sampler:
+        return MemberSampler(sampler, self, p)
+
+
+class MemberSampler(Sampler):
+    """A member's Sampler in a population with a stale sampler: its settings, and as its state (its checkpoint's,
+    rl/rollout.Sampler.state_dict's format) copies of its own slices of the population's recorded weights."""
+
+    def __init__(self, like: Sampler, stale: StaleWeights, p: int):
+        super().__init__(like.temperature, like.top_p, like.stale)
+        self.population, self.p = stale, p
+
+    def state_dict(self) -> dict:
+        return {"states": [{k: w[self.p].clone() for k, w in s.items()} for s in self.population.snapshots]}
