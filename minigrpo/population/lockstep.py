@@ -30,18 +30,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
-from minigrpo.lm.sampling import decode_completions, encode_prompts
+from minigrpo.lm.sampling import decode_completions
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MemberOptimizer, MembersAdamW, keep
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.sampling import Request, StaleWeights, generate_all
+from minigrpo.population.sampling import PromptTable, Request, StaleWeights, generate_all
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import STOP_ALL, StopOnCtrlC
@@ -82,6 +82,22 @@ def unsupported(trainer, cfgs: list) -> str | None:
     return KINDS[trainer.__name__](trainer).unsupported(cfgs[0])
 
 
+@dataclass
+class Aids:
+    """What a population's steps use besides its weights, optimiser and update."""
+    evaluation: SharedForward  # the members' exact evaluations: one forward for all
+    prompts: PromptTable  # every member's step prompts encoded at once (the members' prompts are the first's)
+    anchor_probe: tuple | None  # the trust region's anchor rows, the first member's (Run.anchor_probe_rows)
+    stale: StaleWeights | None  # --sample-stale's recorded weights
+
+    def adopt(self, members: list) -> None:
+        """Member j's GPT evaluates through the population's forward (and samples from its recorded weights)."""
+        for j, (_, m) in enumerate(members):
+            self.evaluation.adopt(m.run.policy, j)
+            if self.stale is not None:
+                m.algo.sampler = self.stale.member(m.algo.sampler, j)
+
+
 class Member:
     """One member's run, its algorithm (its state, for its checkpoint) and its open metrics file."""
 
@@ -109,20 +125,17 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     update = kind.update(cfg, MembersAnchor(cfg, first.anchor) if first.anchor is not None else None,
                          [m.algo for _, m in members])
     opt = MembersAdamW(stack.parameters() + [w for s in update.stacks for w in s.parameters()], lr=cfg.lr)
-    shared = SharedForward()  # the members' exact evaluations: one forward for all
     sampler = members[0][1].algo.sampler  # GRPO's --sample-*: alike for all members
-    stale = StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None
-    for j, (_, m) in enumerate(members):
-        shared.adopt(m.run.policy, j)
-        if stale is not None:
-            m.algo.sampler = stale.member(m.algo.sampler, j)
+    aids = Aids(SharedForward(), PromptTable(first.tok, first.prompts, first.device),
+                first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None,
+                StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None)
+    aids.adopt(members)
     for j, (_, m) in enumerate(members):  # step 0 by each member's own forward, as its single run: figures that
         m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))  # compare π_θ with π_ref see them equal
-    anchor_probe = first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None
     try:
         with StopOnCtrlC() as stop:
             while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
-                _step(members, stack, ref, opt, update, anchor_probe, cfg, shared, stale)
+                _step(members, stack, ref, opt, update, cfg, aids)
                 ended = [j for j, (_, m) in enumerate(members) if m.error or m.run.stop_reason is not None]
                 for j in ended:
                     k, m = members[j]
@@ -133,12 +146,9 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                     if members:
                         keep([stack, *update.stacks], opt, live)
                         ref = ref.rows(live)
-                        if stale is not None:
-                            stale.keep(live)
-                        for j, (_, m) in enumerate(members):
-                            shared.adopt(m.run.policy, j)
-                            if stale is not None:
-                                m.algo.sampler = stale.member(m.algo.sampler, j)
+                        if aids.stale is not None:
+                            aids.stale.keep(live)
+                        aids.adopt(members)
     finally:
         for _, m in members:
             m.logger.close()
@@ -148,13 +158,12 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     return results
 
 
-def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, anchor_probe, cfg,
-          shared: SharedForward, stale: StaleWeights | None = None) -> None:
+def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cfg, aids: Aids) -> None:
     """One step of every member (the module docstring's table); a member that fails gets its error and its row
     no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
     runs[0].set_lr(opt)  # the members are at the same step
-    batches = _collect(members, stale.pick(stack) if stale is not None else stack, cfg)  # sampled from
+    batches = _collect(members, aids.stale.pick(stack) if aids.stale is not None else stack, cfg, aids.prompts)
     some = next((b for b in batches if b is not None), None)
     if some is None:  # every member failed
         return
@@ -164,8 +173,8 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, an
         ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
         old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
     probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
-    if anchor_probe is not None:
-        gen, weights, group = anchor_probe
+    if aids.anchor_probe is not None:
+        gen, weights, group = aids.anchor_probe
         probes.append(("anchor", Rows.shared(gen, len(members)), cfg.trust_region_anchor, weights, group))
     guard = Guard(stack, probes) if probes else None
     figures = update(stack, ref, opt, Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs,
@@ -173,7 +182,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, an
     trust = guard.enforce(stack) if guard is not None else {}
     stack.copy_to([r.policy for r in runs])  # each member's GPT (and critic): its checkpoint
     update.copy_to([m.algo for _, m in members])
-    shared.fresh(stack)  # and its evaluation, one forward for all
+    aids.evaluation.fresh(stack)  # and its evaluation, one forward for all
     step_time, rows = time.perf_counter() - t0, _rows(members, update, figures, trust)
     finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
                                                                if k.endswith("loss"))]  # else end_step says so
@@ -194,15 +203,15 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, an
                 w.copy_(stack.w[name])
 
 
-def _collect(members: list, stack: Stack, cfg) -> list:
+def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
     """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) from the weights
     `stack` (the policy's, or a stale sampler's) -> its RolloutBatch, or None where it failed (its error set: a
     sampling that met NaN, a reward that raised)."""
     runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler  # GRPO's --sample-*: alike for all
     temperature = cfg.temperature if sampler is None or sampler.temperature is None else sampler.temperature
     prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
-    requests = [Request(*encode_prompts(r.tok, rows, r.device), cfg.max_new_tokens, temperature, None,
-                        sampler and sampler.top_p, r.gens["rollout"]) for r, rows in zip(runs, prompts)]
+    requests = [Request(ids, mask, cfg.max_new_tokens, temperature, None, sampler and sampler.top_p, r.gens["rollout"])
+                for r, (ids, mask) in zip(runs, table.encode(prompts))]
     gens = generate_all(None, requests, stack)
     batches = []
     for (_, m), rows, gen in zip(members, prompts, gens):

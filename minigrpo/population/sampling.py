@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.lm.model import causal_mask, positions
-from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, process_logits
+from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, encode_prompts, process_logits
 from minigrpo.rl.rollout import Sampler
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
@@ -36,6 +36,26 @@ class Request:
     top_k: int | None
     top_p: float | None
     generator: torch.Generator | None
+
+
+class PromptTable:
+    """Every member's step prompts encoded at once from the run's prompts encoded once: member p's (ids, key_mask)
+    are lm/sampling.encode_prompts(tok, rows_p) (its rows left-padded to its own widest), views of one gather.
+
+        table = PromptTable(tok, run.prompts, device)
+        encoded = table.encode([rows_0, rows_1, ...])   # each member's rows (prompts of the table) -> [(ids, mask)]
+    """
+
+    def __init__(self, tok, prompts: list[str], device):
+        self.ids, self.key_mask = encode_prompts(tok, prompts, device)  # (K, W)
+        self.index = {x: i for i, x in enumerate(prompts)}
+        self.width = {x: len(tok.encode(x, bos=True)) for x in prompts}
+
+    def encode(self, rows: list[list[str]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        pick = torch.tensor([[self.index[x] for x in r] for r in rows]).to(self.ids.device)  # (P, N)
+        ids, key_mask, W = self.ids[pick], self.key_mask[pick], self.ids.size(1)
+        cut = [W - max(self.width[x] for x in r) for r in rows]
+        return [(ids[p, :, c:], key_mask[p, :, c:]) for p, c in enumerate(cut)]
 
 
 def generate_all(models: list | None, requests: list[Request],
