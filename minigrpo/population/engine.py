@@ -34,14 +34,13 @@ import signal
 import sys
 import threading
 
-from minigrpo.population.lockstep import train_lockstep, unsupported
+from minigrpo.population.lockstep import KINDS, train_lockstep, unsupported
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import STOP_ALL
 from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, run_one, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
-LOCKSTEP = ("minigrpo.grpo", "minigrpo.ppo")  # the trainers a lockstep population runs (population/lockstep.py)
 THREADS_MOST = 16  # the most runs of a population of threads: past it a population ran no faster per run on an H200,
 # and each thread holds memory of its own (docs/performance.md)
 
@@ -73,7 +72,7 @@ def lockstep_key(item) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every flag but --seed and
     --out (None: its trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
-    if cmd[2] not in LOCKSTEP:
+    if cmd[2] not in KINDS:  # the trainers a lockstep population runs
         return None
     flags, skip = [], False
     for arg in cmd[3:]:
