@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -52,15 +53,14 @@ from toy_tasks.rewards import RewardError, score
 OWN = ("seed", "out", "overwrite", "quiet", "verbose")  # what members may differ in
 
 
+@dataclass
 class Kind:
     """What a lockstep population takes of a trainer (a command module, a layer above this one)."""
-
-    def __init__(self, name: str, check, algorithm, update, unsupported):
-        self.name = name  # the run's algorithm name (config.json, checkpoints)
-        self.check = check  # its flags' check: cfg -> None, or a UsageError
-        self.algorithm = algorithm  # run -> a member's algorithm object (its state: its checkpoint's)
-        self.update = update  # (cfg, anchor, algos) -> the members' update (population/*_update.py)
-        self.unsupported = unsupported  # cfg -> why lockstep cannot run it, or None
+    name: str  # the run's algorithm name (config.json, checkpoints)
+    check: Callable  # its flags' check: cfg -> None, or a UsageError
+    algorithm: Callable  # run -> a member's algorithm object (its state: its checkpoint's)
+    update: Callable  # (cfg, anchor, algos) -> the members' update (population/*_update.py)
+    unsupported: Callable  # cfg -> why lockstep cannot run it, or None
 
 
 KINDS = {
