@@ -27,7 +27,7 @@ LOCKSTEP_RUNS = {"grpo": (grpo, ()), "random-reward": (grpo, ("--preset", "rando
                  "entropy-target": (grpo, ("--entropy-target", "0.5", "--entropy-step", "0.01",
                                            "--fork-entropy", "0.1")),
                  "sampler": (grpo, ("--sample-temperature", "0.8", "--sample-top-p", "0.9", "--is-correction", "tis")),
-                 "stale-sampler": (grpo, ("--sample-stale", "1", "--is-correction", "mis")),
+                 "stale-sampler": (grpo, ("--sample-stale", "1")),
                  "ppo": (ppo, ()), "ppo-oracle": (ppo, ("--critic", "oracle")), "ppo-head": (ppo, ("--critic", "head")),
                  "ppo-kl-target": (ppo, ("--kl-target", "0.01"))}
 

@@ -64,7 +64,6 @@ class LockstepGRPO:
         loss = lambda lp, old, rlp, lg, rlg, adv, m, w: grpo_loss(  # noqa: E731 (w: the sampler correction's)
             lp, old, rlp, lg, rlg, adv, m, cfg, is_weights=w)
         ref = 0 if self.needs_ref else None  # without π_ref's log-probs: None for every member
-        self.corrected = (cfg.sample_temperature, cfg.sample_top_p) != (None, None) or cfg.is_correction != "none"
         # the entropy controls (filters that rank by a count read from the data, Clip-Cov's draws from each member's
         # generator, a coefficient of each member's own) cannot be mapped: their loss is taken member by member
         self.each = (cfg.cov_control, cfg.top_entropy, cfg.fork_entropy, cfg.entropy_target) != ("none", 1, 0, None)
@@ -152,7 +151,8 @@ class LockstepGRPO:
             logp, logits = rows.logprobs(stack, cfg.temperature)
             if old_logp is None:  # first update: π_θ is π_old
                 old_logp = logp.detach()
-            if i == 0 and self.corrected:  # rollouts from another sampler: its figures, and its correction's weights
+            sampled_otherwise = step.algos[0].sampler is not None or cfg.is_correction != "none"  # sampler.weights'
+            if i == 0 and sampled_otherwise:  # rollouts from another sampler: its figures, its correction's weights
                 is_w = self.is_weights(step, old_logp, mask, stats)
             if self.each:
                 loss, policy_loss, kl_tok, ent = self.loss_each(logp, old_logp, ref_logp, logits, ref_logits, adv, mask,
