@@ -139,15 +139,21 @@ class PPO:
                 per_update.append(stats)
         out = combine_stats(per_update)  # means over the minibatch updates; the max ratio is the max
         kl_mean = kl_seq.mean().item()
-        if cfg.kl_target is not None:  # adaptive β (Ziegler et al. 2019): proportional control, error clipped to ±0.2
-            error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1))
-            self.beta *= 1 + error * N / 1000
+        self.adapt_beta(kl_mean, N)
         out.update(kl_k1_seq=kl_mean, beta=self.beta, value_mean=old_values.sum().item() / max(int(mask.sum()), 1),
                    explained_variance=explained_variance(old_values, returns, mask).item(),
                    adv_mean=adv[mask].mean().item(), adv_std=adv[mask].std().item() if mask.sum() > 1 else 0.0)
         if oracle_values is not None:
             out["explained_variance_oracle"] = explained_variance(old_values, oracle_values, mask).item()
         return out
+
+
+    def adapt_beta(self, kl_mean: float, n: int) -> None:
+        """With --kl-target, β after a rollout of n completions whose KL per sequence was kl_mean (Ziegler et al.
+        2019): proportional control, the error clipped to ±0.2."""
+        if self.cfg.kl_target is not None:
+            error = max(-0.2, min(0.2, kl_mean / self.cfg.kl_target - 1))
+            self.beta *= 1 + error * n / 1000
 
 
 PANELS = OUTCOME_PANELS + [

@@ -181,13 +181,11 @@ class LockstepPPO:
     def row(self, mine: dict, algo) -> dict:
         """Member p's figures -> its row as PPO.update returns it (its minibatch updates combined, then the step's);
         its β adapted towards --kl-target as PPO.update adapts it."""
-        cfg, N = self.cfg, self.cfg.group_size * self.cfg.prompts_per_step
+        N = self.cfg.group_size * self.cfg.prompts_per_step
         out = combine_stats([{k[1]: v for k, v in mine.items() if isinstance(k, tuple) and k[0] == i}
                              for i in range(self.updates)])
         kl_mean = mine["kl_k1_seq"]
-        if cfg.kl_target is not None:  # adaptive β (Ziegler et al. 2019): proportional control, error clipped to ±0.2
-            error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1))
-            algo.beta *= 1 + error * N / 1000
+        algo.adapt_beta(kl_mean, N)  # its own β, as its PPO.update adapts it
         out.update(kl_k1_seq=kl_mean, beta=algo.beta, **{k: mine[k] for k in ("value_mean", "explained_variance",
                                                                               "adv_mean", "adv_std")})
         if "explained_variance_oracle" in mine:
