@@ -28,6 +28,7 @@ LOCKSTEP_RUNS = {"grpo": (grpo, ()), "random-reward": (grpo, ("--preset", "rando
                                            "--fork-entropy", "0.1")),
                  "sampler": (grpo, ("--sample-temperature", "0.8", "--sample-top-p", "0.9", "--is-correction", "tis")),
                  "stale-sampler": (grpo, ("--sample-stale", "1")),
+                 "tight-trust-region": (grpo, ("--trust-region-anchor", "3e-6", "--trust-region", "0.02")),
                  "ppo": (ppo, ()), "ppo-oracle": (ppo, ("--critic", "oracle")), "ppo-head": (ppo, ("--critic", "head")),
                  "ppo-kl-target": (ppo, ("--kl-target", "0.01"))}
 
@@ -37,7 +38,8 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
     """Seeds 0, 1, 2 in lockstep (the default recipe: preservation, trust region; GRPO's μ = 2; its random rewards
     and ReMax's greedy baseline, each member's own; REINFORCE-Rej's groups dropped under a mean over sequences;
     the entropy controls, member by member, Clip-Cov drawing from each member's generator; another sampler (a stale
-    one too) and its correction;
+    one too) and its correction; a trust region that halves and rejects steps (the anchor probe's logits carried
+    from one step to the next);
     PPO's 2 epochs × 2 minibatches with each of its critics, and an adaptive β): each member writes its single run's
     files, matches its metrics to 1e-4 over the first two steps (test_population.LOOSER: two figures that amplify
     rounding), and resumes as a single run."""

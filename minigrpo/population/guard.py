@@ -1,13 +1,14 @@
 """The per-step trust region of rl/trust_region.py for P members at once: each member's step halved until its own
 probes' KL is within the limits (or rejected), the members' scales a (P,) tensor.
 
-    guard = Guard(stack, probes)     # before the update: the weights and each probe's logits
-    stats = guard.enforce(stack)     # after it -> {"tr_scale": (P,), "tr_kl_<probe>": (P,)}
+    guard = Guard(stack, probes, previous)  # before the update: the weights and each probe's logits
+    stats = guard.enforce(stack)            # after it -> {"tr_scale": (P,), "tr_kl_<probe>": (P,)}
 
 probes: [(name, rows (population/rows.Rows), limit, weights (N,) or None, group (N,) long or None)], the single
 run's probes with each member's rows. Per member it computes what StepGuard computes: the same halvings, the same
 rejection after `max_halvings`, the KLs of rl/trust_region.sequence_kl (the group means here a product with the
-groups' one-hot matrix; the same sums in another order).
+groups' one-hot matrix; the same sums in another order). As StepGuard, a probe whose rows are the previous step's
+(the anchor's: the same Rows each step) takes that step's final logits if the weights have not changed since.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ def sequence_kls(old_logits, new_logits, mask, weights=None, group=None) -> torc
 
 
 class Guard:
-    def __init__(self, stack: Stack, probes: list[tuple], max_halvings: int = 5):
+    def __init__(self, stack: Stack, probes: list[tuple], previous: "Guard | None" = None, max_halvings: int = 5):
         self.params = [w.detach().clone() for w in stack.parameters()]
-        self.probes = [(name, rows, limit, self._logits(stack, rows), (w, g)) for name, rows, limit, w, g in probes]
+        self.probes = [(name, rows, limit, _snapshot(previous, stack, name, rows), (w, g))
+                       for name, rows, limit, w, g in probes]
         self.max_halvings = max_halvings
+        self.final = None  # after enforce: (the weights' stamp, {probe name: (its rows, each member's logits)})
 
     @staticmethod
     @torch.no_grad()
@@ -43,7 +46,8 @@ class Guard:
 
     def _kls(self, stack: Stack) -> tuple[dict, torch.Tensor]:
         """-> ({probe: (P,) KL}, (P,) bool: every probe within its limit)."""
-        kls = {name: sequence_kls(old, self._logits(stack, rows), rows.completion_mask, *wg)
+        self.last = {name: self._logits(stack, rows) for name, rows, _, _, _ in self.probes}
+        kls = {name: sequence_kls(old, self.last[name], rows.completion_mask, *wg)
                for name, rows, _, old, wg in self.probes}
         within = torch.stack([kls[name] <= limit for name, _, limit, _, _ in self.probes]).all(0)
         return kls, within
@@ -69,4 +73,22 @@ class Guard:
                 p.copy_(torch.where(ok.view(-1, *[1] * (p.dim() - 1)), p, old))
             scale = torch.where(ok, scale, 0.0)
             kls = {name: torch.where(ok, v, 0.0) for name, v in kls.items()}
+            self.last = {name: torch.where(ok.view(-1, 1, 1, 1), self.last[name], old)
+                         for name, _, _, old, _ in self.probes}
+        self.final = (_stamp(stack), {name: (rows, self.last[name]) for name, rows, _, _, _ in self.probes})
         return {"tr_scale": scale, **{f"tr_kl_{name}": v for name, v in kls.items()}}
+
+
+def _stamp(stack: Stack) -> tuple:
+    """Which tensors hold the weights and their in-place versions: any step, copy or change of members changes it."""
+    return tuple((id(w), w._version) for w in stack.parameters())
+
+
+def _snapshot(previous: Guard | None, stack: Stack, name: str, rows) -> torch.Tensor:
+    """Every member's logits on a probe now: the previous step's final logits of the same rows if the weights have
+    not changed since (rl/trust_region._snapshot: bit for bit the same forward), else one forward."""
+    if previous is not None and previous.final is not None and previous.final[0] == _stamp(stack):
+        old_rows, logits = previous.final[1].get(name, (None, None))
+        if old_rows is rows:
+            return logits
+    return Guard._logits(stack, rows)

@@ -89,9 +89,15 @@ class Aids:
     prompts: PromptTable  # every member's step prompts encoded at once (the members' prompts are the first's)
     anchor_probe: tuple | None  # the trust region's anchor rows, the first member's (Run.anchor_probe_rows)
     stale: StaleWeights | None  # --sample-stale's recorded weights
+    anchor_rows: Rows | None = None  # the anchor probe's rows for these members, the same object every step
+    guard: Guard | None = None  # the last step's trust region (its final logits of the anchor rows)
 
     def adopt(self, members: list) -> None:
-        """Member j's GPT evaluates through the population's forward (and samples from its recorded weights)."""
+        """Member j's GPT evaluates through the population's forward (and samples from its recorded weights); the
+        anchor probe's rows for these members."""
+        self.guard = None
+        if self.anchor_probe is not None:
+            self.anchor_rows = Rows.shared(self.anchor_probe[0], len(members))
         for j, (_, m) in enumerate(members):
             self.evaluation.adopt(m.run.policy, j)
             if self.stale is not None:
@@ -130,8 +136,9 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                 first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None,
                 StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None)
     aids.adopt(members)
-    for j, (_, m) in enumerate(members):  # step 0 by each member's own forward, as its single run: figures that
-        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j))  # compare π_θ with π_ref see them equal
+    start = first.exact_evaluation()  # step 0: every member's weights are the first's, evaluated by its own forward
+    for j, (_, m) in enumerate(members):  # as its single run (figures that compare π_θ with π_ref see them equal)
+        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j), start)
     try:
         with StopOnCtrlC() as stop:
             while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
@@ -174,9 +181,9 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
         old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
     probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
     if aids.anchor_probe is not None:
-        gen, weights, group = aids.anchor_probe
-        probes.append(("anchor", Rows.shared(gen, len(members)), cfg.trust_region_anchor, weights, group))
-    guard = Guard(stack, probes) if probes else None
+        _, weights, group = aids.anchor_probe
+        probes.append(("anchor", aids.anchor_rows, cfg.trust_region_anchor, weights, group))
+    guard = aids.guard = Guard(stack, probes, aids.guard) if probes else None
     figures = update(stack, ref, opt, Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs,
                                                [m.algo for _, m in members]))
     trust = guard.enforce(stack) if guard is not None else {}
@@ -260,8 +267,7 @@ def _evaluate(members: list) -> dict:
     r, models = members[0].run, [m.run.policy for m in members]
     many = getattr(r.task, "rl_evaluate_many", None)  # optional (toy_tasks/contract.py): else each model's own
     try:
-        evs = many(models, r.tok, r.baseline, r.cfg, r.rewards) if many else \
-            [r.task.rl_evaluate(model, r.tok, r.baseline, r.cfg, r.rewards) for model in models]
+        evs = many(models, r.tok, r.baseline, r.cfg, r.rewards) if many else [m.run.exact_evaluation() for m in members]
     except ValueError:  # one member's figures cannot be made: each member evaluates itself (and it fails alone)
         return {}
     return {id(m): ev for m, ev in zip(members, evs)}

@@ -121,10 +121,14 @@ class Run(RunCheckpoints):
             self.anchor = make_anchor(self.ref, self.tok, anchor_prompts, self.prompts, cfg, self.gens["anchor"])
             self.baseline = self.task.rl_baseline(self.ref, self.tok, cfg)
 
+    def exact_evaluation(self) -> dict:
+        """The task's exact evaluation of the policy now (toy_tasks/contract.py: rl_evaluate)."""
+        return self.task.rl_evaluate(self.policy, self.tok, self.baseline, self.cfg, self.rewards)
+
     def evaluate(self, ev: dict | None = None) -> dict:
-        """The task's exact evaluation now (`ev`: already made, a lockstep population's), with the running peaks of
-        what must never break."""
-        ev = ev or self.task.rl_evaluate(self.policy, self.tok, self.baseline, self.cfg, self.rewards)
+        """The exact evaluation now (`ev`: already made, a lockstep population's), with the running peaks of what
+        must never break."""
+        ev = ev or self.exact_evaluation()
         return {**ev, **self.peaks.update(ev)}
 
     def probes(self, batch) -> list:
@@ -167,9 +171,9 @@ class Run(RunCheckpoints):
 
 
     # ---- the parts of a step that are not the algorithm's (run() below; a lockstep population's members) ------
-    def begin(self, algo, opt) -> JsonlLogger:
+    def begin(self, algo, opt, evaluation: dict | None = None) -> JsonlLogger:
         """Before step 1 (or the resumed step): restore a resumed run, write config.json, open metrics.jsonl, say
-        what runs, and evaluate (logged as step 0 on a fresh run) -> the metrics logger."""
+        what runs, and evaluate (logged as step 0 on a fresh run; `evaluation`: already made) -> the metrics logger."""
         cfg = self.cfg
         if self.resume_state:
             self.restore(algo, opt)
@@ -181,7 +185,7 @@ class Run(RunCheckpoints):
                  f"{'resuming at step ' + str(self.step) if self.resume_state else 'from ' + cfg.init}\\nat most "
                  f"{cfg.steps} steps" + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else "") +
                  ("" if cfg.verbose else " | max: the worst so far; --verbose: every figure"))
-        self.last_eval = self.evaluate()
+        self.last_eval = self.evaluate(evaluation)
         if not self.resume_state:
             logger.log({"step": 0, **flat(self.last_eval)})
         self.stop_reason = None
