@@ -6,14 +6,20 @@ from dataclasses import replace
 import torch
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from minigrpo import grpo, ppo
+from minigrpo.lm.prefix_tree import build_prefix_tree
+from minigrpo.lm.sampling import Generation
+from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.guard import sequence_kls
 from minigrpo.population.lockstep import train_lockstep, unsupported
+from minigrpo.population.rows import Rows
+from minigrpo.population.stacked import Stack
 from minigrpo.rl.trust_region import sequence_kl
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
-from test_population import UNTIMED, _run, breaking_reward, close
+from test_population import UNTIMED, _run, breaking_reward, close, members
 
 
 def _cfg(init, folder, seed, extra=(), trainer=grpo):
@@ -216,3 +222,43 @@ def test_the_prompt_table_encodes_each_members_rows_as_encode_prompts_does():
     for (ids, mask), r in zip(PromptTable(tok, prompts, "cpu").encode(rows), rows):
         want_ids, want_mask = encode_prompts(tok, r)
         assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask), r
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(0, 3)), min_size=1, max_size=3),
+       st.integers(0, 2 ** 16), st.sampled_from([None, 2]))
+def test_the_members_prefix_trees_give_the_plain_forwards_log_probs_states_and_gradients(shapes, seed, group_size):
+    """Rows.of's forward through each member's own prefix tree (population/rows.Trees), against the same rows'
+    plain forward (its oracle): members with other prompt widths and completion lengths (left and right padding),
+    rows that repeat (shared prefixes), trees of several packed sequences (a small GROUP_SIZE)."""
+    torch.manual_seed(seed)
+    models = members(3, seed)[:len(shapes)]
+    gens = []
+    for width, length, copies in shapes:  # a member: 4 rows, its prompts `width` wide, its completions ≤ `length`
+        ids = torch.randint(3, 20, (4, width + length))
+        ids[1:1 + copies] = ids[0]  # shared prefixes
+        key_mask = torch.ones_like(ids, dtype=torch.bool)
+        key_mask[-1, :width - 1] = False  # a shorter prompt, left-padded
+        ends = torch.randint(1, length + 1, (4,))
+        completion_mask = torch.arange(length)[None] < ends[:, None]
+        key_mask[:, width:] = completion_mask
+        ids = ids.masked_fill(~key_mask, PAD_ID)
+        gens.append(Generation(ids, key_mask, width, completion_mask, torch.zeros(4, length), torch.ones(4, dtype=bool)))
+    if group_size is not None:
+        for g in gens:
+            g._tree = build_prefix_tree(g.ids[:, :-1], g.key_mask[:, :-1] & g.key_mask[:, 1:], group_size)
+    fast = Rows.of(gens)
+    plain = replace(fast, tree=None)
+    stack = Stack(models)
+    got, want = fast.logprobs(stack, 0.8, states=True), plain.logprobs(stack, 0.8, states=True)
+    real = fast.completion_mask
+    for a, b in zip(got, want):
+        assert torch.allclose(a[real], b[real], atol=1e-5)
+    for rows in (fast, plain):
+        for m in models:
+            m.zero_grad()
+        logp, _, h = rows.logprobs(stack, 0.8, states=True)
+        (logp.sum() + h[real].square().sum()).backward()
+        grads = [p.grad.clone() for m in models for p in m.parameters()] if rows is fast else \
+            [torch.allclose(g, p.grad, rtol=1e-4, atol=1e-3) for g, p in zip(grads, [p for m in models for p in m.parameters()])]
+    assert all(grads)

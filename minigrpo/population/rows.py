@@ -8,9 +8,10 @@ anchor's), padded to one shape, and their log-probs under each member's own weig
 
 Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest completion, so
 completion token j of every row sits in slot prompt_len + j. Padding is never attended to and never counted (the
-completion mask is False there), so a member's log-probs are its single run's, to float rounding (the single run
-shares its rows' common prefixes (lm/prefix_tree.py); here a member's own rows compute every slot, the tests' oracle
-path, and rows every member shares (the anchor's) go through their one prefix tree).
+completion mask is False there). The forward runs over prefix trees (lm/prefix_tree.py), each distinct prefix once:
+each member's own rows through its single run's tree (its Generation's), the trees padded to one shape (Trees); rows
+every member shares (the anchor's) through their one tree. So a member's log-probs are its single run's, to float
+rounding. Rows picked out of them (`select`: PPO's minibatches) compute every slot (the plain forward).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Rows:
     key_mask: torch.Tensor  # (P, N, W + T) bool: real prompt and completion tokens
     prompt_len: int  # W
     completion_mask: torch.Tensor  # (P, N, T) bool
-    tree: PrefixTree | None = None  # rows shared by every member: their prefix tree (lm/prefix_tree.py), once
+    tree: "Trees | None" = None  # the members' prefix trees of the next-token forward; None: the plain forward
 
     @classmethod
     def of(cls, gens: list[Generation]) -> "Rows":
@@ -44,14 +45,16 @@ class Rows:
         for p, g in enumerate(gens):
             w, t = g.prompt_len, g.completion_mask.size(1)
             ids[p, :, W - w:W + t], key_mask[p, :, W - w:W + t] = g.ids, g.key_mask
-        return cls(ids, key_mask, W, key_mask[:, :, W:])
+        trees = Trees.of([g.prefix_tree() for g in gens], [W - g.prompt_len for g in gens], W + T - 1)
+        return cls(ids, key_mask, W, key_mask[:, :, W:], trees)
 
     @classmethod
     def shared(cls, gen: Generation, members: int) -> "Rows":
         """The same rows for every member (expanded, not copied), computed once per distinct prefix as the single
         run computes them (each member's weights over the one prefix tree)."""
         grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
-        return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask), gen.prefix_tree())
+        return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask),
+                   Trees.shared(gen.prefix_tree(), members))
 
     def select(self, index: torch.Tensor) -> "Rows":
         """Member p's rows index[p] (P, n), in that order (RolloutBatch.select of each member)."""
@@ -61,18 +64,17 @@ class Rows:
     def logprobs(self, stack: Stack, temperature: float = 1.0, states: bool = False) -> tuple:
         """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T, V) that gave
         them, each member through its own weights; differentiable (no_grad for π_old and π_ref). states: also the
-        final hidden states they came from (P, N, T, C) (a value head's input; not for shared rows)."""
-        P, N, L = self.ids.shape
+        final hidden states they came from (P, N, T, C) (a value head's input)."""
         if self.tree is None:
             h = stack.states(self.ids[..., :-1], self.key_mask[..., :-1])  # (P, N, L - 1, C)
             logits = stack.head(h) / temperature
-            if states:
-                return *self.logprobs_of(logits), h[:, :, self.prompt_len - 1:]
         else:  # every member's nodes (P, G, K), gathered into each member's rows
-            t, grow = self.tree, lambda x: x[None].expand(P, *x.shape)  # noqa: E731
-            G, K = t.tokens.shape
-            h = stack.hidden(grow(t.tokens), grow(t.pos), grow(t.mask).reshape(P * G, 1, K, K))
-            logits = (stack.head(h) / temperature).flatten(1, 2)[:, t.index]
+            t = self.tree
+            nodes = stack.hidden(t.tokens, t.pos, t.mask)
+            logits = t.gather(stack.head(nodes) / temperature)
+            h = t.gather(nodes) if states else None
+        if states:
+            return *self.logprobs_of(logits), h[:, :, self.prompt_len - 1:]
         return self.logprobs_of(logits)
 
     def logprobs_of(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,3 +96,42 @@ class Rollouts:
     batches: list = field(default_factory=list)  # each member's RolloutBatch (its prompts, its generation)
     runs: list = field(default_factory=list)  # each member's rl/loop.Run (its generators, models, task)
     algos: list = field(default_factory=list)  # each member's algorithm object (PPO's: its β)
+
+
+@dataclass
+class Trees:
+    """P members' prefix trees (lm/prefix_tree.PrefixTree) as one batch: member p's packed sequences padded to G
+    sequences of K slots (a padding slot attends to itself only, and no real node to it)."""
+    tokens: torch.Tensor  # (P, G, K) long
+    pos: torch.Tensor  # (P, G, K) long
+    mask: torch.Tensor  # (P * G, 1, K, K) bool
+    index: torch.Tensor  # (P, N, L − 1) long: the flat slot (g·K + k) of each row's slot's node
+
+    @classmethod
+    def of(cls, trees: list[PrefixTree], shift: list[int], width: int) -> "Trees":
+        """Each member's tree of its own rows; its rows sit `shift[p]` slots to the right in a row `width` slots
+        wide (the batch's wider prompts pad them further on the left)."""
+        P, (G, K) = len(trees), (max(t.tokens.size(d) for t in trees) for d in (0, 1))
+        device, N = trees[0].tokens.device, trees[0].index.size(0)
+        tokens = torch.full((P, G, K), PAD_ID, dtype=torch.long, device=device)
+        pos = torch.zeros((P, G, K), dtype=torch.long, device=device)
+        mask = torch.eye(K, dtype=torch.bool, device=device).repeat(P, G, 1, 1)
+        index = torch.zeros((P, N, width), dtype=torch.long, device=device)
+        for p, (t, s) in enumerate(zip(trees, shift)):
+            g, k = t.tokens.shape
+            tokens[p, :g, :k], pos[p, :g, :k], mask[p, :g, :k, :k] = t.tokens, t.pos, t.mask[:, 0]
+            index[p, :, s:s + t.index.size(1)] = t.index // k * K + t.index % k
+        return cls(tokens, pos, mask.view(P * G, 1, K, K), index)
+
+    @classmethod
+    def shared(cls, tree: PrefixTree, members: int) -> "Trees":
+        """One tree, every member's (expanded, not copied)."""
+        grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
+        G, _, K, _ = tree.mask.shape
+        return cls(grow(tree.tokens), grow(tree.pos), grow(tree.mask).reshape(members * G, 1, K, K), grow(tree.index))
+
+    def gather(self, nodes: torch.Tensor) -> torch.Tensor:
+        """Per-node values (P, G, K, D) -> each row's (P, N, L − 1, D) (PrefixTree.gather of each member)."""
+        P, N, L = self.index.shape
+        flat = nodes.flatten(1, 2)
+        return flat.gather(1, self.index.view(P, N * L, 1).expand(-1, -1, flat.size(-1))).view(P, N, L, -1)
