@@ -142,6 +142,27 @@ def test_each_node_has_its_rows_token_its_depth_and_exactly_its_ancestors_as_key
     assert_structure(*batch, build_prefix_tree(*batch))
 
 
+@SET
+@given(batches(), st.integers(1, 3), st.sampled_from([2, 96]), st.integers(0, 10**6))
+def test_segments_share_no_node_and_no_sequence_and_each_is_the_tree_of_its_own_rows(batch, segments, group_size,
+                                                                                     seed):
+    """segment= (a lockstep population's members): every sequence holds one segment's rows only, each segment's
+    nodes are exactly those of the tree of its rows alone (its own sequences, cut at the same places), and each
+    node still has its row's token, depth and ancestors."""
+    ids, key_mask = batch
+    segment = torch.randint(0, segments, (ids.size(0),), generator=torch.Generator().manual_seed(seed))
+    tree = build_prefix_tree(ids, key_mask, group_size, segment)
+    assert_structure(ids, key_mask, tree)
+    N = tree.tokens.size(1)
+    real = key_mask.any(1)
+    assert torch.equal(tree.segment[tree.index[real, :] // N].masked_select(key_mask[real]),
+                       segment[real, None].expand_as(key_mask[real]).masked_select(key_mask[real]))
+    alone = [build_prefix_tree(ids[segment == s], key_mask[segment == s], group_size) for s in segment.unique()
+             if key_mask[segment == s].any()]
+    assert tree.num_nodes == sum(t.num_nodes for t in alone)
+    assert tree.tokens.size(0) == sum(t.tokens.size(0) for t in alone)
+
+
 @SMALL
 @given(batches(), st.sampled_from([1, 2, 5]))
 def test_small_groups_still_give_the_plain_forward(batch, group_size):

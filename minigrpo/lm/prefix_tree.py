@@ -47,24 +47,27 @@ class PrefixTree:
     mask: torch.Tensor  # (G, 1, N, N) bool: node i may attend to node j (its ancestors and itself)
     index: torch.Tensor  # (B, T) long: the flat slot (g·N + k) of the node at each real (row, slot); 0 elsewhere
     num_nodes: int  # the positions one forward computes: each distinct prefix once per sequence holding it
+    segment: torch.Tensor | None = None  # (G,) long: each sequence's segment (build_prefix_tree's `segment`)
 
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
         """(G, N, ...) per-node values -> (B, T, ...) per-row values (padding slots: some node's value)."""
         return node_values.flatten(0, 1)[self.index]
 
 
-def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None,
-                      group_size: int = GROUP_SIZE) -> PrefixTree:
+def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, group_size: int = GROUP_SIZE,
+                      segment: torch.Tensor | None = None) -> PrefixTree:
     """The tree of the distinct prefixes of rows `ids` (B, T) whose real tokens (key_mask (B, T) bool, None =
-    all real) are contiguous: left padding, the tokens, right padding. Vectorised, no loop over rows or tokens:
+    all real) are contiguous: left padding, the tokens, right padding. segment (B,) long, None = one: rows of other
+    segments share no node and no sequence, each segment a tree of its own (the members of a lockstep population,
+    each through its own weights). Vectorised, no loop over rows, tokens or segments:
 
     1. left-align each row's real tokens: L (B, T), −1 after the row's end;
     2. sort the distinct rows: a row's new nodes are its slots past the longest common prefix (lcp) with the row
        sorted before it, so numbering the new (row, slot) pairs in row-major order numbers the nodes depth-first,
        and each slot's node is the last one created in its column (a cumulative max down the rows);
-    3. cut the sorted rows into sequences of about `group_size` nodes (attention costs Σ N², every other layer
-       Σ N): a sequence's first row brings its own copy of its ancestors (lcp 0), so a sequence holds fewer than
-       group_size + 2T nodes, and a prefix shared across a cut is computed once in each sequence;
+    3. cut each segment's sorted rows into sequences of about `group_size` nodes (attention costs Σ N², every
+       other layer Σ N): a sequence's first row brings its own copy of its ancestors (lcp 0), so a sequence holds
+       fewer than group_size + 2T nodes, and a prefix shared across a cut is computed once in each sequence;
     4. node i sees node j iff j is on i's path, at position id = its depth.
     """
     B, T = ids.shape
@@ -73,20 +76,28 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None,
     if not key_mask.any():  # nothing real: one padding node that every slot points at
         one = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
         return PrefixTree(torch.full((1, 1), PAD_ID, dtype=ids.dtype, device=dev), torch.zeros(1, 1, dtype=torch.long,
-                          device=dev), one, torch.zeros(B, T, dtype=torch.long, device=dev), 0)
+                          device=dev), one, torch.zeros(B, T, dtype=torch.long, device=dev), 0,
+                          None if segment is None else segment[:1])
     length = key_mask.sum(1)  # (B,)
     j = torch.arange(T, device=dev)
     real = j[None] < length[:, None]  # (B, T): slot j of the left-aligned row is real
     start = key_mask.int().argmax(1)  # each row's first real slot
     L = torch.where(real, ids.gather(1, (start[:, None] + j[None]).clamp(max=T - 1)), -1)  # (B, T)
-    rows, row_of = torch.unique(L, dim=0, return_inverse=True)  # the distinct rows, sorted: (U, T)
+    seg = torch.zeros(B, dtype=ids.dtype, device=dev) if segment is None else segment.to(ids.dtype)
+    rows, row_of = torch.unique(torch.cat([seg[:, None], L], 1), dim=0, return_inverse=True)  # sorted by segment
+    seg, rows = rows[:, 0], rows[:, 1:]  # the distinct rows (U, T) and their segments
     U = rows.size(0)
+    opens = torch.cat([seg.new_ones(1, dtype=torch.bool), seg[1:] != seg[:-1]])  # (U,): a segment's first row
     same = torch.cat([torch.zeros(1, T, dtype=torch.bool, device=dev), rows[1:] == rows[:-1]])  # vs the row above
-    lcp = same.int().cumprod(1).sum(1)  # (U,) slots in common with the row above
+    lcp = torch.where(opens, 0, same.int().cumprod(1).sum(1))  # (U,) slots in common with the row above
     real_u = rows >= 0  # (U, T)
     made = (real_u & (j[None] >= lcp[:, None])).sum(1)  # the nodes each row adds to the tree so far
-    group = torch.div(made.cumsum(0) - made, group_size, rounding_mode="floor")  # (U,) rows -> sequences
-    lcp = torch.where(torch.cat([group.new_ones(1, dtype=torch.bool), group[1:] != group[:-1]]), 0, lcp)
+    before = made.cumsum(0) - made
+    before = before - before[opens].repeat_interleave(torch.bincount(opens.cumsum(0) - 1))  # within its segment
+    group = torch.div(before, group_size, rounding_mode="floor")  # (U,) rows -> sequences
+    cut = opens | torch.cat([opens[:1], group[1:] != group[:-1]])
+    lcp = torch.where(cut, 0, lcp)
+    group = cut.cumsum(0) - 1
     new = real_u & (j[None] >= lcp[:, None])  # (U, T): the (row, slot) pairs that create a node
     node_id = new.flatten().long().cumsum(0).view(U, T) - 1  # depth-first numbering of the nodes
     node = torch.where(new, node_id, -1).cummax(0).values  # (U, T): the node at each real slot
@@ -106,7 +117,8 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None,
     mask[every, every % N] = True  # an unused slot sees itself: no empty softmax row
     index = torch.zeros(B, T, dtype=torch.long, device=dev)
     index[key_mask] = node_slot[row_of][real]  # row b's real slots in order are L's slots 0..length−1
-    return PrefixTree(tokens.view(G, N), pos.view(G, N), mask.view(G, 1, N, N), index, tok.numel())
+    segments = None if segment is None else seg[:, None].expand(U, T)[new][first]  # each sequence's, in order
+    return PrefixTree(tokens.view(G, N), pos.view(G, N), mask.view(G, 1, N, N), index, tok.numel(), segments)
 
 
 def next_token_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None) -> PrefixTree:

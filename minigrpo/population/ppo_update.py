@@ -54,7 +54,7 @@ class Critics(Stack):
         """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked. hidden: the
         policy's states there (P, N, T, C), the head critic's input; the separate critic's trunks make their own."""
         if self.separate:
-            hidden = self.states(rows.ids[..., :-1], rows.key_mask[..., :-1])[:, :, rows.prompt_len - 1:]
+            hidden = rows.states(self)[:, :, rows.prompt_len - 1:]
         P, N, T, C = hidden.shape
         v = linear(hidden.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
         return torch.where(rows.completion_mask, v, 0.0)

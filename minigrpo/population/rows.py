@@ -11,7 +11,7 @@ completion token j of every row sits in slot prompt_len + j. Padding is never at
 completion mask is False there). The forward runs over prefix trees (lm/prefix_tree.py), each distinct prefix once:
 each member's own rows through its single run's tree (its Generation's), the trees padded to one shape (Trees); rows
 every member shares (the anchor's) through their one tree. So a member's log-probs are its single run's, to float
-rounding. Rows picked out of them (`select`: PPO's minibatches) compute every slot (the plain forward).
+rounding. Rows picked out of them (`select`: PPO's minibatches) get their own trees, as a single run's minibatch.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.lm.logprobs import completion_token_logprobs
-from minigrpo.lm.prefix_tree import PrefixTree
+from minigrpo.lm.prefix_tree import GROUP_SIZE, PrefixTree, build_prefix_tree
 from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
@@ -45,8 +45,7 @@ class Rows:
         for p, g in enumerate(gens):
             w, t = g.prompt_len, g.completion_mask.size(1)
             ids[p, :, W - w:W + t], key_mask[p, :, W - w:W + t] = g.ids, g.key_mask
-        trees = Trees.of([g.prefix_tree() for g in gens], [W - g.prompt_len for g in gens], W + T - 1)
-        return cls(ids, key_mask, W, key_mask[:, :, W:], trees)
+        return cls(ids, key_mask, W, key_mask[:, :, W:], Trees.build(ids, key_mask))
 
     @classmethod
     def shared(cls, gen: Generation, members: int) -> "Rows":
@@ -59,23 +58,24 @@ class Rows:
     def select(self, index: torch.Tensor) -> "Rows":
         """Member p's rows index[p] (P, n), in that order (RolloutBatch.select of each member)."""
         pick = lambda x: x.gather(1, index.view(*index.shape, 1).expand(-1, -1, x.size(2)))  # noqa: E731
-        return Rows(pick(self.ids), pick(self.key_mask), self.prompt_len, pick(self.completion_mask))
+        ids, key_mask = pick(self.ids), pick(self.key_mask)
+        return Rows(ids, key_mask, self.prompt_len, pick(self.completion_mask), Trees.build(ids, key_mask))
+
+    def states(self, stack: Stack) -> torch.Tensor:
+        """The final hidden states (P, N, L − 1, C) at every input slot of the next-token forward, each member through
+        its own weights (its nodes through its tree, gathered into its rows)."""
+        if self.tree is None:
+            return stack.states(self.ids[..., :-1], self.key_mask[..., :-1])
+        t = self.tree
+        return t.gather(stack.hidden(t.tokens, t.pos, t.mask))
 
     def logprobs(self, stack: Stack, temperature: float = 1.0, states: bool = False) -> tuple:
         """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T, V) that gave
         them, each member through its own weights; differentiable (no_grad for π_old and π_ref). states: also the
         final hidden states they came from (P, N, T, C) (a value head's input)."""
-        if self.tree is None:
-            h = stack.states(self.ids[..., :-1], self.key_mask[..., :-1])  # (P, N, L - 1, C)
-            logits = stack.head(h) / temperature
-        else:  # every member's nodes (P, G, K), gathered into each member's rows
-            t = self.tree
-            nodes = stack.hidden(t.tokens, t.pos, t.mask)
-            logits = t.gather(stack.head(nodes) / temperature)
-            h = t.gather(nodes) if states else None
-        if states:
-            return *self.logprobs_of(logits), h[:, :, self.prompt_len - 1:]
-        return self.logprobs_of(logits)
+        h = self.states(stack)
+        out = self.logprobs_of(stack.head(h) / temperature)
+        return (*out, h[:, :, self.prompt_len - 1:]) if states else out
 
     def logprobs_of(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward's logits over every slot (P, N, L − 1, V) -> the completion tokens' log-probs and logits."""
@@ -100,7 +100,7 @@ class Rollouts:
 
 @dataclass
 class Trees:
-    """P members' prefix trees (lm/prefix_tree.PrefixTree) as one batch: member p's packed sequences padded to G
+    """P members' prefix trees (lm/prefix_tree.PrefixTree) as one batch: member p's packed sequences, padded to G
     sequences of K slots (a padding slot attends to itself only, and no real node to it)."""
     tokens: torch.Tensor  # (P, G, K) long
     pos: torch.Tensor  # (P, G, K) long
@@ -108,19 +108,22 @@ class Trees:
     index: torch.Tensor  # (P, N, L − 1) long: the flat slot (g·K + k) of each row's slot's node
 
     @classmethod
-    def of(cls, trees: list[PrefixTree], shift: list[int], width: int) -> "Trees":
-        """Each member's tree of its own rows; its rows sit `shift[p]` slots to the right in a row `width` slots
-        wide (the batch's wider prompts pad them further on the left)."""
-        P, (G, K) = len(trees), (max(t.tokens.size(d) for t in trees) for d in (0, 1))
-        device, N = trees[0].tokens.device, trees[0].index.size(0)
-        tokens = torch.full((P, G, K), PAD_ID, dtype=torch.long, device=device)
-        pos = torch.zeros((P, G, K), dtype=torch.long, device=device)
-        mask = torch.eye(K, dtype=torch.bool, device=device).repeat(P, G, 1, 1)
-        index = torch.zeros((P, N, width), dtype=torch.long, device=device)
-        for p, (t, s) in enumerate(zip(trees, shift)):
-            g, k = t.tokens.shape
-            tokens[p, :g, :k], pos[p, :g, :k], mask[p, :g, :k, :k] = t.tokens, t.pos, t.mask[:, 0]
-            index[p, :, s:s + t.index.size(1)] = t.index // k * K + t.index % k
+    def build(cls, ids: torch.Tensor, key_mask: torch.Tensor, group_size: int = GROUP_SIZE) -> "Trees":
+        """The trees of the next-token forward over each member's rows ids, key_mask (P, N, L) (prefix_tree.
+        next_token_tree's), built as one: each member a segment, sharing no node with another."""
+        P, N, L = ids.shape
+        target = key_mask[..., :-1] & key_mask[..., 1:]  # an input slot whose next token is real
+        t = build_prefix_tree(ids[..., :-1].reshape(P * N, L - 1), target.reshape(P * N, L - 1), group_size,
+                              torch.arange(P, device=ids.device).repeat_interleave(N))
+        S, K = t.tokens.shape  # S sequences, each one member's
+        count = torch.bincount(t.segment, minlength=P)
+        rank = torch.arange(S, device=ids.device) - (count.cumsum(0) - count)[t.segment]  # within its member
+        G = int(count.max())
+        tokens = torch.full((P, G, K), PAD_ID, dtype=torch.long, device=ids.device)
+        pos = torch.zeros((P, G, K), dtype=torch.long, device=ids.device)
+        mask = torch.eye(K, dtype=torch.bool, device=ids.device).repeat(P, G, 1, 1)
+        tokens[t.segment, rank], pos[t.segment, rank], mask[t.segment, rank] = t.tokens, t.pos, t.mask[:, 0]
+        index = (rank[t.index // K] * K + t.index % K).view(P, N, L - 1)  # a padding slot: some node of its member's
         return cls(tokens, pos, mask.view(P * G, 1, K, K), index)
 
     @classmethod
