@@ -35,14 +35,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from minigrpo.lm.sampling import decode_completions
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MemberOptimizer, MembersAdamW, keep
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.sampling import PromptTable, Request, StaleWeights, generate_all
+from minigrpo.population.sampling import PromptTable, Request, StaleWeights, generate_all, read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import STOP_ALL, StopOnCtrlC
@@ -220,23 +219,26 @@ def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
     requests = [Request(ids, mask, cfg.max_new_tokens, temperature, None, sampler and sampler.top_p, r.gens["rollout"])
                 for r, (ids, mask) in zip(runs, table.encode(prompts))]
     gens = generate_all(None, requests, stack)
-    batches = []
-    for (_, m), rows, gen in zip(members, prompts, gens):
+    batches, scored = [], []
+    for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):  # one read
         try:
             if isinstance(gen, Exception):
                 raise UsageError(f"{gen} (stopped at step {m.run.step}; checkpoints already written are intact)")
-            completions = decode_completions(m.run.tok, gen)
-            rewards = score(m.run.reward, rows, completions, gen.finished.tolist(), cfg.unfinished_reward)
+            completions, finished = read
+            rewards = score(m.run.reward, rows, completions, finished, cfg.unfinished_reward)
         except RewardError as e:
             m.error = f"{e} (stopped at step {m.run.step}; checkpoints already written are intact)"
         except UsageError as e:
             m.error = str(e)
         if m.error:  # it leaves after this step; its rows still fill the batch (its update is never kept)
             batches.append(None)
+            scored.append([0.0] * len(rows))
             continue
-        batches.append(RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=gen.ids.device),
-                                    cfg.group_size, None, None))
-    return batches
+        batches.append((rows, completions, gen))
+        scored.append(rewards)
+    values = torch.tensor(scored, device=table.ids.device)  # every member's rewards, one copy to the device
+    return [None if b is None else RolloutBatch(*b, values[p], cfg.group_size, None, None)
+            for p, b in enumerate(batches)]
 
 
 def _rows(members: list, update, figures: dict, trust: dict) -> dict:

@@ -131,6 +131,25 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
     return out
 
 
+def read_completions(tok, gens: list) -> list:
+    """Each member's completion texts and finished flags (lm/sampling.decode_completions', gen.finished's), every
+    member's read back in one go; None for a member whose sampling failed."""
+    ok = [g for g in gens if isinstance(g, Generation)]
+    if not ok:
+        return [None] * len(gens)
+    T = max(g.completion_ids.size(1) for g in ok)  # a member's rows padded on the right: decode drops PAD
+    rows = torch.cat([torch.cat([F.pad(g.completion_ids, (0, T - g.completion_ids.size(1)), value=PAD_ID),
+                                 g.finished[:, None].long()], 1) for g in ok]).tolist()
+    out, start = [], 0
+    for g in gens:
+        if not isinstance(g, Generation):
+            out.append(None)
+            continue
+        mine, start = rows[start:start + g.ids.size(0)], start + g.ids.size(0)
+        out.append(([tok.decode(r[:-1]) for r in mine], [bool(r[-1]) for r in mine]))
+    return out
+
+
 class StackedDraws:
     """The lm/sampling.Draws of P members with the same number of rows, prompt width and plain sampling (temperature
     only), drawn as one: the sampling distribution, the race and the bookkeeping over (P, B, V) at once, and each

@@ -217,12 +217,13 @@ class Run(RunCheckpoints):
         self.step += 1
         if cfg.ref_update_every and self.step % cfg.ref_update_every == 0:  # iterative GRPO
             self.ref.load_state_dict(self.policy.state_dict())
-        mean, std, length = torch.stack([batch.rewards.mean(), batch.rewards.std(),  # one read, not three
-                                         batch.mask.sum(1).float().mean()]).tolist()
+        lengths = batch.mask.sum(1).float()
+        mean, std, length, tokens = torch.stack([batch.rewards.mean(), batch.rewards.std(),  # one read, not four
+                                                 lengths.mean(), lengths.sum()]).tolist()
         self.rewards_window = (self.rewards_window + [mean])[-10:]
         row = {"step": self.step, "reward_mean": mean, "reward_std": std,
                "reward_rolling": sum(self.rewards_window) / len(self.rewards_window), **stats,
-               "completion_len": length, "tokens_per_s": batch.num_tokens / step_time, "step_time": step_time}
+               "completion_len": length, "tokens_per_s": tokens / step_time, "step_time": step_time}
         evaluated = self.step % cfg.eval_every == 0 or self.step == cfg.steps
         if evaluated:
             self.last_eval = self.evaluate(evaluation)

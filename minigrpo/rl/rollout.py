@@ -49,10 +49,6 @@ class RolloutBatch:
     def sampler_logp(self) -> torch.Tensor:  # (N, T) log π_sampler of each completion token (0 where masked)
         return self.gen.logprobs
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.mask.sum())
-
     def select(self, rows: torch.Tensor) -> "RolloutBatch":
         """The sub-batch of the given row indices (used to drop equal-reward groups)."""
         pick = rows.tolist()
