@@ -9,10 +9,11 @@ what rl/loop.run does, for all members at once:
 
     sample        every member's prompts and completions from its own generators, one KV-cache batch
                   (population/sampling.generate_all), scored by its reward
-    π_ref         one no-grad forward of every member's rows (population/rows.Rows)
+    π_ref         one no-grad forward of every member's rows through their prefix trees (population/rows.Rows)
     update        the trainer's update over a leading member dim (population/grpo_update.py, ppo_update.py): one
                   backward, one AdamW step on the stacked weights (population/optim.py)
-    trust region  every member's step halved until its own probes allow it (population/guard.py)
+    trust region  every member's step halved until its own probes allow it (population/guard.py; the anchor rows'
+                  logits carried from one step to the next, as a single run's)
     the rest      each member's own: its weights copied into its GPT, then Run.end_step (exact evaluation, whose
                   forward is one for all: population/evaluation.py; stop rule, metrics, checkpoints) and, once it
                   stops, Run.finish (summary.json, samples.txt)
@@ -21,9 +22,9 @@ A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) 
 untouched: every computation is per member. Each member's metrics are its single run's to float rounding
 (tests/test_lockstep.py), and its folder is the one its single run writes (`grpo --resume` or `ppo --resume`
 continues it); its step_time and tokens_per_s are the population's step's. `unsupported(trainer, cfgs)` says what it
-cannot run (a population then runs its members as threads: population/member.py). Departures: the members' own rows
-compute every slot (their single runs share each prefix once: lm/prefix_tree.py), and set-up is the first member's,
-taken by the others (Run(like=): the model, the tree anchor, the baseline).
+cannot run (a population then runs its members as threads: population/member.py). Departures: set-up is the first
+member's, taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the exact evaluation
+of step 0 (every member starts from the same weights).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ anchor's), padded to one shape, and their log-probs under each member's own weig
 Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest completion, so
 completion token j of every row sits in slot prompt_len + j. Padding is never attended to and never counted (the
 completion mask is False there). The forward runs over prefix trees (lm/prefix_tree.py), each distinct prefix once:
-each member's own rows through its single run's tree (its Generation's), the trees padded to one shape (Trees); rows
-every member shares (the anchor's) through their one tree. So a member's log-probs are its single run's, to float
-rounding. Rows picked out of them (`select`: PPO's minibatches) get their own trees, as a single run's minibatch.
+each member's own rows through the tree its single run builds of them (all members' built as one, each a segment,
+padded to one shape: Trees); rows every member shares (the anchor's) through their one tree. So a member's log-probs
+are its single run's, to float rounding. Rows picked out of them (`select`: PPO's minibatches) get their own trees, as a single run's minibatch.
 """
 
 from __future__ import annotations
