@@ -1,5 +1,6 @@
 """bench's population section: P default GRPO runs as one lockstep population (population/lockstep.py) against P,
-on the run's device: run-steps per second, memory per member, where the time goes, and the torch calls per step.
+on the run's device: run-steps per second, memory per member, where the time goes, the torch calls and kernels per
+step.
 PPO's lockstep (its separate critic, and its exact one) at the largest P.
 
     python -m minigrpo.bench --only population                 # CPU: P = 1, 4, 16
@@ -10,8 +11,9 @@ stop rule off), from the bench's pretrained model. Beside it: the same run alone
 threads that batch only their models' work (population/member.py, what runs the trainers lockstep does not); and
 the largest P shared out over every core's worker process (population/engine.run_populations, as compare runs
 it). Then where the lockstep loop spends its time (sampled every 2 ms; on a GPU a phase that waits for the device
-holds the time of the kernels queued before it), and its torch calls per step at P = 1 and at a larger P: a call
-made once for all members costs the same at any P.
+holds the time of the kernels queued before it), and its torch calls and kernels (the operators that compute,
+backward included: about one launch each on a GPU) per step at P = 1 and at a larger P: one made once for all
+members costs the same at any P.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from minigrpo.bench.common import table
 from minigrpo.population.engine import run_population, run_populations
 from minigrpo.tools.pool import run_one
-from minigrpo.util.opcount import TorchCalls
+from minigrpo.util.opcount import TorchCalls, TorchKernels
 from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import ThreadSampler
 
@@ -117,23 +119,26 @@ def _profile(items, P: int, steps: int, shown: int = 14) -> str:
 
 
 def _calls(items, P: int, steps: int) -> str:
-    """The torch calls of a lockstep step (util/opcount.py) at P = 1 and at P, by what the step was calling."""
-    counts = {}
+    """The torch calls and kernels of a lockstep step (util/opcount.py) at P = 1 and at P, by what the step was
+    calling."""
+    counts, kernels = {}, {}
     for n in sorted({1, P}):
-        calls = TorchCalls(root=ROOTS[0], inside=("minigrpo/population/stacked.py",))
-        with calls:
+        counts[n] = TorchCalls(root=ROOTS[0], inside=("minigrpo/population/stacked.py",))
+        kernels[n] = TorchKernels(root=ROOTS[0])
+        with counts[n], kernels[n]:
             run_population(items(f"calls{n}", n), lambda item, err: None)
-        counts[n] = calls
-    total = lambda c, k: c.counts[(k, "own")] + c.counts[(k, "model")]  # noqa: E731
-    reads = lambda c, k: c.syncs[(k, "own")] + c.syncs[(k, "model")]  # noqa: E731
-    largest = counts[max(counts)]
+    total = lambda c, k: sum(v for key, v in c.counts.items() if key[0] == k)  # noqa: E731
+    reads = lambda c, k: sum(v for key, v in c.syncs.items() if key[0] == k)  # noqa: E731
+    largest = max(counts)
     phases = sorted({k[0] for c in counts.values() for k in c.counts if k[0] != "(outside it)"},
-                    key=lambda k: -total(largest, k))
+                    key=lambda k: -total(counts[largest], k))
     phases.append("all")
-    for c in counts.values():
+    for c in [*counts.values(), *kernels.values()]:
         c.counts[("all", "own")] = sum(n for k, n in c.counts.items() if k[0] != "(outside it)")
-        c.syncs[("all", "own")] = sum(n for k, n in c.syncs.items() if k[0] != "(outside it)")
-    rows = [[k, *(f"{total(counts[n], k) / steps:.0f}" for n in counts), f"{reads(largest, k) / steps:.0f}"]
-            for k in phases]
-    return "\n" + table("torch calls per step of a lockstep population, by what its step was calling",
-                        ["calling", *(f"P = {n}" for n in counts), f"reading a value, P = {max(counts)}"], rows)
+        if isinstance(c, TorchCalls):
+            c.syncs[("all", "own")] = sum(n for k, n in c.syncs.items() if k[0] != "(outside it)")
+    rows = [[k, *(f"{total(c[n], k) / steps:.0f}" for c in (counts, kernels) for n in counts),
+             f"{reads(counts[largest], k) / steps:.0f}"] for k in phases]
+    return "\n" + table("torch calls and kernels per step of a lockstep population, by what its step was calling",
+                        ["calling", *(f"{what}, P = {n}" for what in ("calls", "kernels") for n in counts),
+                         f"reading a value, P = {largest}"], rows)
