@@ -11,7 +11,8 @@ completion token j of every row sits in slot prompt_len + j. Padding is never at
 completion mask is False there). The forward runs over prefix trees (lm/prefix_tree.py), each distinct prefix once:
 each member's own rows through the tree its single run builds of them (all members' built as one, each a segment,
 padded to one shape: Trees); rows every member shares (the anchor's) through their one tree. So a member's log-probs
-are its single run's, to float rounding. Rows picked out of them (`select`: PPO's minibatches) get their own trees, as a single run's minibatch.
+are its single run's, to float rounding. Rows picked out of them (`select`: PPO's minibatches) get trees of their
+own, as a single run's minibatch does.
 """
 
 from __future__ import annotations
