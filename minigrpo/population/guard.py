@@ -37,6 +37,7 @@ class Guard:
         self.probes = [(name, rows, limit, _snapshot(previous, stack, name, rows), (w, g))
                        for name, rows, limit, w, g in probes]
         self.max_halvings = max_halvings
+        self.last: dict = {}  # each probe's logits at the weights last measured
         self.final = None  # after enforce: (the weights' stamp, {probe name: (its rows, each member's logits)})
 
     @staticmethod

@@ -110,8 +110,9 @@ class Trees:
 
     @classmethod
     def build(cls, ids: torch.Tensor, key_mask: torch.Tensor, group_size: int = GROUP_SIZE) -> "Trees":
-        """The trees of the next-token forward over each member's rows ids, key_mask (P, N, L) (prefix_tree.
-        next_token_tree's), built as one: each member a segment, sharing no node with another."""
+        """The trees of the next-token forward over each member's rows ids, key_mask (P, N, L) (what
+        lm/prefix_tree.next_token_tree builds of one member's), built as one: each member a segment, sharing no node
+        with another."""
         P, N, L = ids.shape
         target = key_mask[..., :-1] & key_mask[..., 1:]  # an input slot whose next token is real
         t = build_prefix_tree(ids[..., :-1].reshape(P * N, L - 1), target.reshape(P * N, L - 1), group_size,
