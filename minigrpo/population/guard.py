@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from minigrpo.objectives.kl import exact
 from minigrpo.population.stacked import Stack
+from minigrpo.rl.trust_region import carried
 
 
 @torch.no_grad()
@@ -88,8 +89,5 @@ def _stamp(stack: Stack) -> tuple:
 def _snapshot(previous: Guard | None, stack: Stack, name: str, rows) -> torch.Tensor:
     """Every member's logits on a probe now: the previous step's final logits of the same rows if the weights have
     not changed since (rl/trust_region._snapshot: bit for bit the same forward), else one forward."""
-    if previous is not None and previous.final is not None and previous.final[0] == _stamp(stack):
-        old_rows, logits = previous.final[1].get(name, (None, None))
-        if old_rows is rows:
-            return logits
-    return Guard._logits(stack, rows)
+    logits = carried(previous, _stamp(stack), name, rows)
+    return Guard._logits(stack, rows) if logits is None else logits

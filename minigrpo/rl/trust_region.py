@@ -104,8 +104,15 @@ def _snapshot(previous: StepGuard | None, policy, name: str, gen: Generation) ->
     have not changed since, else one forward. The anchor probe is the same rows every step, so its snapshot
     is the last step's final measurement (bit for bit: the same forward of the same weights): one no-grad
     forward of the anchor rows saved per step."""
-    if previous is not None and previous.final is not None and previous.final[0] == _versions(policy):
-        old_gen, logits = previous.final[1].get(name, (None, None))
-        if old_gen is gen:
+    logits = carried(previous, _versions(policy), name, gen)
+    return _logits(policy, gen) if logits is None else logits
+
+
+def carried(previous, stamp: tuple, name: str, rows) -> torch.Tensor | None:
+    """A trust region's final logits of probe `name` (its `final`: (the weights' stamp, {name: (rows, logits)})) if
+    they were measured on these very rows at weights whose stamp is `stamp`, else None."""
+    if previous is not None and previous.final is not None and previous.final[0] == stamp:
+        old_rows, logits = previous.final[1].get(name, (None, None))
+        if old_rows is rows:
             return logits
-    return _logits(policy, gen)
+    return None
