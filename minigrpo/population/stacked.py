@@ -69,13 +69,9 @@ class Stack:
         torch._foreach_copy_([own[name] for own in params for name in names],
                              [each[name][p] for p in range(len(params)) for name in names])
 
-    def logits(self, ids: torch.Tensor, key_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-        """The plain next-token forward of left-padded rows: ids, key_mask (P, B, L) -> logits (P, B, L, V) at the
-        temperature, logits[:, :, t] predicting ids[:, :, t + 1] (GPT.forward with a key mask, member by member)."""
-        return self.head(self.states(ids, key_mask)) / temperature
-
     def states(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """The final hidden states of left-padded rows: ids, key_mask (P, B, L) -> (P, B, L, C)."""
+        """The final hidden states of left-padded rows, the plain forward (GPT.hidden with a key mask, member by
+        member): ids, key_mask (P, B, L) -> (P, B, L, C)."""
         P, B, L = ids.shape
         km = key_mask.reshape(P * B, L)
         return self.hidden(ids, positions(km).view(P, B, L), causal_mask(0, L, km, ids.device))
