@@ -49,7 +49,7 @@ class PromptTable:
     def __init__(self, tok, prompts: list[str], device):
         self.ids, self.key_mask = encode_prompts(tok, prompts, device)  # (K, W)
         self.index = {x: i for i, x in enumerate(prompts)}
-        self.width = {x: len(tok.encode(x, bos=True)) for x in prompts}
+        self.width = dict(zip(prompts, self.key_mask.sum(1).tolist()))  # each prompt's real tokens, BOS included
 
     def encode(self, rows: list[list[str]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         pick = torch.tensor([[self.index[x] for x in r] for r in rows]).to(self.ids.device)  # (P, N)
