@@ -147,7 +147,6 @@ class PPO:
             out["explained_variance_oracle"] = explained_variance(old_values, oracle_values, mask).item()
         return out
 
-
     def adapt_beta(self, kl_mean: float, n: int) -> None:
         """With --kl-target, β after a rollout of n completions whose KL per sequence was kl_mean (Ziegler et al.
         2019): proportional control, the error clipped to ±0.2."""
