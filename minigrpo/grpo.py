@@ -161,7 +161,7 @@ class GRPO:
         stats.update(adv_mean=adv.mean().item(), adv_std=adv.std().item())
         keep = kept_rows(equal, cfg)  # DAPO, REINFORCE-Rej: only the groups whose rewards differ
         if keep is not None:
-            if len(keep) == 0:  # no RL signal in this batch; preservation still gets its update
+            if len(keep) == 0:  # no RL signal in this batch; preservation still gets its updates
                 return {**stats, **self.preservation_only(opt), "skipped": 1.0}
             batch, adv = batch.select(keep), adv[keep]
         # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
@@ -188,11 +188,14 @@ class GRPO:
         return {**stats, **combine_stats(per_update), **combine_stats(ratio_stats)}
 
     def preservation_only(self, opt) -> dict:
-        """A step whose every group had equal rewards: only the preservation loss (if on) updates the policy."""
-        anchor = self.run.anchor_term()
-        if anchor is None:
-            return {}
-        return {"preserve_loss": anchor.item(), "grad_norm": self.run.clip_and_step(opt, anchor, self.parameters())}
+        """A step whose every group had equal rewards: the dropped groups add nothing, so its μ updates carry only
+        the preservation loss (none when it is off), as a step's updates carry it beside the policy loss."""
+        per_update = []
+        for _ in range(self.run.cfg.updates if self.run.anchor is not None else 0):
+            anchor = self.run.anchor_term()
+            per_update.append({"preserve_loss": anchor.item(),
+                               "grad_norm": self.run.clip_and_step(opt, anchor, self.parameters())})
+        return combine_stats(per_update)
 
 
 @torch.no_grad()

@@ -304,7 +304,7 @@ def skipping_run(tmp_path, init, preserve, anchor="tree"):
 
 
 @pytest.mark.parametrize("preserve, anchor", [(False, "tree"), (True, "tree"), (True, "sampled")])
-def test_a_step_whose_groups_are_all_equal_moves_the_policy_only_by_preservation(tmp_path, tiny_pretrained, preserve,
+def test_a_step_whose_groups_are_all_equal_takes_its_updates_on_preservation_alone(tmp_path, tiny_pretrained, preserve,
                                                                                anchor):
     init, _, tok = tiny_pretrained
     run = skipping_run(tmp_path, init, preserve, anchor)
@@ -316,18 +316,22 @@ def test_a_step_whose_groups_are_all_equal_moves_the_policy_only_by_preservation
     batch.rewards = torch.ones(8)  # every group all-equal: no RL signal
     before = copy.deepcopy(run.policy)
     expected = copy.deepcopy(run.policy)
-    if preserve:  # one SGD step on the preservation term alone, with the rows the run will draw
+    losses = []
+    if preserve:  # μ SGD steps on the preservation term alone, with the rows the run will draw
         m = run.anchor.gen.ids.size(0)
-        rows = torch.arange(m)  # the tree anchor takes every row at every step; sampled: the run's minibatch
-        if anchor == "sampled":
-            rows_gen = torch.Generator()
-            rows_gen.set_state(run.gens["anchor_rows"].get_state())
-            rows = torch.randperm(m, generator=rows_gen)[: run.cfg.preserve_batch]
-        anchor = run.cfg.preserve_coef * anchor_loss(expected, run.anchor, rows)
-        anchor.backward()
-        with torch.no_grad():
-            for p in expected.parameters():
-                p.sub_(0.1 * p.grad)
+        rows_gen = torch.Generator()
+        rows_gen.set_state(run.gens["anchor_rows"].get_state())
+        sgd = torch.optim.SGD(expected.parameters(), lr=0.1)
+        for _ in range(run.cfg.updates):
+            rows = None  # the tree anchor takes every row at every update; sampled: a fresh minibatch
+            if anchor == "sampled":
+                rows = torch.randperm(m, generator=rows_gen)[: run.cfg.preserve_batch]
+            term = run.cfg.preserve_coef * anchor_loss(expected, run.anchor, rows)
+            sgd.zero_grad()
+            term.backward()
+            losses.append(term.item())
+            sgd.step()
+    assert run.cfg.updates == 2 and (not preserve or losses[0] != losses[1]), "two updates, each of its own"
     stats = GRPO(run).update(batch, torch.optim.SGD(run.policy.parameters(), lr=0.1))
     assert stats["skipped"] == 1.0 and stats["equal_groups"] == 1.0
     assert "policy_loss" not in stats, "no policy loss may be computed on dropped groups"
@@ -335,9 +339,9 @@ def test_a_step_whose_groups_are_all_equal_moves_the_policy_only_by_preservation
     if not preserve:
         assert same, "with preservation off an all-dropped step must leave the policy unchanged"
     else:
-        assert not same and abs(stats["preserve_loss"] - anchor.item()) < 1e-6
+        assert not same and abs(stats["preserve_loss"] - sum(losses) / len(losses)) < 1e-6
         for p, q in zip(run.policy.parameters(), expected.parameters()):
-            assert torch.allclose(p, q, atol=1e-6), "the step must be exactly one step on the preservation term"
+            assert torch.allclose(p, q, atol=1e-6), "the step must be exactly μ steps on the preservation term"
 
 
 def test_skip_equal_groups_trains_on_exactly_the_rows_of_the_other_groups(tiny_pretrained, monkeypatch):

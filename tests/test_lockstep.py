@@ -127,9 +127,9 @@ def test_the_members_sequence_kls_are_the_single_trust_regions():
                          ids=["dapo", "dapo-entropy-target"])
 def test_dapos_members_skip_their_equal_groups_as_their_single_runs_do(tmp_path, tiny_pretrained, extra):
     """--preset dapo (--skip-equal-groups, token-mean) in lockstep: a member whose groups all have equal rewards
-    takes the anchor's one update (its step count then differs from the others'), as its single run does; the
-    members match their single runs to 1e-4 over all four steps, the same keys in every row (with an entropy target
-    too, whose figures a skipped step does not log)."""
+    takes its μ updates on the anchor alone, as its single run does; the members match their single runs to 1e-4
+    over all four steps, the same keys in every row (with an entropy target too, whose figures a skipped step does
+    not log)."""
     init, _, _ = tiny_pretrained
     dapo = ("--preset", "dapo", "--steps", "4", *extra)
     cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, dapo) for s in range(4)]

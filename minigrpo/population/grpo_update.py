@@ -20,8 +20,8 @@ takes from another forward than its policy's, so that at π_θ = π_ref their gr
 step amplifies, and no lockstep member could match it), which a population runs as threads (population/member.py).
 --skip-equal-groups (DAPO, REINFORCE-Rej) drops a member's equal-reward groups by masking their tokens, which is
 dropping them for a token-mean; a mean over sequences would still count the masked rows, so each term that is one is
-rescaled by N / (the rows kept). A member with no group left takes the anchor's update alone, once, as
-GRPO.preservation_only (MembersAdamW.step's mask).
+rescaled by N / (the rows kept). A member with no group left takes its μ updates of the anchor alone, as
+GRPO.preservation_only (without an anchor it keeps weights and optimiser state: MembersAdamW.step's mask).
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ class LockstepGRPO:
             differ = ~equal
             kept = differ.repeat_interleave(cfg.group_size, -1)  # (P, N)
             mask = mask & kept[..., None]
-            skipped = ~differ.any(-1)  # (P,): no RL signal; the anchor alone updates, once (GRPO.preservation_only)
+            skipped = ~differ.any(-1)  # (P,): no RL signal; the anchor alone updates (GRPO.preservation_only)
             stats["skipped"] = skipped.float()
-            active = [~skipped | (self.anchor is not None)] + [~skipped] * (cfg.updates - 1)
+            active = [~skipped | (self.anchor is not None)] * cfg.updates
             drop = kept.size(1) / kept.sum(-1).clamp(min=1)  # a mean over sequences: over the kept ones (below)
         # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
         per_update, ratio, is_w, self.before = [], [], None, list(stats)  # before: what a skipped member logs
@@ -192,9 +192,10 @@ class LockstepGRPO:
         figures, then its inner updates' combined (rl/report.combine_stats)."""
         head = {k: v for k, v in mine.items() if isinstance(k, str) and k != "skipped"}
         updates, ratios = self.inner
-        if mine.get("skipped"):  # every group's rewards equal: the anchor's one update, as GRPO.preservation_only
-            once = {k: mine[(0, k)] for k in ("preserve_loss", "grad_norm")} if (0, "preserve_loss") in mine else {}
-            return {**{k: head[k] for k in self.before if k in head}, **once, "skipped": 1.0}
+        if mine.get("skipped"):  # every group's rewards equal: the anchor's updates alone, as GRPO.preservation_only
+            alone = [{k: mine[(i, k)] for k in ("preserve_loss", "grad_norm")} for i in range(updates)
+                     if (i, "preserve_loss") in mine]
+            return {**{k: head[k] for k in self.before if k in head}, **combine_stats(alone), "skipped": 1.0}
         inner = [{k[1]: v for k, v in mine.items() if isinstance(k, tuple) and k[0] == i} for i in range(updates)]
         ratio = [{k[2]: v for k, v in mine.items() if isinstance(k, tuple) and k[:2] == ("ratio", i)}
                  for i in range(ratios)]
