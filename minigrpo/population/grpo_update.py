@@ -5,8 +5,8 @@ member dim with torch.func.vmap, and one backward and one optimiser step for all
     figures = update(stack, ref, opt, step)        # step: the members' rollouts (population/rows.Rollouts)
     row = update.row(mine)                         # member p's figures {name: float} -> its metrics row's part
 
--> figures {name: (P,)}: the step's, and each inner update's (named (i, name); ("ratio", i, name)), read back by
-the caller in one go; `row` combines a member's inner updates as its single run combines them (rl/report.py).
+-> figures {name: (P,)}: the step's, and each inner update's (rl/report.packed), read back by the caller in one
+go; `row` combines a member's inner updates as its single run combines them (rl/report.py).
 Each member's figures are those of its single run, to float rounding (tests/test_lockstep.py).
 
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
@@ -39,7 +39,7 @@ from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
-from minigrpo.rl.report import combine_stats
+from minigrpo.rl.report import combine_stats, packed, unpacked
 from minigrpo.rl.rollout import greedy_rewards
 from minigrpo.variants.advantages import BASELINES, advantages, update_rewards
 from minigrpo.variants.entropy import fork_mask
@@ -184,19 +184,15 @@ class LockstepGRPO:
             opt.step(None if active is None else active[i])
             per_update.append({k: v.detach() for k, v in s.items()})
         self.inner = (len(per_update), len(ratio))
-        return {**stats, **{(i, k): v for i, d in enumerate(per_update) for k, v in d.items()},
-                **{("ratio", i, k): v for i, d in enumerate(ratio) for k, v in d.items()}}
+        return {**stats, **packed(per_update), **packed(ratio, "ratio")}
 
     def row(self, mine: dict, algo=None) -> dict:
         """Member p's figures (this update's names, read as floats) -> its row as GRPO.update returns it: the step's
         figures, then its inner updates' combined (rl/report.combine_stats)."""
         head = {k: v for k, v in mine.items() if isinstance(k, str) and k != "skipped"}
         updates, ratios = self.inner
+        inner = unpacked(mine, updates)
         if mine.get("skipped"):  # every group's rewards equal: the anchor's updates alone, as GRPO.preservation_only
-            alone = [{k: mine[(i, k)] for k in ("preserve_loss", "grad_norm")} for i in range(updates)
-                     if (i, "preserve_loss") in mine]
+            alone = [{k: d[k] for k in ("preserve_loss", "grad_norm")} for d in inner if "preserve_loss" in d]
             return {**{k: head[k] for k in self.before if k in head}, **combine_stats(alone), "skipped": 1.0}
-        inner = [{k[1]: v for k, v in mine.items() if isinstance(k, tuple) and k[0] == i} for i in range(updates)]
-        ratio = [{k[2]: v for k, v in mine.items() if isinstance(k, tuple) and k[:2] == ("ratio", i)}
-                 for i in range(ratios)]
-        return {**head, **combine_stats(inner), **combine_stats(ratio)}
+        return {**head, **combine_stats(inner), **combine_stats(unpacked(mine, ratios, "ratio"))}

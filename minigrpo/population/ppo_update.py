@@ -25,7 +25,7 @@ from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.stacked import Stack, linear
-from minigrpo.rl.report import combine_stats
+from minigrpo.rl.report import combine_stats, packed, unpacked
 from toy_tasks.value_tree import ValueTree
 
 
@@ -176,14 +176,13 @@ class LockstepPPO:
                "adv_std": torch.where(n > 1, adv_var.sqrt(), 0.0)}
         if exact_values is not None:
             out["explained_variance_oracle"] = self.explained(old_values, exact_values, mask)
-        return {**out, **{(i, k): v for i, d in enumerate(per_update) for k, v in d.items()}}
+        return {**out, **packed(per_update)}
 
     def row(self, mine: dict, algo) -> dict:
         """Member p's figures -> its row as PPO.update returns it (its minibatch updates combined, then the step's);
         its β adapted towards --kl-target as PPO.update adapts it."""
         N = self.cfg.group_size * self.cfg.prompts_per_step
-        out = combine_stats([{k[1]: v for k, v in mine.items() if isinstance(k, tuple) and k[0] == i}
-                             for i in range(self.updates)])
+        out = combine_stats(unpacked(mine, self.updates))
         kl_mean = mine["kl_k1_seq"]
         algo.adapt_beta(kl_mean, N)  # its own β, as its PPO.update adapts it
         out.update(kl_k1_seq=kl_mean, beta=algo.beta, **{k: mine[k] for k in ("value_mean", "explained_variance",

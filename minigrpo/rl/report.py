@@ -86,6 +86,17 @@ def combine_stats(per_update: list[dict]) -> dict:
     return {k: max(v) if k.endswith("_max") else sum(v) / len(v) for k, v in values.items()}
 
 
+def packed(per_update: list[dict], tag: str = "update") -> dict:
+    """Inner updates' figures as one flat dict, update i's `name` under (tag, i, name) (a lockstep step's figures
+    are read back in one go); `unpacked` gives the list back."""
+    return {(tag, i, k): v for i, d in enumerate(per_update) for k, v in d.items()}
+
+
+def unpacked(figures: dict, n: int, tag: str = "update") -> list[dict]:
+    """The first n inner updates' figures tagged `tag` in figures (see `packed`), as the list of dicts."""
+    return [{k[2]: v for k, v in figures.items() if isinstance(k, tuple) and k[:2] == (tag, i)} for i in range(n)]
+
+
 def flat(ev: dict) -> dict:
     """The numeric entries of an evaluation (what goes to metrics.jsonl)."""
     return {k: v for k, v in ev.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
