@@ -28,6 +28,14 @@ def test_combine_stats_takes_means_and_keeps_maxima():
     assert got == {"loss": 2.0, "ratio_max": 1.5, "a": 2.0}  # a key only some updates report: their mean
 
 
+def test_packed_figures_unpack_to_each_updates_own_under_their_tag():
+    from minigrpo.rl.report import packed, unpacked
+    updates, ratios = [{"loss": 1.0, "grad_norm": 2.0}, {"loss": 3.0}], [{"ratio_max": 1.5}]
+    flat = {"reward_mean": 0.5, **packed(updates), **packed(ratios, "ratio")}
+    assert unpacked(flat, 2) == updates and unpacked(flat, 1, "ratio") == ratios
+    assert unpacked(flat, 3)[2] == {} and unpacked({"loss": 1.0}, 1) == [{}], "the step's own figures are no update's"
+
+
 def test_plot_panels_skips_empty_panels_and_the_cli_refuses_a_folder_without_an_rl_run(tmp_path, capsys):
     import pytest
     from matplotlib.image import imread
