@@ -65,7 +65,8 @@ class AdvantageFlags:
         "std with Bessel's correction (paper, TRL) or the population std", choices=["unbiased", "population"]))
     adv_eps: float = field(default=1e-4, metadata={"help": "ε added to the std"})
     skip_equal_groups: bool = field(default=False, metadata=meta(
-        "drop groups whose rewards are all equal (they carry no signal; DAPO's and REINFORCE-Rej's filter)"))
+        "drop groups whose rewards are all equal (they carry no signal; DAPO's and REINFORCE-Rej's filter); a step "
+        "with none left takes its updates on the preservation anchor alone"))
     random_reward: bool = field(default=False, metadata=meta(
         "a control: replace every reward by a seeded Bernoulli(0.5) draw, blind to the completion (2506.10947)"))
 
