@@ -70,3 +70,13 @@ def test_improvement_intervals_tell_a_real_difference_from_none():
 def test_one_run_has_an_interval_of_itself():
     assert tuple(iqm_interval([0.97])) == (0.97, 0.97, 0.97)
     assert tuple(improvement_interval([1.0], [0.0])) == (1.0, 1.0, 1.0)
+
+
+def test_one_run_against_several_resamples_only_the_several():
+    """A seed that failed leaves an algorithm with one run: P(A > B) against another's runs still has an interval,
+    that of the several runs' resamples (one run resampled is itself), mirrored when the two change places."""
+    several, one = [0.1, 0.5, 0.9, 0.3, 0.7], [0.4]
+    e, mirrored = improvement_interval(several, one), improvement_interval(one, several)
+    assert e.value == pytest.approx(0.6) and 0.0 <= e.low < e.value < e.high <= 1.0, e
+    assert (mirrored.value, mirrored.low, mirrored.high) == pytest.approx((1 - e.value, 1 - e.high, 1 - e.low))
+    assert {round(v * 5, 9) % 1 for v in (e.low, e.high)} <= {0.0}, "a resample's P(A > B) is a fifth, k/5"

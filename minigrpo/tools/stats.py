@@ -53,10 +53,17 @@ def probability_of_improvement(a, b, axis: int = -1) -> float | np.ndarray:
 
 def _interval(samples: tuple, statistic, seed: int) -> Estimate:
     value = float(statistic(*samples, axis=-1))
-    if all(len(s) == 1 for s in samples):  # nothing to resample
+    free = [i for i, s in enumerate(samples) if len(s) > 1]  # one run resamples to itself: it stays as it is
+    if not free:  # nothing to resample
         return Estimate(value, value, value)
-    res = stats.bootstrap(samples, statistic, n_resamples=RESAMPLES, confidence_level=LEVEL, method="percentile",
-                          vectorized=True, batch=200, rng=np.random.default_rng(seed))
+
+    def on_resamples(*drawn, axis=-1):  # scipy resamples the free samples only (it refuses one observation)
+        full = list(samples)
+        for i, x in zip(free, drawn):
+            full[i] = x
+        return statistic(*full, axis=axis)
+    res = stats.bootstrap([samples[i] for i in free], on_resamples, n_resamples=RESAMPLES, confidence_level=LEVEL,
+                          method="percentile", vectorized=True, batch=200, rng=np.random.default_rng(seed))
     return Estimate(value, float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
