@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +52,7 @@ from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import cores
 from minigrpo.grpo import PRESETS
 from minigrpo.population.engine import run_populations, shares_of
-from minigrpo.tools.intervals import interval_table
-from minigrpo.tools.sweep_report import curves, short_table, write_outputs
+from minigrpo.tools.sweep_report import curves, printed_summary, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
@@ -283,9 +281,7 @@ def main(argv=None):
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
     curve = exact_frontier(passthrough, cfg.reward)
     write_outputs(out, results, errors, title, curve)
-    print(f"\n{textwrap.fill(title, 120)}; medians over seeds:\n{short_table(results, regret=curve is not None)}")
-    if any(results.values()):
-        print("\ninterquartile means with their 95 % bootstrap intervals:\n" + "\n".join(interval_table(results)))
+    print(printed_summary(results, title, regret=curve is not None))
     for algo, errs in errors.items():
         for seed, err in errs:
             print(f"failed: {algo} seed {seed}: {brief(err)}")

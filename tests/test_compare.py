@@ -24,7 +24,9 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
     assert {"curves.png", "frontier.png", "table.md"} <= {p.name for p in out.iterdir()}
     table = (out / "table.md").read_text()
     assert "| grpo | 1 ok" in table and "| ppo | 1 ok" in table
+    assert "Runs outside the bars (2):" in table and "- grpo-s0: final target 0." in table  # the tiny model's 3 steps
     printed = capsys.readouterr().out  # the short table; table.md holds the full one
+    assert "outside the bars (2):\n  grpo-s0: final target 0." in printed, printed
     assert "within bars" in printed and "exact KL/token" not in printed and str(out / "table.md") in printed
     assert all(len(line) <= 120 for line in printed.splitlines() if str(out) not in line), printed
     stamp = (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns
@@ -229,6 +231,29 @@ def test_compare_prints_a_short_table_of_what_judges_each_algorithm():
     assert lines[2].split()[:5] == ["reinforce_rej", "1/2", "40", "(1", "never)"], lines
     assert all(len(line) <= 120 for line in lines) and len(lines) == 3
     assert "regret" not in short_table(results, regret=False)
+
+
+def test_the_runs_outside_the_bars_are_named_with_what_they_missed_and_a_peaks_step(tmp_path):
+    from minigrpo.tools.sweep_report import curves, outside_bars, write_outputs
+    from minigrpo.util.jsonl import JsonlLogger
+
+    def run(name, drifts, final=0.99):  # an evaluation a step: the worst drift and its running peak
+        (tmp_path / name).mkdir()
+        log = JsonlLogger(tmp_path / name / "metrics.jsonl")
+        for step, d in enumerate(drifts):
+            log.log({"step": step, "target_rate": final if step else 0.15, "worst_drift": d, "malformed": 0.001,
+                     "peak_worst_drift": max(drifts[:step + 1]), "peak_malformed": 0.001})
+        log.close()
+        return curves(tmp_path / name)
+    results = {"dapo": [run("dapo-s0", [0.0, 0.02, 0.01]), run("dapo-s1", [0.0, 0.02, 0.0303])],
+               "ppo": [run("ppo-s0", [0.0, 0.0508, 0.0508, 0.01], final=0.9)]}
+    assert outside_bars(results) == ["dapo-s1: end drift 0.0303 > 0.03",
+                                     "ppo-s0: final target 0.9000 < 0.95; peak drift 0.0508 > 0.05 (step 1)"]
+    write_outputs(tmp_path, results, {}, "t")
+    table = (tmp_path / "table.md").read_text()
+    assert "Runs outside the bars (2):\n\n- dapo-s1: end drift 0.0303 > 0.03\n- ppo-s0: final target" in table
+    write_outputs(tmp_path, {"dapo": results["dapo"][:1]}, {}, "t")
+    assert "Every run within every bar." in (tmp_path / "table.md").read_text()
 
 
 def test_a_failed_runs_line_is_its_errors_first_line_cut_short():

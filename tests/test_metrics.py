@@ -163,8 +163,8 @@ def test_the_metrics_command_has_a_help_and_sums_up_each_run_it_draws(tmp_path, 
     assert "drift 0.012 (peak 0.033)" in first and "malformed 0.0014 (peak 0.0014)" in first, out
     assert "within every bar" in first, out
     assert "60 steps" in second and "cap: --steps 60 reached" in second, out
-    assert "final target 0.800 < 0.95" in second and "peak drift 0.061 > 0.05" in second, out
-    assert "end drift 0.040 > 0.03" in second and "malformed" not in second.split("outside")[1], out
+    assert "final target 0.8000 < 0.95" in second and "peak drift 0.0610 > 0.05" in second, out
+    assert "end drift 0.0400 > 0.03" in second and "malformed" not in second.split("outside")[1], out
     assert "4 steps" in third and "no summary.json" in third, out
     assert all(len(line) <= 120 for line in out.splitlines()), out
     assert "unrecognized arguments: --bogus" in one_line_error(main, [str(good), "--bogus"], capsys)

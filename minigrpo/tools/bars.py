@@ -17,25 +17,25 @@ from minigrpo.rl.stopping import BARS  # defined beside the stop rule, whose goa
 OPTIMUM_BAR = 0.02
 
 
-# each quality bar: (what a person reads, the metric it holds, its decimals)
-CHECKS = {"final": ("final target", "target_rate", 3), "peak_malformed": ("peak malformed", "peak_malformed", 4),
-          "malformed": ("end malformed", "malformed", 4), "peak_worst_drift": ("peak drift", "peak_worst_drift", 3),
-          "worst_drift": ("end drift", "worst_drift", 3)}
+# each quality bar: (what a person reads, the metric it holds)
+CHECKS = {"final": ("final target", "target_rate"), "peak_malformed": ("peak malformed", "peak_malformed"),
+          "malformed": ("end malformed", "malformed"), "peak_worst_drift": ("peak drift", "peak_worst_drift"),
+          "worst_drift": ("end drift", "worst_drift")}
 
 
 def misses(f: dict) -> list[str]:
     """The quality bars above that a run's last evaluation (as its metrics.jsonl names them: target_rate, malformed,
-    the peaks) misses, each as "what value > bar"; [] within every bar. The drift bars only where the task has
-    off-target prompts (worst_drift None, NaN or absent: it has none)."""
+    the peaks) misses, each as "what value > bar" (four decimals: a miss by rounding shows, 0.0303 > 0.03); [] within
+    every bar. The drift bars only where the task has off-target prompts (worst_drift None, NaN or absent: none)."""
     drift = f.get("worst_drift")
     out = []
-    for bar, (what, key, digits) in CHECKS.items():
+    for bar, (what, key) in CHECKS.items():
         if "drift" in bar and (drift is None or drift != drift):
             continue
         higher = bar == "final"  # the target rate must reach its bar, the rest stay under theirs (NaN: a miss)
         value = f[key]
         if not ((value >= BARS[bar]) if higher else (value <= BARS[bar])):
-            out.append(f"{what} {value:.{digits}f} {'<' if higher else '>'} {BARS[bar]:g}")
+            out.append(f"{what} {value:.4f} {'<' if higher else '>'} {BARS[bar]:g}")
     return out
 
 

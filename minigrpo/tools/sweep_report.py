@@ -5,9 +5,10 @@ intervals.py) and the figures (curves.png, frontier.png, intervals.png)."""
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 
-from minigrpo.tools.bars import BARS, first_reaching, med, within_bars
+from minigrpo.tools.bars import BARS, CHECKS, first_reaching, med, misses, within_bars
 from minigrpo.tools.intervals import draw_intervals, improvement_table, interval_table
 from minigrpo.util.jsonl import read_jsonl
 
@@ -29,6 +30,10 @@ def curves(folder: Path) -> dict:
     if rows and "implied_beta" in rows[-1] and rows[-1]["implied_beta"] is None:  # strict JSON's inf
         out["final"]["implied_beta"] = float("inf")
     out["final"]["steps"] = rows[-1]["step"] if rows else float("nan")
+    out["run"] = folder.name  # e.g. dapo-s3
+    out["peak_at"] = {f"peak_{k}": max(((r[k], r["step"]) for r in rows if r.get(k) is not None),  # the first max
+                                       key=lambda vs: vs[0], default=(None, None))[1]
+                      for k in ("worst_drift", "malformed")}
     return out
 
 
@@ -48,6 +53,22 @@ def median(values: list, never: bool = False) -> str:
     return f"{statistics.median(got):.3g}" + (f" ({missing} never)" if never and missing else "")
 
 
+def outside_bars(results: dict) -> list[str]:
+    """One line per run outside a quality bar, naming what it missed and, for a peak, at which step, e.g.
+    'ppo_oracle-s13: peak drift 0.0508 > 0.05 (step 3)'."""
+    lines = []
+    for runs in results.values():
+        for c in runs:
+            missed = []
+            for m in misses(c["final"]):
+                bar = next(b for b, (what, _) in CHECKS.items() if m.startswith(what + " "))
+                at = c.get("peak_at", {}).get(bar)
+                missed.append(m + (f" (step {at})" if at is not None else ""))
+            if missed:
+                lines.append(f"{c.get('run', '?')}: {'; '.join(missed)}")
+    return lines
+
+
 def short_table(results: dict, regret: bool) -> str:
     """What compare prints: one line per algorithm, medians over seeds of what judges it (table.md: the ranges and
     every other column), aligned for a terminal."""
@@ -62,6 +83,19 @@ def short_table(results: dict, regret: bool) -> str:
                                                             "regret")[:4 if regret else 3]]])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def printed_summary(results: dict, title: str, regret: bool) -> str:
+    """What compare prints at the end: the short table, the runs outside the bars (at most 10: table.md lists them
+    all) and the IQMs with their intervals."""
+    text = f"\n{textwrap.fill(title, 120)}; medians over seeds:\n{short_table(results, regret)}"
+    missed = outside_bars(results)
+    if missed:
+        text += f"\n\noutside the bars ({len(missed)}):\n" + "\n".join(f"  {m}" for m in missed[:10]) + (
+            f"\n  … {len(missed) - 10} more in table.md" if len(missed) > 10 else "")
+    if any(results.values()):
+        text += "\n\ninterquartile means with their 95 % bootstrap intervals:\n" + "\n".join(interval_table(results))
+    return text
 
 
 def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None) -> None:
@@ -120,6 +154,9 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
         f.tight_layout()
         f.savefig(out / name, dpi=90)
         plt.close(f)
+    missed = outside_bars(results)
+    lines += ["", f"Runs outside the bars ({len(missed)}):" if missed else "Every run within every bar.",
+              *[""] * bool(missed), *[f"- {line}" for line in missed]]
     if any(results.values()):  # the interval tables and figure leave out an algorithm without runs
         lines += ["", "Interquartile means over seeds with their 95 % bootstrap intervals (tools/stats.py):", "",
                   *interval_table(results), "", "P(row > column) on the final exact target rate, with its 95 % "
