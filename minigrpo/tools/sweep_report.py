@@ -1,6 +1,6 @@
 """What compare writes from a sweep's finished runs: each run's curves read back from its metrics.jsonl, then the
-table (table.md: medians with min–max over seeds, then the IQMs with their 95 % intervals and P(A > B):
-intervals.py) and the figures (curves.png, frontier.png, intervals.png)."""
+table (table.md: medians with min–max over seeds, the runs outside the bars with what each missed, then the IQMs
+with their 95 % intervals and P(A > B): intervals.py) and the figures (curves.png, frontier.png, intervals.png)."""
 
 from __future__ import annotations
 
