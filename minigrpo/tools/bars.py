@@ -23,20 +23,25 @@ CHECKS = {"final": ("final target", "target_rate"), "peak_malformed": ("peak mal
           "worst_drift": ("end drift", "worst_drift")}
 
 
-def misses(f: dict) -> list[str]:
+def missed_bars(f: dict) -> dict[str, str]:
     """The quality bars above that a run's last evaluation (as its metrics.jsonl names them: target_rate, malformed,
-    the peaks) misses, each as "what value > bar" (four decimals: a miss by rounding shows, 0.0303 > 0.03); [] within
+    the peaks) misses: {bar: "what value > bar"} (four decimals: a miss by rounding shows, 0.0303 > 0.03); {} within
     every bar. The drift bars only where the task has off-target prompts (worst_drift None, NaN or absent: none)."""
     drift = f.get("worst_drift")
-    out = []
+    out = {}
     for bar, (what, key) in CHECKS.items():
         if "drift" in bar and (drift is None or drift != drift):
             continue
         higher = bar == "final"  # the target rate must reach its bar, the rest stay under theirs (NaN: a miss)
         value = f[key]
         if not ((value >= BARS[bar]) if higher else (value <= BARS[bar])):
-            out.append(f"{what} {value:.4f} {'<' if higher else '>'} {BARS[bar]:g}")
+            out[bar] = f"{what} {value:.4f} {'<' if higher else '>'} {BARS[bar]:g}"
     return out
+
+
+def misses(f: dict) -> list[str]:
+    """What `missed_bars` says, as a list: [] within every bar."""
+    return list(missed_bars(f).values())
 
 
 def quality_ok(final: float, peak_malformed: float, malformed: float, peak_drift, drift) -> bool:

@@ -8,7 +8,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from minigrpo.tools.bars import BARS, CHECKS, first_reaching, med, misses, within_bars
+from minigrpo.tools.bars import BARS, first_reaching, med, missed_bars, within_bars
 from minigrpo.tools.intervals import draw_intervals, improvement_table, interval_table
 from minigrpo.util.jsonl import read_jsonl
 
@@ -59,13 +59,10 @@ def outside_bars(results: dict) -> list[str]:
     lines = []
     for runs in results.values():
         for c in runs:
-            missed = []
-            for m in misses(c["final"]):
-                bar = next(b for b, (what, _) in CHECKS.items() if m.startswith(what + " "))
-                at = c.get("peak_at", {}).get(bar)
-                missed.append(m + (f" (step {at})" if at is not None else ""))
+            missed = [m + (f" (step {c['peak_at'][bar]})" if c["peak_at"].get(bar) is not None else "")
+                      for bar, m in missed_bars(c["final"]).items()]
             if missed:
-                lines.append(f"{c.get('run', '?')}: {'; '.join(missed)}")
+                lines.append(f"{c['run']}: {'; '.join(missed)}")
     return lines
 
 
