@@ -190,8 +190,10 @@ class GRPO:
     def preservation_only(self, opt) -> dict:
         """A step whose every group had equal rewards: the dropped groups add nothing, so its μ updates carry only
         the preservation loss (none when it is off), as a step's updates carry it beside the policy loss."""
+        if self.run.anchor is None:
+            return {}
         per_update = []
-        for _ in range(self.run.cfg.updates if self.run.anchor is not None else 0):
+        for _ in range(self.run.cfg.updates):
             anchor = self.run.anchor_term()
             per_update.append({"preserve_loss": anchor.item(),
                                "grad_norm": self.run.clip_and_step(opt, anchor, self.parameters())})
