@@ -10,7 +10,24 @@ is the same algorithm in a few lines, and the update reads like the paper (Algor
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+DECAYS = ("cosine", "linear", "constant")
+
+
+def scheduled_lr(lr: float, step: int, steps: int, warmup: int, decay: str) -> float:
+    """The learning rate of step `step` (0-based) of a run of `steps`: a linear warm-up, lr·(step + 1)/warmup, over
+    the first `warmup` steps, then `decay` from lr towards 0 at step `steps`, with p = (step − warmup)/(steps −
+    warmup) clipped to [0, 1]: cosine lr·½(1 + cos πp) (pretraining), linear lr·(1 − p) (cleanrl's PPO, nanochat's
+    RL, TRL's default), constant lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    if decay == "cosine":
+        return lr * 0.5 * (1 + math.cos(math.pi * progress))
+    return lr * (1 - progress) if decay == "linear" else lr
 
 
 class AdamW:

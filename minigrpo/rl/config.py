@@ -53,6 +53,9 @@ class RLConfig:
     lr: float = field(default=6e-4, metadata=meta("AdamW learning rate"))
     warmup: int = field(default=5, metadata=meta(
         "linear learning-rate warm-up over the first N steps (0 = off; see rl/loop.py)"))
+    lr_decay: str = field(default="linear", metadata=meta(
+        "after the warm-up, the learning rate falls to 0 at --steps (linear, as cleanrl's PPO and nanochat's RL) or "
+        "stays (constant)", choices=["linear", "cosine", "constant"]))
     grad_clip: float = field(default=1.0, metadata=meta("gradient norm clip (0 = off)"))
     preserve: bool = field(default=True, metadata=meta(
         "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"))

@@ -14,7 +14,9 @@ the sampled completions of a step unchanged, so A/B comparisons are paired.
 
 Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's
 first update moves every weight by about lr whatever its gradient, and on the food task that first step
-alone moved other people's distributions far beyond the drift bar (docs/experiments.md).
+alone moved other people's distributions far beyond the drift bar (docs/experiments.md). After it the rate
+falls linearly to 0 at --steps (--lr-decay; cleanrl's PPO and nanochat's RL do the same): at a constant rate,
+Adam kept the other people's drift swinging by about ±0.01 step to step long after the goal.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from minigrpo.rl.checkpoints import RunCheckpoints
 from minigrpo.util.cli import UsageError
 from minigrpo.util.outputs import prepare_out, write_json
 from minigrpo.util.jsonl import JsonlLogger
-from minigrpo.lm.optim import AdamW, clip_grad_norm
+from minigrpo.lm.optim import AdamW, clip_grad_norm, scheduled_lr
 from minigrpo.rl.preserve import anchor_loss, make_anchor
 from toy_tasks.rewards import RewardError, make_reward
 from minigrpo.rl.config import RLConfig, check_rl_config
@@ -192,9 +194,9 @@ class Run(RunCheckpoints):
         return logger
 
     def set_lr(self, opt) -> None:
-        """This step's learning rate: --lr after a linear warm-up over --warmup steps."""
+        """This step's learning rate: --lr after a linear warm-up over --warmup steps, then --lr-decay."""
         cfg = self.cfg
-        opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (self.step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+        opt.param_groups[0]["lr"] = scheduled_lr(cfg.lr, self.step, cfg.steps, cfg.warmup, cfg.lr_decay)
 
     def step_prompts(self) -> list[str]:
         """The step's --prompts-per-step prompts, drawn with replacement from the run's prompts."""
