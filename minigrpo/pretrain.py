@@ -39,7 +39,7 @@ from minigrpo.util.outputs import prepare_out, write_json
 from minigrpo.util.jsonl import JsonlLogger, read_jsonl
 from minigrpo.util.plotting import plot_panels
 from minigrpo.lm.model import GPT, GPTConfig
-from minigrpo.lm.optim import AdamW, scheduled_lr
+from minigrpo.lm.optim import AdamW
 from minigrpo.util.runtime import setup_runtime
 from minigrpo.lm.tokenizer import CharTokenizer
 from toy_tasks import get_task, task_defaults
@@ -112,7 +112,10 @@ def epoch_batches(n: int, batch_size: int, gen: torch.Generator, device):
 
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:
-    return scheduled_lr(cfg.lr, step, cfg.steps, cfg.warmup, "cosine")
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 @torch.no_grad()

@@ -1,10 +1,8 @@
-import math
-
 import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from minigrpo.lm.optim import DECAYS, AdamW, clip_grad_norm, scheduled_lr
+from minigrpo.lm.optim import AdamW, clip_grad_norm, scheduled_lr
 
 
 def test_matches_torch_adamw_step_for_step():
@@ -67,34 +65,28 @@ def test_clip_grad_norm_lets_a_nan_through_like_torch():
 
 
 @given(lr=st.floats(1e-6, 1.0), steps=st.integers(1, 400), warmup=st.integers(0, 50),
-       decay=st.sampled_from(DECAYS))
-def test_the_schedule_warms_up_linearly_then_only_falls_within_lr_and_zero(lr, steps, warmup, decay):
-    rates = [scheduled_lr(lr, s, steps, warmup, decay) for s in range(steps + 1)]
+       warmdown=st.floats(0.0, 1.0))
+def test_the_schedule_warms_up_holds_then_falls_to_zero_at_the_cap(lr, steps, warmup, warmdown):
+    rates = [scheduled_lr(lr, s, steps, warmup, warmdown) for s in range(steps + 1)]
+    n = round(warmdown * steps)
     for s, rate in enumerate(rates):
-        assert 0 <= rate <= lr * (1 + 1e-12)
-        if s < warmup:
-            assert rate == pytest.approx(lr * (s + 1) / warmup, rel=1e-12)
-    after = rates[min(warmup, steps):]
-    assert all(b <= a * (1 + 1e-12) for a, b in zip(after, after[1:]))  # never rises after the warm-up
-    if warmup < steps:
-        assert rates[warmup] == pytest.approx(lr, rel=1e-12)  # the warm-up ends at --lr
-        end = {"constant": lr, "linear": 0.0, "cosine": 0.0}[decay]
-        assert rates[steps] == pytest.approx(end, abs=1e-12 * lr)  # and the decay ends at 0 at --steps
+        assert 0 <= rate <= lr
+        warm = min(1.0, (s + 1) / warmup) if warmup else 1.0
+        if s <= steps - n:  # before the warm-down: the warm-up's rate, the rate of the run without a warm-down
+            assert rate == (lr * warm if warmup else lr)
+        else:  # the warm-down: falls by lr·warm/n a step, to 0 at the cap
+            assert rate == pytest.approx(lr * warm * (steps - s) / n, rel=1e-12)
+    if n:
+        assert rates[steps] == 0.0 and rates[steps - 1] > 0  # the last step still learns
+    after = rates[warmup:]
+    assert all(b <= a for a, b in zip(after, after[1:]))  # never rises after the warm-up
 
 
-@given(lr=st.floats(1e-6, 1.0), span=st.integers(1, 300), warmup=st.integers(0, 20))
-def test_linear_falls_by_equal_amounts_and_cosine_is_symmetric_about_half(lr, span, warmup):
-    steps = warmup + span
-    lin = [scheduled_lr(lr, warmup + k, steps, warmup, "linear") for k in range(span + 1)]
-    assert all(math.isclose(a - b, lr / span, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(lin, lin[1:]))
-    cos = [scheduled_lr(lr, warmup + k, steps, warmup, "cosine") for k in range(span + 1)]
-    assert all(math.isclose(cos[k] + cos[span - k], lr, rel_tol=1e-9) for k in range(span + 1))
-
-
-def test_the_last_rl_step_still_learns_and_pretrainings_cosine_is_the_same_function():
-    assert scheduled_lr(6e-4, 59, 60, 5, "linear") == pytest.approx(6e-4 / 55)  # the 60th step of 60: lr/55 > 0
-    assert [scheduled_lr(6e-4, s, 60, 5, "linear") for s in range(5)] == [6e-4 * (s + 1) / 5 for s in range(5)]
-    from minigrpo.pretrain import PretrainConfig, lr_at
-    cfg = PretrainConfig(lr=2e-2, steps=100, warmup=10)
-    assert [lr_at(s, cfg) for s in range(100)] == \
-        [2e-2 * (s + 1) / 10 if s < 10 else 2e-2 * 0.5 * (1 + math.cos(math.pi * ((s - 10) / 90))) for s in range(100)]
+def test_the_warm_down_leaves_a_run_that_stops_early_untouched_and_whole_is_nanochats_ramp():
+    # a 200-step cap, a run stopping at its goal by step 40: the rates of a cap of 10,000, to the bit
+    assert [scheduled_lr(6e-4, s, 200, 5, 0.2) for s in range(160)] == \
+        [scheduled_lr(6e-4, s, 10_000, 5, 0.2) for s in range(160)] == [6e-4 * min(1.0, (s + 1) / 5) for s in range(160)]
+    assert [scheduled_lr(6e-4, s, 60, 5, 0.2) for s in range(48, 60)] == \
+        pytest.approx([6e-4 * (60 - s) / 12 for s in range(48, 60)])  # compare's 60 steps: the last 12 fall
+    assert [scheduled_lr(1e-3, s, 50, 0, 1.0) for s in range(50)] == \
+        pytest.approx([1e-3 * (1 - s / 50) for s in range(50)])  # warmdown 1: nanochat chat_rl's lrm = 1 − it/steps

@@ -10,24 +10,21 @@ is the same algorithm in a few lines, and the update reads like the paper (Algor
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-DECAYS = ("cosine", "linear", "constant")
 
+def scheduled_lr(lr: float, step: int, steps: int, warmup: int, warmdown: float) -> float:
+    """The learning rate of step `step` (0-based) of a run of at most `steps`: warm-up, stable, warm-down.
 
-def scheduled_lr(lr: float, step: int, steps: int, warmup: int, decay: str) -> float:
-    """The learning rate of step `step` (0-based) of a run of `steps`: a linear warm-up, lr·(step + 1)/warmup, over
-    the first `warmup` steps, then `decay` from lr towards 0 at step `steps`, with p = (step − warmup)/(steps −
-    warmup) clipped to [0, 1]: cosine lr·½(1 + cos πp) (pretraining), linear lr·(1 − p) (cleanrl's PPO, nanochat's
-    RL, TRL's default), constant lr."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-    if decay == "cosine":
-        return lr * 0.5 * (1 + math.cos(math.pi * progress))
-    return lr * (1 - progress) if decay == "linear" else lr
+        lr · min(1, (step + 1)/warmup) · min(1, (steps − step)/n),   n = round(warmdown · steps)
+
+    a linear warm-up over the first `warmup` steps (0: none), then lr, then a linear fall to 0 at step `steps` over
+    its last n steps (warmdown 0: none; 1: the whole run, nanochat's RL). The rate of a run that stops early (at its
+    goal) does not depend on the cap, unless the run reaches the cap's last n steps. Hägele et al. 2405.18392;
+    nanochat's base_train `warmdown_ratio` (0.2)."""
+    rate = lr * min(1.0, (step + 1) / warmup) if warmup else lr
+    n = round(warmdown * steps)
+    return rate * min(1.0, (steps - step) / n) if n else rate
 
 
 class AdamW:

@@ -53,9 +53,9 @@ class RLConfig:
     lr: float = field(default=6e-4, metadata=meta("AdamW learning rate"))
     warmup: int = field(default=5, metadata=meta(
         "linear learning-rate warm-up over the first N steps (0 = off; see rl/loop.py)"))
-    lr_decay: str = field(default="linear", metadata=meta(
-        "after the warm-up, the learning rate falls to 0 at --steps (linear, as cleanrl's PPO and nanochat's RL) or "
-        "stays (constant)", choices=["linear", "cosine", "constant"]))
+    lr_warmdown: float = field(default=0.2, metadata=meta(
+        "the learning rate falls linearly to 0 over this share of --steps at their end (0 = off, 1 = over the "
+        "whole run; see rl/loop.py)"))
     grad_clip: float = field(default=1.0, metadata=meta("gradient norm clip (0 = off)"))
     preserve: bool = field(default=True, metadata=meta(
         "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the spill-over"))
@@ -107,7 +107,7 @@ def check_rl_config(cfg: RLConfig) -> None:
     require(cfg, "lr", finite(cfg.lr) and 0 < cfg.lr <= 1, "a number in (0, 1]")
     check_ranges(cfg, {"temperature": (1e-3, None), "grad_clip": (0, None), "preserve_coef": (0, None),
                        "preserve_forced": (0, None), "preserve_forced_weight": (0, None),
-                       "goal": (0, 1), "goal_malformed": (0, 1), "goal_drift": (0, 1),
+                       "goal": (0, 1), "goal_malformed": (0, 1), "goal_drift": (0, 1), "lr_warmdown": (0, 1),
                        "unfinished_reward": (None, None)})
     require(cfg, "group_size", cfg.group_size >= 2, ">= 2 (group baselines need two samples)")
 

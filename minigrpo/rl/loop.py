@@ -14,9 +14,9 @@ the sampled completions of a step unchanged, so A/B comparisons are paired.
 
 Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's
 first update moves every weight by about lr whatever its gradient, and on the food task that first step
-alone moved other people's distributions far beyond the drift bar (docs/experiments.md). After it the rate
-falls linearly to 0 at --steps (--lr-decay; cleanrl's PPO and nanochat's RL do the same): at a constant rate,
-Adam kept the other people's drift swinging by about ±0.01 step to step long after the goal.
+alone moved other people's distributions far beyond the drift bar (docs/experiments.md). Over the last 20 % of
+--steps the rate falls linearly to 0 (--lr-warmdown): at a constant rate to the end, Adam kept the other people's
+drift swinging by about ±0.01 from step to step long after the goal; a run that stops at its goal never gets there.
 """
 
 from __future__ import annotations
@@ -194,9 +194,10 @@ class Run(RunCheckpoints):
         return logger
 
     def set_lr(self, opt) -> None:
-        """This step's learning rate: --lr after a linear warm-up over --warmup steps, then --lr-decay."""
+        """This step's learning rate: --lr after a linear warm-up over --warmup steps, falling to 0 over the last
+        --lr-warmdown share of --steps (lm/optim.scheduled_lr)."""
         cfg = self.cfg
-        opt.param_groups[0]["lr"] = scheduled_lr(cfg.lr, self.step, cfg.steps, cfg.warmup, cfg.lr_decay)
+        opt.param_groups[0]["lr"] = scheduled_lr(cfg.lr, self.step, cfg.steps, cfg.warmup, cfg.lr_warmdown)
 
     def step_prompts(self) -> list[str]:
         """The step's --prompts-per-step prompts, drawn with replacement from the run's prompts."""
