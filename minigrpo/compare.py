@@ -253,8 +253,9 @@ def main(argv=None):
               flush=True)
     mine = {}  # (algo, seed) -> error of this rank's failed runs
 
-    def done(run, err):
-        print(f"  {run[0]} seed {run[1]}: {'ok' if err is None else 'FAILED: ' + brief(err)}", flush=True)
+    def done(run, err):  # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
+        said = "ok" if err is None else brief(err) if err.startswith("interrupted") else "FAILED: " + brief(err)
+        print(f"  {run[0]} seed {run[1]}: {said}", flush=True)
         if err is not None:
             mine[run[:2]] = err
     if shard.rank == 0:
