@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from minigrpo.tools.stats import improvement_interval, iqm, iqm_interval, probability_of_improvement
 
@@ -46,6 +47,24 @@ def test_probability_of_improvement_counts_pairs_ties_half(a, b):
     assert p == pytest.approx(improvement_oracle(a, b), abs=1e-12)
     assert p + probability_of_improvement(b, a) == pytest.approx(1.0, abs=1e-12)
     assert probability_of_improvement(a, a) == pytest.approx(0.5, abs=1e-12)
+
+
+@given(scores, st.integers(1, 5))
+def test_iqm_over_a_batch_is_scipys_trim_mean_to_the_bit(x, rows):
+    """The bootstrap calls iqm on (resamples, runs) batches: each row's value is scipy's trim_mean(row, 0.25)."""
+    batch = np.random.default_rng(len(x)).permutation(np.tile(x, (rows, 1)), axis=1)
+    assert np.array_equal(iqm(batch), stats.trim_mean(batch, 0.25, axis=-1))
+    assert iqm(x) == stats.trim_mean(x, 0.25)
+
+
+@given(scores, scores, st.integers(1, 4))
+def test_probability_of_improvement_over_a_batch_counts_each_rows_pairs(a, b, rows):
+    """A batch of a's resamples against b's runs (and against a batch of b's): each row is its pairs' count."""
+    rng = np.random.default_rng(len(a) + len(b))
+    a_rows = rng.choice(a, (rows, len(a)))
+    b_rows = rng.choice(b, (rows, len(b)))
+    assert list(probability_of_improvement(a_rows, b)) == [improvement_oracle(r, b) for r in a_rows]
+    assert list(probability_of_improvement(a_rows, b_rows)) == [improvement_oracle(r, s) for r, s in zip(a_rows, b_rows)]
 
 
 @settings(max_examples=25, deadline=None)

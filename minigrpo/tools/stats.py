@@ -16,7 +16,7 @@ support.
 Source and departures: rliable resamples runs within each task (a stratified bootstrap) and aggregates over tasks;
 a compare sweep measures one task, so its strata are one and the bootstrap is the ordinary one over runs. The
 resampling is scipy.stats.bootstrap's (percentile intervals, as rliable), with RESAMPLES draws from a seeded
-generator, so a table is reproducible. One run gives an interval of that run alone (low = high).
+generator, so a table is reproducible. Runs all alike (one run, say) give an interval of their value alone (low = high).
 """
 
 from __future__ import annotations
@@ -40,20 +40,33 @@ class Estimate(NamedTuple):
 
 
 def iqm(x, axis: int = -1) -> float | np.ndarray:
-    """The mean of the middle 50 %: trims ⌊n/4⌋ runs from each end (n < 4: the plain mean)."""
-    return stats.trim_mean(np.asarray(x, dtype=float), 0.25, axis=axis)
+    """The mean of the middle 50 %: trims ⌊n/4⌋ runs from each end (n < 4: the plain mean). scipy.stats.trim_mean(x,
+    0.25)'s arithmetic (its partition, then the mean of the kept slice), without its per-call checks: the bootstrap
+    calls it on every batch of resamples."""
+    a = np.moveaxis(np.asarray(x, dtype=float), axis, -1)
+    n = a.shape[-1]
+    cut = n // 4
+    kept = np.partition(a, (cut, n - cut - 1), axis=-1)[..., cut:n - cut]
+    return kept.mean(axis=-1)[()]
 
 
 def probability_of_improvement(a, b, axis: int = -1) -> float | np.ndarray:
-    """P(A > B) over every pair of one run of a and one run of b, ties counted half; along `axis` (the runs)."""
+    """P(A > B) over every pair of one run of a and one run of b, ties counted half; along `axis` (the runs).
+    Counted through ranks, as the Mann–Whitney U: U = (the sum of a's ranks among a ∪ b, ties at their mean rank)
+    − m(m + 1)/2, and P = U / (m·n); the pairs' count (tests: improvement_oracle) in m + n log-time sorts instead of m·n
+    comparisons. Every term is a multiple of ½, so U is exact and P the pair count's mean to the last bit."""
     a, b = np.moveaxis(np.asarray(a, dtype=float), axis, -1), np.moveaxis(np.asarray(b, dtype=float), axis, -1)
-    a, b = a[..., :, None], b[..., None, :]
-    return ((a > b) + 0.5 * (a == b)).mean(axis=(-2, -1))
+    lead = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])  # a batch of resamples of one against the other's runs
+    m, n = a.shape[-1], b.shape[-1]
+    a, b = np.broadcast_to(a, (*lead, m)), np.broadcast_to(b, (*lead, n))
+    ranks = stats.rankdata(np.concatenate([a, b], axis=-1), axis=-1)  # ties: their mean rank
+    u = ranks[..., :m].sum(axis=-1) - m * (m + 1) / 2
+    return (u / (m * n))[()]
 
 
 def _interval(samples: tuple, statistic, seed: int) -> Estimate:
     value = float(statistic(*samples, axis=-1))
-    free = [i for i, s in enumerate(samples) if len(s) > 1]  # one run resamples to itself: it stays as it is
+    free = [i for i, s in enumerate(samples) if s.min() < s.max()]  # runs all alike (one run) resample to themselves
     if not free:  # nothing to resample
         return Estimate(value, value, value)
 
