@@ -64,7 +64,8 @@ def test_probability_of_improvement_over_a_batch_counts_each_rows_pairs(a, b, ro
     a_rows = rng.choice(a, (rows, len(a)))
     b_rows = rng.choice(b, (rows, len(b)))
     assert list(probability_of_improvement(a_rows, b)) == [improvement_oracle(r, b) for r in a_rows]
-    assert list(probability_of_improvement(a_rows, b_rows)) == [improvement_oracle(r, s) for r, s in zip(a_rows, b_rows)]
+    paired = [improvement_oracle(r, s) for r, s in zip(a_rows, b_rows)]
+    assert list(probability_of_improvement(a_rows, b_rows)) == paired
 
 
 @settings(max_examples=25, deadline=None)

@@ -4,7 +4,7 @@ and the probability that one algorithm beats another.
 
     iqm(x)                              -> float      the interquartile mean: the mean of the middle 50 % of x
     iqm_interval(x, seed)               -> Estimate   IQM and its 95 % percentile-bootstrap interval
-    probability_of_improvement(a, b)    -> float      P(A > B) = mean over run pairs (i, j) of [a_i > b_j] + ½·[a_i = b_j]
+    probability_of_improvement(a, b)    -> float      P(A > B): the mean over run pairs of [a_i > b_j] + ½·[a_i = b_j]
     improvement_interval(a, b, seed)    -> Estimate   P(A > B) and its interval, a's and b's runs resampled apart
 
 x, a, b: 1-D sequences of one score per run (final target rate, steps to the goal, regret). Why the IQM: the median
@@ -53,8 +53,8 @@ def iqm(x, axis: int = -1) -> float | np.ndarray:
 def probability_of_improvement(a, b, axis: int = -1) -> float | np.ndarray:
     """P(A > B) over every pair of one run of a and one run of b, ties counted half; along `axis` (the runs).
     Counted through ranks, as the Mann–Whitney U: U = (the sum of a's ranks among a ∪ b, ties at their mean rank)
-    − m(m + 1)/2, and P = U / (m·n); the pairs' count (tests: improvement_oracle) in m + n log-time sorts instead of m·n
-    comparisons. Every term is a multiple of ½, so U is exact and P the pair count's mean to the last bit."""
+    − m(m + 1)/2, and P = U / (m·n): a sort of m + n values instead of m·n comparisons (the pairs' count is the
+    tests' oracle). Every term is a multiple of ½, so U is exact and P the pair count's mean to the last bit."""
     a, b = np.moveaxis(np.asarray(a, dtype=float), axis, -1), np.moveaxis(np.asarray(b, dtype=float), axis, -1)
     lead = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])  # a batch of resamples of one against the other's runs
     m, n = a.shape[-1], b.shape[-1]
