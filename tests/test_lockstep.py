@@ -221,6 +221,7 @@ def test_the_prompt_table_encodes_each_members_rows_as_encode_prompts_does():
     for (ids, mask), r in zip(PromptTable(tok, prompts, "cpu").encode(rows), rows):
         want_ids, want_mask = encode_prompts(tok, r)
         assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask), r
+        assert ids.size(1) == int(mask.sum(1).max()), "as wide as its longest prompt: its Request's prompt_len"
 
 
 @settings(max_examples=25, deadline=None)

@@ -113,13 +113,16 @@ class Draws:
 
     def __init__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
                  temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None,
-                 block_size: int):
+                 block_size: int, prompt_len: int | None = None):
+        """prompt_len: the longest row's real prompt tokens, where the caller knows it (a population's prompt
+        table); else read from prompt_mask (on a GPU, a wait for the device)."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         (B, P), device = prompt_ids.shape, prompt_ids.device
         self.prompt_ids, self.settings = prompt_ids, (temperature, top_k, top_p, generator)
         self.prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool) if prompt_mask is None else prompt_mask
-        self.n_max = min(max_new_tokens, block_size - int(self.prompt_mask.sum(1).max()))
+        longest = int(self.prompt_mask.sum(1).max()) if prompt_len is None else prompt_len
+        self.n_max = min(max_new_tokens, block_size - longest)
         if self.n_max < 1:
             raise ValueError(f"prompt of {P} tokens leaves no room in block_size {block_size}")
         self.tokens = torch.full((B, self.n_max), PAD_ID, dtype=torch.long, device=device)

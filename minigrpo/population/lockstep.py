@@ -45,7 +45,7 @@ from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import PromptTable, Request, StaleWeights, generate_all, read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import STOP_ALL, StopOnCtrlC
+from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, batch_figures
 from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
@@ -194,11 +194,14 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
                                                                if k.endswith("loss"))]  # else end_step says so
     evaluations = _evaluate([m for m in finite if m.run.evaluating()])
+    figures = dict(zip(rows, batch_figures(torch.stack([batches[j].rewards for j in rows]),  # one read for all
+                                           torch.stack([batches[j].mask.sum(1) for j in rows]).float()).tolist())) \
+        if rows else {}
     for j, row in rows.items():
         m = members[j][1]
         try:
             m.run.end_step(m.algo, MemberOptimizer(opt, j), batches[j], row, step_time, m.logger,
-                           evaluations.get(id(m)))
+                           evaluations.get(id(m)), figures[j])
         except UsageError as e:
             m.error = str(e)
         except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)
@@ -217,8 +220,8 @@ def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
     runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler  # GRPO's --sample-*: alike for all
     temperature = cfg.temperature if sampler is None or sampler.temperature is None else sampler.temperature
     prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
-    requests = [Request(ids, mask, cfg.max_new_tokens, temperature, None, sampler and sampler.top_p, r.gens["rollout"])
-                for r, (ids, mask) in zip(runs, table.encode(prompts))]
+    requests = [Request(ids, mask, cfg.max_new_tokens, temperature, None, sampler and sampler.top_p, r.gens["rollout"],
+                        ids.size(1)) for r, (ids, mask) in zip(runs, table.encode(prompts))]
     gens = generate_all(None, requests, stack)
     batches, scored = [], []
     for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):  # one read

@@ -36,6 +36,7 @@ class Request:
     top_k: int | None
     top_p: float | None
     generator: torch.Generator | None
+    prompt_len: int | None = None  # the longest row's real prompt tokens, if known (lm/sampling.Draws)
 
 
 class PromptTable:
@@ -44,6 +45,8 @@ class PromptTable:
 
         table = PromptTable(tok, run.prompts, device)
         encoded = table.encode([rows_0, rows_1, ...])   # each member's rows (prompts of the table) -> [(ids, mask)]
+
+    A member's ids are as wide as its longest prompt: its Request's prompt_len is ids.size(1).
     """
 
     def __init__(self, tok, prompts: list[str], device):
@@ -76,7 +79,7 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
     for r in requests:
         try:
             members.append(Draws(r.prompt_ids, r.prompt_mask, r.max_new_tokens, r.temperature, r.top_k, r.top_p,
-                                 r.generator, block_size))
+                                 r.generator, block_size, r.prompt_len))
         except ValueError as e:
             members.append(e)
     live = [i for i, m in enumerate(members) if isinstance(m, Draws)]

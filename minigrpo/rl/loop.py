@@ -43,7 +43,7 @@ from minigrpo.lm.optim import AdamW, clip_grad_norm, scheduled_lr
 from minigrpo.rl.preserve import anchor_loss, make_anchor
 from toy_tasks.rewards import RewardError, make_reward
 from minigrpo.rl.config import RLConfig, check_rl_config
-from minigrpo.rl.report import StopOnCtrlC, closing_hint, draw_figure, flat, progress_line, write_samples
+from minigrpo.rl.report import StopOnCtrlC, batch_figures, closing_hint, draw_figure, flat, progress_line, write_samples
 from minigrpo.rl.rollout import collect
 from minigrpo.util.runtime import setup_runtime
 from minigrpo.rl.stopping import Peaks, StopRule
@@ -209,10 +209,11 @@ class Run(RunCheckpoints):
         return (self.step + 1) % self.cfg.eval_every == 0 or self.step + 1 == self.cfg.steps
 
     def end_step(self, algo, opt, batch, stats: dict, step_time: float, logger: JsonlLogger,
-                 evaluation: dict | None = None) -> None:
+                 evaluation: dict | None = None, figures: list | None = None) -> None:
         """After the update (and the trust region): check the losses, count the step, renew π_ref when due
         (--ref-update-every), evaluate (every --eval-every steps), apply the stop rule, log the row and the progress
-        line, checkpoint when due. `evaluation`: the step's exact evaluation, already made (a lockstep population's)."""
+        line, checkpoint when due. A lockstep population's member gets its step's exact `evaluation` and its batch's
+        `figures` (batch_figures') already made, every member's at once."""
         cfg = self.cfg
         if not all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss")):
             raise UsageError(f"the loss became non-finite at step {self.step + 1} (lr {cfg.lr:g}): "
@@ -220,9 +221,9 @@ class Run(RunCheckpoints):
         self.step += 1
         if cfg.ref_update_every and self.step % cfg.ref_update_every == 0:  # iterative GRPO
             self.ref.load_state_dict(self.policy.state_dict())
-        lengths = batch.mask.sum(1).float()
-        mean, std, length, tokens = torch.stack([batch.rewards.mean(), batch.rewards.std(),  # one read, not four
-                                                 lengths.mean(), lengths.sum()]).tolist()
+        if figures is None:
+            figures = batch_figures(batch.rewards, batch.mask.sum(1).float()).tolist()  # one read, not four
+        mean, std, length, tokens = figures
         self.rewards_window = (self.rewards_window + [mean])[-10:]
         row = {"step": self.step, "reward_mean": mean, "reward_std": std,
                "reward_rolling": sum(self.rewards_window) / len(self.rewards_window), **stats,

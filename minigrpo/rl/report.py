@@ -1,5 +1,5 @@
-"""What an RL run shows the person watching it: the progress line, the last rollout's samples, its
-metrics.png, and a Ctrl-C that stops cleanly at the end of the step in flight."""
+"""What an RL run shows the person watching it: the progress line and the figures of a step it shows, the last
+rollout's samples, its metrics.png, and a Ctrl-C that stops cleanly at the end of the step in flight."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import signal
 import threading
 from pathlib import Path
+
+import torch
 
 from minigrpo.rl.stopping import BARS
 from minigrpo.util.jsonl import read_jsonl
@@ -32,6 +34,12 @@ BAR_LABELS = {"final": "bar: final >= {:g}", "peak_malformed": "bar: every step 
               "malformed": "bar: end <= {:g}", "peak_worst_drift": "bar: every step <= {:g}",
               "worst_drift": "bar: end <= {:g}"}
 GOAL_FLAGS = {"final": "goal", "malformed": "goal_malformed", "worst_drift": "goal_drift"}  # the run's own stop rule
+
+
+def batch_figures(rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """A step's reward mean and std, mean completion length and token count over its rows (the last dim) -> (..., 4):
+    rewards and lengths (..., N), float."""
+    return torch.stack([rewards.mean(-1), rewards.std(-1), lengths.mean(-1), lengths.sum(-1)], -1)
 
 
 def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
