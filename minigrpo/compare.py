@@ -91,7 +91,8 @@ class CompareConfig:
     overwrite: bool = field(default=False, metadata=meta(
         "replace the runs in --out that another compare command made (refused otherwise)"))
     jobs: int = field(default=0, metadata={"help": "worker processes: with --engine pool each runs one run at a "
-                                                   "time, with population each one population (0 = the cores)"})
+                                                   "time, with population each one population; then the table's "
+                                                   "bootstraps in as many threads (0 = the cores)"})
     members: int = field(default=128, metadata=meta(
         "most runs in one population (--engine population; threads: at most 16): more runs make more populations, "
         "each worker process running one at a time (0 = no limit)"))
@@ -281,7 +282,7 @@ def main(argv=None):
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
     curve = exact_frontier(passthrough, cfg.reward)
-    write_outputs(out, results, errors, title, curve)
+    write_outputs(out, results, errors, title, curve, jobs)  # its bootstraps in --jobs threads
     print(printed_summary(results, title, regret=curve is not None))
     for algo, errs in errors.items():
         for seed, err in errs:

@@ -32,3 +32,14 @@ def test_the_tables_give_each_algorithm_its_iqm_interval_and_each_pair_its_proba
 def test_intervals_png_is_drawn(tmp_path):
     draw_intervals({"fast": FAST, "slow": SLOW}, tmp_path / "intervals.png", "two algorithms")
     assert (tmp_path / "intervals.png").stat().st_size > 10_000
+
+
+def test_the_bootstraps_in_threads_give_the_same_tables_and_figure(tmp_path):
+    """compare runs them in --jobs threads: each bootstrap seeded as one after another, so nothing moves."""
+    third = [run([0.1, 0.4, 0.99]), run([0.1, 0.9, 0.96]), run([0.2, 0.6, 0.95]), run([0.1, 0.8, 1.0])]
+    results = {"fast": FAST, "slow": SLOW, "third": third, "none": []}
+    assert interval_table(results, jobs=3) == interval_table(results)
+    assert improvement_table(results, jobs=3) == improvement_table(results)
+    for jobs in (1, 3):
+        draw_intervals(results, tmp_path / f"intervals{jobs}.png", "three algorithms", jobs)
+    assert (tmp_path / "intervals1.png").read_bytes() == (tmp_path / "intervals3.png").read_bytes()

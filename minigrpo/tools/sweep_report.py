@@ -95,7 +95,7 @@ def printed_summary(results: dict, title: str, regret: bool) -> str:
     return text
 
 
-def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None) -> None:
+def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None, jobs: int = 1) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,10 +156,10 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
               *[""] * bool(missed), *[f"- {line}" for line in missed]]
     if any(results.values()):  # the interval tables and figure leave out an algorithm without runs
         lines += ["", "Interquartile means over seeds with their 95 % bootstrap intervals (tools/stats.py):", "",
-                  *interval_table(results), "", "P(row > column) on the final exact target rate, with its 95 % "
+                  *interval_table(results, jobs), "", "P(row > column) on the final exact target rate, with its 95 % "
                   "interval (0.5: no difference; an interval without 0.5: a difference the runs support):", "",
-                  *improvement_table(results)]
-        draw_intervals(results, out / "intervals.png", title)
+                  *improvement_table(results, jobs)]
+        draw_intervals(results, out / "intervals.png", title, jobs)
     for algo, errs in errors.items():
         for seed, err in errs:
             lines.append(f"\nfailed: {algo} seed {seed}: {err}")
