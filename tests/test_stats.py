@@ -92,6 +92,11 @@ def test_one_run_has_an_interval_of_itself():
     assert tuple(improvement_interval([1.0], [0.0])) == (1.0, 1.0, 1.0)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's mean of nothing
+def test_no_runs_give_no_figure_and_no_error():
+    assert all(np.isnan(v) for v in iqm_interval([])) and all(np.isnan(v) for v in improvement_interval([], [0.5]))
+
+
 def test_one_run_against_several_resamples_only_the_several():
     """A seed that failed leaves an algorithm with one run: P(A > B) against another's runs still has an interval,
     that of the several runs' resamples (one run resampled is itself), mirrored when the two change places."""

@@ -66,7 +66,7 @@ def probability_of_improvement(a, b, axis: int = -1) -> float | np.ndarray:
 
 def _interval(samples: tuple, statistic, seed: int) -> Estimate:
     value = float(statistic(*samples, axis=-1))
-    free = [i for i, s in enumerate(samples) if s.min() < s.max()]  # runs all alike (one run) resample to themselves
+    free = [i for i, s in enumerate(samples) if s.size > 1 and s.min() < s.max()]  # runs all alike: themselves
     if not free:  # nothing to resample
         return Estimate(value, value, value)
 
