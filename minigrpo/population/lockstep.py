@@ -194,9 +194,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
                                                                if k.endswith("loss"))]  # else end_step says so
     evaluations = _evaluate([m for m in finite if m.run.evaluating()])
-    figures = dict(zip(rows, batch_figures(torch.stack([batches[j].rewards for j in rows]),  # one read for all
-                                           torch.stack([batches[j].mask.sum(1) for j in rows]).float()).tolist())) \
-        if rows else {}
+    figures = _figures(batches, list(rows))
     for j, row in rows.items():
         m = members[j][1]
         try:
@@ -263,6 +261,15 @@ def _rows(members: list, update, figures: dict, trust: dict) -> dict:
             continue
         rows[j] = {**update.row({k: v[j] for k, v in own.items()}, m.algo), **{k: v[j] for k, v in region.items()}}
     return rows
+
+
+def _figures(batches: list, live: list[int]) -> dict:
+    """Each live member's logged reward and length figures (rl/report.batch_figures), every member's read at once."""
+    if not live:
+        return {}
+    values = batch_figures(torch.stack([batches[j].rewards for j in live]),
+                           torch.stack([batches[j].mask.sum(1) for j in live]).float())
+    return dict(zip(live, values.tolist()))
 
 
 def _evaluate(members: list) -> dict:

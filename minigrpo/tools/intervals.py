@@ -55,7 +55,7 @@ def interval_table(results: dict[str, list[dict]], jobs: int = 1) -> list[str]:
     present = [s for s in SCORES if all(s in x for x in sc.values())]
     lines = ["| algorithm | runs | " + " | ".join(f"{s}: IQM [95 % CI]" for s in present) + " |",
              "|---" * (2 + len(present)) + "|"]
-    rows = [(algo, runs) for seed, (algo, runs) in enumerate(results.items()) if runs]
+    rows = [(algo, runs) for algo, runs in results.items() if runs]
     seeds = {algo: seed for seed, algo in enumerate(results)}
     found = iter(_estimates([(iqm_interval, sc[algo][s], seeds[algo]) for algo, _ in rows for s in present], jobs))
     for algo, runs in rows:
