@@ -54,7 +54,8 @@ def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None
         return model.head(hidden) / temperature, hidden
     tree = tree if tree is not None else next_token_tree(ids, key_mask)
     hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)  # (G, N, C): each node once
-    return tree.gather(model.head(hidden) / temperature), tree.gather(hidden)
+    logits = model.head(hidden)
+    return tree.gather(logits if temperature == 1.0 else logits / temperature), tree.gather(hidden)  # x / 1 is x
 
 
 def generation_logprobs(model: GPT, gen, temperature: float = 1.0, return_logits: bool = False,

@@ -113,23 +113,36 @@ class Draws:
 
     def __init__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, max_new_tokens: int,
                  temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None,
-                 block_size: int, prompt_len: int | None = None):
+                 block_size: int, prompt_len: int | None = None, allocate: bool = True):
         """prompt_len: the longest row's real prompt tokens, where the caller knows it (a population's prompt
-        table); else read from prompt_mask (on a GPU, a wait for the device)."""
+        table); else read from prompt_mask (on a GPU, a wait for the device). allocate=False: no bookkeeping
+        tensors yet (a population's members alike keep theirs stacked: population/sampling.StackedDraws; else
+        `allocate()` before the first draw)."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        (B, P), device = prompt_ids.shape, prompt_ids.device
+        P = prompt_ids.size(1)
         self.prompt_ids, self.settings = prompt_ids, (temperature, top_k, top_p, generator)
         self.prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool) if prompt_mask is None else prompt_mask
         longest = int(self.prompt_mask.sum(1).max()) if prompt_len is None else prompt_len
         self.n_max = min(max_new_tokens, block_size - longest)
         if self.n_max < 1:
             raise ValueError(f"prompt of {P} tokens leaves no room in block_size {block_size}")
-        self.tokens = torch.full((B, self.n_max), PAD_ID, dtype=torch.long, device=device)
-        self.logprobs = torch.zeros((B, self.n_max), device=device)
-        self.completion_mask = torch.zeros((B, self.n_max), dtype=torch.bool, device=device)
-        self.done = torch.zeros(B, dtype=torch.bool, device=device)
         self.steps = 0
+        if allocate:
+            self.allocate()
+
+    def allocate(self) -> None:
+        self.tokens, self.logprobs, self.completion_mask, self.done = \
+            Draws.fresh((self.prompt_ids.size(0),), self.n_max, self.prompt_ids.device)
+
+    @staticmethod
+    def fresh(rows: tuple, n_max: int, device) -> tuple:
+        """The bookkeeping before any draw, for rows of shape `rows` ((B,), or a population's (P, B)): tokens (PAD),
+        their log-probs, the completion mask (rows, n_max), and which rows have ended (rows)."""
+        return (torch.full((*rows, n_max), PAD_ID, dtype=torch.long, device=device),
+                torch.zeros((*rows, n_max), device=device),
+                torch.zeros((*rows, n_max), dtype=torch.bool, device=device),
+                torch.zeros(rows, dtype=torch.bool, device=device))
 
     def take(self, logits: torch.Tensor) -> bool:
         """Draw token `steps` of every row from logits (B, V) (PAD, log-prob 0 where the row has ended); -> whether

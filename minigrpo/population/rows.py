@@ -75,7 +75,8 @@ class Rows:
         them, each member through its own weights; differentiable (no_grad for π_old and π_ref). states: also the
         final hidden states they came from (P, N, T, C) (a value head's input)."""
         h = self.states(stack)
-        out = self.logprobs_of(stack.head(h) / temperature)
+        logits = stack.head(h)
+        out = self.logprobs_of(logits if temperature == 1.0 else logits / temperature)  # x / 1 is x: one pass fewer
         return (*out, h[:, :, self.prompt_len - 1:]) if states else out
 
     def logprobs_of(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

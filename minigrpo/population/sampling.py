@@ -79,7 +79,7 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
     for r in requests:
         try:
             members.append(Draws(r.prompt_ids, r.prompt_mask, r.max_new_tokens, r.temperature, r.top_k, r.top_p,
-                                 r.generator, block_size, r.prompt_len))
+                                 r.generator, block_size, r.prompt_len, allocate=False))
         except ValueError as e:
             members.append(e)
     live = [i for i, m in enumerate(members) if isinstance(m, Draws)]
@@ -94,11 +94,14 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
     device = requests[live[0]].prompt_ids.device
     ids = torch.full((P, B, width), PAD_ID, dtype=torch.long, device=device)
     key_mask = torch.zeros((P, B, width + n_max), dtype=torch.bool, device=device)  # padding rows: no real key
-    for j, i in enumerate(live):  # each member's prompts, right-aligned: the batch pads them further on the left
-        m = members[i]
-        b, w = m.prompt_ids.shape
-        ids[j, :b, width - w:] = m.prompt_ids
-        key_mask[j, :b, width - w:width], key_mask[j, :b, width:] = m.prompt_mask, True
+    shapes: dict[tuple, list[int]] = {}  # members of one prompt shape are copied in as one
+    for j, i in enumerate(live):
+        shapes.setdefault(tuple(members[i].prompt_ids.shape), []).append(j)
+    for (b, w), js in shapes.items():  # each member's prompts, right-aligned: the batch pads them further on the left
+        at = torch.tensor(js, device=device)
+        ids[at, :b, width - w:] = torch.stack([members[live[j]].prompt_ids for j in js])
+        key_mask[at, :b, width - w:width] = torch.stack([members[live[j]].prompt_mask for j in js])
+        key_mask[at, :b, width:] = True
     key_mask = key_mask.view(P * B, -1)
     # a member whose prompt leaves it fewer new tokens than the others has stopped before its positions pass the block
     pos = positions(key_mask).view(P, B, -1).clamp(max=block_size - 1)
@@ -107,6 +110,8 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
     logits = stack.head(h[:, :, -1:])[:, :, 0]  # (P, B, V)
     draws = [members[i] for i in live]
     alike = StackedDraws(members) if StackedDraws.fits(members) else None  # one draw for all, else each its own
+    for d in draws if alike is None else []:
+        d.allocate()
     going = set(range(P))
     for n in range(n_max):
         if alike is not None:
@@ -141,8 +146,9 @@ def read_completions(tok, gens: list) -> list:
     if not ok:
         return [None] * len(gens)
     T = max(g.completion_ids.size(1) for g in ok)  # a member's rows padded on the right: decode drops PAD
-    rows = torch.cat([torch.cat([F.pad(g.completion_ids, (0, T - g.completion_ids.size(1)), value=PAD_ID),
-                                 g.finished[:, None].long()], 1) for g in ok]).tolist()
+    ids = torch.cat([g.completion_ids if g.completion_ids.size(1) == T else
+                     F.pad(g.completion_ids, (0, T - g.completion_ids.size(1)), value=PAD_ID) for g in ok])
+    rows = torch.cat([ids, torch.cat([g.finished for g in ok])[:, None].long()], 1).tolist()
     out, start = [], 0
     for g in gens:
         if not isinstance(g, Generation):
@@ -164,10 +170,9 @@ class StackedDraws:
 
     def __init__(self, draws: list[Draws]):
         self.draws = draws
-        self.tokens = torch.stack([d.tokens for d in draws])  # (P, B, n_max)
-        self.logprobs = torch.stack([d.logprobs for d in draws])
-        self.completion_mask = torch.stack([d.completion_mask for d in draws])
-        self.done = torch.stack([d.done for d in draws])  # (P, B)
+        first = draws[0].prompt_ids
+        self.tokens, self.logprobs, self.completion_mask, self.done = \
+            Draws.fresh((len(draws), first.size(0)), draws[0].n_max, first.device)  # (P, B, n_max); done (P, B)
         self.steps = [0] * len(draws)
 
     @staticmethod
@@ -175,7 +180,7 @@ class StackedDraws:
         """Every member a Draws (none refused at the start), of one shape and one plain sampling."""
         if not all(isinstance(d, Draws) for d in members):
             return False
-        settings = {(d.tokens.shape, d.prompt_ids.shape, d.settings[:3]) for d in members}
+        settings = {(d.n_max, d.prompt_ids.shape, d.settings[:3]) for d in members}
         return len(settings) == 1 and next(iter(settings))[2][1:] == (None, None)
 
     def take(self, logits: torch.Tensor, going: set[int]) -> set[int]:
