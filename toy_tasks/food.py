@@ -16,7 +16,7 @@ import random
 
 import torch
 
-from minigrpo.lm.logprobs import completion_logprobs
+from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many
 from toy_tasks import largest_remainder
 from minigrpo.exact import frontier
 from toy_tasks.support import reward_figures_many
@@ -103,10 +103,10 @@ def exact_distributions_many(models: list, tokenizer, people=PEOPLE) -> list[dic
     """exact_distributions of each model, read back once."""
     people = list(people)
     prompts = [prompt(p) for p in people for _ in FOODS]
-    logps = [completion_logprobs(model, tokenizer, prompts, FOODS * len(people)) for model in models]
+    logps = completion_logprobs_many(models, tokenizer, prompts, FOODS * len(people))  # (M, N)
     n = len(FOODS)
     return [{p: dict(zip(FOODS, probs[i * n:(i + 1) * n])) for i, p in enumerate(people)}
-            for probs in torch.stack(logps).exp().tolist()]
+            for probs in logps.exp().tolist()]
 
 
 def total_variation(p: dict[str, float], q: dict[str, float]) -> float:

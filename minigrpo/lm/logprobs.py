@@ -7,6 +7,7 @@
     sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
     sequence_logp              per-token log-probs (B, T) summed over a mask: log π(y) of each completion
     completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact evaluation
+    completion_logprobs_many   the same for several models, as one where their forwards are one (a population's)
 """
 
 from __future__ import annotations
@@ -93,12 +94,12 @@ def pad_left(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
 
 
 def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log π(y) = Σ_t log π(o_t | o_<t) over the valid tokens,  logp (B, T), mask (B, T) bool -> (B,).
+    """log π(y) = Σ_t log π(o_t | o_<t) over the valid tokens,  logp (..., B, T), mask (B, T) bool -> (..., B).
 
     Masked slots contribute nothing (torch.where, so NaN or ±1e4 there reach neither value nor gradient);
     an empty row gives 0 (log of the empty product).
     """
-    return torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(dim=1)
+    return torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(dim=-1)
 
 
 @torch.no_grad()
@@ -113,6 +114,21 @@ def completion_logprobs(model: GPT, tok: CharTokenizer, prompts: list[str], comp
                                                    model.wte.weight.device)
     logits, _ = shifted_forward(model, ids, mask, tree=tree)
     return sequence_logp(gather_logprobs(logits, ids[:, 1:]), is_completion)  # (N, width-1) summed per row
+
+
+@torch.no_grad()
+def completion_logprobs_many(models: list[GPT], tok: CharTokenizer, prompts: list[str], completions: list[str],
+                             end: bool = True) -> torch.Tensor:
+    """completion_logprobs of each model -> (M, N). Models whose forwards are one computation (a lockstep
+    population's members: population/evaluation.EvalGPT.logits_of_all) are scored from their stacked logits, one
+    log-softmax and one gather for all; any others one by one."""
+    ids, mask, is_completion, tree = scoring_batch(tok, tuple(prompts), tuple(completions), end,
+                                                   models[0].wte.weight.device)
+    stacked = getattr(models[0], "logits_of_all", lambda *_: None)(models, tree)  # (M, G, n, V): the tree's nodes
+    if stacked is None:
+        return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in models])
+    logits = stacked.flatten(1, 2)[:, tree.index]  # each model's tree.gather: (M, N, width-1, V)
+    return sequence_logp(gather_logprobs(logits, ids[:, 1:].expand(len(models), -1, -1)), is_completion)
 
 
 @functools.lru_cache(maxsize=16)

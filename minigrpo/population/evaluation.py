@@ -45,7 +45,7 @@ class SharedForward:
         grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
         with torch.no_grad():
             h = self.stack.hidden(grow(idx), grow(pos), grow(attn_mask).reshape(P * B, *attn_mask.shape[1:]))
-        views, forward = list(h.unbind(0)), {"hidden": h, "logits": None}  # the logits: on the first head() call
+        views, forward = list(h.unbind(0)), {"hidden": h, "logits": None}  # the logits: on the first request
         self.hidden.append((inputs, views))
         for view in views:
             self.heads[id(view)] = (view, forward)
@@ -56,10 +56,18 @@ class SharedForward:
         view, forward = self.heads.get(id(h), (None, None))
         if view is not h:
             return None
-        if forward["logits"] is None:
+        return self._logits(forward)[model.member]
+
+    def logits_of(self, model: "EvalGPT", inputs: tuple) -> torch.Tensor | None:
+        """Every member's logits (P, ...) for GPT.hidden's inputs, as hidden_of computes them; None: not shared."""
+        h = self.hidden_of(model, inputs)
+        return None if h is None else self._logits(self.heads[id(h)][1])
+
+    def _logits(self, forward: dict) -> torch.Tensor:
+        if forward["logits"] is None:  # on the first request
             with torch.no_grad():
-                forward["logits"] = self.stack.head(forward["hidden"]).unbind(0)
-        return forward["logits"][model.member]
+                forward["logits"] = self.stack.head(forward["hidden"])
+        return forward["logits"]
 
 
 class EvalGPT(GPT):
@@ -73,3 +81,12 @@ class EvalGPT(GPT):
     def head(self, h):
         logits = self.shared.head_of(self, h)
         return super().head(h) if logits is None else logits
+
+    def logits_of_all(self, models: list, tree) -> torch.Tensor | None:
+        """The logits (M, G, n, V) over a prefix tree's nodes of `models` if they are all this population's members
+        (lm/logprobs.completion_logprobs_many), else None."""
+        if torch.is_grad_enabled() or any(getattr(m, "shared", None) is not self.shared for m in models):
+            return None
+        logits = self.shared.logits_of(self, (tree.tokens, tree.pos, None, tree.mask))  # (P, G, n, V)
+        members = [m.member for m in models]
+        return None if logits is None else logits if members == list(range(len(logits))) else logits[members]

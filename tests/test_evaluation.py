@@ -1,0 +1,32 @@
+"""A lockstep population's exact evaluation (minigrpo/population/evaluation.py): every member's forward is one, and
+lm/logprobs.completion_logprobs_many scores every member from the stacked logits at once."""
+
+import torch
+
+from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many, scoring_batch
+from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.tokenizer import CharTokenizer
+from minigrpo.population.evaluation import SharedForward
+from minigrpo.population.stacked import Stack
+
+PROMPTS, COMPLETIONS = ["ab ", "ab ", "ba "] * 2, ["a", "bb", "ab", "b", "aab", ""]
+
+
+def test_members_score_as_one_what_each_scores_alone_through_the_shared_forward():
+    tok = CharTokenizer("ab ")
+    torch.manual_seed(0)
+    models = [GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)).eval()
+              for _ in range(3)]
+    plain = completion_logprobs_many(models, tok, PROMPTS, COMPLETIONS)  # not a population: each model alone
+    assert torch.equal(plain, torch.stack([completion_logprobs(m, tok, PROMPTS, COMPLETIONS) for m in models]))
+    shared = SharedForward()
+    for p, m in enumerate(models):
+        shared.adopt(m, p)
+    shared.fresh(Stack(models))
+    alone = torch.stack([completion_logprobs(m, tok, PROMPTS, COMPLETIONS) for m in models])  # each its own view
+    tree = scoring_batch(tok, tuple(PROMPTS), tuple(COMPLETIONS), True, torch.device("cpu"))[3]
+    with torch.no_grad():  # as completion_logprobs_many calls it
+        assert models[0].logits_of_all(models, tree).shape[0] == 3, "the members' logits, stacked: scored as one"
+    assert torch.equal(completion_logprobs_many(models, tok, PROMPTS, COMPLETIONS), alone)
+    assert torch.equal(completion_logprobs_many(models[::-2], tok, PROMPTS, COMPLETIONS), alone[[2, 0]])
+    assert torch.allclose(alone, plain, atol=1e-5), "the stacked forward: the models' own to float rounding"
