@@ -88,5 +88,7 @@ class EvalGPT(GPT):
         if torch.is_grad_enabled() or any(getattr(m, "shared", None) is not self.shared for m in models):
             return None
         logits = self.shared.logits_of(self, (tree.tokens, tree.pos, None, tree.mask))  # (P, G, n, V)
+        if logits is None:
+            return None
         members = [m.member for m in models]
-        return None if logits is None else logits if members == list(range(len(logits))) else logits[members]
+        return logits if members == list(range(len(logits))) else logits[members]

@@ -110,8 +110,9 @@ def _generate_all(models: list | None, requests: list[Request], stack: Stack | N
     logits = stack.head(h[:, :, -1:])[:, :, 0]  # (P, B, V)
     draws = [members[i] for i in live]
     alike = StackedDraws(members) if StackedDraws.fits(members) else None  # one draw for all, else each its own
-    for d in draws if alike is None else []:
-        d.allocate()
+    if alike is None:
+        for d in draws:
+            d.allocate()
     going = set(range(P))
     for n in range(n_max):
         if alike is not None:
