@@ -5,6 +5,7 @@ first member's forward computes every member's, and the others read theirs.
     shared.adopt(model, p)      # member p's GPT (its own weights, for its files) computes through the population's
     shared.fresh(stack)         # after each update: the weights to compute with; what was computed is forgotten
     run.evaluate()              # unchanged: the task's rl_evaluate calls model.hidden and model.head as ever
+    completion_logprobs_many(models, ...)   # lm/logprobs: every member's scores from the stacked logits at once
 
 A call is recognised by its input tensors themselves (the exact evaluation's rows are built once and kept:
 lm/logprobs.scoring_batch), held while remembered so that no other tensor can take their place. Any other call, a
