@@ -52,7 +52,7 @@ from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import cores
 from minigrpo.grpo import PRESETS
 from minigrpo.population.engine import run_populations, shares_of
-from minigrpo.tools.sweep_report import curves, printed_summary, write_outputs
+from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
@@ -282,8 +282,7 @@ def main(argv=None):
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
     curve = exact_frontier(passthrough, cfg.reward)
-    write_outputs(out, results, errors, title, curve, jobs)  # its bootstraps in --jobs threads
-    print(printed_summary(results, title, regret=curve is not None))
+    print(write_outputs(out, results, errors, title, curve, jobs))  # its bootstraps in --jobs threads
     for algo, errs in errors.items():
         for seed, err in errs:
             print(f"failed: {algo} seed {seed}: {brief(err)}")

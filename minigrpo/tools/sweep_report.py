@@ -82,20 +82,21 @@ def short_table(results: dict, regret: bool) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def printed_summary(results: dict, title: str, regret: bool) -> str:
-    """What compare prints at the end: the short table, the runs outside the bars (at most 10: table.md lists them
-    all) and the IQMs with their intervals."""
+def printed_summary(results: dict, title: str, regret: bool, missed: list[str], intervals: list[str]) -> str:
+    """What compare prints at the end: the short table, the runs outside the bars (`missed`, outside_bars'; at most
+    10: table.md lists them all) and the IQMs with their intervals (`intervals`, intervals.interval_table's)."""
     text = f"\n{textwrap.fill(title, 120)}; medians over seeds:\n{short_table(results, regret)}"
-    missed = outside_bars(results)
     if missed:
         text += f"\n\noutside the bars ({len(missed)}):\n" + "\n".join(f"  {m}" for m in missed[:10]) + (
             f"\n  … {len(missed) - 10} more in table.md" if len(missed) > 10 else "")
-    if any(results.values()):
-        text += "\n\ninterquartile means with their 95 % bootstrap intervals:\n" + "\n".join(interval_table(results))
+    if intervals:
+        text += "\n\ninterquartile means with their 95 % bootstrap intervals:\n" + "\n".join(intervals)
     return text
 
 
-def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None, jobs: int = 1) -> None:
+def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None, jobs: int = 1) -> str:
+    """table.md and the figures in `out` (their bootstraps in `jobs` threads) -> what compare prints
+    (printed_summary, from the same runs outside the bars and intervals)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -154,9 +155,10 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
     missed = outside_bars(results)
     lines += ["", f"Runs outside the bars ({len(missed)}):" if missed else "Every run within every bar.",
               *[""] * bool(missed), *[f"- {line}" for line in missed]]
-    if any(results.values()):  # the interval tables and figure leave out an algorithm without runs
+    intervals = interval_table(results, jobs) if any(results.values()) else []
+    if intervals:  # the interval tables and figure leave out an algorithm without runs
         lines += ["", "Interquartile means over seeds with their 95 % bootstrap intervals (tools/stats.py):", "",
-                  *interval_table(results, jobs), "", "P(row > column) on the final exact target rate, with its 95 % "
+                  *intervals, "", "P(row > column) on the final exact target rate, with its 95 % "
                   "interval (0.5: no difference; an interval without 0.5: a difference the runs support):", "",
                   *improvement_table(results, jobs)]
         draw_intervals(results, out / "intervals.png", title, jobs)
@@ -164,5 +166,6 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
         for seed, err in errs:
             lines.append(f"\nfailed: {algo} seed {seed}: {err}")
     (out / "table.md").write_text(f"{title}. Medians over seeds (min–max).\n\n" + "\n".join(lines) + "\n")
+    return printed_summary(results, title, curve is not None, missed, intervals)
 
 
