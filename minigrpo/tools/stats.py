@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
 
 RESAMPLES = 2000
 LEVEL = 0.95
@@ -55,6 +54,7 @@ def probability_of_improvement(a, b, axis: int = -1) -> float | np.ndarray:
     Counted through ranks, as the Mann–Whitney U: U = (the sum of a's ranks among a ∪ b, ties at their mean rank)
     − m(m + 1)/2, and P = U / (m·n): a sort of m + n values instead of m·n comparisons (the pairs' count is the
     tests' oracle). Every term is a multiple of ½, so U is exact and P the pair count's mean to the last bit."""
+    from scipy import stats  # here, not at the top: compare's worker processes import this module and never use it
     a, b = np.moveaxis(np.asarray(a, dtype=float), axis, -1), np.moveaxis(np.asarray(b, dtype=float), axis, -1)
     lead = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])  # a batch of resamples of one against the other's runs
     m, n = a.shape[-1], b.shape[-1]
@@ -65,6 +65,8 @@ def probability_of_improvement(a, b, axis: int = -1) -> float | np.ndarray:
 
 
 def _interval(samples: tuple, statistic, seed: int) -> Estimate:
+    from scipy import stats  # as in probability_of_improvement
+
     value = float(statistic(*samples, axis=-1))
     free = [i for i, s in enumerate(samples) if s.size > 1 and s.min() < s.max()]  # runs all alike: themselves
     if not free:  # nothing to resample
