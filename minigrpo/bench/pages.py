@@ -24,7 +24,7 @@ from minigrpo.util.runtime import cores
 PERFORMANCE, RESULTS = "performance.md", "results.md"
 TITLES = {PERFORMANCE: "Performance", RESULTS: "Measured results"}
 # blocks whose page is performance.md; every other block (the quality sections) goes to results.md
-SPEED_BLOCKS = {"sampling", "threads", "scale", "prefix", "step", "grpo-step-time", "population"}
+SPEED_BLOCKS = {"sampling", "threads", "scale", "prefix", "step", "grpo-step-time", "population", "sweep"}
 HEADER = "> **Written by `python -m minigrpo.bench`**"  # how a page's header line starts (and is found again)
 
 

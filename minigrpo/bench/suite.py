@@ -14,7 +14,8 @@ common.py (grpo, presets, targets, rarest, custom, optimum), each a median (minâ
 checked against the bars of minigrpo/tools/bars.py; grpo adds the spill-over figure and the per-step time of a
 4-layer model; step (step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is
 importable (otherwise through a plain/TRL ratio recorded on this machine); population (population.py): P default
-GRPO runs as one lockstep population against P, with where the time goes.
+GRPO runs as one lockstep population against P, with where the time goes; sweep (sweep.py): compare's default
+list over 5 seeds (128 on a GPU) as one timed command.
 Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables replace its
 own block in --docs (default docs/: performance.md for the speed sections, results.md for the others; pages.py),
 the rest of each page kept; --no-docs only prints.
@@ -42,12 +43,13 @@ from minigrpo.bench import pages
 from minigrpo.bench.mismatch import bench_mismatch
 from minigrpo.bench.step import bench_step
 from minigrpo.bench.population import bench_population
+from minigrpo.bench.sweep import bench_sweep
 from minigrpo.tools.bars import med
 from minigrpo.util.runtime import cores, setup_runtime
 from toy_tasks import default_pretrain_dir, get_task
 
 SECTIONS = ["sampling", "threads", "scale", "prefix", "pretrain", "grpo", "presets", "targets", "rarest", "custom",
-            "optimum", "entropy", "mismatch", "step", "population"]
+            "optimum", "entropy", "mismatch", "step", "population", "sweep"]
 
 
 @dataclass
@@ -269,7 +271,8 @@ def main(argv=None):
                "entropy": lambda: bench_entropy(out, _task_init(out, "food"), cfg.seeds),
                "mismatch": lambda: bench_mismatch(out, _task_init(out, "food"), cfg.seeds, jobs),
                "step": lambda: bench_step(),
-               "population": lambda: bench_population(out, _task_init(out, "food"), str(device))}
+               "population": lambda: bench_population(out, _task_init(out, "food"), str(device)),
+               "sweep": lambda: bench_sweep(out, _task_init(out, "food"), str(device))}
     docs = Path(cfg.docs) if write_docs else None
     if docs is not None and docs.exists() and not docs.is_dir():
         raise UsageError(f"--docs {cfg.docs} is a file, not a folder (--no-docs: print only)")

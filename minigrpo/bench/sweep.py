@@ -1,0 +1,104 @@
+"""bench's sweep section: the population issue's bar command, `python -m minigrpo.compare --seeds S --reward pizza`
+(the default list of algorithms), timed as a whole process, its runs checked against the quality bars, and on a GPU
+its memory and where its time went.
+
+    python -m minigrpo.bench --only sweep                 # CPU: --seeds 5, the pool (bar: 90 s)
+    python -m minigrpo.bench --only sweep --device cuda   # GPU: --seeds 128, populations (bars: 60 s, 40 GB)
+
+The command runs from the bench's pretrained model into a fresh folder (compare keeps finished runs of the same
+command: an old folder would time nothing). On a GPU, `nvidia-smi` is read every 0.5 s while it runs: the most
+memory in use (the device's, every process's), and the phases of the wall time: before the GPU holds memory beyond
+what it held at the start (imports, worker processes, set-up on the CPU), the GPU busy (utilisation >= 80 %: a
+kernel running most of the time), the GPU holding memory but less used (set-up on the device, a step's host work,
+populations ending at different times, their files), and after it let go (compare's table and figures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from minigrpo.bench.common import run_module, table
+from minigrpo.tools.bars import within_bars
+from minigrpo.tools.sweep_report import curves
+
+BUSY = 80  # % utilisation: the GPU computing most of the time
+EVERY_S = 0.5
+
+
+class GpuReadings:
+    """(seconds since the start, MiB in use, % utilisation) of one GPU, read with nvidia-smi every EVERY_S seconds
+    in a thread while `with` runs; none where nvidia-smi cannot be run."""
+
+    def __init__(self, index: int = 0):
+        self.index, self.samples = index, []
+        self._stop, self._thread = threading.Event(), threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "GpuReadings":
+        self.start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits",
+                 "-i", str(self.index)]
+        while not self._stop.is_set():
+            t = time.perf_counter() - self.start
+            try:
+                used, busy = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.split(",")
+                self.samples.append((t, float(used), float(busy)))
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return  # no nvidia-smi, or an answer it cannot be read from: no readings
+            self._stop.wait(EVERY_S)
+
+
+def phases(samples: list[tuple[float, float, float]], wall: float, busy: float = BUSY) -> tuple[float, ...]:
+    """The wall time split by GPU readings (seconds, MiB, % utilisation), in time order -> (before the GPU holds
+    more memory than at the first reading, busy (utilisation >= `busy`), holding memory but less used, after it let
+    go of it), summing to `wall`; each reading stands for the time until the next one (the last: until `wall`)."""
+    if not samples:
+        return (wall, 0.0, 0.0, 0.0)
+    held = [i for i, s in enumerate(samples) if s[1] > samples[0][1] + 64]  # 64 MiB: more than noise
+    if not held:
+        return (wall, 0.0, 0.0, 0.0)
+    first, last = held[0], held[-1]
+    ends = [s[0] for s in samples[1:]] + [wall]
+    spans = [end - s[0] for s, end in zip(samples, ends)]
+    before = samples[first][0]
+    on = sum(d for s, d in zip(samples[first:last + 1], spans[first:last + 1]) if s[2] >= busy)
+    during = sum(spans[first:last + 1])
+    return (before, on, during - on, wall - before - during)
+
+
+def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, extra: tuple = ()) -> str:
+    """The table of the sweep's command (module docstring); `seeds` (default 128 on a GPU, 5 on a CPU) and `extra`
+    flags of compare: a shorter sweep (the tests')."""
+    gpu = device.startswith("cuda")
+    seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
+    folder = out / "sweep"
+    shutil.rmtree(folder, ignore_errors=True)
+    args = ["minigrpo.compare", "--seeds", str(seeds), "--reward", "pizza", "--device", device, "--init", str(init),
+            *extra, "--out", str(folder)]
+    readings = GpuReadings(int(device.split(":")[1]) if ":" in device else 0) if gpu else contextlib.nullcontext()
+    with readings:
+        wall, error, _ = run_module(args)
+    runs = [curves(f) for f in sorted(folder.glob("*-s*")) if (f / "summary.json").exists()]
+    within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
+    row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within, error or "ok"]
+    header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar", "exit"]
+    if gpu:
+        samples = readings.samples
+        row[3:3] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
+                    " · ".join(f"{p:.0f}" for p in phases(samples, wall))]
+        header[3:3] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
+    return table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
+                 header, [row])
+

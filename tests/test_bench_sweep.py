@@ -1,0 +1,44 @@
+"""bench/sweep.py: the sweep section's table, the GPU's readings and the phases they split the wall time into."""
+
+import os
+import stat
+import time
+
+from minigrpo.bench import sweep
+
+
+def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained):
+    init, _, _ = tiny_pretrained
+    text = sweep.bench_sweep(tmp_path, init, "cpu", seeds=2, extra=("--algos", "default,ppo", "--steps", "2"))
+    row = next(line for line in text.splitlines() if line.startswith("| `python -m minigrpo.compare"))
+    command, wall, within, status = [c.strip() for c in row.strip("| \n").split(" | ")]
+    assert command == "`python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo " \
+                      "--steps 2`", row
+    assert float(wall) > 0 and status == "ok", row
+    assert within.endswith("/4"), row  # 2 seeds of 2 algorithms; 2 steps of a tiny model reach no goal: 0/4
+    assert (tmp_path / "sweep" / "ppo-s1" / "summary.json").exists() and (tmp_path / "sweep" / "table.md").exists()
+
+
+def test_phases_split_the_wall_time_by_the_gpus_memory_and_utilisation():
+    # (seconds, MiB, %): 2 s before any memory, 3 s held (1 of them busy), then let go 1 s before the end
+    samples = [(0, 0, 0), (1, 10, 0), (2, 500, 10), (3, 600, 90), (4, 600, 50), (5, 10, 0)]
+    assert sweep.phases(samples, wall=6) == (2, 1, 2, 1)
+    assert sweep.phases(samples[:5], wall=5) == (2, 1, 2, 0)  # held to the end
+    assert sweep.phases([(0, 300, 0), (1, 320, 100)], wall=2) == (2, 0, 0, 0)  # never more than at the start
+    assert sweep.phases([], wall=3) == (3, 0, 0, 0)  # no readings
+
+
+def test_readings_come_from_nvidia_smi_and_none_without_it(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '1234, 56'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with sweep.GpuReadings() as readings:
+        deadline = time.monotonic() + 30
+        while not readings.samples and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert readings.samples[0][1:] == (1234.0, 56.0)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with sweep.GpuReadings() as readings:
+        pass
+    assert readings.samples == []
