@@ -2,7 +2,8 @@
 95 % bootstrap interval, the probability-of-improvement matrix on the final target rate, and intervals.png.
 
     scores(runs)                   -> {score: [one value per run]}          runs: sweep_report.curves(...) of each run
-    interval_table(results)        -> markdown lines                        results: {algorithm: runs}
+    score_intervals(results)       -> {algorithm: {score: Estimate}}        results: {algorithm: runs}
+    interval_table(results)        -> markdown lines                        (given score_intervals', or made)
     improvement_table(results)     -> markdown lines                        P(row > column) on the final target rate
     draw_intervals(results, path)  -> intervals.png: each score's IQM and interval per algorithm, and the target
                                       rate by step (IQM with its interval as a band)
@@ -49,17 +50,26 @@ def _estimates(calls: list[tuple], jobs: int) -> list:
         return list(pool.map(lambda call: call[0](*call[1:]), calls))
 
 
-def interval_table(results: dict[str, list[dict]], jobs: int = 1) -> list[str]:
-    """One row per algorithm: the run count, then 'IQM [low, high]' of each score."""
+def score_intervals(results: dict[str, list[dict]], jobs: int = 1) -> dict[str, dict]:
+    """{algorithm: {score: its IQM's Estimate}} of each algorithm with runs, its bootstraps seeded by its place in
+    `results` (what interval_table writes and draw_intervals draws: made once for both)."""
     sc = {a: scores(runs) for a, runs in results.items() if runs}
     present = [s for s in SCORES if all(s in x for x in sc.values())]
+    seeds = {algo: seed for seed, algo in enumerate(results)}
+    found = iter(_estimates([(iqm_interval, sc[a][s], seeds[a]) for a in sc for s in present], jobs))
+    return {a: {s: next(found) for s in present} for a in sc}
+
+
+def interval_table(results: dict[str, list[dict]], jobs: int = 1, estimates: dict | None = None) -> list[str]:
+    """One row per algorithm: the run count, then 'IQM [low, high]' of each score (`estimates`: score_intervals',
+    else made here)."""
+    estimates = estimates or score_intervals(results, jobs)
+    present = list(next(iter(estimates.values()), {}))
     lines = ["| algorithm | runs | " + " | ".join(f"{s}: IQM [95 % CI]" for s in present) + " |",
              "|---" * (2 + len(present)) + "|"]
-    rows = [(algo, runs) for algo, runs in results.items() if runs]
-    seeds = {algo: seed for seed, algo in enumerate(results)}
-    found = iter(_estimates([(iqm_interval, sc[algo][s], seeds[algo]) for algo, _ in rows for s in present], jobs))
-    for algo, runs in rows:
-        cells = [next(found).text() + (f", {never(runs)} never" if s == "steps to 0.95" and never(runs) else "")
+    for algo, found in estimates.items():
+        runs = results[algo]
+        cells = [found[s].text() + (f", {never(runs)} never" if s == "steps to 0.95" and never(runs) else "")
                  for s in present]
         lines.append(f"| {algo} | {len(runs)} | " + " | ".join(cells) + " |")
     return lines
@@ -79,23 +89,23 @@ def improvement_table(results: dict[str, list[dict]], jobs: int = 1) -> list[str
     return lines
 
 
-def draw_intervals(results: dict[str, list[dict]], path: Path, title: str, jobs: int = 1) -> None:
+def draw_intervals(results: dict[str, list[dict]], path: Path, title: str, jobs: int = 1,
+                   estimates: dict | None = None) -> None:
+    """intervals.png (module docstring); `estimates`: score_intervals', else made here."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sc = {a: scores(runs) for a, runs in results.items() if runs}
-    algos = list(sc)
-    present = [s for s in SCORES if all(s in x for x in sc.values())]
+    estimates = estimates or score_intervals(results, jobs)
+    algos, present = list(estimates), list(next(iter(estimates.values()), {}))
     lengths = {a: min(len(c["target"]) for c in results[a]) for a in algos}
-    calls = [(iqm_interval, sc[a][s], y) for s in present for y, a in enumerate(algos)] + \
-        [(iqm_interval, [c["target"][t] for c in results[a]], t) for a in algos for t in range(lengths[a])]
-    found = iter(_estimates(calls, jobs))
+    found = iter(_estimates([(iqm_interval, [c["target"][t] for c in results[a]], t) for a in algos
+                             for t in range(lengths[a])], jobs))
     fig, axes = plt.subplots(1, len(present) + 1, figsize=(4.2 * (len(present) + 1), 0.8 + 0.35 * len(algos) + 1.5))
     fig.suptitle(f"{title}\nIQM and 95 % bootstrap interval over seeds", fontsize=9)
     for ax, s in zip(axes, present):
         for y, a in enumerate(algos):
-            e = next(found)
+            e = estimates[a][s]
             ax.plot([e.low, e.high], [y, y], color=f"C{y % 10}", lw=4, alpha=0.5, solid_capstyle="butt")
             ax.plot([e.value], [y], "o", color=f"C{y % 10}")
         ax.set_yticks(range(len(algos)), algos if ax is axes[0] else [""] * len(algos))
