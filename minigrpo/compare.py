@@ -57,6 +57,7 @@ from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.rl.config import default_out
+from minigrpo.rl.report import INTERRUPTED
 
 DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
                "passes through to the trainers (see python -m minigrpo.grpo --help).")
@@ -255,7 +256,7 @@ def main(argv=None):
     mine = {}  # (algo, seed) -> error of this rank's failed runs
 
     def done(run, err):  # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
-        said = "ok" if err is None else brief(err) if err.startswith("interrupted") else "FAILED: " + brief(err)
+        said = "ok" if err is None else brief(err) if err.startswith(INTERRUPTED) else "FAILED: " + brief(err)
         print(f"  {run[0]} seed {run[1]}: {said}", flush=True)
         if err is not None:
             mine[run[:2]] = err

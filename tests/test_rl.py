@@ -184,6 +184,8 @@ def test_progress_says_skipped_and_the_run_ends_naming_its_folder(tmp_path, tiny
     init, _, _ = tiny_pretrained
     train(cfg_for(tmp_path, init, "named", quiet=False, steps=1))
     out = capsys.readouterr().out
+    first, second = out.splitlines()[:2]  # what runs, then its budget: two lines (a "\\n" was once printed as such)
+    assert first.endswith(f"| from {init}") and second.startswith("at most 1 steps"), out
     assert f"wrote {tmp_path / 'named'}/" in out and f"--checkpoint {tmp_path / 'named' / 'model.pt'}" in out
     assert "stopped at step 1: cap" in out
 

@@ -37,7 +37,7 @@ import threading
 from minigrpo.population.lockstep import KINDS, train_lockstep, unsupported
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
-from minigrpo.rl.report import STOP_ALL
+from minigrpo.rl.report import INTERRUPTED, STOP_ALL
 from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, run_one, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
@@ -110,7 +110,7 @@ def run_lockstep(items: list, done) -> bool:
         results = [f"{type(e).__name__}: {e}"] * len(items)
     for item, result in zip(items, results):
         done(item, end_folder(item, result if isinstance(result, str) else None))
-    if any(isinstance(r, str) and r.startswith("interrupted") for r in results):
+    if any(isinstance(r, str) and r.startswith(INTERRUPTED) for r in results):
         raise KeyboardInterrupt
     return True
 

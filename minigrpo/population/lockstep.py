@@ -45,7 +45,7 @@ from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import PromptTable, Request, StaleWeights, generate_all, read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, batch_figures
+from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, batch_figures, interrupted_line
 from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
@@ -161,7 +161,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
             m.logger.close()
     for j, (k, m) in enumerate(members):  # Ctrl-C: each member's step in flight was finished; its checkpoint
         m.run.save(m.algo, MemberOptimizer(opt, j))
-        results[k] = f"interrupted: checkpoint at step {m.run.step} written to {m.run.out / 'model.pt'}"
+        results[k] = interrupted_line(m.run.step, m.run.out)
     return results
 
 

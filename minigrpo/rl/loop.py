@@ -43,7 +43,8 @@ from minigrpo.lm.optim import AdamW, clip_grad_norm, scheduled_lr
 from minigrpo.rl.preserve import anchor_loss, make_anchor
 from toy_tasks.rewards import RewardError, make_reward
 from minigrpo.rl.config import RLConfig, check_rl_config
-from minigrpo.rl.report import StopOnCtrlC, batch_figures, closing_hint, draw_figure, flat, progress_line, write_samples
+from minigrpo.rl.report import (StopOnCtrlC, batch_figures, closing_hint, draw_figure, flat, interrupted_line,
+                                progress_line, write_samples)
 from minigrpo.rl.rollout import collect
 from minigrpo.util.runtime import setup_runtime
 from minigrpo.rl.stopping import Peaks, StopRule
@@ -184,7 +185,7 @@ class Run(RunCheckpoints):
         self.log(f"{self.algo_name} on {cfg.task} | reward {cfg.reward} | {len(self.prompts)} RL prompt(s) | "
                  f"G={cfg.group_size} x {cfg.prompts_per_step} prompts | preservation "
                  f"{'on' if self.anchor is not None else 'off'} | "
-                 f"{'resuming at step ' + str(self.step) if self.resume_state else 'from ' + cfg.init}\\nat most "
+                 f"{'resuming at step ' + str(self.step) if self.resume_state else 'from ' + cfg.init}\nat most "
                  f"{cfg.steps} steps" + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else "") +
                  ("" if cfg.verbose else " | max: the worst so far; --verbose: every figure"))
         self.last_eval = self.evaluate(evaluation)
@@ -243,8 +244,7 @@ class Run(RunCheckpoints):
     def interrupted(self, algo, opt) -> None:
         """Ctrl-C: the step in flight was finished: a consistent checkpoint, then exit 130."""
         self.save(algo, opt)
-        print(f"\\ninterrupted: checkpoint at step {self.step} written to {self.out / 'model.pt'}; "
-              f"continue with --resume {self.out}", flush=True)
+        print(f"\n{interrupted_line(self.step, self.out)}; continue with --resume {self.out}", flush=True)
         raise SystemExit(130)
 
     def finish(self, last_batch, panels) -> dict:

@@ -86,6 +86,14 @@ class StopOnCtrlC:
             signal.signal(signal.SIGINT, self.previous)
 
 
+INTERRUPTED = "interrupted"  # how the line of a run that Ctrl-C ended starts (compare and a population look for it)
+
+
+def interrupted_line(step: int, out: Path) -> str:
+    """What a run that Ctrl-C ended says: where its checkpoint is."""
+    return f"{INTERRUPTED}: checkpoint at step {step} written to {out / 'model.pt'}"
+
+
 def combine_stats(per_update: list[dict]) -> dict:
     """One step's statistics from its inner updates': the mean of each key, except maxima (`*_max`),
     which stay maxima."""
