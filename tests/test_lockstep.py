@@ -12,6 +12,7 @@ from minigrpo import grpo, ppo
 from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.guard import sequence_kls
+from minigrpo.population.checkpoint import HostCopies
 from minigrpo.population.lockstep import train_lockstep, unsupported
 from minigrpo.population.rows import Rows, Trees
 from minigrpo.population.stacked import Stack
@@ -65,7 +66,9 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
             assert close(UNTIMED(got), UNTIMED(ref)) == [], (s, got["step"])
         state = torch.load(pop / "model.pt", weights_only=True)  # its own weights and optimiser state, no other's
         alone_state = torch.load(alone / "model.pt", weights_only=True)
-        assert all(v.shape == alone_state["model"][k].shape for k, v in state["model"].items())
+        for part in (lambda x: x["model"], lambda x: x["extra"]["rl"]["ref"]):  # its weights, π_ref's: as laid out
+            assert all(v.shape == part(alone_state)[k].shape and v.stride() == part(alone_state)[k].stride() and
+                       torch.allclose(v, part(alone_state)[k], atol=1e-3) for k, v in part(state).items())
         assert [m.shape for m in state["optimizer"]["m"]] == [m.shape for m in alone_state["optimizer"]["m"]]
         mine, its = state["extra"]["rl"]["algo_state"], alone_state["extra"]["rl"]["algo_state"]
         assert mine.keys() == its.keys()
@@ -77,6 +80,20 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
                 assert any(not torch.equal(w, w * 0 + start[part][k]) for k, w in mine[part].items()), part
     trainer.train(trainer.parse(["--resume", str(tmp_path / "lock-s1"), "--steps", "4", "--quiet", "--no-plot"]))
     assert [r["step"] for r in read_jsonl(tmp_path / "lock-s1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # as its own
+
+
+def test_host_copies_are_made_once_and_each_member_gets_its_own_slices_in_its_layout():
+    stacked = {"w": torch.arange(24.0).view(3, 2, 4), "b": torch.arange(6.0).view(3, 2)}
+    copies = HostCopies({"policy": stacked, "m": [stacked["w"] * 2]})
+    assert copies.host is None  # nothing copied before a checkpoint asks
+    layout = {"w": torch.empty(4, 2).t(), "b": torch.empty(2)}  # a weight kept transposed, as lm/model.py does
+    mine = copies.member("policy", 1, layout)
+    host = copies.host
+    assert torch.equal(mine["w"], stacked["w"][1]) and mine["w"].stride() == (1, 2)
+    assert torch.equal(mine["b"], stacked["b"][1]) and mine["b"].untyped_storage().nbytes() == 2 * 4  # its own
+    m = copies.member("m", 2)
+    assert torch.equal(m[0], stacked["w"][2] * 2) and m[0].untyped_storage().nbytes() == 8 * 4
+    assert copies.host is host  # one copy for every member and group of the step
 
 
 @pytest.mark.parametrize("trainer", [grpo, ppo], ids=["grpo", "ppo"])

@@ -44,10 +44,12 @@ def atomic_save(obj, path) -> None:
 
 
 def save_checkpoint(path, model: GPT, tokenizer: CharTokenizer, task: str, step: int,
-                    optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None) -> None:
+                    optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None,
+                    weights: dict | None = None) -> None:
+    """`weights`: the model's state_dict already on the host (else copied here)."""
     state = {
         "format": FORMAT, "version": VERSION,
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "model": weights if weights is not None else {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "config": dataclasses.asdict(model.cfg),
         "tokenizer": tokenizer.to_dict(),
         "task": task, "step": step,

@@ -15,8 +15,8 @@ what rl/loop.run does, for all members at once:
     trust region  every member's step halved until its own probes allow it (population/guard.py; the anchor rows'
                   logits carried from one step to the next, as a single run's)
     the rest      each member's own: its weights copied into its GPT, then Run.end_step (exact evaluation, whose
-                  forward is one for all: population/evaluation.py; stop rule, metrics, checkpoints) and, once it
-                  stops, Run.finish (summary.json, samples.txt)
+                  forward is one for all: population/evaluation.py; stop rule, metrics, checkpoints, copied to the
+                  host once for all: population/checkpoint.py) and, once it stops, Run.finish (summary.json, ...)
 
 A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go on,
 untouched: every computation is per member. Each member's metrics are its single run's to float rounding
@@ -38,9 +38,10 @@ import torch
 
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor
+from minigrpo.population.checkpoint import MemberOptimizer, MemberRun, share_copies
 from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.guard import Guard
-from minigrpo.population.optim import MemberOptimizer, MembersAdamW, keep
+from minigrpo.population.optim import MembersAdamW, keep
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import PromptTable, Request, StaleWeights, generate_all, read_completions
 from minigrpo.population.stacked import Stack
@@ -99,6 +100,7 @@ class Aids:
         if self.anchor_probe is not None:
             self.anchor_rows = Rows.shared(self.anchor_probe[0], len(members))
         for j, (_, m) in enumerate(members):
+            m.run.slot = j  # its slices of the stacks (its checkpoint's)
             self.evaluation.adopt(m.run.policy, j)
             if self.stale is not None:
                 m.algo.sampler = self.stale.member(m.algo.sampler, j)
@@ -109,7 +111,7 @@ class Member:
 
     def __init__(self, kind: Kind, cfg, log, like: Run | None = None):
         kind.check(cfg)
-        self.run = Run(cfg, kind.name, log, like)
+        self.run = MemberRun(cfg, kind.name, log, like)
         self.algo = kind.algorithm(self.run)
         self.logger, self.batch, self.error = None, None, None
 
@@ -138,7 +140,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     aids.adopt(members)
     start = first.exact_evaluation()  # step 0: every member's weights are the first's, evaluated by its own forward
     for j, (_, m) in enumerate(members):  # as its single run (figures that compare π_θ with π_ref see them equal)
-        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, j), start)
+        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, m.run), start)
     try:
         with StopOnCtrlC() as stop:
             while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
@@ -159,8 +161,9 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     finally:
         for _, m in members:
             m.logger.close()
-    for j, (k, m) in enumerate(members):  # Ctrl-C: each member's step in flight was finished; its checkpoint
-        m.run.save(m.algo, MemberOptimizer(opt, j))
+    share_copies(stack, ref, opt, [m.run for _, m in members])
+    for k, m in members:  # Ctrl-C: each member's step in flight was finished; its checkpoint
+        m.run.save(m.algo, MemberOptimizer(opt, m.run))
         results[k] = interrupted_line(m.run.step, m.run.out)
     return results
 
@@ -195,20 +198,21 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
                                                                if k.endswith("loss"))]  # else end_step says so
     evaluations = _evaluate([m for m in finite if m.run.evaluating()])
     figures = _figures(batches, list(rows))
+    if cfg.ref_update_every and (runs[0].step + 1) % cfg.ref_update_every == 0:  # π_ref ← π_θ, as each end_step's
+        with torch.no_grad():
+            for name, w in ref.w.items():
+                w.copy_(stack.w[name])
+    share_copies(stack, ref, opt, runs)  # the checkpoints' host copies: made on the first, once for all
     for j, row in rows.items():
         m = members[j][1]
         try:
-            m.run.end_step(m.algo, MemberOptimizer(opt, j), batches[j], row, step_time, m.logger,
+            m.run.end_step(m.algo, MemberOptimizer(opt, m.run), batches[j], row, step_time, m.logger,
                            evaluations.get(id(m)), figures[j])
         except UsageError as e:
             m.error = str(e)
         except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)
             m.error = f"{type(e).__name__}: {e}"
         m.batch = batches[j]
-    if cfg.ref_update_every and max(r.step for r in runs) % cfg.ref_update_every == 0:  # π_ref ← π_θ
-        with torch.no_grad():
-            for name, w in ref.w.items():
-                w.copy_(stack.w[name])
 
 
 def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:

@@ -1,12 +1,11 @@
 """The optimiser of P members whose weights are stacked (P, ...): lm/optim.AdamW's arithmetic on the stacked
 tensors, so each member's own AdamW step for step, with a step count per member (a member whose step is skipped,
---skip-equal-groups, keeps its weights, moments and count); the gradient clip per member; what a member's checkpoint
-holds of it.
+--skip-equal-groups, keeps its weights, moments and count); the gradient clip per member (what a member's
+checkpoint holds of it: population/checkpoint.MemberOptimizer).
 
     opt = MembersAdamW(stack.parameters(), lr)
     norms = clip_grad_norms(opt.params, max_norm)   # (P,) each member's norm before its clip
     opt.step(active)                                # active (P,) bool: the members that take this step
-    MemberOptimizer(opt, p).state_dict()            # member p's AdamW state, as its single run saves it
     keep([stack], opt, members)                     # only these members from now on (the others have ended)
 """
 
@@ -69,19 +68,6 @@ class MembersAdamW(AdamW):
                 p.copy_(torch.where(keep, p * (1 - lr * self.weight_decay), p))
             denom = (v / bias2.view(shape)).sqrt_().add_(self.eps)
             p.copy_(torch.where(keep, p - rate.view(shape) * (m / denom), p))
-
-
-class MemberOptimizer:
-    """Member p's view of the stacked AdamW, for its checkpoint (rl/loop.Run.save): lm/optim.AdamW.state_dict's
-    format, holding copies of its own slices only."""
-
-    def __init__(self, opt: AdamW, p: int):
-        self.opt, self.p = opt, p
-
-    def state_dict(self) -> dict:
-        o, p = self.opt, self.p
-        return {"t": int(o.t[p]), "m": [m[p].cpu().clone() for m in o.m], "v": [v[p].cpu().clone() for v in o.v],
-                "lr": o.param_groups[0]["lr"]}
 
 
 @torch.no_grad()

@@ -37,9 +37,10 @@ class RunCheckpoints:
     def save(self, algo, opt) -> None:
         """A regular checkpoint (loadable by sample.py, usable as --init) plus the run's state under
         extra["rl"], so --resume continues exactly."""
+        weights, ref = self.host_weights()
         rl_state = {
             "algo": self.algo_name, "config": asdict(self.cfg),
-            "ref": {k: v.detach().cpu() for k, v in self.ref.state_dict().items()},
+            "ref": ref,
             "algo_state": algo.state_dict(), "gens": {k: g.get_state() for k, g in self.gens.items()},
             "anchor": self.anchor.state_dict() if self.anchor is not None else None,
             "baseline": self.baseline, "rewards_window": self.rewards_window,
@@ -47,7 +48,13 @@ class RunCheckpoints:
             "global_rng": global_rng_state(),  # what a user's reward may draw from
         }
         save_checkpoint(self.out / "model.pt", self.policy, self.tok, self.cfg.task, self.step, optimizer=opt,
-                        extra={"rl": rl_state})
+                        extra={"rl": rl_state}, weights=weights)
+
+    def host_weights(self) -> tuple[dict, dict]:
+        """The policy's and π_ref's weights copied to the host, for a checkpoint (a lockstep member's: its slices of
+        its population's copies, population/checkpoint.py)."""
+        return ({k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
+                {k: v.detach().cpu() for k, v in self.ref.state_dict().items()})
 
     def restore(self, algo, opt) -> None:
         state = self.resume_state
