@@ -38,8 +38,10 @@ class HostCopies:
 
 
 def _apply(tensors: dict | list, f) -> dict | list:
-    return {k: f(k, t) for k, t in tensors.items()} if isinstance(tensors, dict) else [f(k, t) for k, t in
-                                                                                      enumerate(tensors)]
+    """f(name or index, tensor) over a dict's or a list's tensors -> the same kind."""
+    if isinstance(tensors, dict):
+        return {k: f(k, t) for k, t in tensors.items()}
+    return [f(k, t) for k, t in enumerate(tensors)]
 
 
 class MemberRun(Run):
@@ -72,4 +74,3 @@ def share_copies(stack, ref, opt, runs: list[MemberRun]) -> None:
     copies = HostCopies({"policy": stack.w, "ref": ref.w, "m": opt.m, "v": opt.v})
     for run in runs:
         run.copies = copies
-

@@ -34,7 +34,7 @@ def sequence_kls(old_logits, new_logits, mask, weights=None, group=None) -> torc
 
 class Guard:
     def __init__(self, stack: Stack, probes: list[tuple], previous: "Guard | None" = None, max_halvings: int = 5):
-        self.params = [w.detach().clone() for w in stack.parameters()]
+        self.old = _flat(stack.parameters())  # the weights before the update
         self.probes = [(name, rows, limit, _snapshot(previous, stack, name, rows), (w, g))
                        for name, rows, limit, w, g in probes]
         self.max_halvings = max_halvings
@@ -57,28 +57,37 @@ class Guard:
     @torch.no_grad()
     def enforce(self, stack: Stack) -> dict[str, torch.Tensor]:
         params = stack.parameters()
-        new = [p.detach().clone() for p in params]
+        new = now = _flat(params)  # the update's weights, and the weights now
         kls, ok = self._kls(stack)
         scale = torch.ones(ok.shape, device=ok.device)
         for _ in range(self.max_halvings):
             if bool(ok.all()):
                 break
             scale = torch.where(ok, scale, scale / 2)  # the members within their limits keep their step
-            for p, old, upd in zip(params, self.params, new):
-                s, keep = scale.view(-1, *[1] * (p.dim() - 1)), ok.view(-1, *[1] * (p.dim() - 1))
-                p.copy_(torch.where(keep, p, old + s * (upd - old)))
+            now = torch.where(ok[:, None], now, self.old + scale[:, None] * (new - self.old))
+            _write(params, now)
             again, within = self._kls(stack)
             kls = {name: torch.where(ok, kls[name], again[name]) for name in kls}
             ok = ok | within
         if not bool(ok.all()):  # still too large after every halving: the step is rejected
-            for p, old in zip(params, self.params):
-                p.copy_(torch.where(ok.view(-1, *[1] * (p.dim() - 1)), p, old))
+            _write(params, torch.where(ok[:, None], now, self.old))
             scale = torch.where(ok, scale, 0.0)
             kls = {name: torch.where(ok, v, 0.0) for name, v in kls.items()}
             self.last = {name: torch.where(ok.view(-1, 1, 1, 1), self.last[name], old)
                          for name, _, _, old, _ in self.probes}
         self.final = (_stamp(stack), {name: (rows, self.last[name]) for name, rows, _, _, _ in self.probes})
         return {"tr_scale": scale, **{f"tr_kl_{name}": v for name, v in kls.items()}}
+
+
+def _flat(params: list[torch.Tensor]) -> torch.Tensor:
+    """The members' weights (P, ...) each as one row (P, n): the arithmetic on all of them one call, not one a tensor."""
+    return torch.cat([p.detach().reshape(p.size(0), -1) for p in params], 1)
+
+
+def _write(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy the rows (P, n) of _flat back into the weights."""
+    for p, x in zip(params, flat.split([p[0].numel() for p in params], 1)):
+        p.copy_(x.view(p.shape))
 
 
 def _stamp(stack: Stack) -> tuple:
