@@ -18,46 +18,36 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 from minigrpo.bench.common import run_module, table
 from minigrpo.tools.bars import within_bars
 from minigrpo.tools.sweep_report import curves
+from minigrpo.util.sampler import Periodic
 
 BUSY = 80  # % utilisation: the GPU computing most of the time
 EVERY_S = 0.5
 
 
-class GpuReadings:
+class GpuReadings(Periodic):
     """(seconds since the start, MiB in use, % utilisation) of one GPU, read with nvidia-smi every EVERY_S seconds
-    in a thread while `with` runs; none where nvidia-smi cannot be run."""
+    in a thread while `with` runs (util/sampler.Periodic); none where nvidia-smi cannot be run."""
 
     def __init__(self, index: int = 0):
-        self.index, self.samples = index, []
-        self._stop, self._thread = threading.Event(), threading.Thread(target=self._run, daemon=True)
+        super().__init__(EVERY_S)
+        self.samples = []
+        self.query = ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits",
+                      "-i", str(index)]
 
-    def __enter__(self) -> "GpuReadings":
-        self.start = time.perf_counter()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        query = ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits",
-                 "-i", str(self.index)]
-        while not self._stop.is_set():
-            t = time.perf_counter() - self.start
-            try:
-                used, busy = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.split(",")
-                self.samples.append((t, float(used), float(busy)))
-            except (OSError, ValueError, subprocess.SubprocessError):
-                return  # no nvidia-smi, or an answer it cannot be read from: no readings
-            self._stop.wait(EVERY_S)
+    def tick(self) -> bool:
+        t = time.perf_counter() - self.start
+        try:
+            used, busy = subprocess.run(self.query, capture_output=True, text=True, timeout=5).stdout.split(",")
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return False  # no nvidia-smi, or an answer it cannot be read from: no readings
+        self.samples.append((t, float(used), float(busy)))
+        return True
 
 
 def phases(samples: list[tuple[float, float, float]], wall: float, busy: float = BUSY) -> tuple[float, ...]:

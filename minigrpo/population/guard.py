@@ -80,7 +80,8 @@ class Guard:
 
 
 def _flat(params: list[torch.Tensor]) -> torch.Tensor:
-    """The members' weights (P, ...) each as one row (P, n): the arithmetic on all of them one call, not one a tensor."""
+    """The members' weights (P, ...) each as one row (P, n): arithmetic on all of them in one call, not one a
+    tensor."""
     return torch.cat([p.detach().reshape(p.size(0), -1) for p in params], 1)
 
 

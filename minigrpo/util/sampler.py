@@ -11,6 +11,8 @@ blocked in a wait (Condition.wait, a lock's acquire, join) is counted as waiting
 this project on its stack counts once (its cumulative share), and the innermost one also as its own time. A thread
 waiting for the interpreter lock is counted where it stands, so shares are of the threads' time, not of the wall
 time.
+
+Periodic, its base: a thread that does something every few seconds while `with` runs (bench's GPU readings too).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+import time
 
 WAITS = {"wait", "acquire", "_wait_for_tstate_lock", "join"}  # a thread parked here is waiting, not working
 
@@ -40,17 +43,17 @@ def project_stack(frame) -> list[str]:
     return [name for name in names if name]
 
 
-class ThreadSampler:
-    def __init__(self, every: float = 0.002, roots: tuple = ()):
-        self.every, self.roots = every, set(roots)
-        self.phases: collections.Counter = collections.Counter()  # "root → what it was calling" -> samples
-        self.cumulative: collections.Counter = collections.Counter()  # function -> samples with it on the stack
-        self.own: collections.Counter = collections.Counter()  # function -> samples with it innermost (of ours)
-        self.samples = self.waiting = 0
+class Periodic:
+    """A daemon thread that calls `tick()` every `every` seconds while `with` runs, until it returns False; `start`:
+    when the `with` began (time.perf_counter)."""
+
+    def __init__(self, every: float):
+        self.every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "ThreadSampler":
+    def __enter__(self):
+        self.start = time.perf_counter()
         self._thread.start()
         return self
 
@@ -59,11 +62,27 @@ class ThreadSampler:
         self._thread.join()
 
     def _run(self) -> None:
-        me = threading.get_ident()
-        while not self._stop.wait(self.every):
-            for ident, frame in sys._current_frames().items():
-                if ident != me:
-                    self._sample(frame)
+        while not self._stop.wait(self.every) and self.tick() is not False:
+            pass
+
+    def tick(self) -> bool | None:
+        raise NotImplementedError
+
+
+class ThreadSampler(Periodic):
+    def __init__(self, every: float = 0.002, roots: tuple = ()):
+        super().__init__(every)
+        self.roots = set(roots)
+        self.phases: collections.Counter = collections.Counter()  # "root → what it was calling" -> samples
+        self.cumulative: collections.Counter = collections.Counter()  # function -> samples with it on the stack
+        self.own: collections.Counter = collections.Counter()  # function -> samples with it innermost (of ours)
+        self.samples = self.waiting = 0
+
+    def tick(self) -> None:
+        me = threading.get_ident()  # the sampling thread: every other thread is sampled
+        for ident, frame in sys._current_frames().items():
+            if ident != me:
+                self._sample(frame)
 
     def _sample(self, frame) -> None:
         self.samples += 1
