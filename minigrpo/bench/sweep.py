@@ -82,7 +82,8 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         wall, error, _ = run_module(args)
     runs = [curves(f) for f in sorted(folder.glob("*-s*")) if (f / "summary.json").exists()]
     within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
-    row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within, error or "ok"]
+    row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within,
+           "ok" if error is None else f"failed, its last line: {error}"]
     header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar", "exit"]
     if gpu:
         samples = readings.samples
