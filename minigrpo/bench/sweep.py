@@ -92,4 +92,3 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         header[3:3] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     return table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
                  header, [row])
-

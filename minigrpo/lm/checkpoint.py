@@ -43,13 +43,18 @@ def atomic_save(obj, path) -> None:
     write_atomic(path, buf.getbuffer(), what="checkpoint")
 
 
+def host_state(model: GPT) -> dict:
+    """The model's state_dict copied to the host (what a checkpoint holds of its weights)."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
 def save_checkpoint(path, model: GPT, tokenizer: CharTokenizer, task: str, step: int,
                     optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None,
                     weights: dict | None = None) -> None:
     """`weights`: the model's state_dict already on the host (else copied here)."""
     state = {
         "format": FORMAT, "version": VERSION,
-        "model": weights if weights is not None else {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "model": weights if weights is not None else host_state(model),
         "config": dataclasses.asdict(model.cfg),
         "tokenizer": tokenizer.to_dict(),
         "task": task, "step": step,

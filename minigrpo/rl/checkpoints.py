@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from minigrpo.lm.checkpoint import CheckpointError, host_state, read_checkpoint, save_checkpoint
 from minigrpo.rl.preserve import Anchor
 from minigrpo.rl.stopping import Peaks
 from minigrpo.util.cli import UsageError
@@ -53,8 +53,7 @@ class RunCheckpoints:
     def host_weights(self) -> tuple[dict, dict]:
         """The policy's and π_ref's weights copied to the host, for a checkpoint (a lockstep member's: its slices of
         its population's copies, population/checkpoint.py)."""
-        return ({k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
-                {k: v.detach().cpu() for k, v in self.ref.state_dict().items()})
+        return host_state(self.policy), host_state(self.ref)
 
     def restore(self, algo, opt) -> None:
         state = self.resume_state
