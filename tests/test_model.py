@@ -1,9 +1,12 @@
 import math
 import tempfile
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from minigrpo.lm.model import GPT, GPTConfig, KVCache, attention, positions
+from minigrpo.lm.model import GPT, GPTConfig, KVCache, attention, one_query_attention, positions
 
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -162,3 +165,48 @@ def test_linear_weights_lie_in_in_out_order_through_copies_loads_and_training():
         save_checkpoint(f"{d}/m.pt", model, CharTokenizer("abcdefgh"), "food", step=1)
         loaded, _, _ = load_checkpoint(f"{d}/m.pt")
     assert in_out(loaded) and all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 4), H=st.integers(1, 3), T_keys=st.integers(1, 9), D=st.sampled_from([1, 4, 16]),
+       masked=st.booleans(), seed=st.integers(0, 2**16))
+def test_one_query_attention_equals_the_fused_attention(B, H, T_keys, D, masked, seed):
+    """The decoding step's written-out attention (lm/model.one_query_attention, what attention() uses for one query
+    on a GPU) equals F.scaled_dot_product_attention's, with and without a mask; the query always sees its own key
+    (the last), as causal_mask makes it."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, 1, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, H, T_keys, D, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = None
+    if masked:
+        mask = torch.rand(B, 1, 1, T_keys, generator=g) < 0.5
+        mask[..., -1] = True
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = one_query_attention(q, k, v, mask)
+    assert got.shape == (B, H, 1, D), f"one_query_attention returned {tuple(got.shape)}, expected (B, H, 1, D)"
+    assert torch.allclose(got, want, atol=1e-12), "a single query's attention must be SDPA's to float64 rounding"
+    assert torch.allclose(got, naive_attention(q, k, v, torch.ones(1, T_keys, dtype=torch.bool) if mask is None
+                                               else mask), atol=1e-12)
+
+
+@pytest.mark.cuda
+def test_a_decoding_step_on_a_gpu_equals_the_cpus():
+    """On a GPU, attention() computes one query by one_query_attention; a cached decoding step's logits there equal
+    the CPU's (SDPA's) to float32 rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=4, n_embd=32)).eval()
+    idx = torch.randint(11, (6, 9))
+    key_mask = torch.ones(6, 9, dtype=torch.bool)
+    key_mask[:3, :4] = False  # left padding
+    logits = {}
+    for device in ("cpu", "cuda"):
+        m, ids, km = model.to(device), idx.to(device), key_mask.to(device)
+        cache = m.new_cache(6, 16)
+        with torch.no_grad():
+            pos = positions(km)
+            m(ids[:, :8], pos=pos[:, :8], key_mask=km[:, :8], cache=cache)
+            logits[device] = m(ids[:, 8:], pos=pos[:, 8:], key_mask=km, cache=cache).cpu()
+    assert torch.allclose(logits["cpu"], logits["cuda"], atol=1e-4), (
+        "a decoding step on the GPU must give the CPU's logits to float32 rounding")

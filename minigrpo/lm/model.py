@@ -95,9 +95,22 @@ def attention(q, k, v, attn_mask=None, cache: KVCache | None = None, layer: int 
         cache.v[layer, :, :, L : L + T] = v
         k = cache.k[layer, :, :, : L + T]  # (B, H, L+T, D)
         v = cache.v[layer, :, :, : L + T]
+    if q.size(2) == 1 and q.is_cuda:  # a decoding step on a GPU: see one_query_attention
+        return one_query_attention(q, k, v, attn_mask)
     if attn_mask is None:  # plain causal attention over a full (uncached) sequence, or one cached query
         return F.scaled_dot_product_attention(q, k, v, is_causal=q.size(2) > 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
+def one_query_attention(q, k, v, attn_mask=None) -> torch.Tensor:
+    """attention() of one query per row and head, written out: softmax(qKᵀ/√D)·V. q (B, H, 1, D); k, v (B, H,
+    T_keys, D); attn_mask None or bool (B or 1, 1, 1, T_keys) -> (B, H, 1, D). A GPU's fused attention kernels work on
+    tiles of 64 queries, so a decoding step (one query) leaves 63/64 of each tile idle; these three matrix operations
+    read each key and value once. Equal to F.scaled_dot_product_attention's to float rounding (tests/test_model.py)."""
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # (B, H, 1, T_keys)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return scores.softmax(-1) @ v
 
 
 class CausalSelfAttention(nn.Module):

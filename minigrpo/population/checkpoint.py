@@ -54,6 +54,22 @@ class MemberRun(Run):
         return tuple(self.copies.member(group, self.slot, dict(model.named_parameters()))
                      for group, model in (("policy", self.policy), ("ref", self.ref)))
 
+    def renew_ref(self) -> None:
+        """Nothing: the population renews its stacked π_ref, once for all (lockstep.py); the member's own GPTs give
+        its checkpoint only their layout."""
+
+
+class MemberAlgorithm:
+    """A member's algorithm object for its checkpoint (rl/loop.Run.save reads its state_dict): its own modules (PPO's
+    learned critic) take their weights from the population's stacks first, then and not each step."""
+
+    def __init__(self, algo, update, run: MemberRun):
+        self.algo, self.update, self.run = algo, update, run
+
+    def state_dict(self) -> dict:
+        self.update.copy_to([self.algo], [self.run.slot])
+        return self.algo.state_dict()
+
 
 class MemberOptimizer:
     """A member's view of the stacked AdamW (population/optim.MembersAdamW), for its checkpoint (rl/loop.Run.save):

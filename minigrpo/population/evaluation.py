@@ -2,14 +2,17 @@
 first member's forward computes every member's, and the others read theirs.
 
     shared = SharedForward()
-    shared.adopt(model, p)      # member p's GPT (its own weights, for its files) computes through the population's
+    shared.adopt(model, p)      # member p's GPT computes through the population's stacked weights
     shared.fresh(stack)         # after each update: the weights to compute with; what was computed is forgotten
     run.evaluate()              # unchanged: the task's rl_evaluate calls model.hidden and model.head as ever
     completion_logprobs_many(models, ...)   # lm/logprobs: every member's scores from the stacked logits at once
 
 A call is recognised by its input tensors themselves (the exact evaluation's rows are built once and kept:
-lm/logprobs.scoring_batch), held while remembered so that no other tensor can take their place. Any other call, a
-cache's or one with inputs of its own, is the member's own GPT's. The figures are the single run's to float rounding.
+lm/logprobs.scoring_batch), held while remembered so that no other tensor can take their place (a cache-less forward of
+other inputs is computed for every member alike). A cache's forward, or one with gradients, is the member's own GPT's,
+which first takes its weights from the stack (once after each update: a member's GPT is not kept current otherwise,
+its checkpoint being made from the stacks). The
+figures are the single run's to float rounding.
 """
 
 from __future__ import annotations
@@ -22,13 +25,19 @@ from minigrpo.population.stacked import Stack
 
 class SharedForward:
     def __init__(self):
-        self.stack, self.hidden, self.heads = None, [], {}
+        self.stack, self.hidden, self.heads, self.current = None, [], {}, set()
 
     def adopt(self, model: GPT, p: int) -> None:
         model.__class__, model.shared, model.member = EvalGPT, self, p
 
     def fresh(self, stack: Stack) -> None:
-        self.stack, self.hidden, self.heads = stack, [], {}
+        self.stack, self.hidden, self.heads, self.current = stack, [], {}, set()
+
+    def own(self, model: "EvalGPT") -> None:
+        """Member `model.member`'s weights from the stack into its own GPT, before its own forward (once a step)."""
+        if self.stack is not None and model.member not in self.current:
+            self.stack.copy_to([model], [model.member])
+            self.current.add(model.member)
 
     def hidden_of(self, model: "EvalGPT", inputs: tuple) -> torch.Tensor | None:
         """Member `model.member`'s hidden states for GPT.hidden's (idx, pos, key_mask, attn_mask), computed for every
@@ -77,11 +86,17 @@ class EvalGPT(GPT):
     def hidden(self, idx, pos=None, key_mask=None, cache=None, attn_mask=None):
         h = None if cache is not None or torch.is_grad_enabled() else \
             self.shared.hidden_of(self, (idx, pos, key_mask, attn_mask))
-        return super().hidden(idx, pos, key_mask, cache, attn_mask) if h is None else h
+        if h is None:
+            self.shared.own(self)
+            return super().hidden(idx, pos, key_mask, cache, attn_mask)
+        return h
 
     def head(self, h):
         logits = self.shared.head_of(self, h)
-        return super().head(h) if logits is None else logits
+        if logits is None:
+            self.shared.own(self)
+            return super().head(h)
+        return logits
 
     def logits_of_all(self, models: list, tree) -> torch.Tensor | None:
         """The logits (M, G, n, V) over a prefix tree's nodes of `models` if they are all this population's members

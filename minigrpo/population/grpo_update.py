@@ -76,7 +76,7 @@ class LockstepGRPO:
         self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
         self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
 
-    def copy_to(self, algos: list) -> None:
+    def copy_to(self, algos: list, rows: list[int] | None = None) -> None:
         """A member's GRPO state (its Clip-Cov generator, its entropy coefficient) is its algorithm's own already."""
 
     @torch.no_grad()

@@ -14,9 +14,9 @@ what rl/loop.run does, for all members at once:
                   backward, one AdamW step on the stacked weights (population/optim.py)
     trust region  every member's step halved until its own probes allow it (population/guard.py; the anchor rows'
                   logits carried from one step to the next, as a single run's)
-    the rest      each member's own: its weights copied into its GPT, then Run.end_step (exact evaluation, whose
-                  forward is one for all: population/evaluation.py; stop rule, metrics, checkpoints, copied to the
-                  host once for all: population/checkpoint.py) and, once it stops, Run.finish (summary.json, ...)
+    the rest      each member's own: Run.end_step (exact evaluation, whose forward is one for all:
+                  population/evaluation.py; stop rule, metrics, checkpoints, copied to the host once for all:
+                  population/checkpoint.py) and, once it stops, Run.finish (summary.json, ...)
 
 A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go on,
 untouched: every computation is per member. Each member's metrics are its single run's to float rounding
@@ -38,7 +38,7 @@ import torch
 
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor
-from minigrpo.population.checkpoint import MemberOptimizer, MemberRun, share_copies
+from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, MemberRun, share_copies
 from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MembersAdamW, keep
@@ -163,7 +163,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
             m.logger.close()
     share_copies(stack, ref, opt, [m.run for _, m in members])
     for k, m in members:  # Ctrl-C: each member's step in flight was finished; its checkpoint
-        m.run.save(m.algo, MemberOptimizer(opt, m.run))
+        m.run.save(MemberAlgorithm(m.algo, update, m.run), MemberOptimizer(opt, m.run))
         results[k] = interrupted_line(m.run.step, m.run.out)
     return results
 
@@ -190,9 +190,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     figures = update(stack, ref, opt, Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs,
                                                [m.algo for _, m in members]))
     trust = guard.enforce(stack) if guard is not None else {}
-    stack.copy_to([r.policy for r in runs])  # each member's GPT (and critic): its checkpoint
-    update.copy_to([m.algo for _, m in members])
-    aids.evaluation.fresh(stack)  # and its evaluation, one forward for all
+    aids.evaluation.fresh(stack)  # the members' evaluation, one forward for all
     step_time, rows = time.perf_counter() - t0, _rows(members, update, figures, trust)
     finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
                                                                if k.endswith("loss"))]  # else end_step says so
@@ -206,8 +204,8 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     for j, row in rows.items():
         m = members[j][1]
         try:
-            m.run.end_step(m.algo, MemberOptimizer(opt, m.run), batches[j], row, step_time, m.logger,
-                           evaluations.get(id(m)), figures[j])
+            m.run.end_step(MemberAlgorithm(m.algo, update, m.run), MemberOptimizer(opt, m.run), batches[j], row,
+                           step_time, m.logger, evaluations.get(id(m)), figures[j])
         except UsageError as e:
             m.error = str(e)
         except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)

@@ -59,10 +59,10 @@ class Critics(Stack):
         v = linear(hidden.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
         return torch.where(rows.completion_mask, v, 0.0)
 
-    def copy_to(self, critics: list) -> None:
-        """Each member's weights into its own critic (its checkpoint's value_head and critic_trunk)."""
+    def copy_to(self, critics: list, rows: list[int] | None = None) -> None:
+        """Member rows[i]'s weights into its own critics[i] (its checkpoint's value_head and critic_trunk)."""
         self.copy_into([{**{f"head.{k}": w for k, w in c.head.linear.named_parameters()},
-                         **(dict(c.trunk.named_parameters()) if c.trunk is not None else {})} for c in critics])
+                         **(dict(c.trunk.named_parameters()) if c.trunk is not None else {})} for c in critics], rows)
 
 
 class ExactValues:
@@ -111,9 +111,10 @@ class LockstepPPO:
         """What the optimiser updates besides the policy (after it, in this order)."""
         return [self.critics] if self.critics is not None else []
 
-    def copy_to(self, algos: list) -> None:
+    def copy_to(self, algos: list, rows: list[int] | None = None) -> None:
+        """Member rows[i]'s learned critic into algos[i]'s (rows: every member, in order)."""
         if self.critics is not None:
-            self.critics.copy_to([a.critic for a in algos])
+            self.critics.copy_to([a.critic for a in algos], rows)
 
     @torch.no_grad()
     def advantages(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]):

@@ -6,7 +6,8 @@ attention of every member's rows in one call (P folded into the batch).
     h = stack.hidden(ids, pos, attn_mask, cache)            # through a KV cache of P*B rows (the sampler's)
     logits = stack.head(h)                                  # (P, B, T, V), each member through its own tied head
     weights = Stack(models, trainable=True)                 # the stacked weights as leaves: a lockstep population's
-    weights.copy_to(models)                                 # parameters (lockstep.py), copied back for a member's files
+    weights.copy_to(models)                                 # parameters (lockstep.py), copied back where a member's
+                                                            # own GPT computes (population/evaluation.py)
 
 It computes what `models[p].hidden(idx[p], pos[p], attn_mask=attn_mask[p])` computes (lm/model.py, the readable
 path and the oracle of tests/test_population.py), to float rounding. `torch.stack` keeps the gradient: a loss on
@@ -57,17 +58,17 @@ class Stack:
         out.w = {name: w.detach().index_select(0, index) for name, w in self.w.items()}
         return out
 
-    def copy_to(self, models: list[GPT]) -> None:
-        """Write member p's weights into models[p] (its own tensors: a member's model.pt holds its weights only)."""
-        self.copy_into([dict(m.named_parameters()) for m in models])
+    def copy_to(self, models: list[GPT], rows: list[int] | None = None) -> None:
+        """Write member rows[i]'s weights into models[i] (rows: every member, in order), into its own tensors."""
+        self.copy_into([dict(m.named_parameters()) for m in models], rows)
 
     @torch.no_grad()
-    def copy_into(self, params: list[dict]) -> None:
-        """Write member p's weight `name` into params[p][name], every weight of every member in one call."""
-        names = list(self.w)
+    def copy_into(self, params: list[dict], rows: list[int] | None = None) -> None:
+        """Write member rows[i]'s weight `name` into params[i][name] (rows: every member, in order), in one call."""
+        names, rows = list(self.w), range(len(params)) if rows is None else rows
         each = {name: self.w[name].detach().unbind(0) for name in names}
         torch._foreach_copy_([own[name] for own in params for name in names],
-                             [each[name][p] for p in range(len(params)) for name in names])
+                             [each[name][p] for p in rows for name in names])
 
     def states(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """The final hidden states of left-padded rows, the plain forward (GPT.hidden with a key mask, member by

@@ -1,22 +1,21 @@
 """The RL run shared by every algorithm (GRPO and its variants, PPO): set-up, the outer loop, exact
 evaluation, the stop rule, metrics, checkpoints, resume and Ctrl-C. An algorithm supplies `update`.
 
-Each step:  collect a rollout (rollout.py)  ->  algorithm.update (its inner updates)  ->  exact
-evaluation (every --eval-every steps, default every step: one batched forward for all people)  ->
-the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap).
-Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C; rl/checkpoints.py) hold all the run, so
-`--resume` gives the same metrics on CPU as an uninterrupted run. At the end:
+Each step:  collect a rollout (rollout.py)  ->  algorithm.update (its inner updates)  ->  exact evaluation (every
+--eval-every steps, default every step: one batched forward for all people)  ->  the stop rule (stopping.py: goal
+reached and stable, plateau, or the --steps cap). Checkpoints (every --ckpt-every steps, at the end, and on Ctrl-C;
+rl/checkpoints.py) hold all the run, so `--resume` gives the same metrics on CPU as an uninterrupted run. At the end:
 summary.json, samples.txt and metrics.png (not with --no-plot; `python -m minigrpo.metrics <out>` draws it).
 
-One random generator per purpose (rollout sampling, prompt draws, the anchor's construction, the anchor's
-minibatches, PPO's shuffles), each seeded from (seed, purpose): turning preservation off or changing μ leaves
-the sampled completions of a step unchanged, so A/B comparisons are paired.
+One random generator per purpose (rollout sampling, prompt draws, the anchor's construction, the anchor's minibatches,
+PPO's shuffles), each seeded from (seed, purpose): turning preservation off or changing μ leaves the sampled
+completions of a step unchanged, so A/B comparisons are paired.
 
-Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's
-first update moves every weight by about lr whatever its gradient, and on the food task that first step
-alone moved other people's distributions far beyond the drift bar (docs/experiments.md). Over the last 20 % of
---steps the rate falls linearly to 0 (--lr-warmdown): at a constant rate to the end, Adam kept the other people's
-drift swinging by about ±0.01 from step to step long after the goal; a run that stops at its goal never gets there.
+Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's first update moves
+every weight by about lr whatever its gradient, and on the food task that first step alone moved other people's
+distributions far beyond the drift bar (docs/experiments.md). Over the last 20 % of --steps the rate falls linearly to 0
+(--lr-warmdown): at a constant rate to the end, Adam kept the other people's drift swinging by about ±0.01 from step to
+step long after the goal; a run that stops at its goal never gets there.
 """
 
 from __future__ import annotations
@@ -172,7 +171,6 @@ class Run(RunCheckpoints):
         opt.step()
         return norm
 
-
     # ---- the parts of a step that are not the algorithm's (run() below; a lockstep population's members) ------
     def begin(self, algo, opt, evaluation: dict | None = None) -> JsonlLogger:
         """Before step 1 (or the resumed step): restore a resumed run, write config.json, open metrics.jsonl, say
@@ -221,7 +219,7 @@ class Run(RunCheckpoints):
                              f"the run stopped; checkpoints already written are intact")
         self.step += 1
         if cfg.ref_update_every and self.step % cfg.ref_update_every == 0:  # iterative GRPO
-            self.ref.load_state_dict(self.policy.state_dict())
+            self.renew_ref()
         if figures is None:
             figures = batch_figures(batch.rewards, batch.mask.sum(1).float()).tolist()  # one read, not four
         mean, std, length, tokens = figures
@@ -240,6 +238,10 @@ class Run(RunCheckpoints):
         self.log(progress_line(self.step, cfg.steps, row, evaluated, cfg.verbose))
         if self.step % cfg.ckpt_every == 0 or self.stop_reason is not None:
             self.save(algo, opt)
+
+    def renew_ref(self) -> None:
+        """π_ref ← π_θ (--ref-update-every)."""
+        self.ref.load_state_dict(self.policy.state_dict())
 
     def interrupted(self, algo, opt) -> None:
         """Ctrl-C: the step in flight was finished: a consistent checkpoint, then exit 130."""
