@@ -94,3 +94,21 @@ def test_a_pickle_that_would_run_code_is_refused_as_such(tmp_path, capfd):
         msg = refusal(tmp_path / name, capfd)
         assert "not a weights-only checkpoint (it would run code); refused" in msg and "truncated" not in msg
     assert capfd.readouterr().out == "", "the pickled code did not run"
+
+
+def test_to_host_copies_every_tensor_and_keeps_the_structure():
+    """lm/checkpoint.to_host (what an RL checkpoint holds of an algorithm's state and of the anchor): nested dicts and
+    lists keep their shape and their non-tensors; a module's state_dict stays an OrderedDict with its _metadata (what
+    load_state_dict reads), so a checkpoint's bytes do not change on the CPU."""
+    from minigrpo.lm.checkpoint import to_host
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    tree = {"head": model.state_dict(), "beta": 0.1, "rows": [torch.arange(3), None], "none": None}
+    host = to_host(tree)
+    assert type(host["head"]) is type(tree["head"]) and host["head"]._metadata == tree["head"]._metadata
+    assert list(host["head"]) == list(tree["head"]) and host["beta"] == 0.1 and host["none"] is None
+    assert all(torch.equal(host["head"][k], v) and host["head"][k].device.type == "cpu"
+               for k, v in tree["head"].items())
+    assert torch.equal(host["rows"][0], tree["rows"][0]) and host["rows"][1] is None
+    assert host["rows"][0].data_ptr() == tree["rows"][0].data_ptr(), "a host tensor is not copied again"
+    if torch.cuda.is_available():  # on a GPU: every tensor on the host
+        assert to_host({"x": [torch.ones(2, device="cuda")]})["x"][0].device.type == "cpu"

@@ -331,3 +331,16 @@ def test_make_anchor_follows_the_flags(tmp_path):
     torch.save(forced.state_dict(), tmp_path / "a.pt")
     back = Anchor.from_state_dict(torch.load(tmp_path / "a.pt", weights_only=True), torch.device("cpu"))
     assert torch.equal(back.kl_mask, forced.kl_mask) and torch.equal(back.group, forced.group)
+
+
+def test_an_anchors_host_state_is_made_once():
+    """Anchor.host_state (a checkpoint's): its state_dict's values on the host, copied once however many checkpoints
+    (or lockstep members, who share their first member's anchor) ask."""
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig(vocab_size=TOK.vocab_size, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
+    anchor = exact_anchor(ref, all_completions("a", 2))
+    first = anchor.host_state()
+    assert anchor.host_state() is first, "made once"
+    state = anchor.state_dict()
+    assert list(first) == list(state)
+    assert all(torch.equal(first[k], v) if torch.is_tensor(v) else first[k] == v for k, v in state.items())

@@ -48,6 +48,20 @@ def host_state(model: GPT) -> dict:
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
+def to_host(tree):
+    """Every tensor of nested dicts and lists copied to the host (a host tensor is itself), the rest as it is (a
+    module's state_dict stays an OrderedDict with its _metadata): what a checkpoint holds, so that a file written on a
+    GPU holds no device tensors."""
+    if isinstance(tree, dict):
+        out = type(tree)((k, to_host(v)) for k, v in tree.items())
+        if hasattr(tree, "_metadata"):
+            out._metadata = tree._metadata
+        return out
+    if isinstance(tree, list):
+        return [to_host(v) for v in tree]
+    return tree.detach().cpu() if isinstance(tree, torch.Tensor) else tree
+
+
 def save_checkpoint(path, model: GPT, tokenizer: CharTokenizer, task: str, step: int,
                     optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None,
                     weights: dict | None = None) -> None:

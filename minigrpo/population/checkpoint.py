@@ -1,14 +1,15 @@
 """A lockstep member's checkpoint from its population's stacked tensors copied to the host once for all members.
 
-    share_copies(stack, ref, opt, runs)       # each MemberRun's run.copies: nothing copied yet
+    share_copies(stack, ref, opt, runs, critics)  # each MemberRun's run.copies: nothing copied yet
     run.slot = p                              # its checkpoint's weights: its slices of the copies (HostCopies)
     MemberOptimizer(opt, run)                 # and so is its optimiser's state (the stacked AdamW's, optim.py)
+    MemberAlgorithm(algo, update, run)        # and its algorithm's (PPO's learned critic)
 
 A single run's checkpoint copies each of its tensors to the host (rl/checkpoints.RunCheckpoints.save); P members'
 checkpoints, each on its own, would copy P times as many, and on a GPU each copy waits for the kernels queued
 before it (on a GPU shared with other processes, theirs too). Here the first member that saves in a step copies
 every stacked tensor once, and each member's checkpoint takes copies of its own slices: the same values, the same
-file.
+file. The anchor, which the members share, is copied once for all (rl/preserve.Anchor.host_state).
 """
 
 from __future__ import annotations
@@ -60,15 +61,14 @@ class MemberRun(Run):
 
 
 class MemberAlgorithm:
-    """A member's algorithm object for its checkpoint (rl/loop.Run.save reads its state_dict): its own modules (PPO's
-    learned critic) take their weights from the population's stacks first, then and not each step."""
+    """A member's algorithm object for its checkpoint (rl/loop.Run.save reads its state_dict): what the population
+    trains of it (PPO's learned critic) is its slices of the run's host copies of the step, as its weights are."""
 
     def __init__(self, algo, update, run: MemberRun):
         self.algo, self.update, self.run = algo, update, run
 
     def state_dict(self) -> dict:
-        self.update.copy_to([self.algo], [self.run.slot])
-        return self.algo.state_dict()
+        return self.update.host_state(self.algo, self.run.copies, self.run.slot)
 
 
 class MemberOptimizer:
@@ -84,9 +84,10 @@ class MemberOptimizer:
                 "lr": self.opt.param_groups[0]["lr"]}
 
 
-def share_copies(stack, ref, opt, runs: list[MemberRun]) -> None:
-    """Give the members' runs the host copies of their population's stacked policy, π_ref and AdamW moments as they
-    are now (made on the first checkpoint that asks)."""
-    copies = HostCopies({"policy": stack.w, "ref": ref.w, "m": opt.m, "v": opt.v})
+def share_copies(stack, ref, opt, runs: list[MemberRun], critics=None) -> None:
+    """Give the members' runs the host copies of their population's stacked policy, π_ref, AdamW moments and learned
+    critics (PPO's; None: none) as they are now (made on the first checkpoint that asks)."""
+    groups = {"policy": stack.w, "ref": ref.w, "m": opt.m, "v": opt.v}
+    copies = HostCopies(groups if critics is None else {**groups, "critic": critics.w})
     for run in runs:
         run.copies = copies

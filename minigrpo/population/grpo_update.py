@@ -76,8 +76,9 @@ class LockstepGRPO:
         self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
         self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
 
-    def copy_to(self, algos: list, rows: list[int] | None = None) -> None:
-        """A member's GRPO state (its Clip-Cov generator, its entropy coefficient) is its algorithm's own already."""
+    def host_state(self, algo, copies, p: int) -> dict:
+        """A member's GRPO state (its Clip-Cov generator, its entropy coefficient) is its algorithm's own."""
+        return algo.state_dict()
 
     @torch.no_grad()
     def is_weights(self, step: Rollouts, old_logp, mask, stats: dict) -> torch.Tensor | None:

@@ -161,7 +161,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     finally:
         for _, m in members:
             m.logger.close()
-    share_copies(stack, ref, opt, [m.run for _, m in members])
+    share_copies(stack, ref, opt, [m.run for _, m in members], *update.stacks)
     for k, m in members:  # Ctrl-C: each member's step in flight was finished; its checkpoint
         m.run.save(MemberAlgorithm(m.algo, update, m.run), MemberOptimizer(opt, m.run))
         results[k] = interrupted_line(m.run.step, m.run.out)
@@ -200,7 +200,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
         with torch.no_grad():
             for name, w in ref.w.items():
                 w.copy_(stack.w[name])
-    share_copies(stack, ref, opt, runs)  # the checkpoints' host copies: made on the first, once for all
+    share_copies(stack, ref, opt, runs, *update.stacks)  # the checkpoints' host copies: made on the first, once for all
     for j, row in rows.items():
         m = members[j][1]
         try:

@@ -59,10 +59,18 @@ class Critics(Stack):
         v = linear(hidden.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
         return torch.where(rows.completion_mask, v, 0.0)
 
-    def copy_to(self, critics: list, rows: list[int] | None = None) -> None:
-        """Member rows[i]'s weights into its own critics[i] (its checkpoint's value_head and critic_trunk)."""
-        self.copy_into([{**{f"head.{k}": w for k, w in c.head.linear.named_parameters()},
-                         **(dict(c.trunk.named_parameters()) if c.trunk is not None else {})} for c in critics], rows)
+    def host_state(self, critic, copies, p: int) -> dict:
+        """Member p's critic.state_dict() (rl/critics.Critic's keys) from the host copies of the step's stacks (their
+        group "critic": this stack's), in the layout of its own critic's tensors."""
+        head = {f"head.{k}": w for k, w in critic.head.linear.named_parameters()}
+        trunk = dict(critic.trunk.named_parameters()) if critic.trunk is not None else {}
+        host = copies.member("critic", p, {**head, **trunk})
+        state = critic.state_dict()  # its keys and structure (its own tensors are not kept current)
+        for k in state["value_head"]:  # "linear.weight" -> "head.weight"
+            state["value_head"][k] = host["head." + k.removeprefix("linear.")]
+        for k in state["critic_trunk"] or {}:
+            state["critic_trunk"][k] = host[k]
+        return state
 
 
 class ExactValues:
@@ -111,10 +119,11 @@ class LockstepPPO:
         """What the optimiser updates besides the policy (after it, in this order)."""
         return [self.critics] if self.critics is not None else []
 
-    def copy_to(self, algos: list, rows: list[int] | None = None) -> None:
-        """Member rows[i]'s learned critic into algos[i]'s (rows: every member, in order)."""
-        if self.critics is not None:
-            self.critics.copy_to([a.critic for a in algos], rows)
+    def host_state(self, algo, copies, p: int) -> dict:
+        """Member p's PPO.state_dict() for its checkpoint: its learned critic's weights from the host copies."""
+        if self.critics is None:
+            return algo.state_dict()
+        return {**self.critics.host_state(algo.critic, copies, p), "beta": algo.beta}
 
     @torch.no_grad()
     def advantages(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from minigrpo.lm.checkpoint import CheckpointError, host_state, read_checkpoint, save_checkpoint
+from minigrpo.lm.checkpoint import CheckpointError, host_state, read_checkpoint, save_checkpoint, to_host
 from minigrpo.rl.preserve import Anchor
 from minigrpo.rl.stopping import Peaks
 from minigrpo.util.cli import UsageError
@@ -41,8 +41,8 @@ class RunCheckpoints:
         rl_state = {
             "algo": self.algo_name, "config": asdict(self.cfg),
             "ref": ref,
-            "algo_state": algo.state_dict(), "gens": {k: g.get_state() for k, g in self.gens.items()},
-            "anchor": self.anchor.state_dict() if self.anchor is not None else None,
+            "algo_state": to_host(algo.state_dict()), "gens": {k: g.get_state() for k, g in self.gens.items()},
+            "anchor": self.anchor.host_state() if self.anchor is not None else None,
             "baseline": self.baseline, "rewards_window": self.rewards_window,
             "stop_rule": self.stop_rule.state_dict(), "peaks": self.peaks.values, "stop_reason": self.stop_reason,
             "global_rng": global_rng_state(),  # what a user's reward may draw from

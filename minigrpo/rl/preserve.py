@@ -46,12 +46,13 @@ algorithm; per rollout, an algorithm that takes more optimiser steps also takes 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from minigrpo.objectives.kl import exact
+from minigrpo.lm.checkpoint import to_host
 from minigrpo.lm.logprobs import pad_left
 from minigrpo.objectives.losses import entropy
 from minigrpo.lm.model import GPT, positions
@@ -69,10 +70,18 @@ class Anchor:
     weights: torch.Tensor  # (M,) each row's weight in the expectation: each prompt's rows sum to 1/prompts
     group: torch.Tensor  # (M,) long: the index of the row's prompt (one group per off-target person)
     kl_mask: torch.Tensor | None = None  # (M, T) bool: the positions whose KL counts (None: every completion position)
+    host: dict | None = field(default=None, init=False, repr=False, compare=False)  # host_state's, once made
 
     def state_dict(self) -> dict:
         return {**self.gen.to_dict(), "ref_logits": self.ref_logits, "weights": self.weights, "group": self.group,
                 "kl_mask": self.kl_mask}
+
+    def host_state(self) -> dict:
+        """state_dict copied to the host (a checkpoint's), made once: an anchor never changes after it is built, and
+        a lockstep population's members share their first member's."""
+        if self.host is None:
+            self.host = to_host(self.state_dict())
+        return self.host
 
     @classmethod
     def from_state_dict(cls, d: dict, device) -> "Anchor":
