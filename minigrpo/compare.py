@@ -33,8 +33,7 @@ run is reported with its error while the others finish, and the command then exi
                 bootstrap intervals, and P(A > B) on the final target rate for every pair (tools/stats.py)
   intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a band)
 and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the medians of the
-steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret; then the IQMs with
-their intervals.
+steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret; then IQMs, intervals.
 """
 
 from __future__ import annotations
@@ -253,13 +252,15 @@ def main(argv=None):
     if shard.rank == 0:
         print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> {out}",
               flush=True)
-    mine = {}  # (algo, seed) -> error of this rank's failed runs
+    mine, read = {}, {}  # (algo, seed) -> error of this rank's failed runs; -> the curves of a run read as it ended
 
     def done(run, err):  # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
         said = "ok" if err is None else brief(err) if err.startswith(INTERRUPTED) else "FAILED: " + brief(err)
         print(f"  {run[0]} seed {run[1]}: {said}", flush=True)
         if err is not None:
             mine[run[:2]] = err
+        elif shard.rank == 0:  # the table's (rank 0 writes it), read while the other runs go on
+            read[run[:2]] = curves(run[3])
     if shard.rank == 0:
         for kept in (t for t in tasks if t not in todo):
             done(kept, None)
@@ -275,7 +276,8 @@ def main(argv=None):
     errors = {}
     for (algo, seed), err in sorted(failed.items()):
         errors.setdefault(algo, []).append((seed, err))
-    results = {a: [curves(out / f"{a}-s{s}") for s in range(cfg.seeds) if (a, s) not in failed] for a in algos}
+    results = {a: [read.get((a, s)) or curves(out / f"{a}-s{s}") for s in range(cfg.seeds) if (a, s) not in failed]
+               for a in algos}
     for algo in [a for a in ALGOS if a not in algos]:  # finished runs of the SAME flags stay in the table
         same = [out / f"{algo}-s{s}" for s in range(cfg.seeds)]
         if all(finished_by(f, command(algo, s, cfg, passthrough, task, out)) for s, f in enumerate(same)):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from minigrpo.lm.logprobs import sequence_logprobs
-from minigrpo.lm.model import GPT, GPTConfig
+from minigrpo.lm.model import GPT, GPTConfig, positions
 from minigrpo.lm.sampling import decode_completions, encode_prompts, exponential_race, generate, process_logits
 from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
 
@@ -109,3 +109,26 @@ def test_a_model_with_nan_weights_is_an_error_not_silent_samples():
         model.blocks[0].mlp[0].weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         generate(model, torch.full((2, 3), 4), max_new_tokens=4, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.cuda
+def test_a_decoding_step_on_a_gpu_equals_the_cpus():
+    """On a GPU, attention() computes one query by one_query_attention; a cached decoding step's logits there equal
+    the CPU's (SDPA's) to float32 rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=4, n_embd=32)).eval()
+    idx = torch.randint(11, (6, 9))
+    key_mask = torch.ones(6, 9, dtype=torch.bool)
+    key_mask[:3, :4] = False  # left padding
+    logits = {}
+    for device in ("cpu", "cuda"):
+        m, ids, km = model.to(device), idx.to(device), key_mask.to(device)
+        cache = m.new_cache(6, 16)
+        with torch.no_grad():
+            pos = positions(km)
+            m(ids[:, :8], pos=pos[:, :8], key_mask=km[:, :8], cache=cache)
+            logits[device] = m(ids[:, 8:], pos=pos[:, 8:], key_mask=km, cache=cache).cpu()
+    assert torch.allclose(logits["cpu"], logits["cuda"], atol=1e-4), (
+        "a decoding step on the GPU must give the CPU's logits to float32 rounding")
