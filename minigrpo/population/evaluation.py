@@ -10,9 +10,8 @@ first member's forward computes every member's, and the others read theirs.
 A call is recognised by its input tensors themselves (the exact evaluation's rows are built once and kept:
 lm/logprobs.scoring_batch), held while remembered so that no other tensor can take their place (a cache-less forward of
 other inputs is computed for every member alike). A cache's forward, or one with gradients, is the member's own GPT's,
-which first takes its weights from the stack (once after each update: a member's GPT is not kept current otherwise,
-its checkpoint being made from the stacks). The
-figures are the single run's to float rounding.
+which first takes its weights from the stack (once after each update: a member's GPT is not kept current otherwise, its
+checkpoint being made from the stacks). The figures are the single run's to float rounding.
 """
 
 from __future__ import annotations
