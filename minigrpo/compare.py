@@ -51,6 +51,7 @@ from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import cores
 from minigrpo.grpo import PRESETS
 from minigrpo.population.engine import run_populations, shares_of
+from minigrpo.tools.algorithms import ALGOS, OWN_TRAINERS, PPO_ALGOS, base_of, module_of, variant_flags
 from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.shards import join
@@ -60,16 +61,6 @@ from minigrpo.rl.report import INTERRUPTED
 
 DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
                "passes through to the trainers (see python -m minigrpo.grpo --help).")
-# default: `python -m minigrpo.grpo` with no preset; every other name not below is a grpo --preset.
-# Algorithms with a trainer of their own: its module and flags (ppo_oracle: PPO with the exact critic).
-OWN_TRAINERS = {"ppo": ("minigrpo.ppo", []), "ppo_oracle": ("minigrpo.ppo", ["--critic", "oracle"]),
-                "dpo": ("minigrpo.dpo", []), "online_dpo": ("minigrpo.dpo", ["--online"])}
-PPO_ALGOS = [a for a, (module, _) in OWN_TRAINERS.items() if module == "minigrpo.ppo"]
-ALGOS = ["default"] + sorted(PRESETS) + list(OWN_TRAINERS)
-
-
-def module_of(algo: str) -> str:
-    return OWN_TRAINERS[algo][0] if algo in OWN_TRAINERS else "minigrpo.grpo"
 
 
 @dataclass
@@ -77,7 +68,9 @@ class CompareConfig:
     algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo,ppo_oracle",
                        metadata=meta(f"comma-separated, of {', '.join(ALGOS)} (default = minigrpo.grpo without "
                                      f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound; dpo, "
-                                     f"online_dpo = minigrpo.dpo [--online])"))
+                                     f"online_dpo = minigrpo.dpo [--online]), each with flags of its own if you "
+                                     f"like: NAME@flag=value[@flag=value...], e.g. default@lr=0.003, a row of its "
+                                     f"own (minigrpo/tools/algorithms.py)"))
     seeds: int = field(default=5, metadata=meta("seeds per algorithm (0, 1, ...)"))
     budget: str = field(default="fixed", metadata=meta(
         "fixed: every run takes --steps steps (equal work); goal: each run stops at its goal",
@@ -106,12 +99,14 @@ class CompareConfig:
 
 def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str) -> list[str]:
     """The trainer's flags for one run (without the module and --out)."""
-    preset = OWN_TRAINERS[algo][1] if algo in OWN_TRAINERS else [] if algo == "default" else ["--preset", algo]
+    base = base_of(algo)
+    preset = OWN_TRAINERS[base][1] if base in OWN_TRAINERS else [] if base == "default" else ["--preset", base]
     reward = ["--reward", cfg.reward] if cfg.reward else []
     steps = cfg.steps or (60 if cfg.budget == "fixed" and task == "food" else None)
     budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + \
         (["--steps", str(steps)] if steps else [])
-    return [*preset, *reward, "--seed", str(seed), "--threads", "1", "--quiet", "--no-plot", *budget, *passthrough]
+    return [*preset, *reward, "--seed", str(seed), "--threads", "1", "--quiet", "--no-plot", *budget, *passthrough,
+            *variant_flags(algo)]  # a variant's own flags last: they win
 
 
 def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path) -> list[str]:
@@ -199,9 +194,10 @@ def main(argv=None):
     own = [x for k, v in vars(ours).items() if v is not None for x in ((f"--{k}",) if v is True else (f"--{k}", v))]
     cfg, _ = parse_config(CompareConfig, own, DESCRIPTION)
     algos = [a.strip() for a in cfg.algos.split(",") if a.strip()]
-    bad = [a for a in algos if a not in ALGOS]
-    if bad or not algos:
-        raise UsageError(f"unknown algorithm(s) {', '.join(bad) or '(none given)'} (available: {', '.join(ALGOS)})")
+    if not algos:
+        raise UsageError(f"--algos names no algorithm (available: {', '.join(ALGOS)})")
+    for a in algos:
+        variant_flags(a)  # a bad name or variant: one line
     twice = sorted({a for a in algos if algos.count(a) > 1})
     if twice:
         raise UsageError(f"--algos names {', '.join(twice)} more than once (each algorithm's runs share one folder)")
@@ -214,7 +210,7 @@ def main(argv=None):
     if any(p in ("--seed", "--out", "--preset", "--resume", "--goal", "--plateau") for p in passthrough):
         raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
                          "use --seeds, --out, --algos and --budget")
-    if "--online" in passthrough or ("--critic" in passthrough and "ppo_oracle" in algos):
+    if "--online" in passthrough or ("--critic" in passthrough and "ppo_oracle" in map(base_of, algos)):
         raise UsageError("--online is compare's online_dpo (--algos online_dpo), and --critic would relabel "
                          "ppo_oracle's runs: pass --critic only with --algos ppo")
     task, device = vars(trainers.parse_known_args(passthrough)[0]).values()
@@ -227,7 +223,10 @@ def main(argv=None):
     jobs = cfg.jobs or max(1, cores() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # torchrun's ranks share the node
     def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
         algo, _, seed = folder_name.rpartition("-s")
-        return command(algo, int(seed), cfg, passthrough, task, out) if algo in ALGOS and seed.isdigit() else None
+        try:
+            return command(algo, int(seed), cfg, passthrough, task, out) if seed.isdigit() else None
+        except UsageError:  # not a run folder of ours
+            return None
     shard = join()  # under torchrun: this process's share of the runs (tools/shards.py)
     refused = None
     if shard.rank == 0:  # one process claims the folder; the others learn whether it was refused
@@ -242,7 +241,7 @@ def main(argv=None):
              for s in range(cfg.seeds)]
     # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch updates a
     # step), so they go first: the sweep ends on short runs, not on one core idle while the other ends a long one
-    todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: t[0] not in PPO_ALGOS)
+    todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: base_of(t[0]) not in PPO_ALGOS)
     shard.barrier()  # every rank has read the same finished runs before any starts one
     engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(device) else "pool"
     populations = len(shares_of(shard.mine(todo), jobs, cfg.members))

@@ -60,7 +60,10 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
     assert e.value.code == 1 and "failed: grpo seed 0" in table and "failed: ppo seed 0" in table and "boom" in table
 
 
-@pytest.mark.parametrize("argv, message", [(["--algos", "grpo,sac"], "unknown algorithm(s) sac"),
+@pytest.mark.parametrize("argv, message", [(["--algos", "grpo,sac"], "unknown algorithm 'sac'"),
+                                           (["--algos", "default@seed=3"], "may not set --seed"),
+                                           (["--algos", "default@nonsense=1"], "unrecognized arguments: --nonsense 1"),
+                                           (["--algos", "grpo@critic=head"], "--critic only in a variant of ppo"),
                                            (["--seeds", "0"], "--seeds must be >= 1"),
                                            (["--seed", "3"], "set by compare itself"),
                                            (["--jobs", "-1"], "--jobs must be >= 0"),
@@ -120,6 +123,25 @@ def test_dpo_and_online_dpo_map_to_minigrpo_dpo(tmp_path, tiny_pretrained):
         assert cmd[3:3 + len(flags)] == flags and "--preset" not in cmd and cmd[cmd.index("--beta") + 1] == "0.2"
         assert ("--online" in cmd) == (algo == "online_dpo")
     check_all(["dpo", "online_dpo"], cfg, ["--init", str(init), "--offline-samples", "32"], "food")  # DPOConfig's flags
+
+
+def test_a_variant_is_a_row_of_its_own_with_its_own_flags(tmp_path, tiny_pretrained, capsys):
+    """--algos NAME@flag=value: its runs are NAME's with the flag given last (it wins over one passed to every run),
+    in folders of its own, a row of its own in the table."""
+    from minigrpo.compare import CompareConfig, command
+    cmd = command("grpo@beta=0.1@no_preserve", 2, CompareConfig(seeds=1), ["--beta", "0.2"], "food", tmp_path)
+    assert cmd[1:5] == ["-m", "minigrpo.grpo", "--preset", "grpo"]
+    assert cmd[-1] == str(tmp_path / "grpo@beta=0.1@no_preserve-s2")
+    betas = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--beta"]
+    assert betas == ["0.2", "0.1"] and "--no-preserve" in cmd  # argparse keeps the last: the variant's
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "cmp"
+    main(["--algos", "grpo,grpo@lr=0.003", "--seeds", "1", "--out", str(out), "--init", str(init), *TINY,
+          "--jobs", "1"])
+    lrs = [json.loads((out / f"{a}-s0" / "config.json").read_text())["lr"] for a in ("grpo", "grpo@lr=0.003")]
+    assert lrs[1] == 0.003 and lrs[0] != 0.003
+    table = (out / "table.md").read_text()
+    assert "| grpo | 1 ok" in table and "| grpo@lr=0.003 | 1 ok" in table
 
 
 def finished_run(run, cmd):
