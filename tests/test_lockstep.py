@@ -82,6 +82,28 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
     assert [r["step"] for r in read_jsonl(tmp_path / "lock-s1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # as its own
 
 
+@pytest.mark.parametrize("trainer", [grpo, ppo], ids=["grpo", "ppo"])
+def test_members_with_learning_rates_of_their_own_are_their_single_runs(tmp_path, tiny_pretrained, trainer):
+    """Members may differ in --lr (compare's NAME@lr=... variants share a population): each member's AdamW step at
+    its own rate (population/optim.MembersAdamW.set_rates), its metrics its single run's to 1e-4 over the first two
+    steps, its checkpoint's rate its own; a population's members all at one rate take AdamW's own step as before."""
+    from minigrpo.population.engine import lockstep_key
+    init, _, _ = tiny_pretrained
+    rates = ("6e-4", "2e-3", "2e-4")
+    cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, ("--lr", lr), trainer) for s, lr in enumerate(rates)]
+    assert [r["step"] for r in train_lockstep(trainer, cfgs, [print] * 3)] == [3, 3, 3]
+    for s, lr in enumerate(rates):
+        alone = tmp_path / f"alone-s{s}"
+        assert run_one(_run(init, alone, s, trainer.__name__, ("--lr", lr))) is None
+        rows, want = read_jsonl(tmp_path / f"lock-s{s}" / "metrics.jsonl"), read_jsonl(alone / "metrics.jsonl")
+        assert len(rows) == len(want) == 4
+        assert all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows[:3], want[:3])), s
+        saved = torch.load(tmp_path / f"lock-s{s}" / "model.pt", weights_only=True)["optimizer"]["lr"]
+        assert saved == torch.load(alone / "model.pt", weights_only=True)["optimizer"]["lr"]
+    items = [_run(init, tmp_path / f"k{s}", s, trainer.__name__, ("--lr", lr)) for s, lr in enumerate(rates)]
+    assert len({lockstep_key(item) for item in items}) == 1  # one population for all three
+
+
 def test_host_copies_are_made_once_and_each_member_gets_its_own_slices_in_its_layout():
     stacked = {"w": torch.arange(24.0).view(3, 2, 4), "b": torch.arange(6.0).view(3, 2)}
     copies = HostCopies({"policy": stacked, "m": [stacked["w"] * 2]})
@@ -121,8 +143,9 @@ def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_p
 
 def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
-    a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))
+    a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--beta", "0.1"))
     assert unsupported(grpo, [a, b]) == "members differ in more than their seeds"
+    assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))]) is None  # each member's own rate
     assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preserve-anchor", "sampled"))]) == \
         "--preserve-anchor sampled"
     assert unsupported(ppo, [_cfg(init, tmp_path / "e", 0, ("--preserve-anchor", "sampled"), ppo)]) == \

@@ -81,7 +81,7 @@ class MemberOptimizer:
     def state_dict(self) -> dict:
         copies, p = self.run.copies, self.run.slot
         return {"t": int(self.opt.t[p]), "m": copies.member("m", p), "v": copies.member("v", p),
-                "lr": self.opt.param_groups[0]["lr"]}
+                "lr": self.opt.rate(p)}
 
 
 def share_copies(stack, ref, opt, runs: list[MemberRun], critics=None) -> None:

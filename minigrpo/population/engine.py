@@ -4,8 +4,8 @@
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in their seeds (and
-folders), whose configuration lockstep supports, train as one computation, each run a slice of every tensor. The
-others: as threads, below.
+folders) and learning rates, whose configuration lockstep supports, train as one computation, each run a slice of
+every tensor. The others: as threads, below.
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
 required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py). What a run prints goes
@@ -69,16 +69,17 @@ class _ThreadOutput(io.TextIOBase):
 
 
 def lockstep_key(item) -> tuple | None:
-    """What a run must share with the others of a lockstep population: its trainer and every flag but --seed and
-    --out (None: its trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
+    """What a run must share with the others of a lockstep population: its trainer and every flag but --seed, --out
+    and --lr, each member's own (None: its trainer has no lockstep, or lockstep does not support its flags, or they
+    are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in KINDS:  # the trainers a lockstep population runs
         return None
     flags, skip = [], False
     for arg in cmd[3:]:
-        if not skip and arg not in ("--seed", "--out"):
+        if not skip and arg not in ("--seed", "--out", "--lr"):
             flags.append(arg)
-        skip = not skip and arg in ("--seed", "--out")
+        skip = not skip and arg in ("--seed", "--out", "--lr")
     return (cmd[2], *flags) if _in_lockstep(cmd[2], tuple(flags)) else None
 
 

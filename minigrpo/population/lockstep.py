@@ -1,5 +1,5 @@
-"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders) apart, as one
-computation.
+"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders) and learning rates
+apart, as one computation.
 
     results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or minigrpo.ppo; cfgs[p]:
                                                    # member p's config -> per member its summary, or its error line
@@ -51,7 +51,7 @@ from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
 
-OWN = ("seed", "out", "overwrite", "quiet", "verbose")  # what members may differ in
+OWN = ("seed", "out", "overwrite", "quiet", "verbose", "lr")  # what members may differ in (lr: optim.py)
 
 
 @dataclass
@@ -172,7 +172,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     """One step of every member (the module docstring's table); a member that fails gets its error and its row
     no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
-    runs[0].set_lr(opt)  # the members are at the same step
+    opt.set_rates([r.lr_now() for r in runs])  # each member's --lr, at the same step of the same schedule
     batches = _collect(members, aids.stale.pick(stack) if aids.stale is not None else stack, cfg, aids.prompts)
     some = next((b for b in batches if b is not None), None)
     if some is None:  # every member failed

@@ -4,6 +4,7 @@ tensors, so each member's own AdamW step for step, with a step count per member 
 checkpoint holds of it: population/checkpoint.MemberOptimizer).
 
     opt = MembersAdamW(stack.parameters(), lr)
+    opt.set_rates(rates)                            # each member's learning rate this step (one number if alike)
     norms = clip_grad_norms(opt.params, max_norm)   # (P,) each member's norm before its clip
     opt.step(active)                                # active (P,) bool: the members that take this step
     keep([stack], opt, members)                     # only these members from now on (the others have ended)
@@ -38,11 +39,22 @@ class MembersAdamW(AdamW):
         super().__init__(params, lr, **kw)
         self.t = torch.zeros(self.params[0].size(0), dtype=torch.long)  # on the CPU: bias corrections in float64
 
+    def set_rates(self, rates: list[float]) -> None:
+        """Each member's learning rate this step: one number where they are alike (AdamW's own step can then take
+        it), else a (P,) float64 tensor (the step below, member by member)."""
+        self.param_groups[0]["lr"] = rates[0] if len(set(rates)) == 1 else torch.tensor(rates, dtype=torch.float64)
+
+    def rate(self, p: int) -> float:
+        """Member p's learning rate this step (its checkpoint's)."""
+        lr = self.param_groups[0]["lr"]
+        return float(lr[p]) if torch.is_tensor(lr) else lr
+
     @torch.no_grad()
     def step(self, active: torch.Tensor | None = None) -> None:
         """AdamW's step for the members in `active` (P,) bool (None: all); the others keep weights and state."""
         on = torch.ones_like(self.t, dtype=torch.bool) if active is None else active.cpu()
-        if bool(on.all()) and bool((self.t == self.t[0]).all()):  # every member at one count: AdamW's own step
+        alike = not torch.is_tensor(self.param_groups[0]["lr"])  # one learning rate for all
+        if alike and bool(on.all()) and bool((self.t == self.t[0]).all()):  # one count too: AdamW's own step
             counts, self.t = self.t, int(self.t[0])  # (its foreach calls: a few for all tensors, none per tensor)
             try:
                 super().step()
@@ -55,6 +67,8 @@ class MembersAdamW(AdamW):
         device, P = self.params[0].device, self.t.numel()
         bias2 = (1 - b2 ** t).float().to(device)  # float64 as the single step's, then its float32 rounding
         rate = (lr / (1 - b1 ** t)).float().to(device)  # lr / (1 − β1^t)
+        shrink = 1 - lr * self.weight_decay  # θ ← θ − lr·λ·θ: a number, or each member's
+        shrink = shrink if alike else shrink.float().to(device)
         go = on.to(device)
         for p, m, v in zip(self.params, self.m, self.v):
             if p.grad is None:
@@ -65,7 +79,7 @@ class MembersAdamW(AdamW):
             m.copy_(torch.where(keep, m * b1 + g * (1 - b1), m))  # m ← β1·m + (1−β1)·g
             v.copy_(torch.where(keep, v * b2 + g * (1 - b2) * g, v))  # v ← β2·v + (1−β2)·g², addcmul's order
             if self.weight_decay:
-                p.copy_(torch.where(keep, p * (1 - lr * self.weight_decay), p))
+                p.copy_(torch.where(keep, p * (shrink if alike else shrink.view(shape)), p))
             denom = (v / bias2.view(shape)).sqrt_().add_(self.eps)
             p.copy_(torch.where(keep, p - rate.view(shape) * (m / denom), p))
 

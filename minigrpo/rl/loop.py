@@ -192,11 +192,11 @@ class Run(RunCheckpoints):
         self.stop_reason = None
         return logger
 
-    def set_lr(self, opt) -> None:
+    def lr_now(self) -> float:
         """This step's learning rate: --lr after a linear warm-up over --warmup steps, falling to 0 over the last
         --lr-warmdown share of --steps (lm/optim.scheduled_lr)."""
         cfg = self.cfg
-        opt.param_groups[0]["lr"] = scheduled_lr(cfg.lr, self.step, cfg.steps, cfg.warmup, cfg.lr_warmdown)
+        return scheduled_lr(cfg.lr, self.step, cfg.steps, cfg.warmup, cfg.lr_warmdown)
 
     def step_prompts(self) -> list[str]:
         """The step's --prompts-per-step prompts, drawn with replacement from the run's prompts."""
@@ -278,7 +278,7 @@ def run(cfg: RLConfig, algo_factory: Callable[[Run], Algorithm], algo_name: str,
         with StopOnCtrlC() as stop:
             while r.step < cfg.steps and not stop.requested and r.stop_reason is None:
                 t0 = time.perf_counter()
-                r.set_lr(opt)
+                opt.param_groups[0]["lr"] = r.lr_now()
                 batch = collect(r.policy, r.ref, r.tok, r.step_prompts(), cfg.group_size, r.reward,
                                 r.gens["rollout"], cfg.max_new_tokens, cfg.temperature, cfg.unfinished_reward,
                                 progress=lambda k, n: r.log(f"  step {r.step + 1}: scored {k}/{n} completions (the "
