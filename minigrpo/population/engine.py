@@ -68,6 +68,9 @@ class _ThreadOutput(io.TextIOBase):
         self.buffers.get(threading.get_ident(), self.real).flush()
 
 
+PER_MEMBER = ("--seed", "--out", "--lr")  # flags (each with a value) in which a lockstep population's members differ
+
+
 def lockstep_key(item) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every flag but --seed, --out
     and --lr, each member's own (None: its trainer has no lockstep, or lockstep does not support its flags, or they
@@ -77,9 +80,9 @@ def lockstep_key(item) -> tuple | None:
         return None
     flags, skip = [], False
     for arg in cmd[3:]:
-        if not skip and arg not in ("--seed", "--out", "--lr"):
+        if not skip and arg not in PER_MEMBER:
             flags.append(arg)
-        skip = not skip and arg in ("--seed", "--out", "--lr")
+        skip = not skip and arg in PER_MEMBER
     return (cmd[2], *flags) if _in_lockstep(cmd[2], tuple(flags)) else None
 
 
