@@ -51,7 +51,8 @@ from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import cores
 from minigrpo.grpo import PRESETS
 from minigrpo.population.engine import run_populations, shares_of
-from minigrpo.tools.algorithms import ALGOS, OWN_TRAINERS, PPO_ALGOS, base_of, module_of, variant_flags
+from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of,
+                                       variant_flags)
 from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.shards import join
@@ -207,7 +208,7 @@ def main(argv=None):
         raise UsageError("--out is empty; give a folder path such as runs/my-sweep")
     require(cfg, "jobs", cfg.jobs >= 0, ">= 0 (0 = the number of cores)")
     require(cfg, "members", cfg.members >= 0, ">= 0 (0 = no limit)")
-    if any(p in ("--seed", "--out", "--preset", "--resume", "--goal", "--plateau") for p in passthrough):
+    if any(p.startswith("--") and p[2:] in SET_BY_COMPARE for p in passthrough):
         raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
                          "use --seeds, --out, --algos and --budget")
     if "--online" in passthrough or ("--critic" in passthrough and "ppo_oracle" in map(base_of, algos)):

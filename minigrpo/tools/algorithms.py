@@ -24,8 +24,8 @@ OWN_TRAINERS = {"ppo": ("minigrpo.ppo", []), "ppo_oracle": ("minigrpo.ppo", ["--
                 "dpo": ("minigrpo.dpo", []), "online_dpo": ("minigrpo.dpo", ["--online"])}
 PPO_ALGOS = [a for a, (module, _) in OWN_TRAINERS.items() if module == "minigrpo.ppo"]
 ALGOS = ["default"] + sorted(PRESETS) + list(OWN_TRAINERS)
-FIXED = {"seed", "out", "preset", "resume", "goal", "plateau", "steps", "task", "reward", "person", "init", "device",
-         "online"}
+SET_BY_COMPARE = ("seed", "out", "preset", "resume", "goal", "plateau")  # no run may be given these
+FIXED = {*SET_BY_COMPARE, "steps", "task", "reward", "person", "init", "device", "online"}  # nor a variant these
 
 
 def base_of(name: str) -> str:
