@@ -104,6 +104,37 @@ def test_members_with_learning_rates_of_their_own_are_their_single_runs(tmp_path
     assert len({lockstep_key(item) for item in items}) == 1  # one population for all three
 
 
+OWN_SETTINGS = {"grpo": (grpo, (), ("pizza", "food:sushi", "food:curry"), ()),
+                "ppo": (ppo, (), ("pizza", "food:sushi", "pizza"), ("0.05", "0.05", "0.2")),
+                "ppo-oracle": (ppo, ("--critic", "oracle"), ("food:sushi", "pizza", "food:curry"),
+                               ("0.1", "0.03", "0.1"))}
+
+
+@pytest.mark.parametrize("trainer, extra, rewards, betas", OWN_SETTINGS.values(), ids=OWN_SETTINGS.keys())
+def test_members_with_rewards_and_ppo_betas_of_their_own_are_their_single_runs(tmp_path, tiny_pretrained, trainer,
+                                                                               extra, rewards, betas):
+    """Members may differ in --reward (each scores its rows, is evaluated and, PPO, valued exactly under its own
+    reward) and PPO's in --beta (each member's own, adapted on its own): each member's metrics are its single run's
+    to 1e-4 over the first two steps, and the items make one population (engine.lockstep_key)."""
+    from minigrpo.population.engine import lockstep_key
+    init, _, _ = tiny_pretrained
+    own = [("--reward", r, *(("--beta", b) if betas else ())) for r, b in zip(rewards, betas or rewards)]
+    cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, (*extra, *o), trainer) for s, o in enumerate(own)]
+    assert unsupported(trainer, cfgs) is None
+    assert [r["step"] for r in train_lockstep(trainer, cfgs, [print] * 3)] == [3, 3, 3]
+    for s, o in enumerate(own):
+        alone = tmp_path / f"alone-s{s}"
+        assert run_one(_run(init, alone, s, trainer.__name__, (*extra, *o))) is None
+        rows, want = read_jsonl(tmp_path / f"lock-s{s}" / "metrics.jsonl"), read_jsonl(alone / "metrics.jsonl")
+        assert len(rows) == len(want) == 4
+        assert all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows[:3], want[:3])), \
+            (s, [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want[:3])])
+    targets = [read_jsonl(tmp_path / f"lock-s{s}" / "metrics.jsonl")[0]["target_rate"] for s in range(3)]
+    assert len({round(t, 6) for t in targets}) == len(set(rewards))  # each evaluated under its own reward
+    items = [_run(init, tmp_path / f"k{s}", s, trainer.__name__, (*extra, *o)) for s, o in enumerate(own)]
+    assert len({lockstep_key(item) for item in items}) == 1  # one population for all three
+
+
 def test_host_copies_are_made_once_and_each_member_gets_its_own_slices_in_its_layout():
     stacked = {"w": torch.arange(24.0).view(3, 2, 4), "b": torch.arange(6.0).view(3, 2)}
     copies = HostCopies({"policy": stacked, "m": [stacked["w"] * 2]})
@@ -144,7 +175,7 @@ def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_p
 def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--beta", "0.1"))
-    assert unsupported(grpo, [a, b]) == "members differ in more than their seeds"
+    assert unsupported(grpo, [a, b]) == "members differ in more than their seed, out, lr, reward"  # GRPO's β: its loss
     assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))]) is None  # each member's own rate
     assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preserve-anchor", "sampled"))]) == \
         "--preserve-anchor sampled"

@@ -70,3 +70,24 @@ def test_the_tree_holds_each_prompt_support_once_and_its_rows_are_the_oracles():
     assert torch.equal(tree.ids, want)
     prefixes = {f[:t] for f in food.FOODS for t in range(len(f) + 1)}
     assert tree.moves.size(0) == len(PROMPTS) * (len(prefixes) + len(food.FOODS))  # internal nodes and leaves
+
+
+def test_a_tree_of_each_models_own_reward_is_each_models_tree_of_that_reward(tiny_pretrained):
+    """Models whose rewards differ (a lockstep population's members with rewards of their own): one tree of a table
+    per model gives each model the values of the tree of its table alone, to the bit."""
+    from toy_tasks.rewards import make_reward
+    from toy_tasks.support import reward_table
+    _, ref, tok = tiny_pretrained
+    tables = [TABLE, reward_table(make_reward("food:sushi", food.REWARDS, ""), PROMPTS, food.support,
+                                  food.OFF_SUPPORT_PROBES)]
+    both = ValueTree(tok, PROMPTS, food.support, tables)
+    logp = sequence_logprobs(ref, both.ids, both.key_mask).expand(2, -1, -1)
+    V, beta = both.values(logp, None, torch.zeros(2)), torch.zeros(1)
+    index, completion, mask = _rows(tok, [(0, "sushi"), (1, "pizza"), (0, "zz")])
+    got = both.prefix_values(V, index.expand(2, -1), completion.expand(2, -1, -1), mask.expand(2, -1, -1))
+    for p, table in enumerate(tables):
+        alone = ValueTree(tok, PROMPTS, food.support, table)
+        want = alone.values(logp[:1], None, beta)
+        assert torch.equal(V[p], want[0])
+        assert torch.equal(got[p], alone.prefix_values(want, index[None], completion[None], mask[None])[0])
+    assert not torch.equal(V[0], V[1])  # the two rewards value the tree otherwise

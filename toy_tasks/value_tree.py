@@ -2,7 +2,8 @@
 the support's prefixes built once per run, its backward recursion one step per depth, and each rollout row's
 prefixes found by walking the tree token by token.
 
-    tree = ValueTree(tok, prompts, support, table, device)   # once: every prompt's support completions, as a tree
+    tree = ValueTree(tok, prompts, support, tables, device)  # once: every prompt's support completions, as a tree;
+                                                             # tables: one RewardTable for every model, or one each
     tree.ids, tree.key_mask                                  # (M, W) left-padded BOS + prompt + completion + EOS
     V = tree.values(logp, ref_logp, beta)    # logp, ref_logp (P, M, W − 1): P models' next-token log-probs of
                                              # those rows (π's, π_ref's; ref_logp None: β's term 0); beta (P,)
@@ -28,19 +29,23 @@ from toy_tasks.support import RewardTable
 
 
 class ValueTree:
-    def __init__(self, tok: CharTokenizer, prompts: list[str], support, table: RewardTable, device=None):
+    def __init__(self, tok: CharTokenizer, prompts: list[str], support, tables: RewardTable | list[RewardTable],
+                 device=None):
+        """tables: the reward of every model (a lockstep population's members that share one reward), or a list
+        of one per model, in the order of `values`' models (members whose rewards differ)."""
+        tables = [tables] if isinstance(tables, RewardTable) else tables
         pairs = [(i, k, x, tok.encode(y)) for i, x in enumerate(prompts) for k, y in enumerate(support(x))]
         self.ids, self.key_mask = pad_left([tok.encode(x, bos=True) + y + [tok.eos_id] for _, _, x, y in pairs],
                                            tok.pad_id, device)
         width = self.ids.size(1) - 1  # logp's columns: target j is token j + 1
-        nodes, depth, r_off = {}, [], []  # (prompt, the prefix's ids[, "end"]) -> node; each node's depth, r_off
+        nodes, depth, prompt = {}, [], []  # (prompt, the prefix's ids[, "end"]) -> node; each node's depth, prompt
         leaf_value, edges, moves = {}, {}, []
 
         def node(key: tuple, d: int, i: int) -> int:
             if key not in nodes:
                 nodes[key] = len(nodes)
                 depth.append(d)
-                r_off.append(table.off_support[i].item())
+                prompt.append(i)
             return nodes[key]
 
         self.roots = torch.tensor([node((i, ()), 0, i) for i in range(len(prompts))], device=device)
@@ -52,11 +57,13 @@ class ValueTree:
                 if t < len(y):
                     moves.append((parent, y[t], child))
                 parent = child
-            leaf_value[parent] = table.support[i, k].item()  # the line ended: its reward
+            leaf_value[parent] = (i, k)  # the line ended: its reward
         as_tensor = lambda x, dtype=torch.long: torch.tensor(x, dtype=dtype, device=device)  # noqa: E731
-        self.r_off = as_tensor(r_off, torch.float64)
-        self.leaf_value = torch.zeros(len(nodes), dtype=torch.float64, device=device)
-        self.leaf_value[list(leaf_value)] = as_tensor(list(leaf_value.values()), torch.float64)
+        # (models or 1, nodes): each node's r_off (its prompt's), each leaf's reward (0 elsewhere), per table
+        self.r_off = torch.stack([t.off_support[prompt] for t in tables]).to(device)
+        leaves, (i, k) = list(leaf_value), zip(*leaf_value.values())
+        self.leaf_value = torch.zeros(len(tables), len(nodes), dtype=torch.float64, device=device)
+        self.leaf_value[:, leaves] = torch.stack([t.support[list(i), list(k)] for t in tables]).to(device)
         depth, (parent, child, col) = as_tensor(depth), (as_tensor(x) for x in zip(*[(p, c, j) for (p, c), j in
                                                                                       edges.items()]))
         self.levels = []  # per depth, deepest first: its edges (parent, child, log-prob column) and its parents
@@ -78,7 +85,7 @@ class ValueTree:
             kl = beta.double()[:, None] * (lp[:, col] - lr[:, col])
             flow = torch.zeros_like(V).index_add_(1, parent, p * (V[:, child] - kl))
             mass = torch.zeros_like(V).index_add_(1, parent, p)
-            V[:, at] = flow[:, at] + (1 - mass[:, at]) * self.r_off[at]
+            V[:, at] = flow[:, at] + (1 - mass[:, at]) * self.r_off[:, at]
         return V
 
     def prefix_values(self, V: torch.Tensor, prompt_index: torch.Tensor, completion_ids: torch.Tensor,
@@ -93,5 +100,5 @@ class ValueTree:
         at = torch.stack(at, -1)  # (P, N, T) node, −1 off the tree
         P = V.size(0)
         on = V.gather(1, at.clamp(min=0).view(P, -1)).view(at.shape)
-        off = self.r_off[self.roots[prompt_index]][..., None]  # every node of a prompt holds its r_off
+        off = self.r_off.expand(P, -1).gather(1, self.roots[prompt_index])[..., None]  # a prompt's nodes: its r_off
         return torch.where(mask & (at >= 0), on, torch.where(mask, off, 0.0)).float()

@@ -4,8 +4,8 @@
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in their seeds (and
-folders) and learning rates, whose configuration lockstep supports, train as one computation, each run a slice of
-every tensor. The others: as threads, below.
+folders), learning rates and rewards (PPO's β too), whose configuration lockstep supports, train as one computation,
+each run a slice of every tensor. The others: as threads, below.
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
 required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py). What a run prints goes
@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 
-from minigrpo.population.lockstep import KINDS, train_lockstep, unsupported
+from minigrpo.population.lockstep import KINDS, OWN, train_lockstep, unsupported
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import INTERRUPTED, STOP_ALL
@@ -68,21 +68,22 @@ class _ThreadOutput(io.TextIOBase):
         self.buffers.get(threading.get_ident(), self.real).flush()
 
 
-PER_MEMBER = ("--seed", "--out", "--lr")  # flags (each with a value) in which a lockstep population's members differ
+PER_MEMBER = {module: tuple("--" + k.replace("_", "-") for k in own) for module, own in OWN.items()}  # flags, each
+# with a value, in which a lockstep population's members may differ (lockstep.OWN)
 
 
 def lockstep_key(item) -> tuple | None:
-    """What a run must share with the others of a lockstep population: its trainer and every flag but --seed, --out
-    and --lr, each member's own (None: its trainer has no lockstep, or lockstep does not support its flags, or they
-    are bad)."""
+    """What a run must share with the others of a lockstep population: its trainer and every flag but those each
+    member may have of its own (PER_MEMBER: --seed, --out, --lr, --reward; PPO's --beta) (None: its trainer has no
+    lockstep, or lockstep does not support its flags, or they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in KINDS:  # the trainers a lockstep population runs
         return None
-    flags, skip = [], False
+    flags, skip, own = [], False, PER_MEMBER[cmd[2]]
     for arg in cmd[3:]:
-        if not skip and arg not in PER_MEMBER:
+        if not skip and arg not in own:
             flags.append(arg)
-        skip = not skip and arg in PER_MEMBER
+        skip = not skip and arg in own
     return (cmd[2], *flags) if _in_lockstep(cmd[2], tuple(flags)) else None
 
 

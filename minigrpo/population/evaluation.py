@@ -5,6 +5,7 @@ first member's forward computes every member's, and the others read theirs.
     shared.adopt(model, p)      # member p's GPT computes through the population's stacked weights
     shared.fresh(stack)         # after each update: the weights to compute with; what was computed is forgotten
     run.evaluate()              # unchanged: the task's rl_evaluate calls model.hidden and model.head as ever
+    evaluate_members(members)   # lockstep's members' evaluations: one rl_evaluate_many for each reward (and β)
     completion_logprobs_many(models, ...)   # lm/logprobs: every member's scores from the stacked logits at once
 
 A call is recognised by its input tensors themselves (the exact evaluation's rows are built once and kept:
@@ -107,3 +108,28 @@ class EvalGPT(GPT):
             return None
         members = [m.member for m in models]
         return logits if members == list(range(len(logits))) else logits[members]
+
+
+def alike(cfg) -> tuple:
+    """What of a member's own settings its exact evaluation reads: its reward, and β (the frontier's figures)."""
+    return cfg.reward, getattr(cfg, "beta", None)
+
+
+def evaluate_members(members: list) -> dict:
+    """The exact evaluations of lockstep's members (each with its .run), as one for each reward (and β: the
+    frontier's) where the task can (its rl_evaluate_many, whose forward is SharedForward's) -> {id(member): its
+    evaluation}."""
+    groups: dict[tuple, list] = {}
+    for m in members:
+        groups.setdefault(alike(m.run.cfg), []).append(m)
+    out = {}
+    for group in groups.values():
+        r, models = group[0].run, [m.run.policy for m in group]
+        many = getattr(r.task, "rl_evaluate_many", None)  # optional (toy_tasks/contract.py): else each model's own
+        try:
+            evs = many(models, r.tok, r.baseline, r.cfg, r.rewards) if many else [m.run.exact_evaluation()
+                                                                                   for m in group]
+        except ValueError:  # one member's figures cannot be made: each member evaluates itself (and it fails alone)
+            continue
+        out.update((id(m), ev) for m, ev in zip(group, evs))
+    return out

@@ -1,5 +1,5 @@
-"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders) and learning rates
-apart, as one computation.
+"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders), learning rates and
+rewards (PPO's β too) apart (OWN), as one computation.
 
     results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or minigrpo.ppo; cfgs[p]:
                                                    # member p's config -> per member its summary, or its error line
@@ -24,7 +24,8 @@ untouched: every computation is per member. Each member's metrics are its single
 continues it); its step_time and tokens_per_s are the population's step's. `unsupported(trainer, cfgs)` says what it
 cannot run (a population then runs its members as threads: population/member.py). Departures: set-up is the first
 member's, taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the exact evaluation
-of step 0 (every member starts from the same weights).
+of step 0 of the members of one reward (every member starts from the same weights). GRPO's β stays common: it is a
+number inside the loss that vmap maps (grpo.grpo_loss), not a tensor of each member's.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, MemberRun, share_copies
-from minigrpo.population.evaluation import SharedForward
+from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MembersAdamW, keep
 from minigrpo.population.rows import Rollouts, Rows
@@ -51,7 +52,10 @@ from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
 
-OWN = ("seed", "out", "overwrite", "quiet", "verbose", "lr")  # what members may differ in (lr: optim.py)
+# what members may differ in, each a flag with a value (lr: optim.py; reward: each member's scores, evaluation and
+# PPO's exact values; PPO's β: each member's already, adapted on its own), and settings that change no result
+OWN = {"minigrpo.grpo": ("seed", "out", "lr", "reward"), "minigrpo.ppo": ("seed", "out", "lr", "reward", "beta")}
+QUIET = ("overwrite", "quiet", "verbose")
 
 
 @dataclass
@@ -75,9 +79,10 @@ def unsupported(trainer, cfgs: list) -> str | None:
     """Why these configs of `trainer` cannot run in lockstep (None: they can)."""
     if trainer.__name__ not in KINDS:
         return f"{trainer.__name__} has no lockstep"
-    first = {k: v for k, v in asdict(cfgs[0]).items() if k not in OWN}
-    if any({k: v for k, v in asdict(c).items() if k not in OWN} != first for c in cfgs):
-        return "members differ in more than their seeds"
+    own = (*OWN[trainer.__name__], *QUIET)
+    first = {k: v for k, v in asdict(cfgs[0]).items() if k not in own}
+    if any({k: v for k, v in asdict(c).items() if k not in own} != first for c in cfgs):
+        return f"members differ in more than their {', '.join(OWN[trainer.__name__])}"
     if cfgs[0].resume is not None:
         return "--resume"
     return KINDS[trainer.__name__](trainer).unsupported(cfgs[0])
@@ -138,9 +143,12 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                 first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None,
                 StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None)
     aids.adopt(members)
-    start = first.exact_evaluation()  # step 0: every member's weights are the first's, evaluated by its own forward
-    for j, (_, m) in enumerate(members):  # as its single run (figures that compare π_θ with π_ref see them equal)
-        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, m.run), start)
+    start = {}  # step 0: every member's weights are the first's, evaluated by its own forward once for each reward
+    for _, m in members:  # (and β) as its single run (figures that compare π_θ with π_ref see them equal)
+        if alike(m.run.cfg) not in start:
+            start[alike(m.run.cfg)] = m.run.exact_evaluation()
+    for _, m in members:
+        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, m.run), start[alike(m.run.cfg)])
     try:
         with StopOnCtrlC() as stop:
             while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
@@ -194,7 +202,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     step_time, rows = time.perf_counter() - t0, _rows(members, update, figures, trust)
     finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
                                                                if k.endswith("loss"))]  # else end_step says so
-    evaluations = _evaluate([m for m in finite if m.run.evaluating()])
+    evaluations = evaluate_members([m for m in finite if m.run.evaluating()])
     figures = _figures(batches, list(rows))
     if cfg.ref_update_every and (runs[0].step + 1) % cfg.ref_update_every == 0:  # π_ref ← π_θ, as each end_step's
         with torch.no_grad():
@@ -272,20 +280,6 @@ def _figures(batches: list, live: list[int]) -> dict:
     values = batch_figures(torch.stack([batches[j].rewards for j in live]),
                            torch.stack([batches[j].mask.sum(1) for j in live]).float())
     return dict(zip(live, values.tolist()))
-
-
-def _evaluate(members: list) -> dict:
-    """The exact evaluations of these members, as one where the task can (its rl_evaluate_many) -> {id(member):
-    evaluation}."""
-    if not members:
-        return {}
-    r, models = members[0].run, [m.run.policy for m in members]
-    many = getattr(r.task, "rl_evaluate_many", None)  # optional (toy_tasks/contract.py): else each model's own
-    try:
-        evs = many(models, r.tok, r.baseline, r.cfg, r.rewards) if many else [m.run.exact_evaluation() for m in members]
-    except ValueError:  # one member's figures cannot be made: each member evaluates itself (and it fails alone)
-        return {}
-    return {id(m): ev for m, ev in zip(members, evs)}
 
 
 def _end(m: Member, panels):

@@ -75,16 +75,27 @@ class Critics(Stack):
 
 class ExactValues:
     """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once: every member's log-probs
-    of the support's rows in one forward through the stack (and π_ref's), then toy_tasks/value_tree.py."""
+    of the support's rows in one forward through the stack (and π_ref's), then toy_tasks/value_tree.py, under each
+    member's reward (one tree for all where they share it)."""
 
     def __init__(self, run):
-        self.tree = ValueTree(run.tok, run.prompts, run.task.support, run.rewards, run.device)
+        self.run, self.trees = run, {}
         self.prompts, self.temperature = {x: i for i, x in enumerate(run.prompts)}, run.cfg.temperature
+
+    def tree(self, runs: list) -> ValueTree:
+        """The value tree of these members' rewards (made once for each set of members)."""
+        specs = [r.cfg.reward for r in runs]
+        key = specs[0] if len(set(specs)) == 1 else tuple(specs)
+        if key not in self.trees:
+            r = self.run
+            tables = [x.rewards for x in runs] if isinstance(key, tuple) else r.rewards
+            self.trees[key] = ValueTree(r.tok, r.prompts, r.task.support, tables, r.device)
+        return self.trees[key]
 
     @torch.no_grad()
     def __call__(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]) -> torch.Tensor:
         """-> (P, N, T), 0 where masked (any value in a failed member's slot)."""
-        rows, tree = step.rows, self.tree
+        rows, tree = step.rows, self.tree(step.runs)
         P, device = rows.ids.size(0), rows.ids.device
         grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
         support = Rows(grow(tree.ids), grow(tree.key_mask), 1, grow(tree.key_mask[:, 1:]))  # every token a target
