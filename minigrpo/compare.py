@@ -44,15 +44,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
-from minigrpo.util.runtime import cores
+from minigrpo.util.runtime import cores, on_gpu
 from minigrpo.grpo import PRESETS
 from minigrpo.population.engine import run_populations, shares_of
 from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of,
                                        variant_flags)
+from minigrpo.tools.intervals import Bootstraps, ask_early
 from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.tools.pool import run_one, run_pool
 from minigrpo.tools.shards import join
@@ -121,11 +120,6 @@ def brief(error: str, most: int = 200) -> str:
     has it whole)."""
     line = error.splitlines()[0] if error.strip() else error
     return line if len(line) <= most else line[:most - 1] + "…"
-
-
-def on_gpu(device: str) -> bool:
-    """Whether runs of --device `device` use a GPU: cuda, or auto with one present."""
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -253,6 +247,7 @@ def main(argv=None):
         print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> {out}",
               flush=True)
     mine, read = {}, {}  # (algo, seed) -> error of this rank's failed runs; -> the curves of a run read as it ended
+    boot = Bootstraps(jobs)  # the table's bootstraps, in --jobs threads: an algorithm's begun as its last run ends
 
     def done(run, err):  # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
         said = "ok" if err is None else brief(err) if err.startswith(INTERRUPTED) else "FAILED: " + brief(err)
@@ -261,13 +256,19 @@ def main(argv=None):
             mine[run[:2]] = err
         elif shard.rank == 0:  # the table's (rank 0 writes it), read while the other runs go on
             read[run[:2]] = curves(run[3])
-    if shard.rank == 0:
-        for kept in (t for t in tasks if t not in todo):
-            done(kept, None)
-    if engine == "population":
-        run_populations(shard.mine(todo), jobs, done, cfg.members)
-    else:
-        run_pool(run_one, shard.mine(todo), max(1, jobs), done)
+            ended = {a: [read.get((a, s)) for s in range(cfg.seeds)] for a in algos}
+            if all(ended[run[0]]):  # its algorithm's last run
+                ask_early(boot, algos, {a: runs for a, runs in ended.items() if all(runs)})
+    for kept in (t for t in tasks if t not in todo and shard.rank == 0):  # rank 0 reads the runs kept
+        done(kept, None)
+    try:
+        if engine == "population":
+            run_populations(shard.mine(todo), jobs, done, cfg.members)
+        else:
+            run_pool(run_one, shard.mine(todo), max(1, jobs), done)
+    except KeyboardInterrupt:
+        boot.cancel()
+        raise
     everyone = shard.gather(mine)
     shard.leave()
     if everyone is None:  # not rank 0: rank 0 writes the table
@@ -285,10 +286,9 @@ def main(argv=None):
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
     curve = exact_frontier(passthrough, cfg.reward)
-    print(write_outputs(out, results, errors, title, curve, jobs))  # its bootstraps in --jobs threads
-    for algo, errs in errors.items():
-        for seed, err in errs:
-            print(f"failed: {algo} seed {seed}: {brief(err)}")
+    print(write_outputs(out, results, errors, title, curve, boot))
+    for (algo, seed), err in sorted(failed.items()):
+        print(f"failed: {algo} seed {seed}: {brief(err)}")
     print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'intervals.png'}, {out / 'table.md'} (the "
           f"full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)")
     if errors:

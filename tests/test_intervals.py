@@ -1,6 +1,7 @@
 """compare's interval estimates (minigrpo/tools/intervals.py) on hand-made runs whose figures are known."""
 
-from minigrpo.tools.intervals import draw_intervals, improvement_table, interval_table, never, scores
+from minigrpo.tools.intervals import (Bootstraps, ask_early, draw_intervals, improvement_table, interval_table,
+                                      never, scores)
 
 
 def run(targets, regret=0.001):
@@ -38,8 +39,27 @@ def test_the_bootstraps_in_threads_give_the_same_tables_and_figure(tmp_path):
     """compare runs them in --jobs threads: each bootstrap seeded as one after another, so nothing moves."""
     third = [run([0.1, 0.4, 0.99]), run([0.1, 0.9, 0.96]), run([0.2, 0.6, 0.95]), run([0.1, 0.8, 1.0])]
     results = {"fast": FAST, "slow": SLOW, "third": third, "none": []}
-    assert interval_table(results, jobs=3) == interval_table(results)
-    assert improvement_table(results, jobs=3) == improvement_table(results)
+    assert interval_table(results, 3) == interval_table(results)
+    assert improvement_table(results, 3) == improvement_table(results)
     for jobs in (1, 3):
         draw_intervals(results, tmp_path / f"intervals{jobs}.png", "three algorithms", jobs)
     assert (tmp_path / "intervals1.png").read_bytes() == (tmp_path / "intervals3.png").read_bytes()
+
+
+def test_bootstraps_asked_early_are_the_reports_own_and_not_made_again(tmp_path):
+    """compare asks for an algorithm's bootstraps as its last run ends (ask_early): the report then finds every one
+    of them made (only the third algorithm's, and its pairs, are new) and is the same, table and figure."""
+    third = [run([0.1, 0.4, 0.99]), run([0.1, 0.9, 0.96]), run([0.2, 0.6, 0.95]), run([0.1, 0.8, 1.0])]
+    results = {"fast": FAST, "slow": SLOW, "third": third}
+    boot, every = Bootstraps(2), Bootstraps(1)
+    ask_early(boot, list(results), {"slow": SLOW, "fast": FAST})  # in the order they ended
+    early = set(boot.asked)
+    assert len(early) == 2 * 3 + 2 * 3 + 2 - 1  # each: 3 scores, a band over 3 steps; the pair both ways (their
+    # step 0 is one call: the same values, the same seed)
+    assert interval_table(results, boot) == interval_table(results)
+    assert improvement_table(results, boot) == improvement_table(results)
+    draw_intervals(results, tmp_path / "early.png", "t", boot)
+    draw_intervals(results, tmp_path / "late.png", "t")
+    assert (tmp_path / "early.png").read_bytes() == (tmp_path / "late.png").read_bytes()
+    ask_early(every, list(results), results)
+    assert early < set(boot.asked) == set(every.asked)  # what the report asks is what ask_early asks, no more

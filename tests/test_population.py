@@ -218,7 +218,8 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_
     """compare --engine population --jobs 2: two worker processes, the default GRPO's two seeds one (lockstep)
     population, PPO's two runs the other (threads); their runs match the pool's to 1e-4 over their first steps; the
     table has the intervals."""
-    from minigrpo.compare import main, on_gpu
+    from minigrpo.compare import main
+    from minigrpo.util.runtime import on_gpu
     init, _, _ = tiny_pretrained
     flags = ["--algos", "default,ppo", "--seeds", "2", "--init", str(init), "--steps", "3", "--group-size", "4",
              "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--jobs", "2", "--device", "cpu"]

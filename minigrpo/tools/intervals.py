@@ -7,9 +7,12 @@
     improvement_table(results)     -> markdown lines                        P(row > column) on the final target rate
     draw_intervals(results, path)  -> intervals.png: each score's IQM and interval per algorithm, and the target
                                       rate by step (IQM with its interval as a band)
+    ask_early(boot, order, ended)  -> the bootstraps of the algorithms whose runs have all ended, started now
 
-Each takes `jobs`: its bootstraps in that many threads (numpy's partitions and sorts let go of the interpreter lock),
-each seeded as it is one after another, so the tables are the same whatever `jobs`.
+Each takes `boot`: a Bootstraps (each bootstrap made once, in its threads: numpy's partitions and sorts let go of the
+interpreter lock), or a number of threads for one of its own. Each bootstrap is seeded by what it estimates (an
+algorithm's place, a pair's, a step), so the tables are the same whatever the threads and whenever it is made: compare
+asks for an algorithm's as its last run ends (ask_early), while the others still run, and the report finds them made.
 
 Steps to the goal: a run that never reaches 0.95 counts as its last step + 1, a lower bound (the table says how many
 such runs there are). Regret exists on food only (the exact frontier); elsewhere its column is left out.
@@ -17,7 +20,7 @@ such runs there are). Regret exists on food only (the exact frontier); elsewhere
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from minigrpo.tools.bars import BARS, first_reaching
@@ -42,28 +45,77 @@ def never(runs: list[dict]) -> int:
     return sum(first_reaching(c["steps"], c["target"], BARS["final"]) is None for c in runs)
 
 
-def _estimates(calls: list[tuple], jobs: int) -> list:
-    """Each call (function, *args) made, in `jobs` threads -> their results in order."""
-    if jobs <= 1 or len(calls) < 2:
-        return [f(*args) for f, *args in calls]
-    with ThreadPoolExecutor(min(jobs, len(calls))) as pool:
-        return list(pool.map(lambda call: call[0](*call[1:]), calls))
+class Bootstraps:
+    """Calls (function, *args) of the bootstraps below, each made once, in `jobs` threads: asking again for a call
+    already asked (the same function and arguments) gives the first one's result."""
+
+    def __init__(self, jobs: int = 1):
+        self.pool, self.asked = ThreadPoolExecutor(max(1, jobs)), {}
+
+    def ask(self, calls: list[tuple]) -> list[Future]:
+        """Start the calls not yet asked for -> each call's future."""
+        keys = [(f, *(tuple(a) if isinstance(a, list) else a for a in args)) for f, *args in calls]
+        for key, (f, *args) in zip(keys, calls):
+            if key not in self.asked:
+                self.asked[key] = self.pool.submit(f, *args)
+        return [self.asked[key] for key in keys]
+
+    def made(self, calls: list[tuple]) -> list:
+        """-> each call's result, in order."""
+        return [future.result() for future in self.ask(calls)]
+
+    def cancel(self) -> None:
+        """Drop the calls not yet begun (Ctrl-C: the process's exit would wait for them)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def score_intervals(results: dict[str, list[dict]], jobs: int = 1) -> dict[str, dict]:
+def _boot(boot: Bootstraps | int) -> Bootstraps:
+    return boot if isinstance(boot, Bootstraps) else Bootstraps(boot)
+
+
+def _score_calls(runs: list[dict], place: int, present) -> list[tuple]:
+    """The IQM of each score in `present` that the runs have, each seeded by the algorithm's place."""
+    sc = scores(runs)
+    return [(iqm_interval, sc[s], place) for s in present if s in sc]
+
+
+def _band_calls(runs: list[dict]) -> list[tuple]:
+    """The target rate's IQM at every step the runs all reached, each seeded by its step."""
+    return [(iqm_interval, [c["target"][t] for c in runs], t) for t in range(min(len(c["target"]) for c in runs))]
+
+
+def _pair_call(a: list[dict], b: list[dict], i: int, j: int) -> tuple:
+    """P(A > B) of the algorithms at places i, j (among those with runs) on the final target rate."""
+    return improvement_interval, scores(a)["final target"], scores(b)["final target"], 97 * i + j
+
+
+def ask_early(boot: Bootstraps, order: list[str], ended: dict[str, list[dict]]) -> None:
+    """Start the bootstraps of the algorithms in `ended` (those whose runs have all ended, {algorithm: runs}) as the
+    report will ask for them, each algorithm at its place in `order` (the report's results, every algorithm with
+    runs): its score intervals, its band and the pairs of them. A call the report makes otherwise (an algorithm
+    before it without runs) is not found made, and is made then: the report is the same."""
+    calls = []
+    for a, runs in ended.items():
+        calls += _score_calls(runs, order.index(a), SCORES) + _band_calls(runs)
+        calls += [_pair_call(runs, ended[b], order.index(a), order.index(b)) for b in ended if b != a]
+    boot.ask(calls)
+
+
+def score_intervals(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> dict[str, dict]:
     """{algorithm: {score: its IQM's Estimate}} of each algorithm with runs, its bootstraps seeded by its place in
     `results` (what interval_table writes and draw_intervals draws: made once for both)."""
     sc = {a: scores(runs) for a, runs in results.items() if runs}
     present = [s for s in SCORES if all(s in x for x in sc.values())]
     seeds = {algo: seed for seed, algo in enumerate(results)}
-    found = iter(_estimates([(iqm_interval, sc[a][s], seeds[a]) for a in sc for s in present], jobs))
+    found = iter(_boot(boot).made([c for a in sc for c in _score_calls(results[a], seeds[a], present)]))
     return {a: {s: next(found) for s in present} for a in sc}
 
 
-def interval_table(results: dict[str, list[dict]], jobs: int = 1, estimates: dict | None = None) -> list[str]:
+def interval_table(results: dict[str, list[dict]], boot: Bootstraps | int = 1,
+                   estimates: dict | None = None) -> list[str]:
     """One row per algorithm: the run count, then 'IQM [low, high]' of each score (`estimates`: score_intervals',
     else made here)."""
-    estimates = estimates or score_intervals(results, jobs)
+    estimates = estimates or score_intervals(results, boot)
     present = list(next(iter(estimates.values()), {}))
     lines = ["| algorithm | runs | " + " | ".join(f"{s}: IQM [95 % CI]" for s in present) + " |",
              "|---" * (2 + len(present)) + "|"]
@@ -75,13 +127,12 @@ def interval_table(results: dict[str, list[dict]], jobs: int = 1, estimates: dic
     return lines
 
 
-def improvement_table(results: dict[str, list[dict]], jobs: int = 1) -> list[str]:
+def improvement_table(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> list[str]:
     """P(row > column) on the final exact target rate, with its 95 % interval; 0.5 = no difference."""
-    finals = {a: scores(runs)["final target"] for a, runs in results.items() if runs}
-    algos = list(finals)
+    algos = [a for a, runs in results.items() if runs]
     pairs = [(i, j) for i in range(len(algos)) for j in range(len(algos)) if i != j]
-    found = dict(zip(pairs, _estimates([(improvement_interval, finals[algos[i]], finals[algos[j]], 97 * i + j)
-                                        for i, j in pairs], jobs)))
+    found = dict(zip(pairs, _boot(boot).made([_pair_call(results[algos[i]], results[algos[j]], i, j)
+                                              for i, j in pairs])))
     lines = ["| P(row > column) | " + " | ".join(algos) + " |", "|---" * (1 + len(algos)) + "|"]
     for i, a in enumerate(algos):
         cells = ["-" if i == j else found[i, j].text("{:.2f}") for j in range(len(algos))]
@@ -89,18 +140,18 @@ def improvement_table(results: dict[str, list[dict]], jobs: int = 1) -> list[str
     return lines
 
 
-def draw_intervals(results: dict[str, list[dict]], path: Path, title: str, jobs: int = 1,
+def draw_intervals(results: dict[str, list[dict]], path: Path, title: str, boot: Bootstraps | int = 1,
                    estimates: dict | None = None) -> None:
     """intervals.png (module docstring); `estimates`: score_intervals', else made here."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    estimates = estimates or score_intervals(results, jobs)
+    boot = _boot(boot)
+    estimates = estimates or score_intervals(results, boot)
     algos, present = list(estimates), list(next(iter(estimates.values()), {}))
     lengths = {a: min(len(c["target"]) for c in results[a]) for a in algos}
-    found = iter(_estimates([(iqm_interval, [c["target"][t] for c in results[a]], t) for a in algos
-                             for t in range(lengths[a])], jobs))
+    found = iter(boot.made([c for a in algos for c in _band_calls(results[a])]))
     fig, axes = plt.subplots(1, len(present) + 1, figsize=(4.2 * (len(present) + 1), 0.8 + 0.35 * len(algos) + 1.5))
     fig.suptitle(f"{title}\nIQM and 95 % bootstrap interval over seeds", fontsize=9)
     for ax, s in zip(axes, present):

@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 
 from minigrpo.tools.bars import BARS, first_reaching, med, missed_bars, within_bars
-from minigrpo.tools.intervals import draw_intervals, improvement_table, interval_table, score_intervals
+from minigrpo.tools.intervals import (Bootstraps, draw_intervals, improvement_table, interval_table,
+                                      score_intervals)
 from minigrpo.util.jsonl import read_jsonl
 
 
@@ -94,9 +95,9 @@ def printed_summary(results: dict, title: str, regret: bool, missed: list[str], 
     return text
 
 
-def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None, jobs: int = 1) -> str:
-    """table.md and the figures in `out` (their bootstraps in `jobs` threads) -> what compare prints
-    (printed_summary, from the same runs outside the bars and intervals)."""
+def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None, boot: Bootstraps | int = 1) -> str:
+    """table.md and the figures in `out` (their bootstraps: `boot`'s, some perhaps made already, or in that many
+    threads) -> what compare prints (printed_summary, from the same runs outside the bars and intervals)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -155,14 +156,15 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
     missed = outside_bars(results)
     lines += ["", f"Runs outside the bars ({len(missed)}):" if missed else "Every run within every bar.",
               *[""] * bool(missed), *[f"- {line}" for line in missed]]
-    estimates = score_intervals(results, jobs) if any(results.values()) else {}
+    boot = Bootstraps(boot) if isinstance(boot, int) else boot
+    estimates = score_intervals(results, boot) if any(results.values()) else {}
     intervals = interval_table(results, estimates=estimates) if estimates else []
     if intervals:  # the interval tables and figure leave out an algorithm without runs
         lines += ["", "Interquartile means over seeds with their 95 % bootstrap intervals (tools/stats.py):", "",
                   *intervals, "", "P(row > column) on the final exact target rate, with its 95 % "
                   "interval (0.5: no difference; an interval without 0.5: a difference the runs support):", "",
-                  *improvement_table(results, jobs)]
-        draw_intervals(results, out / "intervals.png", title, jobs, estimates)
+                  *improvement_table(results, boot)]
+        draw_intervals(results, out / "intervals.png", title, boot, estimates)
     for algo, errs in errors.items():
         for seed, err in errs:
             lines.append(f"\nfailed: {algo} seed {seed}: {err}")

@@ -49,6 +49,11 @@ def busy_now(loadavg: str | None = None) -> tuple[float, int]:
         return (os.getloadavg()[0] if hasattr(os, "getloadavg") else float(os.cpu_count() or 1)), 0
 
 
+def on_gpu(device: str) -> bool:
+    """Whether runs of --device `device` use a GPU: cuda, or auto with one present."""
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
 def setup_runtime(threads: int, device: str, seed: int | None = None) -> torch.device:
     """Set torch's thread count (0 = auto, see `auto_threads`) and pick the device ('auto' = cuda if
     available, else cpu). `python -m minigrpo.bench` measures the thread settings."""
