@@ -337,3 +337,29 @@ def test_the_members_prefix_trees_give_the_plain_forwards_log_probs_states_and_g
         (logp.sum() + h[real].square().sum()).backward()
         grads.append([p.grad.clone() for m in models for p in m.parameters()])
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-3) for a, b in zip(*grads))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2 ** 16), st.sampled_from([(2, 2), (3, 1), (1, 3)]))
+def test_minibatches_selected_together_are_each_selected_alone(seed, sizes):
+    """PPO's minibatches of a step: their rows picked for each member, their trees built as one (each (minibatch,
+    member) a segment, Trees.split), give each minibatch's rows and the log-probs of its own tree and of the plain
+    forward; minibatches of other sizes get a tree each."""
+    torch.manual_seed(seed)
+    models, N, W, T = members(2, seed), 4, 3, 4
+    ids = torch.randint(3, 20, (N, W + T))
+    ids[1] = ids[0]  # a shared prefix
+    key_mask = torch.ones_like(ids, dtype=torch.bool)
+    key_mask[:, W:] = torch.arange(T)[None] < torch.randint(1, T + 1, (N, 1))
+    gen = Generation(ids.masked_fill(~key_mask, PAD_ID), key_mask, W, key_mask[:, W:], torch.zeros(N, T),
+                     torch.ones(N, dtype=torch.bool))
+    rows, stack = Rows.of([gen, gen]), Stack(models)
+    order = torch.stack([torch.randperm(N), torch.randperm(N)])
+    indices = list(order.split(list(sizes), dim=1))
+    together = rows.select(indices)
+    for index, sub in zip(indices, together):
+        alone = rows.select([index])[0]
+        for a, b in ((sub.ids, alone.ids), (sub.key_mask, alone.key_mask), (sub.completion_mask, alone.completion_mask)):
+            assert torch.equal(a, b)
+        got, mine, plain = (r.logprobs(stack)[0] for r in (sub, alone, replace(alone, tree=None)))
+        assert torch.allclose(got, mine, atol=1e-6) and torch.allclose(got, plain, atol=1e-5)

@@ -22,20 +22,22 @@ from minigrpo.rl.trust_region import carried
 
 
 @torch.no_grad()
-def sequence_kls(old_logits, new_logits, mask, weights=None, group=None) -> torch.Tensor:
+def sequence_kls(old_logits, new_logits, mask, weights=None, group=None, onehot=None) -> torch.Tensor:
     """rl/trust_region.sequence_kl of each member: (P, N, T, V) x2, (P, N, T) bool, weights (N,), group (N,)
-    -> (P,) the largest group's weighted mean over its rows of Σ_t KL(old ‖ new)."""
+    -> (P,) the largest group's weighted mean over its rows of Σ_t KL(old ‖ new). onehot: F.one_hot(group) (N,
+    groups) if made already (its width, group.max() + 1, is a read of the device that waits for the queued kernels)."""
     kl = torch.where(mask, exact(old_logits, new_logits), 0.0).sum(-1)  # (P, N)
     w = torch.ones(kl.size(1), dtype=kl.dtype, device=kl.device) if weights is None else weights.to(kl.dtype)
-    g = torch.zeros(kl.size(1), dtype=torch.long, device=kl.device) if group is None else group
-    onehot = F.one_hot(g).to(kl.dtype)  # (N, groups)
+    if onehot is None:
+        onehot = kl.new_ones(kl.size(1), 1) if group is None else F.one_hot(group)
+    onehot = onehot.to(kl.dtype)
     return ((kl * w) @ onehot / (w @ onehot).clamp(min=1e-30)).amax(-1)
 
 
 class Guard:
     def __init__(self, stack: Stack, probes: list[tuple], previous: "Guard | None" = None, max_halvings: int = 5):
         self.old = _flat(stack.parameters())  # the weights before the update
-        self.probes = [(name, rows, limit, _snapshot(previous, stack, name, rows), (w, g))
+        self.probes = [(name, rows, limit, _snapshot(previous, stack, name, rows), (w, g, _one_hot(previous, name, g)))
                        for name, rows, limit, w, g in probes]
         self.max_halvings = max_halvings
         self.last: dict = {}  # each probe's logits at the weights last measured
@@ -94,6 +96,17 @@ def _write(params: list[torch.Tensor], flat: torch.Tensor) -> None:
 def _stamp(stack: Stack) -> tuple:
     """Which tensors hold the weights and their in-place versions: any step, copy or change of members changes it."""
     return tuple((id(w), w._version) for w in stack.parameters())
+
+
+def _one_hot(previous: Guard | None, name: str, group: torch.Tensor | None) -> torch.Tensor | None:
+    """Probe `name`'s F.one_hot(group) (N, groups): the previous step's where its group was this tensor (the anchor
+    probe's: the same each step), so made once; None for one group."""
+    if group is None:
+        return None
+    for n, _, _, _, (_, g, onehot) in previous.probes if previous is not None else []:
+        if n == name and g is group:
+            return onehot
+    return F.one_hot(group)
 
 
 def _snapshot(previous: Guard | None, stack: Stack, name: str, rows) -> torch.Tensor:

@@ -9,7 +9,7 @@ The critic: `separate` and `head` are `Critics`, the members' heads (and trunks)
 population's optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`:
 toy_tasks/value_tree.py over every member at once; the learned critics' explained_variance_oracle reads them too).
 Each member shuffles its minibatches with its own generator, so they are its single run's rows, gathered
-(Rows.select). Each member's figures are its single run's to float rounding (tests/test_lockstep.py). Not in
+(Rows.select: every minibatch of the step at once, their prefix trees built as one). Each member's figures are its single run's to float rounding (tests/test_lockstep.py). Not in
 lockstep (`unsupported`): the sampled anchor.
 """
 
@@ -159,35 +159,35 @@ class LockstepPPO:
         adv = self.whiten(raw, mask)
         P, N = mask.shape[:2]
         per_update = []
-        for _ in range(cfg.epochs):
-            order = torch.stack([torch.randperm(N, generator=r.gens["shuffle"]) for r in step.runs]).to(mask.device)
-            for rows in order.chunk(cfg.minibatches, dim=1):
-                sub = step.rows.select(rows)
-                m, old, a = sub.completion_mask, _take(step.old_logp, rows), _take(adv, rows)
-                logp, logits, hidden = sub.logprobs(stack, cfg.temperature, states=True)
-                pg_loss = self.mean(clipped_surrogate(logp, old, a, m, cfg.clip), m)
-                ent = self.mean(entropy(logits), m)
-                loss = pg_loss - cfg.entropy_coef * ent
+        passes = [torch.stack([torch.randperm(N, generator=r.gens["shuffle"]) for r in step.runs]).to(mask.device)
+                  for _ in range(cfg.epochs)]  # each member's shuffles, drawn in its single run's order
+        chunks = [rows for order in passes for rows in order.chunk(cfg.minibatches, dim=1)]
+        for rows, sub in zip(chunks, step.rows.select(chunks)):  # the minibatches' prefix trees, built as one
+            m, old, a = sub.completion_mask, _take(step.old_logp, rows), _take(adv, rows)
+            logp, logits, hidden = sub.logprobs(stack, cfg.temperature, states=True)
+            pg_loss = self.mean(clipped_surrogate(logp, old, a, m, cfg.clip), m)
+            ent = self.mean(entropy(logits), m)
+            loss = pg_loss - cfg.entropy_coef * ent
+            if self.learned:
+                values, v_old = self.critics.values(sub, hidden), _take(old_values, rows)
+                vf_loss = self.mean(value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m)
+                loss = loss + cfg.vf_coef * vf_loss
+            anchor = None if self.anchor is None else self.anchor.term(stack, ref)
+            if anchor is not None:
+                loss = loss + anchor
+            with torch.no_grad():
+                s = {"policy_loss": pg_loss, "loss": loss, "entropy": ent,
+                     "kl_exact": self.mean(exact(logits, _take(step.ref_logits, rows)), m),
+                     **({"preserve_loss": anchor} if anchor is not None else {}), **self.surrogate(logp, old, a, m)}
                 if self.learned:
-                    values, v_old = self.critics.values(sub, hidden), _take(old_values, rows)
-                    vf_loss = self.mean(value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m)
-                    loss = loss + cfg.vf_coef * vf_loss
-                anchor = None if self.anchor is None else self.anchor.term(stack, ref)
-                if anchor is not None:
-                    loss = loss + anchor
-                with torch.no_grad():
-                    s = {"policy_loss": pg_loss, "loss": loss, "entropy": ent,
-                         "kl_exact": self.mean(exact(logits, _take(step.ref_logits, rows)), m),
-                         **({"preserve_loss": anchor} if anchor is not None else {}), **self.surrogate(logp, old, a, m)}
-                    if self.learned:
-                        limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
-                        clipped = ((values - v_old).abs() > limit) & m
-                        s.update(value_loss=vf_loss, value_clip_frac=clipped.sum((1, 2)) / m.sum((1, 2)).clamp(min=1))
-                opt.zero_grad()
-                loss.sum().backward()  # each member's loss reaches only its own slices of the weights
-                s["grad_norm"] = clip_grad_norms(opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-                opt.step()
-                per_update.append({k: v.detach() for k, v in s.items()})
+                    limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
+                    clipped = ((values - v_old).abs() > limit) & m
+                    s.update(value_loss=vf_loss, value_clip_frac=clipped.sum((1, 2)) / m.sum((1, 2)).clamp(min=1))
+            opt.zero_grad()
+            loss.sum().backward()  # each member's loss reaches only its own slices of the weights
+            s["grad_norm"] = clip_grad_norms(opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            opt.step()
+            per_update.append({k: v.detach() for k, v in s.items()})
         self.updates = len(per_update)
         n = mask.sum((1, 2))
         adv_mean = torch.where(mask, adv, 0.0).sum((1, 2)) / n

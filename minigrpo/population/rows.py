@@ -3,7 +3,7 @@ anchor's), padded to one shape, and their log-probs under each member's own weig
 
     rows = Rows.of([gen_0, gen_1, ...])            # each member's Generation (lm/sampling.py), N rows each
     rows = Rows.shared(anchor.gen, P)              # the same rows for every member
-    sub = rows.select(index)                       # index (P, n): each member's own rows (PPO's minibatches)
+    subs = rows.select([index, ...])               # index (P, n): each member's own rows (PPO's minibatches)
     logp, logits = rows.logprobs(stack, temperature)   # (P, N, T), (P, N, T, V): lm/logprobs.generation_logprobs
 
 Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest completion, so
@@ -56,11 +56,19 @@ class Rows:
         return cls(grow(gen.ids), grow(gen.key_mask), gen.prompt_len, grow(gen.completion_mask),
                    Trees.shared(gen.prefix_tree(), members))
 
-    def select(self, index: torch.Tensor) -> "Rows":
-        """Member p's rows index[p] (P, n), in that order (RolloutBatch.select of each member)."""
-        pick = lambda x: x.gather(1, index.view(*index.shape, 1).expand(-1, -1, x.size(2)))  # noqa: E731
-        ids, key_mask = pick(self.ids), pick(self.key_mask)
-        return Rows(ids, key_mask, self.prompt_len, pick(self.completion_mask), Trees.build(ids, key_mask))
+    def select(self, indices: list[torch.Tensor]) -> list["Rows"]:
+        """For each index (P, n) of `indices`, member p's rows index[p] in that order (RolloutBatch.select of each
+        member: PPO's minibatches) -> one Rows each. Their trees are built as one where every n is the same: each
+        (index, member) a segment, so each minibatch's are its single run's (a few calls a step, not a few each)."""
+        pick = lambda x, i: x.gather(1, i.view(*i.shape, 1).expand(-1, -1, x.size(2)))  # noqa: E731
+        picked = [(pick(self.ids, i), pick(self.key_mask, i), pick(self.completion_mask, i)) for i in indices]
+        if len({i.shape for i in indices}) == 1:
+            trees = Trees.build(torch.cat([ids for ids, _, _ in picked]),
+                                torch.cat([key_mask for _, key_mask, _ in picked])).split(len(indices))
+        else:
+            trees = [Trees.build(ids, key_mask) for ids, key_mask, _ in picked]
+        return [Rows(ids, key_mask, self.prompt_len, completion, tree)
+                for (ids, key_mask, completion), tree in zip(picked, trees)]
 
     def states(self, stack: Stack) -> torch.Tensor:
         """The final hidden states (P, N, L − 1, C) at every input slot of the next-token forward, each member through
@@ -135,6 +143,10 @@ class Trees:
         grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
         G, _, K, _ = tree.mask.shape
         return cls(grow(tree.tokens), grow(tree.pos), grow(tree.mask).reshape(members * G, 1, K, K), grow(tree.index))
+
+    def split(self, parts: int) -> list["Trees"]:
+        """The trees of `parts` equal runs of segments (the first dim, in order) -> each run's as a Trees."""
+        return [Trees(*x) for x in zip(*(t.chunk(parts) for t in (self.tokens, self.pos, self.mask, self.index)))]
 
     def gather(self, nodes: torch.Tensor) -> torch.Tensor:
         """Per-node values (P, G, K, D) -> each row's (P, N, L − 1, D) (PrefixTree.gather of each member)."""
