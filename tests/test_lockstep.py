@@ -105,17 +105,20 @@ def test_members_with_learning_rates_of_their_own_are_their_single_runs(tmp_path
 
 
 OWN_SETTINGS = {"grpo": (grpo, (), ("pizza", "food:sushi", "food:curry"), ()),
+                "grpo-beta": (grpo, (), ("pizza", "pizza", "food:sushi"), ("0.3", "0.05", "0.15")),
+                "grpo-kl-in-reward": (grpo, ("--kl-in", "reward", "--kl", "k1"), ("pizza",) * 3,
+                                      ("0.3", "0.05", "0.15")),
                 "ppo": (ppo, (), ("pizza", "food:sushi", "pizza"), ("0.05", "0.05", "0.2")),
                 "ppo-oracle": (ppo, ("--critic", "oracle"), ("food:sushi", "pizza", "food:curry"),
                                ("0.1", "0.03", "0.1"))}
 
 
 @pytest.mark.parametrize("trainer, extra, rewards, betas", OWN_SETTINGS.values(), ids=OWN_SETTINGS.keys())
-def test_members_with_rewards_and_ppo_betas_of_their_own_are_their_single_runs(tmp_path, tiny_pretrained, trainer,
-                                                                               extra, rewards, betas):
+def test_members_with_rewards_and_betas_of_their_own_are_their_single_runs(tmp_path, tiny_pretrained, trainer,
+                                                                           extra, rewards, betas):
     """Members may differ in --reward (each scores its rows, is evaluated and, PPO, valued exactly under its own
-    reward) and PPO's in --beta (each member's own, adapted on its own): each member's metrics are its single run's
-    to 1e-4 over the first two steps, and the items make one population (engine.lockstep_key)."""
+    reward) and in --beta (GRPO's in its loss or its reward penalty, PPO's adapted on its own): each member's metrics
+    are its single run's to 1e-4 over the first two steps, and the items make one population (engine.lockstep_key)."""
     from minigrpo.population.engine import lockstep_key
     init, _, _ = tiny_pretrained
     own = [("--reward", r, *(("--beta", b) if betas else ())) for r, b in zip(rewards, betas or rewards)]
@@ -175,7 +178,16 @@ def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(tmp_p
 def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--beta", "0.1"))
-    assert unsupported(grpo, [a, b]) == "members differ in more than their seed, out, lr, reward"  # GRPO's β: its loss
+    assert unsupported(grpo, [a, b]) is None  # each member's β
+    assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--beta", "0"))]) == \
+        "--beta 0 beside --beta > 0 (without the KL term)"
+    assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--group-size", "2"))]) == \
+        "members differ in more than their seed, out, lr, reward, beta"
+    from minigrpo.population.engine import lockstep_key
+    key = lambda *flags: lockstep_key(_run(init, tmp_path / "k", 0, "minigrpo.grpo", flags))  # noqa: E731
+    assert key() == key("--beta", "0.1") != key("--beta", "0")  # the default β (0.3) and 0.1: one population
+    assert key("--preset", "dapo") == key("--preset", "dapo", "--beta", "0") != key("--preset", "dapo", "--beta", "1")
+    assert key("--beta", "x") is None  # a bad value: its run says so
     assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))]) is None  # each member's own rate
     assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preserve-anchor", "sampled"))]) == \
         "--preserve-anchor sampled"

@@ -4,7 +4,7 @@
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in their seeds (and
-folders), learning rates and rewards (PPO's β too), whose configuration lockstep supports, train as one computation,
+folders), learning rates, rewards and β's, whose configuration lockstep supports, train as one computation,
 each run a slice of every tensor. The others: as threads, below.
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
@@ -70,12 +70,13 @@ class _ThreadOutput(io.TextIOBase):
 
 PER_MEMBER = {module: tuple("--" + k.replace("_", "-") for k in own) for module, own in OWN.items()}  # flags, each
 # with a value, in which a lockstep population's members may differ (lockstep.OWN)
+ZERO_OR_NOT = {"minigrpo.grpo": "--beta"}  # ... whose being 0 they share (GRPO without a KL term: another computation)
 
 
 def lockstep_key(item) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every flag but those each
-    member may have of its own (PER_MEMBER: --seed, --out, --lr, --reward; PPO's --beta) (None: its trainer has no
-    lockstep, or lockstep does not support its flags, or they are bad)."""
+    member may have of its own (PER_MEMBER: --seed, --out, --lr, --reward, --beta), and whether GRPO's --beta is 0
+    (None: its trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in KINDS:  # the trainers a lockstep population runs
         return None
@@ -84,17 +85,27 @@ def lockstep_key(item) -> tuple | None:
         if not skip and arg not in own:
             flags.append(arg)
         skip = not skip and arg in own
-    return (cmd[2], *flags) if _in_lockstep(cmd[2], tuple(flags)) else None
+    cfg, shared = _in_lockstep(cmd[2], tuple(flags)), ZERO_OR_NOT.get(cmd[2])
+    if cfg is None:
+        return None
+    if shared is None:
+        return (cmd[2], *flags)
+    given = dict(zip(cmd[3:], cmd[4:]))  # a flag's last value; else the configuration's (a preset's, the default)
+    try:
+        return (cmd[2], *flags, shared, float(given[shared] if shared in given else getattr(cfg, shared[2:])) == 0)
+    except ValueError:  # a bad value: its run says so
+        return None
 
 
 @functools.lru_cache(maxsize=None)
-def _in_lockstep(module: str, flags: tuple) -> bool:
-    """Whether lockstep runs these flags (read once per configuration, not once per seed)."""
+def _in_lockstep(module: str, flags: tuple):
+    """These flags' configuration if lockstep runs it, else None (read once per configuration, not once per seed)."""
     try:
         trainer = importlib.import_module(module)
-        return unsupported(trainer, [trainer.parse(list(flags))]) is None
+        cfg = trainer.parse(list(flags))
+        return cfg if unsupported(trainer, [cfg]) is None else None
     except UsageError:
-        return False
+        return None
 
 
 def run_lockstep(items: list, done) -> bool:

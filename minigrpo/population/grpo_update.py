@@ -9,6 +9,10 @@ member dim with torch.func.vmap, and one backward and one optimiser step for all
 go; `row` combines a member's inner updates as its single run combines them (rl/report.py).
 Each member's figures are those of its single run, to float rounding (tests/test_lockstep.py).
 
+Members with β's of their own (all > 0; cfg is the first member's): β is a number inside grpo_loss, which vmap cannot
+map, so the loss is mapped without its KL term and each member's β·agg(KL_t) is added after it (--kl-in reward: the
+penalty of β = 1, times each β); the same arithmetic as the single run's where the entropy bonus is off.
+
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses, KL estimators,
 baselines and scales, aggregations; --random-reward's draws, each member's from its own stream; ReMax's greedy
 decodes, member by member). The entropy controls (the token filters that rank, Clip-Cov's draws, an adaptive
@@ -26,6 +30,7 @@ GRPO.preservation_only (without an anchor it keeps weights and optimiser state: 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
@@ -48,9 +53,11 @@ from minigrpo.variants.policy_losses import reduction
 from minigrpo.variants.sampler import weights
 
 
-def unsupported(cfg) -> str | None:
-    """Why a lockstep population cannot run `cfg` (None: it can)."""
-    reasons = {"--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
+def unsupported(cfgs: list) -> str | None:
+    """Why a lockstep population cannot run these members' configs (None: it can)."""
+    cfg = cfgs[0]
+    reasons = {"--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled",
+               "--beta 0 beside --beta > 0 (without the KL term)": len({c.beta > 0 for c in cfgs}) > 1}
     return next((name for name, yes in reasons.items() if yes), None)
 
 
@@ -61,19 +68,25 @@ class LockstepGRPO:
         self.needs_old_logp = cfg.beta > 0 and cfg.kl_in == "reward"
         self.stacks = []  # nothing to train but the policy (a critic's weights: ppo_update.py)
         self.grpo_loss = grpo_loss
-        loss = lambda lp, old, rlp, lg, rlg, adv, m, w: grpo_loss(  # noqa: E731 (w: the sampler correction's)
-            lp, old, rlp, lg, rlg, adv, m, cfg, is_weights=w)
         ref = 0 if self.needs_ref else None  # without π_ref's log-probs: None for every member
+        loss = lambda c: vmap(lambda lp, old, rlp, lg, rlg, adv, m, w: grpo_loss(  # noqa: E731 (w: the sampler's)
+            lp, old, rlp, lg, rlg, adv, m, c, is_weights=w), in_dims=(0, 0, ref, 0, ref, 0, 0,
+                                                                      0 if cfg.is_correction != "none" else None))
         # the entropy controls (filters that rank by a count read from the data, Clip-Cov's draws from each member's
         # generator, a coefficient of each member's own) cannot be mapped: their loss is taken member by member
         self.each = (cfg.cov_control, cfg.top_entropy, cfg.fork_entropy, cfg.entropy_target) != ("none", 1, 0, None)
-        self.loss = vmap(loss, in_dims=(0, 0, ref, 0, ref, 0, 0, 0 if cfg.is_correction != "none" else None))
+        self.loss = loss(cfg)
         self.ratio_stats = vmap(lambda lp, old, a, m: surrogate_stats(lp, old, a[:, None], m, cfg.clip_low,
                                                                       cfg.clip_high, cfg.ratio))
         self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
         greedy = 0 if BASELINES[cfg.baseline].needs_greedy else None  # ReMax's baseline: each member's (P, prompts)
         self.advantages = vmap(lambda r, g: advantages(r, cfg, g), in_dims=(0, greedy))
         self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
+        # members with β's of their own (a number inside grpo_loss, not a tensor vmap maps): the loss without its KL
+        # term and the penalty per unit of β, then times each member's β
+        self.loss_apart = loss(replace(cfg, beta=0.0))
+        self.kl_term = vmap(lambda kl, m: aggregate(kl, m, cfg.loss_agg, cfg.max_new_tokens))
+        self.penalty_per_beta = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, replace(cfg, beta=1.0)))
         self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
 
     def host_state(self, algo, copies, p: int) -> dict:
@@ -129,8 +142,12 @@ class LockstepGRPO:
                                   torch.zeros(cfg.prompts_per_step, device=rewards.device)
                                   for r, b in zip(step.runs, step.batches)])
             stats["greedy_reward_mean"] = greedy.mean(-1)
+        betas = [r.cfg.beta for r in step.runs]
+        apart = any(b != cfg.beta for b in betas)  # each member's own β (cfg: the first member's)
+        betas = torch.tensor(betas, device=rewards.device)
         if cfg.beta > 0 and cfg.kl_in == "reward":  # β·Σ_t k(π_old, π_ref) off each sequence's reward
-            penalty = self.penalty(old_logp, ref_logp, rows.completion_mask)
+            penalty = self.penalty(old_logp, ref_logp, rows.completion_mask) if not apart else \
+                betas[:, None] * self.penalty_per_beta(old_logp, ref_logp, rows.completion_mask)
             rewards = rewards - penalty
             stats["kl_reward_penalty"] = penalty.mean(-1)
         equal = self.equal(rewards)
@@ -159,8 +176,10 @@ class LockstepGRPO:
                 loss, policy_loss, kl_tok, ent = self.loss_each(logp, old_logp, ref_logp, logits, ref_logits, adv, mask,
                                                                 step.algos, stats if i == 0 else None, is_w)
             else:
-                loss, policy_loss, kl_tok, ent = self.loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask,
-                                                           is_w)
+                loss, policy_loss, kl_tok, ent = (self.loss_apart if apart else self.loss)(
+                    logp, old_logp, ref_logp, logits, ref_logits, adv, mask, is_w)
+                if apart and cfg.kl_in == "loss":  # grpo_loss's β·agg(KL_t), each member's β
+                    loss = loss + betas * self.kl_term(kl_tok, mask)
             if drop is not None:  # masked rows still count in a mean over sequences: rescale each term that is one
                 scale = lambda mode: drop if mode != "token-mean" else 1.0  # noqa: E731 (grpo_loss's two reductions)
                 loss = policy_loss * scale(reduction(cfg)) + (loss - policy_loss) * scale(cfg.loss_agg)

@@ -1,5 +1,5 @@
-"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders), learning rates and
-rewards (PPO's β too) apart (OWN), as one computation.
+"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders), learning rates,
+rewards and β's apart (OWN), as one computation.
 
     results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or minigrpo.ppo; cfgs[p]:
                                                    # member p's config -> per member its summary, or its error line
@@ -24,8 +24,7 @@ untouched: every computation is per member. Each member's metrics are its single
 continues it); its step_time and tokens_per_s are the population's step's. `unsupported(trainer, cfgs)` says what it
 cannot run (a population then runs its members as threads: population/member.py). Departures: set-up is the first
 member's, taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the exact evaluation
-of step 0 of the members of one reward (every member starts from the same weights). GRPO's β stays common: it is a
-number inside the loss that vmap maps (grpo.grpo_loss), not a tensor of each member's.
+of step 0 of the members of one reward (every member starts from the same weights).
 """
 
 from __future__ import annotations
@@ -53,8 +52,9 @@ from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
 
 # what members may differ in, each a flag with a value (lr: optim.py; reward: each member's scores, evaluation and
-# PPO's exact values; PPO's β: each member's already, adapted on its own), and settings that change no result
-OWN = {"minigrpo.grpo": ("seed", "out", "lr", "reward"), "minigrpo.ppo": ("seed", "out", "lr", "reward", "beta")}
+# PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each member's already, adapted on its
+# own), and settings that change no result
+OWN = {trainer: ("seed", "out", "lr", "reward", "beta") for trainer in ("minigrpo.grpo", "minigrpo.ppo")}
 QUIET = ("overwrite", "quiet", "verbose")
 
 
@@ -85,7 +85,7 @@ def unsupported(trainer, cfgs: list) -> str | None:
         return f"members differ in more than their {', '.join(OWN[trainer.__name__])}"
     if cfgs[0].resume is not None:
         return "--resume"
-    return KINDS[trainer.__name__](trainer).unsupported(cfgs[0])
+    return KINDS[trainer.__name__](trainer).unsupported(cfgs)
 
 
 @dataclass

@@ -9,8 +9,8 @@ The critic: `separate` and `head` are `Critics`, the members' heads (and trunks)
 population's optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`:
 toy_tasks/value_tree.py over every member at once; the learned critics' explained_variance_oracle reads them too).
 Each member shuffles its minibatches with its own generator, so they are its single run's rows, gathered
-(Rows.select: every minibatch of the step at once, their prefix trees built as one). Each member's figures are its single run's to float rounding (tests/test_lockstep.py). Not in
-lockstep (`unsupported`): the sampled anchor.
+(Rows.select: every minibatch of the step at once, their prefix trees built as one). Each member's figures are its
+single run's to float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled anchor.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from minigrpo.rl.report import combine_stats, packed, unpacked
 from toy_tasks.value_tree import ValueTree
 
 
-def unsupported(cfg) -> str | None:
-    """Why a lockstep population cannot run `cfg` (None: it can)."""
+def unsupported(cfgs: list) -> str | None:
+    """Why a lockstep population cannot run these members' configs (None: it can)."""
+    cfg = cfgs[0]
     reasons = {"--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
     return next((name for name, yes in reasons.items() if yes), None)
 
