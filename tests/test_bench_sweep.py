@@ -17,6 +17,10 @@ def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path
     assert float(wall) > 0 and status == "ok", row
     assert within.endswith("/4"), row  # 2 seeds of 2 algorithms; 2 steps of a tiny model reach no goal: 0/4
     assert (tmp_path / "sweep" / "ppo-s1" / "summary.json").exists() and (tmp_path / "sweep" / "table.md").exists()
+    report = text.split("compare's report of its 4 runs")[1].splitlines()  # then the report alone, timed twice
+    assert "all but ppo's made before" in report[1] or "all but default's made before" in report[1], report
+    cold, warm = (float(c) for c in report[3].strip("| \n").split(" | "))
+    assert cold > 0 and warm > 0 and not (tmp_path / "sweep-report").exists()
 
 
 def test_phases_split_the_wall_time_by_the_gpus_memory_and_utilisation():

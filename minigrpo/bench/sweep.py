@@ -11,6 +11,10 @@ memory in use (the device's, every process's), and the phases of the wall time: 
 what it held at the start (imports, worker processes, set-up on the CPU), the GPU busy (utilisation >= 80 %: a
 kernel running most of the time), the GPU holding memory but less used (set-up on the device, a step's host work,
 populations ending at different times, their files), and after it let go (compare's table and figures).
+
+Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run had ended at once
+(every bootstrap made after the runs), and as compare makes it, every algorithm's bootstraps but the last one's begun
+as its last run ended (tools/intervals.ask_early) and made by the time the last run ends.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from minigrpo.bench.common import run_module, table
 from minigrpo.tools.bars import within_bars
 from minigrpo.tools.sweep_report import curves
+from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import Periodic
 
 BUSY = 80  # % utilisation: the GPU computing most of the time
@@ -90,5 +95,42 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         row[3:3] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
                     " · ".join(f"{p:.0f}" for p in phases(samples, wall))]
         header[3:3] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
-    return table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
+    text = table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
                  header, [row])
+    if error is not None or not runs:
+        return text
+    cold, warm, last = report_seconds(folder, init, cores())
+    return text + "\n" + table(
+        f"sweep: compare's report of its {len(runs)} runs (table.md, 3 figures) in one process, {cores()} threads",
+        ["every bootstrap made after the runs, s", f"all but {last}'s made before its last run ended, s"],
+        [[f"{cold:.1f}", f"{warm:.1f}"]])
+
+
+def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
+    """compare's report (sweep_report.write_outputs, into a scratch folder) of the sweep's runs in `folder` (from
+    `init`), timed with every bootstrap made in it, then with every algorithm's but the last to end (its runs' latest summary.json) made
+    before it -> (seconds, seconds, that algorithm)."""
+    from minigrpo.compare import exact_frontier
+    from minigrpo.tools.intervals import Bootstraps, ask_early
+    from minigrpo.tools.sweep_report import write_outputs
+    done = {}  # algorithm -> (its runs' folders, when its last run ended)
+    for f in sorted((f for f in folder.glob("*-s*") if (f / "summary.json").exists()),
+                    key=lambda f: int(f.name.rpartition("-s")[2])):
+        algo = f.name.rpartition("-s")[0]
+        runs, ended = done.get(algo, ([], 0.0))
+        done[algo] = (runs + [f], max(ended, (f / "summary.json").stat().st_mtime))
+    results = {a: [curves(f) for f in runs] for a, (runs, _) in done.items()}
+    last = max(done, key=lambda a: done[a][1])
+    curve, scratch, seconds = exact_frontier(["--init", str(init)], "pizza"), folder.parent / "sweep-report", []
+    for early in ({}, {a: runs for a, runs in results.items() if a != last}):
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        boot = Bootstraps(jobs)
+        ask_early(boot, list(results), early)
+        for future in boot.asked.values():  # made while the last algorithm's runs went on
+            future.result()
+        t = time.perf_counter()
+        write_outputs(scratch, results, {}, "report", curve, boot)
+        seconds.append(time.perf_counter() - t)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return seconds[0], seconds[1], last
