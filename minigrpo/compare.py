@@ -256,9 +256,9 @@ def main(argv=None):
             mine[run[:2]] = err
         elif shard.rank == 0:  # the table's (rank 0 writes it), read while the other runs go on
             read[run[:2]] = curves(run[3])
-            ended = {a: [read.get((a, s)) for s in range(cfg.seeds)] for a in algos}
-            if all(ended[run[0]]):  # its algorithm's last run
-                ask_early(boot, algos, {a: runs for a, runs in ended.items() if all(runs)})
+            if all((run[0], s) in read for s in range(cfg.seeds)):  # its algorithm's last run: its bootstraps begin
+                ask_early(boot, algos, {a: [read[a, s] for s in range(cfg.seeds)] for a in algos
+                                        if all((a, s) in read for s in range(cfg.seeds))})
     for kept in (t for t in tasks if t not in todo and shard.rank == 0):  # rank 0 reads the runs kept
         done(kept, None)
     try:

@@ -142,9 +142,8 @@ class LockstepGRPO:
                                   torch.zeros(cfg.prompts_per_step, device=rewards.device)
                                   for r, b in zip(step.runs, step.batches)])
             stats["greedy_reward_mean"] = greedy.mean(-1)
-        betas = [r.cfg.beta for r in step.runs]
-        apart = any(b != cfg.beta for b in betas)  # each member's own β (cfg: the first member's)
-        betas = torch.tensor(betas, device=rewards.device)
+        apart = any(r.cfg.beta != cfg.beta for r in step.runs)  # members of β's of their own (cfg: the first's)
+        betas = torch.tensor([r.cfg.beta for r in step.runs], device=rewards.device) if apart else None
         if cfg.beta > 0 and cfg.kl_in == "reward":  # β·Σ_t k(π_old, π_ref) off each sequence's reward
             penalty = self.penalty(old_logp, ref_logp, rows.completion_mask) if not apart else \
                 betas[:, None] * self.penalty_per_beta(old_logp, ref_logp, rows.completion_mask)

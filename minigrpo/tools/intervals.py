@@ -64,13 +64,14 @@ class Bootstraps:
         """-> each call's result, in order."""
         return [future.result() for future in self.ask(calls)]
 
+    @classmethod
+    def of(cls, boot: "Bootstraps | int") -> "Bootstraps":
+        """`boot` itself, or new Bootstraps of that many threads."""
+        return boot if isinstance(boot, Bootstraps) else cls(boot)
+
     def cancel(self) -> None:
         """Drop the calls not yet begun (Ctrl-C: the process's exit would wait for them)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _boot(boot: Bootstraps | int) -> Bootstraps:
-    return boot if isinstance(boot, Bootstraps) else Bootstraps(boot)
 
 
 def _score_calls(runs: list[dict], place: int, present) -> list[tuple]:
@@ -107,7 +108,7 @@ def score_intervals(results: dict[str, list[dict]], boot: Bootstraps | int = 1) 
     sc = {a: scores(runs) for a, runs in results.items() if runs}
     present = [s for s in SCORES if all(s in x for x in sc.values())]
     seeds = {algo: seed for seed, algo in enumerate(results)}
-    found = iter(_boot(boot).made([c for a in sc for c in _score_calls(results[a], seeds[a], present)]))
+    found = iter(Bootstraps.of(boot).made([c for a in sc for c in _score_calls(results[a], seeds[a], present)]))
     return {a: {s: next(found) for s in present} for a in sc}
 
 
@@ -131,8 +132,8 @@ def improvement_table(results: dict[str, list[dict]], boot: Bootstraps | int = 1
     """P(row > column) on the final exact target rate, with its 95 % interval; 0.5 = no difference."""
     algos = [a for a, runs in results.items() if runs]
     pairs = [(i, j) for i in range(len(algos)) for j in range(len(algos)) if i != j]
-    found = dict(zip(pairs, _boot(boot).made([_pair_call(results[algos[i]], results[algos[j]], i, j)
-                                              for i, j in pairs])))
+    calls = [_pair_call(results[algos[i]], results[algos[j]], i, j) for i, j in pairs]
+    found = dict(zip(pairs, Bootstraps.of(boot).made(calls)))
     lines = ["| P(row > column) | " + " | ".join(algos) + " |", "|---" * (1 + len(algos)) + "|"]
     for i, a in enumerate(algos):
         cells = ["-" if i == j else found[i, j].text("{:.2f}") for j in range(len(algos))]
@@ -147,7 +148,7 @@ def draw_intervals(results: dict[str, list[dict]], path: Path, title: str, boot:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    boot = _boot(boot)
+    boot = Bootstraps.of(boot)
     estimates = estimates or score_intervals(results, boot)
     algos, present = list(estimates), list(next(iter(estimates.values()), {}))
     lengths = {a: min(len(c["target"]) for c in results[a]) for a in algos}

@@ -156,7 +156,7 @@ def write_outputs(out: Path, results: dict, errors: dict, title: str, curve=None
     missed = outside_bars(results)
     lines += ["", f"Runs outside the bars ({len(missed)}):" if missed else "Every run within every bar.",
               *[""] * bool(missed), *[f"- {line}" for line in missed]]
-    boot = Bootstraps(boot) if isinstance(boot, int) else boot
+    boot = Bootstraps.of(boot)
     estimates = score_intervals(results, boot) if any(results.values()) else {}
     intervals = interval_table(results, estimates=estimates) if estimates else []
     if intervals:  # the interval tables and figure leave out an algorithm without runs
