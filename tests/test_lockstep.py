@@ -6,20 +6,13 @@ from dataclasses import replace
 import torch
 
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from minigrpo import grpo, ppo
-from minigrpo.lm.sampling import Generation
-from minigrpo.lm.tokenizer import PAD_ID
-from minigrpo.population.guard import sequence_kls
 from minigrpo.population.checkpoint import HostCopies
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.population.rows import Rows, Trees
-from minigrpo.population.stacked import Stack
-from minigrpo.rl.trust_region import sequence_kl
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
-from test_population import UNTIMED, _run, breaking_reward, close, members
+from test_population import UNTIMED, _run, breaking_reward, close
 
 
 def _cfg(init, folder, seed, extra=(), trainer=grpo):
@@ -196,16 +189,6 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     assert unsupported(grpo, [_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
 
 
-def test_the_members_sequence_kls_are_the_single_trust_regions():
-    torch.manual_seed(0)
-    old, new = torch.randn(3, 6, 5, 7), torch.randn(3, 6, 5, 7)
-    mask, w, g = torch.rand(3, 6, 5) > 0.3, torch.rand(6), torch.tensor([0, 0, 1, 1, 2, 2])
-    got = sequence_kls(old, new, mask, w, g)
-    for p in range(3):
-        assert abs(got[p].item() - sequence_kl(old[p], new[p], mask[p], w, g)) < 1e-5
-        assert abs(sequence_kls(old, new, mask)[p].item() - sequence_kl(old[p], new[p], mask[p])) < 1e-5
-
-
 @pytest.mark.parametrize("extra", [(), ("--entropy-target", "0.5", "--entropy-step", "0.01")],
                          ids=["dapo", "dapo-entropy-target"])
 def test_dapos_members_skip_their_equal_groups_as_their_single_runs_do(tmp_path, tiny_pretrained, extra):
@@ -305,73 +288,3 @@ def test_the_prompt_table_encodes_each_members_rows_as_encode_prompts_does():
         want_ids, want_mask = encode_prompts(tok, r)
         assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask), r
         assert ids.size(1) == int(mask.sum(1).max()), "as wide as its longest prompt: its Request's prompt_len"
-
-
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(0, 3)), min_size=1, max_size=3),
-       st.integers(0, 2 ** 16), st.sampled_from([None, 2]), st.booleans())
-def test_the_members_prefix_trees_give_the_plain_forwards_log_probs_states_and_gradients(shapes, seed, group_size,
-                                                                                          twin):
-    """Rows.of's forward through the members' prefix trees (population/rows.Trees: one tree build, each member a
-    segment), against the same rows' plain forward (its oracle): members with other prompt widths and completion
-    lengths (left and right padding), rows that repeat (shared prefixes; a member's rows the same as another's),
-    trees of several packed sequences (a small group size)."""
-    torch.manual_seed(seed)
-    models = members(3, seed)[:len(shapes)]
-    gens = []
-    for width, length, copies in shapes:  # a member: 4 rows, its prompts `width` wide, its completions ≤ `length`
-        ids = torch.randint(3, 20, (4, width + length))
-        ids[1:1 + copies] = ids[0]  # shared prefixes
-        key_mask = torch.ones_like(ids, dtype=torch.bool)
-        key_mask[-1, :width - 1] = False  # a shorter prompt, left-padded
-        ends = torch.randint(1, length + 1, (4,))
-        completion_mask = torch.arange(length)[None] < ends[:, None]
-        key_mask[:, width:] = completion_mask
-        ids = ids.masked_fill(~key_mask, PAD_ID)
-        gens.append(Generation(ids, key_mask, width, completion_mask, torch.zeros(4, length),
-                               torch.ones(4, dtype=torch.bool)))
-    if twin and len(gens) > 1:  # the last member's rows are the first's: still its own nodes, through its weights
-        gens[-1] = gens[0]
-    fast = Rows.of(gens)
-    if group_size is not None:
-        fast.tree = Trees.build(fast.ids, fast.key_mask, group_size)
-    plain = replace(fast, tree=None)
-    stack = Stack(models)
-    got, want = fast.logprobs(stack, 0.8, states=True), plain.logprobs(stack, 0.8, states=True)
-    real = fast.completion_mask
-    for a, b in zip(got, want):
-        assert torch.allclose(a[real], b[real], atol=1e-5)
-    grads = []
-    for rows in (fast, plain):
-        for m in models:
-            m.zero_grad()
-        logp, _, h = rows.logprobs(stack, 0.8, states=True)
-        (logp.sum() + h[real].square().sum()).backward()
-        grads.append([p.grad.clone() for m in models for p in m.parameters()])
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-3) for a, b in zip(*grads))
-
-
-@settings(max_examples=20, deadline=None)
-@given(st.integers(0, 2 ** 16), st.sampled_from([(2, 2), (3, 1), (1, 3)]))
-def test_minibatches_selected_together_are_each_selected_alone(seed, sizes):
-    """PPO's minibatches of a step: their rows picked for each member, their trees built as one (each (minibatch,
-    member) a segment, Trees.split), give each minibatch's rows and the log-probs of its own tree and of the plain
-    forward; minibatches of other sizes get a tree each."""
-    torch.manual_seed(seed)
-    models, N, W, T = members(2, seed), 4, 3, 4
-    ids = torch.randint(3, 20, (N, W + T))
-    ids[1] = ids[0]  # a shared prefix
-    key_mask = torch.ones_like(ids, dtype=torch.bool)
-    key_mask[:, W:] = torch.arange(T)[None] < torch.randint(1, T + 1, (N, 1))
-    gen = Generation(ids.masked_fill(~key_mask, PAD_ID), key_mask, W, key_mask[:, W:], torch.zeros(N, T),
-                     torch.ones(N, dtype=torch.bool))
-    rows, stack = Rows.of([gen, gen]), Stack(models)
-    order = torch.stack([torch.randperm(N), torch.randperm(N)])
-    indices = list(order.split(list(sizes), dim=1))
-    together = rows.select(indices)
-    for index, sub in zip(indices, together):
-        alone = rows.select([index])[0]
-        for a, b in ((sub.ids, alone.ids), (sub.key_mask, alone.key_mask), (sub.completion_mask, alone.completion_mask)):
-            assert torch.equal(a, b)
-        got, mine, plain = (r.logprobs(stack)[0] for r in (sub, alone, replace(alone, tree=None)))
-        assert torch.allclose(got, mine, atol=1e-6) and torch.allclose(got, plain, atol=1e-5)

@@ -108,8 +108,8 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
     """compare's report (sweep_report.write_outputs, into a scratch folder) of the sweep's runs in `folder` (from
-    `init`), timed with every bootstrap made in it, then with every algorithm's but the last to end (its runs' latest summary.json) made
-    before it -> (seconds, seconds, that algorithm)."""
+    `init`), timed with every bootstrap made in it, then with every algorithm's but the last to end (its runs'
+    latest summary.json) made before it -> (seconds, seconds, that algorithm)."""
     from minigrpo.compare import exact_frontier
     from minigrpo.tools.intervals import Bootstraps, ask_early
     from minigrpo.tools.sweep_report import write_outputs
