@@ -91,8 +91,8 @@ class CompareConfig:
         "each worker process running one at a time (0 = no limit)"))
     engine: str = field(default="auto", metadata=meta(
         "pool: worker processes, a few runs at a time; population: populations of at most --members runs, one per "
-        "worker process at a time, a GRPO or PPO algorithm's seeds in lockstep, other runs as threads "
-        "(minigrpo/population); "
+        "worker process at a time, a GRPO or PPO algorithm's seeds in lockstep (GRPO's presets of one μ together), "
+        "other runs as threads (minigrpo/population); "
         "auto: population when the runs' device is a GPU, else pool",
         choices=["auto", "pool", "population"]))
 

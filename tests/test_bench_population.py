@@ -15,6 +15,8 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     assert "not run: about" in rows["1000"] and "limit per population: 60 s" in rows["1000"], text
     assert ok("16 as threads (population/member.py)") and ok("2 in 2 processes"), text  # the largest P measured
     assert ok("2 of ppo") and ok("2 of ppo_oracle"), text
+    assert ok("one population") and ok("one each, in turn"), text  # GRPO's presets of μ = 2: one, or each its own
+    assert int(rows["one population"].split("|")[3]) < int(rows["one each, in turn"].split("|")[3]), text  # kernels
     assert not (tmp_path / "population" / "P1000").exists()
     assert "where a lockstep population of P = 2 works" in text, text
     assert "| minigrpo/population/lockstep.py:_step → " in text, text

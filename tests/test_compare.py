@@ -144,16 +144,19 @@ def test_a_variant_is_a_row_of_its_own_with_its_own_flags(tmp_path, tiny_pretrai
     assert "| grpo | 1 ok" in table and "| grpo@lr=0.003 | 1 ok" in table
 
 
-def test_variants_of_other_rates_and_betas_share_their_algorithms_population(tmp_path):
+def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
     """--engine population: NAME@lr=... and NAME@beta=... runs train in NAME's lockstep population (each member its
-    own rate and β); another preset, or GRPO's β = 0 (no KL term), makes a population of its own."""
+    own rate and β), and so do GRPO's presets of the same μ (each its recipe: population/grpo_recipe.py), β = 0
+    too; a preset of another μ (remax's 1) makes a population of its own. Over --members, a group's runs split in
+    order: a preset to a part."""
     from minigrpo.compare import CompareConfig, command
     from minigrpo.population.engine import shares_of
-    algos = ["default", "default@lr=0.002", "default@beta=0.1", "default@beta=0", "grpo@beta=0.1"]
+    algos = ["default", "default@lr=0.002", "default@beta=0.1", "default@beta=0", "grpo@beta=0.1", "dapo", "remax"]
     items = [(a, s, command(a, s, CompareConfig(seeds=2), [], "food", tmp_path), tmp_path / f"{a}-s{s}")
              for a in algos for s in range(2)]
     shares = sorted(sorted({item[0] for item in share}) for share in shares_of(items, jobs=8))
-    assert shares == [["default", "default@beta=0.1", "default@lr=0.002"], ["default@beta=0"], ["grpo@beta=0.1"]]
+    assert shares == [sorted(algos[:-1]), ["remax"]]
+    assert [sorted({item[0] for item in share}) for share in shares_of(items, jobs=8, most=2)] == [[a] for a in algos]
 
 
 def finished_run(run, cmd):

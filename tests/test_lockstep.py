@@ -172,15 +172,15 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--beta", "0.1"))
     assert unsupported(grpo, [a, b]) is None  # each member's β
-    assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--beta", "0"))]) == \
-        "--beta 0 beside --beta > 0 (without the KL term)"
+    assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--beta", "0"))]) is None  # a recipe of its own
     assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--group-size", "2"))]) == \
-        "members differ in more than their seed, out, lr, reward, beta"
-    from minigrpo.population.engine import lockstep_key
+        "members differ in more than their seed, out, lr, reward, beta and recipe"
+    from minigrpo.population.engine import lockstep_key, run_lockstep
     key = lambda *flags: lockstep_key(_run(init, tmp_path / "k", 0, "minigrpo.grpo", flags))  # noqa: E731
-    assert key() == key("--beta", "0.1") != key("--beta", "0")  # the default β (0.3) and 0.1: one population
-    assert key("--preset", "dapo") == key("--preset", "dapo", "--beta", "0") != key("--preset", "dapo", "--beta", "1")
-    assert key("--beta", "x") is None  # a bad value: its run says so
+    assert key() == key("--beta", "0.1") == key("--beta", "0") == key("--preset", "dapo") == key("--kl", "k3")
+    assert key() != key("--preset", "remax") != key("--group-size", "2")  # another μ, another batch
+    bad = [_run(init, tmp_path / f"x{s}", s, "minigrpo.grpo", ("--beta", "x") * s) for s in range(2)]
+    assert key() == lockstep_key(bad[1]) and run_lockstep(bad, None) is False  # a bad value: its run says so
     assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))]) is None  # each member's own rate
     assert unsupported(grpo, [_cfg(init, tmp_path / "c", 0, ("--preserve-anchor", "sampled"))]) == \
         "--preserve-anchor sampled"

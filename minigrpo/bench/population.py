@@ -34,6 +34,7 @@ from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import ThreadSampler
 
 ROOTS = ("minigrpo/population/lockstep.py:_step", "minigrpo/population/lockstep.py:train_lockstep")
+PRESETS = ("default", "grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce")  # compare's list, less PPO's
 LIMIT_S = 150  # a population the last rate says would take longer is not run (a lent GPU's minutes are few)
 
 
@@ -103,7 +104,30 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
     memory_title = "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) in lockstep on {device}; then PPO's",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "runs"], rows) + \
+        _recipes(folder, init, device, 16 if gpu else 2, steps) + \
         _profile(items, measured[0], steps) + _calls(items, min(measured[0], 16), steps)
+
+
+def _recipes(folder, init: Path, device: str, seeds: int, steps: int) -> str:
+    """compare's GRPO presets of μ = 2, `seeds` each, as one lockstep population (each preset a recipe:
+    population/grpo_recipe.py) against one population each, one after another: run-steps/s, and kernels a step."""
+    gpu, P = device.startswith("cuda"), seeds * len(PRESETS)
+    runs = lambda tag, name, n=steps: _items(folder(f"{tag}-{name}"), init, device, range(seeds), n,  # noqa: E731
+                                             "minigrpo.grpo", () if name == "default" else ("--preset", name))
+    ways = {"one population": lambda done, tag="one", n=steps: run_population(
+                [item for name in PRESETS for item in runs(tag, name, n)], done),
+            "one each, in turn": lambda done, tag="each", n=steps: [run_population(runs(tag, name, n), done)
+                                                                    for name in PRESETS]}
+    rows = []
+    for how, run in ways.items():
+        wall, failed = _timed(gpu, P, run)
+        with TorchKernels(root=ROOTS[0]) as kernels:
+            run(lambda item, err: None, f"{how[:3]}-kernels", 3)
+        per_step = sum(n for k, n in kernels.counts.items() if k[0] != "(outside it)") / 3
+        rows.append([how, f"{P * steps / wall:.1f}", f"{per_step:.0f}", "ok" if not failed else failed[0]])
+    return "\n" + table(f"recipes: compare's {len(PRESETS)} GRPO presets of μ = 2 ({', '.join(PRESETS)}), {seeds} "
+                        f"seeds each ({steps} fixed steps; kernels: over 3 steps, each population's added up)",
+                        ["how", "run-steps/s", "kernels a step", "runs"], rows)
 
 
 def _profile(items, P: int, steps: int, shown: int = 14) -> str:

@@ -4,8 +4,9 @@
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in their seeds (and
-folders), learning rates, rewards and β's, whose configuration lockstep supports, train as one computation,
-each run a slice of every tensor. The others: as threads, below.
+folders), learning rates, rewards and β's (GRPO's, and in their recipes: compare's presets of one μ), whose
+configuration lockstep supports, train as one computation, each run a slice of every tensor. The others: as
+threads, below.
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
 required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py). What a run prints goes
@@ -33,8 +34,9 @@ import queue
 import signal
 import sys
 import threading
+from dataclasses import asdict
 
-from minigrpo.population.lockstep import KINDS, OWN, train_lockstep, unsupported
+from minigrpo.population.lockstep import KINDS, OWN, QUIET, RECIPES, train_lockstep, unsupported
 from minigrpo.population.member import Batcher
 from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import INTERRUPTED, STOP_ALL
@@ -70,12 +72,11 @@ class _ThreadOutput(io.TextIOBase):
 
 PER_MEMBER = {module: tuple("--" + k.replace("_", "-") for k in own) for module, own in OWN.items()}  # flags, each
 # with a value, in which a lockstep population's members may differ (lockstep.OWN)
-ZERO_OR_NOT = {"minigrpo.grpo": "--beta"}  # ... whose being 0 they share (GRPO without a KL term: another computation)
 
 
 def lockstep_key(item) -> tuple | None:
-    """What a run must share with the others of a lockstep population: its trainer and every flag but those each
-    member may have of its own (PER_MEMBER: --seed, --out, --lr, --reward, --beta), and whether GRPO's --beta is 0
+    """What a run must share with the others of a lockstep population: its trainer and every setting but those each
+    member may have of its own (lockstep.OWN: --seed, --out, --lr, --reward, --beta; GRPO's recipe, lockstep.RECIPES)
     (None: its trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in KINDS:  # the trainers a lockstep population runs
@@ -85,16 +86,11 @@ def lockstep_key(item) -> tuple | None:
         if not skip and arg not in own:
             flags.append(arg)
         skip = not skip and arg in own
-    cfg, shared = _in_lockstep(cmd[2], tuple(flags)), ZERO_OR_NOT.get(cmd[2])
+    cfg = _in_lockstep(cmd[2], tuple(flags))
     if cfg is None:
         return None
-    if shared is None:
-        return (cmd[2], *flags)
-    given = dict(zip(cmd[3:], cmd[4:]))  # a flag's last value; else the configuration's (a preset's, the default)
-    try:
-        return (cmd[2], *flags, shared, float(given[shared] if shared in given else getattr(cfg, shared[2:])) == 0)
-    except ValueError:  # a bad value: its run says so
-        return None
+    apart = (*OWN[cmd[2]], *QUIET, *RECIPES[cmd[2]])
+    return cmd[2], repr([(k, v) for k, v in asdict(cfg).items() if k not in apart])
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,7 +111,10 @@ def run_lockstep(items: list, done) -> bool:
     if key is None or any(lockstep_key(item) != key for item in items):
         return False
     trainer = importlib.import_module(key[0])
-    cfgs = [trainer.parse(item[2][3:]) for item in items]  # each parsed in lockstep_key
+    try:
+        cfgs = [trainer.parse(item[2][3:]) for item in items]
+    except UsageError:  # a bad value of a member's own (its --lr, say): each run says it, as a thread
+        return False
     if unsupported(trainer, cfgs) is not None:
         return False
     for item in items:
@@ -184,16 +183,17 @@ def run_population(items: list, done, batcher: Batcher | None = None, lockstep: 
 
 def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
     """The populations `items` make, each of at most `most` runs (0: no limit). Runs that may go in lockstep
-    (lockstep_key) are grouped by configuration: a group, or its nearly equal parts. The others: as many populations
-    as the `jobs` those leave (at least one), or more where one would hold over `most` (and THREADS_MOST), dealt in
-    turn (items 0, S, 2S, ... to the first), so each gets the same mix of algorithms."""
+    (lockstep_key) are grouped by configuration: a group, or its nearly equal parts in order (so compare's presets
+    of one GRPO group, over more seeds than `most`, go a preset to a part). The others: as many populations as the
+    `jobs` those leave (at least one), or more where one would hold over `most` (and THREADS_MOST), dealt in turn
+    (items 0, S, 2S, ... to the first), so each gets the same mix of algorithms."""
     groups: dict[tuple, list] = {}
     for item in items:
         groups.setdefault(lockstep_key(item) or (), []).append(item)
     rest, shares = groups.pop((), []), []
     for group in groups.values():
         n = -(-len(group) // most) if most > 0 else 1
-        shares += [group[j::n] for j in range(n)]
+        shares += [group[len(group) * j // n:len(group) * (j + 1) // n] for j in range(n)]
     if rest:
         most = min(most, THREADS_MOST) if most > 0 else THREADS_MOST
         n = max(1, min(jobs - len(shares), len(rest)), -(-len(rest) // most))

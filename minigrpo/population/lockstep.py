@@ -1,5 +1,5 @@
 """A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders), learning rates,
-rewards and β's apart (OWN), as one computation.
+rewards and β's apart (OWN), GRPO's recipes too (RECIPES), as one computation.
 
     results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or minigrpo.ppo; cfgs[p]:
                                                    # member p's config -> per member its summary, or its error line
@@ -40,6 +40,7 @@ from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, MemberRun, share_copies
 from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
+from minigrpo.population.grpo_recipe import RECIPE
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MembersAdamW, keep
 from minigrpo.population.rows import Rollouts, Rows
@@ -55,6 +56,8 @@ from toy_tasks.rewards import RewardError, score
 # PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each member's already, adapted on its
 # own), and settings that change no result
 OWN = {trainer: ("seed", "out", "lr", "reward", "beta") for trainer in ("minigrpo.grpo", "minigrpo.ppo")}
+# and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update (grpo_update.py)
+RECIPES = {"minigrpo.grpo": RECIPE, "minigrpo.ppo": ()}
 QUIET = ("overwrite", "quiet", "verbose")
 
 
@@ -70,7 +73,8 @@ class Kind:
 
 KINDS = {
     "minigrpo.grpo": lambda t: Kind("grpo", t.check_grpo_config, t.GRPO, lambda cfg, anchor, algos:
-                                    grpo_update.LockstepGRPO(cfg, anchor, t.grpo_loss), grpo_update.unsupported),
+                                    grpo_update.LockstepGRPO(cfg, anchor, t.grpo_loss, [a.cfg for a in algos]),
+                                    grpo_update.unsupported),
     "minigrpo.ppo": lambda t: Kind("ppo", t.check_ppo_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported),
 }
 
@@ -79,10 +83,11 @@ def unsupported(trainer, cfgs: list) -> str | None:
     """Why these configs of `trainer` cannot run in lockstep (None: they can)."""
     if trainer.__name__ not in KINDS:
         return f"{trainer.__name__} has no lockstep"
-    own = (*OWN[trainer.__name__], *QUIET)
+    own = (*OWN[trainer.__name__], *QUIET, *RECIPES[trainer.__name__])
     first = {k: v for k, v in asdict(cfgs[0]).items() if k not in own}
     if any({k: v for k, v in asdict(c).items() if k not in own} != first for c in cfgs):
-        return f"members differ in more than their {', '.join(OWN[trainer.__name__])}"
+        return f"members differ in more than their {', '.join(OWN[trainer.__name__])}" + \
+            (" and recipe" if RECIPES[trainer.__name__] else "")
     if cfgs[0].resume is not None:
         return "--resume"
     return KINDS[trainer.__name__](trainer).unsupported(cfgs)
