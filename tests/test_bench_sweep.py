@@ -9,8 +9,12 @@ from minigrpo.bench import sweep
 
 def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
-    text = sweep.bench_sweep(tmp_path, init, "cpu", seeds=2, extra=("--algos", "default,ppo", "--steps", "2"))
-    row = next(line for line in text.splitlines() if line.startswith("| `python -m minigrpo.compare"))
+    text = sweep.bench_sweep(tmp_path, init, "cpu", seeds=2, extra=("--algos", "default,ppo", "--steps", "2"),
+                             also=[("--jobs", "1")])  # and again with another flag (a GPU's: --members 1024)
+    row, again = [line for line in text.splitlines() if line.startswith("| `python -m minigrpo.compare")]
+    assert again.startswith("| `python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo "
+                            "--steps 2 --jobs 1` |") and again.rstrip(" |").endswith("ok"), again
+    assert (tmp_path / "sweep-jobs1" / "ppo-s1" / "summary.json").exists()
     command, wall, within, status = [c.strip() for c in row.strip("| \n").split(" | ")]
     assert command == "`python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo " \
                       "--steps 2`", row

@@ -12,6 +12,9 @@ what it held at the start (imports, worker processes, set-up on the CPU), the GP
 kernel running most of the time), the GPU holding memory but less used (set-up on the device, a step's host work,
 populations ending at different times, their files), and after it let go (compare's table and figures).
 
+On a GPU the command runs again with `--members 1024`: GRPO's seven presets of μ = 2 (896 runs) as one lockstep
+population, each preset a recipe (population/grpo_recipe.py), beside PPO's two: three processes on the GPU, not nine.
+
 Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run had ended at once
 (every bootstrap made after the runs), and as compare makes it, every algorithm's bootstraps but the last one's begun
 as its last run ended (tools/intervals.ask_early) and made by the time the last run ends.
@@ -73,12 +76,41 @@ def phases(samples: list[tuple[float, float, float]], wall: float, busy: float =
     return (before, on, during - on, wall - before - during)
 
 
-def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, extra: tuple = ()) -> str:
+GPU_ALSO = [("--members", "1024")]  # GRPO's seven presets in one population: three processes, not nine
+
+
+def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, extra: tuple = (),
+                also: list[tuple] | None = None) -> str:
     """The table of the sweep's command (module docstring); `seeds` (default 128 on a GPU, 5 on a CPU) and `extra`
-    flags of compare: a shorter sweep (the tests')."""
+    flags of compare: a shorter sweep (the tests'); `also`: the same again with each of these flags, a row each
+    (default: GPU_ALSO on a GPU, none on a CPU)."""
     gpu = device.startswith("cuda")
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
-    folder = out / "sweep"
+    header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar", "exit"]
+    if gpu:
+        header[3:3] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
+    rows, folder = [], out / "sweep"
+    for more in [(), *(also if also is not None else GPU_ALSO if gpu else [])]:
+        row, error, runs = _sweep(folder.with_name("sweep" + "".join(more).replace("--", "-")), init, device, seeds,
+                                  (*extra, *more))
+        rows.append(row)
+        if not more:
+            first = (error, runs)
+    text = table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
+                 header, rows)
+    if first[0] is not None or not first[1]:
+        return text
+    cold, warm, last = report_seconds(folder, init, cores())
+    return text + "\n" + table(
+        f"sweep: compare's report of its {len(first[1])} runs (table.md, 3 figures) in one process, {cores()} threads",
+        ["every bootstrap made after the runs, s", f"all but {last}'s made before its last run ended, s"],
+        [[f"{cold:.1f}", f"{warm:.1f}"]])
+
+
+def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> tuple[list, str | None, list]:
+    """compare over `seeds` from `init` into a fresh `folder`, timed -> its table row, its error (or None), its runs'
+    curves."""
+    gpu = device.startswith("cuda")
     shutil.rmtree(folder, ignore_errors=True)
     args = ["minigrpo.compare", "--seeds", str(seeds), "--reward", "pizza", "--device", device, "--init", str(init),
             *extra, "--out", str(folder)]
@@ -89,21 +121,11 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
     within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
     row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within,
            "ok" if error is None else f"failed, its last line: {error}"]
-    header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar", "exit"]
     if gpu:
         samples = readings.samples
         row[3:3] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
                     " · ".join(f"{p:.0f}" for p in phases(samples, wall))]
-        header[3:3] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
-    text = table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
-                 header, [row])
-    if error is not None or not runs:
-        return text
-    cold, warm, last = report_seconds(folder, init, cores())
-    return text + "\n" + table(
-        f"sweep: compare's report of its {len(runs)} runs (table.md, 3 figures) in one process, {cores()} threads",
-        ["every bootstrap made after the runs, s", f"all but {last}'s made before its last run ended, s"],
-        [[f"{cold:.1f}", f"{warm:.1f}"]])
+    return row, error, runs
 
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
