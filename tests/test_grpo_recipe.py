@@ -76,3 +76,26 @@ def test_one_recipe_takes_the_whole_and_several_merge_in_the_members_order():
     assert list(figures) == ["loss", "kl_k3", "skipped"] and figures["loss"].tolist() == [1.0, 2.0, 3.0]
     assert figures["kl_k3"][1].isnan() and figures["kl_k3"][[0, 2]].tolist() == [5.0, 6.0]
     assert figures["skipped"][[0, 2]].isnan().all() and figures["skipped"][1] == 1.0
+
+
+@pytest.mark.slow
+def test_every_grpo_preset_goes_in_its_mus_lockstep_population_as_it_runs_alone(tmp_path, tiny_pretrained):
+    """compare's GRPO presets and default: two lockstep populations, μ = 2 and μ = 1 (J_β, ReMax, GPG), each preset
+    a recipe; each member's first steps match its run alone to 1e-4."""
+    from minigrpo.compare import ALGOS, OWN_TRAINERS
+    from minigrpo.population.engine import lockstep_key, run_lockstep, shares_of
+    init, _, _ = tiny_pretrained
+    presets = [a for a in ALGOS if a not in OWN_TRAINERS]
+    flags = {a: () if a == "default" else ("--preset", a) for a in presets}
+    items = [_run(init, tmp_path / f"pop-{a}", 0, "minigrpo.grpo", flags[a]) for a in presets]
+    shares = shares_of(items, jobs=1)
+    assert sorted(len(share) for share in shares) == [3, len(presets) - 3] and all(map(lockstep_key, items))
+    errors = {}
+    for share in shares:
+        assert run_lockstep(share, lambda item, error: errors.__setitem__(item[3].name, error))
+    assert set(errors.values()) == {None}, errors
+    for a in presets:
+        assert run_one(_run(init, tmp_path / f"alone-{a}", 0, "minigrpo.grpo", flags[a])) is None
+        rows, want = (read_jsonl(tmp_path / f"{t}-{a}" / "metrics.jsonl") for t in ("pop", "alone"))
+        assert len(rows) == len(want) == 4 and [list(r) for r in rows] == [list(w) for w in want], a
+        assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == [[], [], []], a
