@@ -414,25 +414,28 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
     PPO, threads) matches only at the first evaluation: there a batch of another shape rounds differently (other
     GEMM kernels), and PPO's clip and trust region can turn that rounding into another step (measured on an H200:
     the first update's loss 40 % apart in this test, 1e-4 with the bench's model); its runs must end with every
-    metric finite."""
+    metric finite. GRPO members of three recipes (default, DAPO, RLOO: one lockstep population) as the same pair."""
     from minigrpo.compare import on_gpu
     init, _, _ = tiny_pretrained
     cuda = ("--device", "cuda")
-    populations = {"same": [("minigrpo.grpo", 0), ("minigrpo.grpo", 1)],
-                   "ppo": [("minigrpo.ppo", 0), ("minigrpo.ppo", 1)],
-                   "mixed": [("minigrpo.grpo", 0), ("minigrpo.ppo", 0)]}
+    grpo, ppo = ("minigrpo.grpo", ()), ("minigrpo.ppo", ())
+    dapo, rloo = ("minigrpo.grpo", ("--preset", "dapo")), ("minigrpo.grpo", ("--preset", "rloo"))
+    populations = {"same": [(*grpo, 0), (*grpo, 1)], "ppo": [(*ppo, 0), (*ppo, 1)], "mixed": [(*grpo, 0), (*ppo, 0)],
+                   "recipes": [(*grpo, 0), (*dapo, 1), (*rloo, 2)]}
     for name, runs in populations.items():
         errors = []
-        run_population([_run(init, tmp_path / f"{name}{k}", seed, module, cuda) for k, (module, seed) in
-                        enumerate(runs)], lambda item, error: errors.append(error))
+        run_population([_run(init, tmp_path / f"{name}{k}", seed, module, (*cuda, *extra)) for k, (module, extra, seed)
+                        in enumerate(runs)], lambda item, error: errors.append(error))
         assert errors == [None] * len(runs) and on_gpu("auto"), (name, errors)
-    for module, seed in {r for runs in populations.values() for r in runs}:
-        assert run_one(_run(init, tmp_path / f"alone-{module}-{seed}", seed, module, cuda)) is None
-    alone = lambda module, seed: read_jsonl(tmp_path / f"alone-{module}-{seed}" / "metrics.jsonl")  # noqa: E731
+    for module, extra, seed in {r for runs in populations.values() for r in runs}:
+        assert run_one(_run(init, tmp_path / f"alone-{module}{''.join(extra)}-{seed}", seed, module,
+                            (*cuda, *extra))) is None
+    alone = lambda module, extra, seed: read_jsonl(  # noqa: E731
+        tmp_path / f"alone-{module}{''.join(extra)}-{seed}" / "metrics.jsonl")
     for name, runs in populations.items():
-        for k, (module, seed) in enumerate(runs):
-            rows, want = read_jsonl(tmp_path / f"{name}{k}" / "metrics.jsonl"), alone(module, seed)
-            first, tol = {"mixed": (1, 1e-4), "same": (3, 1e-3), "ppo": (3, 1e-3)}[name]
+        for k, (module, extra, seed) in enumerate(runs):
+            rows, want = read_jsonl(tmp_path / f"{name}{k}" / "metrics.jsonl"), alone(module, extra, seed)
+            first, tol = {"mixed": (1, 1e-4), "same": (3, 1e-3), "ppo": (3, 1e-3), "recipes": (3, 1e-3)}[name]
             assert [close(UNTIMED(g), UNTIMED(w), tol) for g, w in zip(rows[:first], want)] == [[]] * first, \
                 (name, module)
             assert len(rows) == len(want) and all(math.isfinite(v) for r in rows for v in r.values()
