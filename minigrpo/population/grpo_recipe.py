@@ -44,6 +44,7 @@ from minigrpo.variants.kl import kl_reward_penalty
 from minigrpo.variants.policy_losses import PolicyLossFlags, reduction
 from minigrpo.variants.sampler import weights
 
+# the settings of a member's recipe (its update's own; --rollout-kl, --is-correction and the sampler are the run's)
 RECIPE = (*(f.name for flags in (PolicyLossFlags, AdvantageFlags, EntropyFlags) for f in fields(flags)),
           "kl", "kl_in", "beta", "loss_agg", "preset")
 
@@ -51,7 +52,6 @@ RECIPE = (*(f.name for flags in (PolicyLossFlags, AdvantageFlags, EntropyFlags) 
 def recipe_of(cfg) -> tuple:
     """What members of one Recipe share: every RECIPE setting but β and the preset's name, and whether β is 0."""
     return (*(getattr(cfg, k) for k in RECIPE if k not in ("beta", "preset")), cfg.beta > 0)
-
 
 
 class Recipe:
