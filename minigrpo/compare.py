@@ -4,23 +4,22 @@
     python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
     python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags pass through
 
-With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one thread
-each, that import torch once and run their runs in process (pool.py: the same metrics as separate processes); with
---engine population (the default on a GPU) the runs go as populations of at most --members runs, --jobs worker
-processes at a time: a GRPO or PPO algorithm's seeds in lockstep, one computation (population/lockstep.py), the
-others as threads that batch their models' work (minigrpo/population: the same metrics to float rounding). Under
-torchrun, --jobs defaults to the cores shared by the node's ranks. Either way each run writes to
+With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one thread each,
+that import torch once and run their runs in process (pool.py: the same metrics as separate processes); with --engine
+population (the default on a GPU) the runs go as populations of at most --members runs, --jobs worker processes at a
+time: a GRPO or PPO algorithm's seeds in lockstep, one computation (population/lockstep.py; on a GPU GRPO's presets of
+one μ together: one step's kernels for all), the others as threads that batch their models' work (the same metrics to
+float rounding). Under torchrun, --jobs defaults to the cores shared by the node's ranks. Each run writes to
 <out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m minigrpo.metrics
-<out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget fixed: every run takes the
-same --steps, the stop rule off), so algorithms are compared on equal work; --budget goal lets each run stop at its
-goal as the trainers do by default. A finished run of exactly the same command, code and input files is kept
-(tools/stamps.py: the command, the library's source and torch's version, the --init checkpoint, the reward's source
-and the modules of the user's folder it imports), so rerunning after an interruption only runs what is missing, and
-an edit of the library or of the reward makes the runs again. An --out holding finished runs of another command
-(other flags) is refused unless --overwrite. A later invocation for a subset of the algorithms keeps the others'
-finished runs of the same flags in the table and figures. The arguments are checked before any run starts; a failed
-run is reported with its error while the others finish, and the command then exits with code 1. Writes to <out>
-(default runs/compare-<reward>):
+<out>/<algo>-s<seed>` draws a run's on request). Budgets are fixed by default (--budget fixed: every run takes the same
+--steps, the stop rule off), so algorithms are compared on equal work; --budget goal lets each run stop at its goal as
+the trainers do by default. A finished run of exactly the same command, code and input files is kept (tools/stamps.py:
+the command, the library's source and torch's version, the --init checkpoint, the reward's source and the modules of the
+user's folder it imports), so rerunning after an interruption only runs what is missing, and an edit of the library or
+of the reward makes the runs again. An --out holding finished runs of another command (other flags) is refused unless
+--overwrite. A later invocation for a subset of the algorithms keeps the others' finished runs of the same flags in the
+table and figures. The arguments are checked before any run starts; a failed run is reported with its error while the
+others finish, and the command then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
   frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT reward–KL
                 frontier (frontier.py: no policy lies above it); and E[r] against the worst drift
@@ -239,7 +238,7 @@ def main(argv=None):
     todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: base_of(t[0]) not in PPO_ALGOS)
     shard.barrier()  # every rank has read the same finished runs before any starts one
     engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(device) else "pool"
-    populations = len(shares_of(shard.mine(todo), jobs, cfg.members))
+    populations = len(shares_of(shard.mine(todo), jobs, cfg.members, on_gpu(device)))
     at_once = f"{populations} population{'s' * (populations > 1)}, {min(jobs, populations)} at a time" if \
         engine == "population" else f"{jobs} at a time"
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
@@ -263,7 +262,7 @@ def main(argv=None):
         done(kept, None)
     try:
         if engine == "population":
-            run_populations(shard.mine(todo), jobs, done, cfg.members)
+            run_populations(shard.mine(todo), jobs, done, cfg.members, on_gpu(device))
         else:
             run_pool(run_one, shard.mine(todo), max(1, jobs), done)
     except KeyboardInterrupt:

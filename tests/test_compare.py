@@ -148,7 +148,7 @@ def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
     """--engine population: NAME@lr=... and NAME@beta=... runs train in NAME's lockstep population (each member its
     own rate and β), and so do GRPO's presets of the same μ (each its recipe: population/grpo_recipe.py), β = 0
     too; a preset of another μ (remax's 1) makes a population of its own. Over --members, a group's runs split in
-    order: a preset to a part."""
+    order: a preset to a part. On a CPU (mixed=False) each preset makes its own, spread over the cores."""
     from minigrpo.compare import CompareConfig, command
     from minigrpo.population.engine import shares_of
     algos = ["default", "default@lr=0.002", "default@beta=0.1", "default@beta=0", "grpo@beta=0.1", "dapo", "remax"]
@@ -157,6 +157,8 @@ def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
     shares = sorted(sorted({item[0] for item in share}) for share in shares_of(items, jobs=8))
     assert shares == [sorted(algos[:-1]), ["remax"]]
     assert [sorted({item[0] for item in share}) for share in shares_of(items, jobs=8, most=2)] == [[a] for a in algos]
+    apart = sorted(sorted({item[0] for item in share}) for share in shares_of(items, jobs=8, mixed=False))  # a CPU's
+    assert apart == sorted([sorted(algos[:4]), ["dapo"], ["grpo@beta=0.1"], ["remax"]])  # a preset each
 
 
 def finished_run(run, cmd):

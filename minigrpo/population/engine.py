@@ -74,10 +74,11 @@ PER_MEMBER = {module: tuple("--" + k.replace("_", "-") for k in own) for module,
 # with a value, in which a lockstep population's members may differ (lockstep.OWN)
 
 
-def lockstep_key(item) -> tuple | None:
+def lockstep_key(item, mixed: bool = True) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every setting but those each
-    member may have of its own (lockstep.OWN: --seed, --out, --lr, --reward, --beta; GRPO's recipe, lockstep.RECIPES)
-    (None: its trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
+    member may have of its own (lockstep.OWN: --seed, --out, --lr, --reward, --beta; GRPO's recipe, lockstep.RECIPES;
+    mixed=False: its recipe too, but β) (None: its trainer has no lockstep, or lockstep does not support its flags, or
+    they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in KINDS:  # the trainers a lockstep population runs
         return None
@@ -89,7 +90,7 @@ def lockstep_key(item) -> tuple | None:
     cfg = _in_lockstep(cmd[2], tuple(flags))
     if cfg is None:
         return None
-    apart = (*OWN[cmd[2]], *QUIET, *RECIPES[cmd[2]])
+    apart = (*OWN[cmd[2]], *QUIET, *(RECIPES[cmd[2]] if mixed else ()))
     return cmd[2], repr([(k, v) for k, v in asdict(cfg).items() if k not in apart])
 
 
@@ -181,15 +182,15 @@ def run_population(items: list, done, batcher: Batcher | None = None, lockstep: 
         sys.stdout, sys.stderr = out.real, err.real
 
 
-def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
+def shares_of(items: list, jobs: int, most: int = 0, mixed: bool = True) -> list[list]:
     """The populations `items` make, each of at most `most` runs (0: no limit). Runs that may go in lockstep
-    (lockstep_key) are grouped by configuration: a group, or its nearly equal parts in order (so compare's presets
-    of one GRPO group, over more seeds than `most`, go a preset to a part). The others: as many populations as the
-    `jobs` those leave (at least one), or more where one would hold over `most` (and THREADS_MOST), dealt in turn
-    (items 0, S, 2S, ... to the first), so each gets the same mix of algorithms."""
+    (lockstep_key; `mixed`: GRPO's recipes together) are grouped by configuration: a group, or its nearly equal parts
+    in order (so compare's presets of one GRPO group, over more seeds than `most`, go a preset to a part). The
+    others: as many populations as the `jobs` those leave (at least one), or more where one would hold over `most`
+    (and THREADS_MOST), dealt in turn (items 0, S, 2S, ... to the first), so each gets the same mix of algorithms."""
     groups: dict[tuple, list] = {}
     for item in items:
-        groups.setdefault(lockstep_key(item) or (), []).append(item)
+        groups.setdefault(lockstep_key(item, mixed) or (), []).append(item)
     rest, shares = groups.pop((), []), []
     for group in groups.values():
         n = -(-len(group) // most) if most > 0 else 1
@@ -201,14 +202,14 @@ def shares_of(items: list, jobs: int, most: int = 0) -> list[list]:
     return shares
 
 
-def run_populations(items: list, jobs: int, done, most: int = 0) -> None:
-    """run_population over the shares of the items (shares_of: at most `most` runs each), each in a worker process of
-    tools/pool.run_pool, `jobs` at a time (jobs = 1: here, one after another). Why processes: what does not batch,
-    each member's own Python between batches, runs one member after another in a process (one interpreter lock), so
-    it is shared out over the cores. Why a limit: each member costs GPU memory, and past a few members a population
-    runs no faster per run (docs/performance.md). done(item, error) is called here as each share ends, for each of
-    its runs (their progress lines come together)."""
-    shares = shares_of(items, jobs, most)
+def run_populations(items: list, jobs: int, done, most: int = 0, mixed: bool = True) -> None:
+    """run_population over the shares of the items (shares_of: at most `most` runs each, `mixed` as there), each in
+    a worker process of tools/pool.run_pool, `jobs` at a time (jobs = 1: here, one after another). Why processes: what
+    does not batch, each member's own Python between batches, runs one member after another in a process (one
+    interpreter lock), so it is shared out over the cores. Why a limit: each member costs GPU memory, and past a few
+    members a population runs no faster per run (docs/performance.md). done(item, error) is called here as each
+    share ends, for each of its runs (their progress lines come together)."""
+    shares = shares_of(items, jobs, most, mixed)
     if jobs <= 1 or len(shares) == 1:
         for share in shares:
             run_population(share, done)
