@@ -46,7 +46,6 @@ from pathlib import Path
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import cores, on_gpu
-from minigrpo.grpo import PRESETS
 from minigrpo.population.engine import run_populations, shares_of
 from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of,
                                        variant_flags)
@@ -125,21 +124,20 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     """Parse every run's flags, build its reward, score it on the task's support and read its --init in this
     process, so a bad flag, task, reward (one that raises or exits too) or checkpoint (missing, or of another task)
     is one line before any run starts. -> the --init checkpoint the runs start from."""
-    from minigrpo.dpo import DPOConfig
-    from minigrpo.grpo import GRPOConfig
-    from minigrpo.ppo import PPOConfig
+    from minigrpo import dpo, grpo, ppo
     from toy_tasks.rewards import RewardError, make_reward
-    from minigrpo.rl.config import check_rl_config, parse_rl_config
+    from minigrpo.rl.config import check_rl_config
     from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint
     from toy_tasks import get_task
     from toy_tasks.support import reward_table
 
     for algo in algos:
         module = module_of(algo)
-        cls = {"minigrpo.ppo": PPOConfig, "minigrpo.dpo": DPOConfig}.get(module, GRPOConfig)
-        rc = parse_rl_config(cls, trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"], "", algo,
-                             PRESETS if module == "minigrpo.grpo" else None)
+        trainer, check = {"minigrpo.ppo": (ppo, ppo.check_ppo_config), "minigrpo.dpo": (dpo, dpo.check_dpo_config),
+                          "minigrpo.grpo": (grpo, grpo.check_grpo_config)}[module]  # its run's checks, here
+        rc = trainer.parse(trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"])
         check_rl_config(rc)
+        check(rc)
     try:  # the runs share task, reward and --init: checked once, the task and reward first
         t = get_task(rc.task)
         reward_table(make_reward(rc.reward, t.REWARDS, t.REWARD_HELP), t.rl_prompts(rc), t.support,

@@ -229,11 +229,15 @@ def train(cfg: DPOConfig, log=print) -> dict:
     return run(cfg, DPO, "dpo", PANELS, log)
 
 
+def parse(argv) -> DPOConfig:
+    """The command line's config (a UsageError names a bad flag)."""
+    return parse_rl_config(DPOConfig, argv, __doc__.split("\n\n")[0], "dpo")
+
+
 @main_guard
 @finish_unread
 def main(argv=None):
-    cfg = parse_rl_config(DPOConfig, argv, __doc__.split("\n\n")[0], "dpo")
-    train(cfg)
+    train(parse(argv))
 
 
 if __name__ == "__main__":

@@ -73,11 +73,15 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
                                            (["--algos", "grpo,ppo,grpo"], "names grpo more than once"),
                                            (["--steps", "0"], "--steps must be >= 1"),
                                            (["--algos", "dpo", "--online"], "online_dpo"),
-                                           (["--algos", "ppo_oracle", "--critic", "head"], "relabel")])
+                                           (["--algos", "ppo_oracle", "--critic", "head"], "relabel"),
+                                           (["--algos", "dapo@beta=-1"], "--beta must be a finite number >= 0"),
+                                           (["--algos", "ppo@minibatches=999"], "exceeds the rollout's"),
+                                           (["--algos", "online_dpo@beta=0"], "--beta must be a finite number")])
 def test_compare_bad_input(argv, message, capsys, tmp_path):
+    """One line, exit 2, before any run (a trainer's own checks too: its run would fail each seed)."""
     with pytest.raises(SystemExit) as e:
         main([*argv, "--out", str(tmp_path / "x")])
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert e.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 def test_a_pooled_run_is_the_separate_process_run(tmp_path, tiny_pretrained):
