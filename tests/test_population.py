@@ -359,8 +359,8 @@ def test_the_workers_of_a_killed_compare_end_their_runs_at_a_step_with_a_checkpo
     out = tmp_path / "cmp"
     p = subprocess.Popen([sys.executable, "-m", "minigrpo.compare", "--engine", "population", "--algos", "default",
                           "--seeds", "2", "--jobs", "2", "--members", "1", "--steps", "100000", "--out", str(out),
-                          "--init", str(init), "--group-size", "4", "--prompts-per-step", "2"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+                          "--init", str(init), "--group-size", "4", "--prompts-per-step", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     alive = lambda pid: os.path.exists(f"/proc/{pid}")  # noqa: E731
     workers = []
     try:
