@@ -22,6 +22,17 @@ def test_the_members_sequence_kls_are_the_single_trust_regions():
         assert abs(sequence_kls(old, new, mask)[p].item() - sequence_kl(old[p], new[p], mask[p])) < 1e-5
 
 
+def test_members_of_their_own_rows_weights_and_groups_are_their_single_trust_regions():
+    """--person: each member's anchor rows its own, weights and groups (P, N) (a row of weight 0: padding)."""
+    torch.manual_seed(1)
+    old, new, mask = torch.randn(3, 6, 5, 7), torch.randn(3, 6, 5, 7), torch.rand(3, 6, 5) > 0.3
+    w = torch.rand(3, 6) * torch.tensor([[1.0] * 6, [1.0] * 5 + [0.0], [1.0] * 6])
+    g = torch.tensor([[0, 0, 1, 1, 2, 2], [2, 1, 0, 0, 1, 0], [0, 1, 2, 0, 1, 2]])
+    got = sequence_kls(old, new, mask, w, g)
+    for p in range(3):
+        assert abs(got[p].item() - sequence_kl(old[p], new[p], mask[p], w[p], g[p])) < 1e-5
+
+
 def test_a_probes_groups_are_one_hot_encoded_once_and_carried_to_the_next_guard():
     """Its width, the groups' count, is a read of the device: the anchor probe's group tensor is the same each step,
     so its one-hot matrix is made at the first step only."""

@@ -174,7 +174,7 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     assert unsupported(grpo, [a, b]) is None  # each member's β
     assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--beta", "0"))]) is None  # a recipe of its own
     assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--group-size", "2"))]) == \
-        "members differ in more than their seed, out, lr, reward, beta and recipe"
+        "members differ in more than their seed, out, lr, reward, beta, person and recipe"
     from minigrpo.population.engine import lockstep_key, run_lockstep
     key = lambda *flags: lockstep_key(_run(init, tmp_path / "k", 0, "minigrpo.grpo", flags))  # noqa: E731
     assert key() == key("--beta", "0.1") == key("--beta", "0") == key("--preset", "dapo") == key("--kl", "k3")

@@ -4,8 +4,8 @@
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a population each
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in their seeds (and
-folders), learning rates, rewards and β's (GRPO's, and in their recipes: compare's presets of one μ), whose
-configuration lockstep supports, train as one computation, each run a slice of every tensor. The others: as
+folders), learning rates, rewards, β's and people (GRPO's, and in their recipes: compare's presets of one μ),
+whose configuration lockstep supports, train as one computation, each run a slice of every tensor. The others: as
 threads, below.
 
 Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped, the summary
@@ -76,9 +76,9 @@ PER_MEMBER = {module: tuple("--" + k.replace("_", "-") for k in own) for module,
 
 def lockstep_key(item, mixed: bool = True) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every setting but those each
-    member may have of its own (lockstep.OWN: --seed, --out, --lr, --reward, --beta; GRPO's recipe, lockstep.RECIPES;
-    mixed=False: its recipe too, but β) (None: its trainer has no lockstep, or lockstep does not support its flags, or
-    they are bad)."""
+    member may have of its own (lockstep.OWN: --seed, --out, --lr, --reward, --beta, --person; GRPO's recipe,
+    lockstep.RECIPES; mixed=False: its recipe too, but β) (None: its trainer has no lockstep, or lockstep does not
+    support its flags, or they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
     if cmd[2] not in KINDS:  # the trainers a lockstep population runs
         return None

@@ -111,13 +111,14 @@ class EvalGPT(GPT):
 
 
 def alike(cfg) -> tuple:
-    """What of a member's own settings its exact evaluation reads: its reward, and β (the frontier's figures)."""
-    return cfg.reward, getattr(cfg, "beta", None)
+    """What of a member's own settings its exact evaluation reads: its reward, β (the frontier's figures) and person
+    (whose target and whose drift)."""
+    return cfg.reward, getattr(cfg, "beta", None), cfg.person
 
 
 def evaluate_members(members: list) -> dict:
-    """The exact evaluations of lockstep's members (each with its .run), as one for each reward (and β: the
-    frontier's) where the task can (its rl_evaluate_many, whose forward is SharedForward's) -> {id(member): its
+    """The exact evaluations of lockstep's members (each with its .run), as one for each reward (and β, person: alike)
+    where the task can (its rl_evaluate_many, whose forward is SharedForward's) -> {id(member): its
     evaluation}."""
     groups: dict[tuple, list] = {}
     for m in members:

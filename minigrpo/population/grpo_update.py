@@ -85,7 +85,7 @@ class LockstepGRPO:
             outs = [recipe.loss(sig, i, _take(logp, index), _take(logits, index))
                     for (recipe, index, _), sig in zip(parts, signals)]
             loss, s = merge([out[0] for out in outs]), merge([out[1] for out in outs])
-            anchor = None if self.anchor is None else self.anchor.term(stack, ref)
+            anchor = None if self.anchor is None else self.anchor.term(stack, ref, [r.anchor for r in step.runs])
             if anchor is not None:
                 loss = s["loss"] = loss + anchor
                 s["preserve_loss"] = anchor

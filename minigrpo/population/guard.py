@@ -5,10 +5,11 @@ probes' KL is within the limits (or rejected), the members' scales a (P,) tensor
     stats = guard.enforce(stack)            # after it -> {"tr_scale": (P,), "tr_kl_<probe>": (P,)}
 
 probes: [(name, rows (population/rows.Rows), limit, weights (N,) or None, group (N,) long or None)], the single
-run's probes with each member's rows. Per member it computes what StepGuard computes: the same halvings, the same
-rejection after `max_halvings`, the KLs of rl/trust_region.sequence_kl (the group means here a product with the
-groups' one-hot matrix; the same sums in another order). As StepGuard, a probe whose rows are the previous step's
-(the anchor's: the same Rows each step) takes that step's final logits if the weights have not changed since.
+run's probes with each member's rows (weights and group (P, N) where each member's rows are its own: --person). Per
+member it computes what StepGuard computes: the same halvings, the same rejection after `max_halvings`, the KLs of
+rl/trust_region.sequence_kl (the group means here a product with the groups' one-hot matrix; the same sums in
+another order). As StepGuard, a probe whose rows are the previous step's (the anchor's: the same Rows each step)
+takes that step's final logits if the weights have not changed since.
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ from minigrpo.rl.trust_region import carried
 
 @torch.no_grad()
 def sequence_kls(old_logits, new_logits, mask, weights=None, group=None, onehot=None) -> torch.Tensor:
-    """rl/trust_region.sequence_kl of each member: (P, N, T, V) x2, (P, N, T) bool, weights (N,), group (N,)
-    -> (P,) the largest group's weighted mean over its rows of Σ_t KL(old ‖ new). onehot: F.one_hot(group) (N,
-    groups) if made already (its width, group.max() + 1, is a read of the device that waits for the queued kernels)."""
+    """rl/trust_region.sequence_kl of each member: (P, N, T, V) x2, (P, N, T) bool, weights (N,), group (N,) (or
+    (P, N) each: each member's own rows) -> (P,) the largest group's weighted mean over its rows of Σ_t KL(old ‖
+    new). onehot: F.one_hot(group) (N or P × N, groups) if made already (its width, group.max() + 1, is a read of the
+    device that waits for the queued kernels)."""
     kl = torch.where(mask, exact(old_logits, new_logits), 0.0).sum(-1)  # (P, N)
     w = torch.ones(kl.size(1), dtype=kl.dtype, device=kl.device) if weights is None else weights.to(kl.dtype)
     if onehot is None:
         onehot = kl.new_ones(kl.size(1), 1) if group is None else F.one_hot(group)
     onehot = onehot.to(kl.dtype)
+    if w.dim() == 2:  # each member's own rows, weights and groups: (P, 1, N) @ (P, N, groups)
+        return (((kl * w)[:, None] @ onehot)[:, 0] / (w[:, None] @ onehot)[:, 0].clamp(min=1e-30)).amax(-1)
     return ((kl * w) @ onehot / (w @ onehot).clamp(min=1e-30)).amax(-1)
 
 

@@ -1,5 +1,5 @@
 """A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders), learning rates,
-rewards and β's apart (OWN), GRPO's recipes too (RECIPES), as one computation.
+rewards, β's and people apart (OWN), GRPO's recipes too (RECIPES), as one computation.
 
     results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or minigrpo.ppo; cfgs[p]:
                                                    # member p's config -> per member its summary, or its error line
@@ -22,9 +22,9 @@ A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) 
 untouched: every computation is per member. Each member's metrics are its single run's to float rounding
 (tests/test_lockstep.py), and its folder is the one its single run writes (`grpo --resume` or `ppo --resume`
 continues it); its step_time and tokens_per_s are the population's step's. `unsupported(trainer, cfgs)` says what it
-cannot run (a population then runs its members as threads: population/member.py). Departures: set-up is the first
-member's, taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the exact evaluation
-of step 0 of the members of one reward (every member starts from the same weights).
+cannot run (a population then runs its members as threads: population/member.py). Departures: set-up is each
+--person's first member's, taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the
+exact evaluation of step 0 of the members of one reward, β and person (every member starts from the same weights).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from minigrpo.population import grpo_update, ppo_update
+from minigrpo.population.aids import Aids
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, MemberRun, share_copies
 from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
@@ -54,8 +55,9 @@ from toy_tasks.rewards import RewardError, score
 
 # what members may differ in, each a flag with a value (lr: optim.py; reward: each member's scores, evaluation and
 # PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each member's already, adapted on its
-# own), and settings that change no result
-OWN = {trainer: ("seed", "out", "lr", "reward", "beta") for trainer in ("minigrpo.grpo", "minigrpo.ppo")}
+# own; person: each member's prompts, anchor (anchor.py) and trust region's anchor rows), and settings that change no
+# result
+OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("minigrpo.grpo", "minigrpo.ppo")}
 # and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update (grpo_update.py)
 RECIPES = {"minigrpo.grpo": RECIPE, "minigrpo.ppo": ()}
 QUIET = ("overwrite", "quiet", "verbose")
@@ -93,29 +95,6 @@ def unsupported(trainer, cfgs: list) -> str | None:
     return KINDS[trainer.__name__](trainer).unsupported(cfgs)
 
 
-@dataclass
-class Aids:
-    """What a population's steps use besides its weights, optimiser and update."""
-    evaluation: SharedForward  # the members' exact evaluations: one forward for all
-    prompts: PromptTable  # every member's step prompts encoded at once (the members' prompts are the first's)
-    anchor_probe: tuple | None  # the trust region's anchor rows, the first member's (Run.anchor_probe_rows)
-    stale: StaleWeights | None  # --sample-stale's recorded weights
-    anchor_rows: Rows | None = None  # the anchor probe's rows for these members, the same object every step
-    guard: Guard | None = None  # the last step's trust region (its final logits of the anchor rows)
-
-    def adopt(self, members: list) -> None:
-        """Member j's GPT evaluates through the population's forward (and samples from its recorded weights); the
-        anchor probe's rows for these members."""
-        self.guard = None
-        if self.anchor_probe is not None:
-            self.anchor_rows = Rows.shared(self.anchor_probe[0], len(members))
-        for j, (_, m) in enumerate(members):
-            m.run.slot = j  # its slices of the stacks (its checkpoint's)
-            self.evaluation.adopt(m.run.policy, j)
-            if self.stale is not None:
-                m.algo.sampler = self.stale.member(m.algo.sampler, j)
-
-
 class Member:
     """One member's run, its algorithm (its state, for its checkpoint) and its open metrics file."""
 
@@ -129,10 +108,11 @@ class Member:
 def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     """Every member's run (module docstring) -> per member its summary (dict) or its error (str). `trainer`: the
     module minigrpo.grpo or minigrpo.ppo, whose checks, algorithm state, loss and panels the members use."""
-    kind, members, results = KINDS[trainer.__name__](trainer), [], [None] * len(cfgs)
+    kind, members, results, likes = KINDS[trainer.__name__](trainer), [], [None] * len(cfgs), {}
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
         try:
-            members.append((k, Member(kind, cfg, log, members[0][1].run if members else None)))
+            members.append((k, Member(kind, cfg, log, likes.get(cfg.person))))
+            likes.setdefault(cfg.person, members[-1][1].run)  # each --person's first: its anchor, the others'
         except UsageError as e:
             results[k] = str(e)
     if not members:
@@ -140,12 +120,13 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     ref = Stack([m.run.ref for _, m in members])
-    update = kind.update(cfg, MembersAnchor(cfg, first.anchor) if first.anchor is not None else None,
+    update = kind.update(cfg, MembersAnchor(cfg) if first.anchor is not None else None,
                          [m.algo for _, m in members])
     opt = MembersAdamW(stack.parameters() + [w for s in update.stacks for w in s.parameters()], lr=cfg.lr)
     sampler = members[0][1].algo.sampler  # GRPO's --sample-*: alike for all members
-    aids = Aids(SharedForward(), PromptTable(first.tok, first.prompts, first.device),
-                first.anchor_probe_rows() if first.anchor is not None and cfg.trust_region_anchor > 0 else None,
+    aids = Aids(SharedForward(), PromptTable(first.tok, list(dict.fromkeys(x for _, m in members
+                                                                            for x in m.run.prompts)), first.device),
+                first.anchor is not None and cfg.trust_region_anchor > 0,
                 StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None)
     aids.adopt(members)
     start = {}  # step 0: every member's weights are the first's, evaluated by its own forward once for each reward
@@ -196,9 +177,9 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
         ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
         old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
     probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
-    if aids.anchor_probe is not None:
-        _, weights, group = aids.anchor_probe
-        probes.append(("anchor", aids.anchor_rows, cfg.trust_region_anchor, weights, group))
+    if aids.anchor_rows is not None:
+        anchor_rows, weights, group = aids.anchor_rows
+        probes.append(("anchor", anchor_rows, cfg.trust_region_anchor, weights, group))
     guard = aids.guard = Guard(stack, probes, aids.guard) if probes else None
     figures = update(stack, ref, opt, Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs,
                                                [m.algo for _, m in members]))

@@ -26,6 +26,7 @@ from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.stacked import Stack, linear
 from minigrpo.rl.report import combine_stats, packed, unpacked
+from toy_tasks.support import reward_table
 from toy_tasks.value_tree import ValueTree
 
 
@@ -77,32 +78,36 @@ class Critics(Stack):
 class ExactValues:
     """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once: every member's log-probs
     of the support's rows in one forward through the stack (and π_ref's), then toy_tasks/value_tree.py, under each
-    member's reward (one tree for all where they share it)."""
+    member's reward (one tree for all where they share it), over every member's prompts (its --person's)."""
 
     def __init__(self, run):
-        self.run, self.trees = run, {}
-        self.prompts, self.temperature = {x: i for i, x in enumerate(run.prompts)}, run.cfg.temperature
+        self.run, self.trees, self.temperature = run, {}, run.cfg.temperature
 
-    def tree(self, runs: list) -> ValueTree:
-        """The value tree of these members' rewards (made once for each set of members)."""
-        specs = [r.cfg.reward for r in runs]
-        key = specs[0] if len(set(specs)) == 1 else tuple(specs)
+    def tree(self, runs: list) -> tuple[ValueTree, dict]:
+        """The value tree of these members' rewards and prompts, and each prompt's place in it (made once for each
+        set of members)."""
+        specs, prompts = [r.cfg.reward for r in runs], list(dict.fromkeys(x for r in runs for x in r.prompts))
+        key = (specs[0] if len(set(specs)) == 1 else tuple(specs), tuple(prompts))
         if key not in self.trees:
             r = self.run
-            tables = [x.rewards for x in runs] if isinstance(key, tuple) else r.rewards
-            self.trees[key] = ValueTree(r.tok, r.prompts, r.task.support, tables, r.device)
+            alone = prompts == r.prompts  # else each member's reward on every member's prompts
+            table = lambda x: x.rewards if alone else reward_table(x.reward, prompts, x.task.support,  # noqa: E731
+                                                                   x.task.OFF_SUPPORT_PROBES)
+            tables = [table(x) for x in runs] if isinstance(key[0], tuple) else table(runs[0])
+            self.trees[key] = (ValueTree(r.tok, prompts, r.task.support, tables, r.device),
+                               {x: i for i, x in enumerate(prompts)})
         return self.trees[key]
 
     @torch.no_grad()
     def __call__(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]) -> torch.Tensor:
         """-> (P, N, T), 0 where masked (any value in a failed member's slot)."""
-        rows, tree = step.rows, self.tree(step.runs)
+        rows, (tree, place) = step.rows, self.tree(step.runs)
         P, device = rows.ids.size(0), rows.ids.device
         grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
         support = Rows(grow(tree.ids), grow(tree.key_mask), 1, grow(tree.key_mask[:, 1:]))  # every token a target
         V = tree.values(support.logprobs(stack, self.temperature)[0], support.logprobs(ref, self.temperature)[0],
                         torch.tensor(betas, device=device))
-        index = torch.tensor([[self.prompts[x] for x in b.prompts] if b is not None else [0] * rows.ids.size(1)
+        index = torch.tensor([[place[x] for x in b.prompts] if b is not None else [0] * rows.ids.size(1)
                               for b in step.batches], device=device)
         return tree.prefix_values(V, index, rows.ids[..., rows.prompt_len:], rows.completion_mask)
 
@@ -173,7 +178,7 @@ class LockstepPPO:
                 values, v_old = self.critics.values(sub, hidden), _take(old_values, rows)
                 vf_loss = self.mean(value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m)
                 loss = loss + cfg.vf_coef * vf_loss
-            anchor = None if self.anchor is None else self.anchor.term(stack, ref)
+            anchor = None if self.anchor is None else self.anchor.term(stack, ref, [r.anchor for r in step.runs])
             if anchor is not None:
                 loss = loss + anchor
             with torch.no_grad():

@@ -170,11 +170,12 @@ def anchor_loss(policy: GPT, anchor: Anchor, rows: torch.Tensor | None = None,
 
 def weighted_kl(logits: torch.Tensor, ref_logits: torch.Tensor, where: torch.Tensor, weights: torch.Tensor,
                 direction: str = "forward") -> torch.Tensor:
-    """Σ_rows w·Σ_t KL / Σ_rows w, the exact KL at the positions `where` (m, T) of rows weighted (m,): logits,
-    ref_logits (..., m, T, V) -> (...) (a leading dim: a lockstep population's members)."""
+    """Σ_rows w·Σ_t KL / Σ_rows w, the exact KL at the positions `where` (..., m, T) of rows weighted (..., m):
+    logits, ref_logits (..., m, T, V) -> (...) (a leading dim: a lockstep population's members, rows of each one's
+    own or shared)."""
     kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)  # (..., m, T)
     kl = torch.where(where, kl, torch.zeros((), device=kl.device))
-    return (kl.sum(-1) * weights).sum(-1) / weights.sum()
+    return (kl.sum(-1) * weights).sum(-1) / weights.sum(-1)
 
 
 def forced_state_anchor(anchor: Anchor, others: int, max_entropy: float, weight: float) -> Anchor:

@@ -1,0 +1,47 @@
+"""What a lockstep population's steps use besides its weights, optimiser and update (population/lockstep.py): the
+members' evaluation forward, their prompts, the trust region's anchor rows, a stale sampler's weights, the last
+step's trust region.
+
+    aids = Aids(SharedForward(), PromptTable(tok, prompts, device), anchor_probe, stale)
+    aids.adopt(members)       # at the start and whenever members leave: their slots, forwards and anchor rows
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minigrpo.population.anchor import own_rows
+from minigrpo.population.evaluation import SharedForward
+from minigrpo.population.guard import Guard
+from minigrpo.population.rows import Rows
+from minigrpo.population.sampling import PromptTable, StaleWeights
+
+
+@dataclass
+class Aids:
+    """What a population's steps use besides its weights, optimiser and update."""
+    evaluation: SharedForward  # the members' exact evaluations: one forward for all
+    prompts: PromptTable  # every member's step prompts encoded at once (from every member's prompts)
+    anchor_probe: bool  # whether the trust region measures the anchor's rows (Run.anchor_probe_rows)
+    stale: StaleWeights | None  # --sample-stale's recorded weights
+    anchor_rows: tuple | None = None  # the anchor probe's (Rows, weights, group) for these members, the same objects
+    # every step: one --person's rows shared, else each member's own (anchor.own_rows)
+    guard: Guard | None = None  # the last step's trust region (its final logits of the anchor rows)
+
+    def adopt(self, members: list) -> None:
+        """Member j's GPT evaluates through the population's forward (and samples from its recorded weights); the
+        anchor probe's rows for these members."""
+        self.guard = None
+        if self.anchor_probe:
+            runs = [m.run for _, m in members]
+            gens, weights, groups = zip(*[r.anchor_probe_rows() for r in runs])
+            if all(r.anchor is runs[0].anchor for r in runs):
+                self.anchor_rows = (Rows.shared(gens[0], len(runs)), weights[0], groups[0])
+            else:
+                rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
+                self.anchor_rows = (rows, w, g)
+        for j, (_, m) in enumerate(members):
+            m.run.slot = j  # its slices of the stacks (its checkpoint's)
+            self.evaluation.adopt(m.run.policy, j)
+            if self.stale is not None:
+                m.algo.sampler = self.stale.member(m.algo.sampler, j)
