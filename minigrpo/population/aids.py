@@ -33,9 +33,12 @@ class Aids:
         anchor probe's rows for these members."""
         self.guard = None
         if self.anchor_probe:
-            runs = [m.run for _, m in members]
-            gens, weights, groups = zip(*[r.anchor_probe_rows() for r in runs])
-            if all(r.anchor is runs[0].anchor for r in runs):
+            runs, probes = [m.run for _, m in members], {}
+            for r in runs:  # one anchor's rows chosen once (Run.anchor_probe_rows), for its person's members
+                if id(r.anchor) not in probes:
+                    probes[id(r.anchor)] = r.anchor_probe_rows()
+            gens, weights, groups = zip(*[probes[id(r.anchor)] for r in runs])
+            if len(probes) == 1:
                 self.anchor_rows = (Rows.shared(gens[0], len(runs)), weights[0], groups[0])
             else:
                 rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
