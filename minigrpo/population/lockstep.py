@@ -129,8 +129,8 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                 first.anchor is not None and cfg.trust_region_anchor > 0,
                 StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None)
     aids.adopt(members)
-    start = {}  # step 0: every member's weights are the first's, evaluated by its own forward once for each reward
-    for _, m in members:  # (and β) as its single run (figures that compare π_θ with π_ref see them equal)
+    start = {}  # step 0: every member's weights are the first's, evaluated by its own forward once for each reward,
+    for _, m in members:  # β and person (alike) as its single run (figures that compare π_θ with π_ref see them equal)
         if alike(m.run.cfg) not in start:
             start[alike(m.run.cfg)] = m.run.exact_evaluation()
     for _, m in members:
