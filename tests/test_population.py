@@ -414,14 +414,16 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
     PPO, threads) matches only at the first evaluation: there a batch of another shape rounds differently (other
     GEMM kernels), and PPO's clip and trust region can turn that rounding into another step (measured on an H200:
     the first update's loss 40 % apart in this test, 1e-4 with the bench's model); its runs must end with every
-    metric finite. GRPO members of three recipes (default, DAPO, RLOO: one lockstep population) as the same pair."""
+    metric finite. GRPO members of three recipes (default, DAPO, RLOO: one lockstep population), and of two people,
+    as the same pair."""
     from minigrpo.compare import on_gpu
     init, _, _ = tiny_pretrained
     cuda = ("--device", "cuda")
     grpo, ppo = ("minigrpo.grpo", ()), ("minigrpo.ppo", ())
     dapo, rloo = ("minigrpo.grpo", ("--preset", "dapo")), ("minigrpo.grpo", ("--preset", "rloo"))
+    alice = ("minigrpo.grpo", ("--person", "alice"))
     populations = {"same": [(*grpo, 0), (*grpo, 1)], "ppo": [(*ppo, 0), (*ppo, 1)], "mixed": [(*grpo, 0), (*ppo, 0)],
-                   "recipes": [(*grpo, 0), (*dapo, 1), (*rloo, 2)]}
+                   "recipes": [(*grpo, 0), (*dapo, 1), (*rloo, 2)], "people": [(*grpo, 0), (*alice, 1)]}
     for name, runs in populations.items():
         errors = []
         run_population([_run(init, tmp_path / f"{name}{k}", seed, module, (*cuda, *extra)) for k, (module, extra, seed)
@@ -435,7 +437,8 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
     for name, runs in populations.items():
         for k, (module, extra, seed) in enumerate(runs):
             rows, want = read_jsonl(tmp_path / f"{name}{k}" / "metrics.jsonl"), alone(module, extra, seed)
-            first, tol = {"mixed": (1, 1e-4), "same": (3, 1e-3), "ppo": (3, 1e-3), "recipes": (3, 1e-3)}[name]
+            first, tol = {"mixed": (1, 1e-4), "same": (3, 1e-3), "ppo": (3, 1e-3), "recipes": (3, 1e-3),
+                          "people": (3, 1e-3)}[name]
             assert [close(UNTIMED(g), UNTIMED(w), tol) for g, w in zip(rows[:first], want)] == [[]] * first, \
                 (name, module)
             assert len(rows) == len(want) and all(math.isfinite(v) for r in rows for v in r.values()
