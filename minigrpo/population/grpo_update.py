@@ -65,9 +65,8 @@ class LockstepGRPO:
             return [(self.recipe(step.runs[0].cfg), None, step)]
         parts = []
         for at in places.values():
-            recipe = self.recipe(step.runs[at[0]].cfg)
-            parts.append((recipe, torch.tensor(at, device=step.rewards.device),
-                          step.members(at, recipe.needs_ref, recipe.needs_old_logp)))
+            recipe, index = self.recipe(step.runs[at[0]].cfg), torch.tensor(at, device=step.rewards.device)
+            parts.append((recipe, index, step.members(at, index, recipe.needs_ref, recipe.needs_old_logp)))
         return parts
 
     def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:

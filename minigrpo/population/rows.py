@@ -4,7 +4,7 @@ anchor's), padded to one shape, and their log-probs under each member's own weig
     rows = Rows.of([gen_0, gen_1, ...])            # each member's Generation (lm/sampling.py), N rows each
     rows = Rows.shared(anchor.gen, P)              # the same rows for every member
     subs = rows.select([index, ...])               # index (P, n): each member's own rows (PPO's minibatches)
-    mine = rollouts.members([p, ...])              # some members' step (Rollouts: a lockstep update's input)
+    mine = rollouts.members(at, index)             # some members' step (Rollouts: a lockstep update's input)
     logp, logits = rows.logprobs(stack, temperature)   # (P, N, T), (P, N, T, V): lm/logprobs.generation_logprobs
 
 Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest completion, so
@@ -108,10 +108,10 @@ class Rollouts:
     runs: list = field(default_factory=list)  # each member's rl/loop.Run (its generators, models, task)
     algos: list = field(default_factory=list)  # each member's algorithm object (PPO's: its β)
 
-    def members(self, at: list[int], ref: bool = True, old: bool = True) -> "Rollouts":
-        """Members `at`'s rollouts: their rows (without trees: for their masks, not for a forward), rewards, π_ref's
-        log-probs and logits (ref) and π_old's (old) where given, and their runs' own objects."""
-        index = torch.tensor(at, device=self.rewards.device)
+    def members(self, at: list[int], index: torch.Tensor, ref: bool = True, old: bool = True) -> "Rollouts":
+        """Members `at`'s rollouts (index: `at` on the rows' device): their rows (without trees: for their masks, not
+        for a forward), rewards, π_ref's log-probs and logits (ref) and π_old's (old) where given, and their runs' own
+        objects."""
         take = lambda x, keep=True: x.index_select(0, index) if x is not None and keep else None  # noqa: E731
         r = self.rows
         return Rollouts(Rows(take(r.ids), take(r.key_mask), r.prompt_len, take(r.completion_mask)), take(self.rewards),
