@@ -85,6 +85,26 @@ def test_help_shows_each_default_once(capsys):
     assert "(default runs/<algo>-<reward>) --" in texts[grpo]
 
 
+def test_a_parser_is_made_once_for_each_config_and_defaults_and_parses_as_a_new_one():
+    from dataclasses import dataclass, field
+    from minigrpo.util import cli
+    cli._parser.cache_clear()
+    runs = [grpo.parse(["--seed", str(s), "--out", f"o{s}"]) for s in range(3)]
+    assert [(c.seed, c.out) for c in runs] == [(0, "o0"), (1, "o1"), (2, "o2")]
+    assert (cli._parser.cache_info().misses, cli._parser.cache_info().hits) == (1, 2)
+    dapo = grpo.parse(["--preset", "dapo"])  # other defaults: a parser of their own
+    assert cli._parser.cache_info().misses == 2 and dapo.loss_agg != runs[0].loss_agg
+    assert grpo.parse([]) == grpo.parse([]) and grpo.parse([]).loss_agg == runs[0].loss_agg
+    for _ in range(2):  # a made parser still says a bad flag in one line
+        with pytest.raises(cli.UsageError, match="--steps: invalid int value"):
+            grpo.parse(["--steps", "x"])
+
+    @dataclass
+    class Listed:
+        names: str = field(default="a", metadata=cli.meta("names"))
+    assert cli.parse_config(Listed, [], defaults={"names": ["b", "c"]})[0].names == ["b", "c"]  # no key: made anew
+
+
 def test_pretrain_bad_input(tmp_path, capsys):
     assert "unknown task 'chess'" in one_line_error(pretrain.main, ["--task", "chess", "--out", str(tmp_path / "a")], capsys)
     assert "--steps must be > 0" in one_line_error(pretrain.main, ["--steps", "0", "--out", str(tmp_path / "b")], capsys)

@@ -18,6 +18,7 @@ import atexit
 import dataclasses
 import math
 import errno
+import functools
 import os
 import signal
 import sys
@@ -127,14 +128,27 @@ def build_parser(cls, description: str, defaults: dict | None = None) -> argpars
     return parser
 
 
+def _usage_error(message):  # argparse would print usage and exit 2; we want one clear line
+    raise UsageError(message)
+
+
+@functools.lru_cache(maxsize=64)
+def _parser(cls, description: str, prog: str | None, defaults: tuple) -> argparse.ArgumentParser:
+    """build_parser's parser, made once for each config, description, program and defaults (a population parses
+    every member's flags: building the parser is most of a parse's time); parse_args leaves it unchanged."""
+    parser = build_parser(cls, description, dict(defaults))
+    parser.error = _usage_error
+    return parser
+
+
 def parse_config(cls, argv=None, description: str = "", defaults: dict | None = None):
     """Parse argv into an instance of the dataclass `cls`; argparse errors become UsageError."""
-    parser = build_parser(cls, description, defaults)
-
-    def error(message):  # argparse would print usage and exit 2; we want one clear line
-        raise UsageError(message)
-
-    parser.error = error
+    key = tuple(sorted((defaults or {}).items()))
+    try:
+        parser = _parser(cls, description, program(), key)
+    except TypeError:  # a default that cannot be a key (a list read from a resumed run's config.json)
+        parser = build_parser(cls, description, defaults)
+        parser.error = _usage_error
     ns = parser.parse_args(argv)
     return cls(**vars(ns)), parser
 
