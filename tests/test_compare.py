@@ -29,6 +29,8 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
     assert "outside the bars (2):\n  grpo-s0: final target 0." in printed, printed
     assert "within bars" in printed and "exact KL/token" not in printed and str(out / "table.md") in printed
     assert all(len(line) <= 120 for line in printed.splitlines() if str(out) not in line), printed
+    config = json.loads((out / "grpo-s0" / "config.json").read_text())
+    assert config["ckpt_every"] == config["steps"] == 3  # one checkpoint, the last: an unfinished run is made again
     stamp = (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns
     main(args)  # a rerun keeps finished runs
     assert (out / "grpo-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
