@@ -18,6 +18,16 @@ def cpu_unless_marked_cuda(request, monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
+@pytest.fixture(params=["token-by-token", "noise-ahead"])
+def noise_drawn(request, monkeypatch):
+    """Both ways a generate() call draws its noise, on the CPU: a token at a time (the CPU's), and all of it at the
+    first token (lm/sampling.NOISE_AHEAD: a GPU's, here on the CPU) -> which."""
+    if request.param == "noise-ahead":
+        from minigrpo.lm import sampling
+        monkeypatch.setattr(sampling, "NOISE_AHEAD", (*sampling.NOISE_AHEAD, "cpu"))
+    return request.param
+
+
 SET = settings(deadline=None, max_examples=40, derandomize=True)  # the property tests' hypothesis budget
 NAN = float("nan")
 

@@ -75,6 +75,24 @@ def test_a_lockstep_populations_members_are_their_single_runs(tmp_path, tiny_pre
     assert [r["step"] for r in read_jsonl(tmp_path / "lock-s1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # as its own
 
 
+@pytest.mark.parametrize("noise_drawn", ["noise-ahead"], indirect=True)
+@pytest.mark.parametrize("trainer", [grpo, ppo], ids=["grpo", "ppo"])
+def test_with_the_noise_drawn_ahead_as_on_a_gpu_members_are_their_single_runs(tmp_path, tiny_pretrained, trainer,
+                                                                             noise_drawn):
+    """lm/sampling.NOISE_AHEAD (a GPU's way, here on the CPU): each member draws its call's noise at its first token
+    as its single run does, so its samples and metrics over the first steps are its single run's (to 1e-4)."""
+    init, _, _ = tiny_pretrained
+    results = train_lockstep(trainer, [_cfg(init, tmp_path / f"lock-s{s}", s, (), trainer) for s in range(3)],
+                             [print] * 3)
+    assert [r["step"] for r in results] == [3, 3, 3]
+    for s in range(3):
+        assert run_one(_run(init, tmp_path / f"alone-s{s}", s, trainer.__name__)) is None
+        rows, want = (read_jsonl(tmp_path / f"{kind}-s{s}" / "metrics.jsonl") for kind in ("lock", "alone"))
+        assert len(rows) == len(want) == 4 and all(close(UNTIMED(a), UNTIMED(b)) == [] for a, b in zip(rows, want))
+        samples = [(tmp_path / f"{kind}-s{s}" / "samples.txt").read_text() for kind in ("lock", "alone")]
+        assert samples[0] == samples[1], s
+
+
 @pytest.mark.parametrize("trainer", [grpo, ppo], ids=["grpo", "ppo"])
 def test_members_with_learning_rates_of_their_own_are_their_single_runs(tmp_path, tiny_pretrained, trainer):
     """Members may differ in --lr (compare's NAME@lr=... variants share a population): each member's AdamW step at

@@ -64,7 +64,7 @@ def test_the_batchers_forward_pads_requests_of_every_shape_and_mask_and_gives_ea
 
 
 @pytest.mark.parametrize("settings", [[(1.0, None, None)] * 3, [(0.7, 5, None), (1.0, None, 0.9), (1.3, None, None)]])
-def test_batched_sampling_draws_what_each_member_draws_alone(settings):
+def test_batched_sampling_draws_what_each_member_draws_alone(settings, noise_drawn):
     models = members()
     requests, alone, drawn_alone = [], [], []
     for p, (B, width) in enumerate([(4, 3), (2, 5), (3, 1)]):  # other rows, other prompt widths
@@ -84,7 +84,7 @@ def test_batched_sampling_draws_what_each_member_draws_alone(settings):
         assert torch.equal(requests[p].generator.get_state(), drawn_alone[p].get_state()), p
 
 
-def test_members_alike_draw_as_one_what_each_draws_alone():
+def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
     """Members with the same rows and plain sampling draw as one (population/sampling.StackedDraws): each member's
     tokens, log-probs and generator state are its own generate()'s, one whose block leaves fewer new tokens (a
     20-token prompt in a 24-token block) and one whose weights are NaN (its error) included."""

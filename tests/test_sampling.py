@@ -102,6 +102,29 @@ def test_exponential_race_draws_what_multinomial_draws_and_follows_the_probabili
     assert (freq - probs).abs().max() < 0.015 and (freq[probs == 0] == 0).all()
 
 
+def test_with_the_noise_drawn_ahead_each_token_races_its_slice_of_one_draw(tiny_pretrained, monkeypatch):
+    """NOISE_AHEAD (a GPU's; here on the CPU): a call draws Exp(1) noise (n_max, B, V) once, from its generator, and
+    token n of every row is argmax p_n / E[n], p_n its distribution after the tokens before (one teacher-forced
+    forward: the oracle)."""
+    from minigrpo.lm import sampling
+    _, model, tok = tiny_pretrained
+    monkeypatch.setattr(sampling, "NOISE_AHEAD", ("cpu",))
+    ids, mask = encode_prompts(tok, PROMPTS * 4)
+    drawn = torch.Generator().manual_seed(5)
+    g = generate(model, ids, mask, max_new_tokens=14, generator=drawn)
+    ahead = torch.Generator().manual_seed(5)
+    noise = torch.empty(14, ids.size(0), model.cfg.vocab_size).exponential_(generator=ahead)  # (n_max, B, V)
+    assert torch.equal(drawn.get_state(), ahead.get_state()), "the call drew other than its noise at once"
+    with torch.no_grad():
+        logits = model(g.ids, pos=positions(g.key_mask), key_mask=g.key_mask)[:, g.prompt_len - 1:-1]  # (B, N, V)
+    race = (logits.softmax(-1) / noise[:g.completion_ids.size(1)].transpose(0, 1)).argmax(-1)  # (B, N)
+    assert torch.equal(race[g.completion_mask], g.completion_ids[g.completion_mask])
+    monkeypatch.setattr(sampling, "NOISE_AHEAD", ())  # a token at a time: it stops drawing with the call's last token
+    alone = torch.Generator().manual_seed(5)
+    generate(model, ids, mask, 14, generator=alone)
+    assert g.completion_ids.size(1) < 14 and not torch.equal(alone.get_state(), drawn.get_state())
+
+
 def test_a_model_with_nan_weights_is_an_error_not_silent_samples():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=8)).eval()

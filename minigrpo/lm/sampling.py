@@ -9,6 +9,11 @@ them) and then one token per step for the whole batch, both through decode.Decod
 forward). Each row stops at its first EOS (later slots hold PAD and are masked out); the loop stops as soon as
 every row has stopped.
 
+Each token is drawn by an exponential race (`exponential_race`: torch.multinomial's own draws). On a GPU
+(NOISE_AHEAD) a call draws all its noise, (n_max, B, V), at its first token: one kernel a call, not one a token,
+where a decoding step is launch-bound and a population's members each draw their own (population/sampling.py). The
+same seed then draws other samples there than on a CPU: a run on a GPU is another experiment anyway.
+
 Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p), which at
 temperature 1 without filtering are the model's own. `use_cache=False` recomputes the whole sequence
 at every step: the slow, obviously-correct path that tests and `bench` compare the cache against.
@@ -87,13 +92,23 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     return logits
 
 
-def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None,
+                     noise: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row of (B, V) probabilities: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. The race is exact:
     E_i / p_i ~ Exp(p_i), and the smallest of independent exponentials is i with probability p_i / Σ_j p_j. It is
     how torch.multinomial(probs, 1) draws one sample (same generator calls, same draws: tests/test_sampling.py),
     minus that function's input checks (two reductions and a sync: about half its time on a few rows; generate
-    checks its log-probs once instead). -> (B,) long."""
-    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
+    checks its log-probs once instead). `noise`: the E (B, V) already drawn (NOISE_AHEAD). -> (B,) long."""
+    return (probs / (torch.empty_like(probs).exponential_(generator=generator) if noise is None else noise)).argmax(-1)
+
+
+NOISE_AHEAD = ("cuda",)  # the devices where a generate() call draws its noise at its first token (module docstring)
+
+
+def noise_ahead(draws: "Draws", shape: tuple) -> torch.Tensor:
+    """A call's noise drawn at once from its generator: Exp(1) of (n_max, *shape), token n's the [n] slice."""
+    device = draws.prompt_ids.device
+    return torch.empty((draws.n_max, *shape), device=device).exponential_(generator=draws.settings[3])
 
 
 NON_FINITE = "sampling met non-finite probabilities: the model's weights hold NaN or inf"
@@ -127,7 +142,7 @@ class Draws:
         self.n_max = min(max_new_tokens, block_size - longest)
         if self.n_max < 1:
             raise ValueError(f"prompt of {P} tokens leaves no room in block_size {block_size}")
-        self.steps = 0
+        self.steps, self.ahead, self.noise = 0, prompt_ids.device.type in NOISE_AHEAD, None
         if allocate:
             self.allocate()
 
@@ -149,7 +164,9 @@ class Draws:
         another step follows (False once every row has ended or n_max tokens are drawn)."""
         n, (temperature, top_k, top_p, generator) = self.steps, self.settings
         logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
-        nxt = exponential_race(logp_all.exp(), generator)  # (B,)
+        if self.ahead and n == 0:
+            self.noise = noise_ahead(self, logp_all.shape)
+        nxt = exponential_race(logp_all.exp(), generator, self.noise[n] if self.ahead else None)  # (B,)
         self.record(n, nxt, logp_all.gather(1, nxt[:, None]).squeeze(1))
         self.steps = n + 1
         return not (bool(self.done.all()) or self.steps == self.n_max)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo.lm.model import causal_mask, positions
-from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, encode_prompts, process_logits
+from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, encode_prompts, noise_ahead, process_logits
 from minigrpo.rl.rollout import Sampler
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
@@ -164,8 +164,8 @@ class StackedDraws:
     """The lm/sampling.Draws of P members with the same number of rows, prompt width and plain sampling (temperature
     only), drawn as one: the sampling distribution, the race and the bookkeeping over (P, B, V) at once, and each
     member's exponential noise from its own generator, exactly as often as its own Draws draws it (a member whose
-    rows have all ended, or that reached its n_max, draws no more). `generations()`: each member's Generation, the
-    one its own Draws would give."""
+    rows have all ended, or that reached its n_max, draws no more; on a GPU all of it at the first token).
+    `generations()`: each member's Generation, the one its own Draws would give."""
 
     record = Draws.record  # a single run's bookkeeping of a draw, over (P, B) rows
 
@@ -174,7 +174,7 @@ class StackedDraws:
         first = draws[0].prompt_ids
         self.tokens, self.logprobs, self.completion_mask, self.done = \
             Draws.fresh((len(draws), first.size(0)), draws[0].n_max, first.device)  # (P, B, n_max); done (P, B)
-        self.steps = [0] * len(draws)
+        self.steps, self.ahead = [0] * len(draws), draws[0].ahead
 
     @staticmethod
     def fits(members: list) -> bool:
@@ -189,10 +189,15 @@ class StackedDraws:
         n, temperature = max(self.steps), self.draws[0].settings[0]
         logp_all = F.log_softmax(process_logits(logits, temperature), -1)  # (P, B, V)
         probs = logp_all.exp()
-        noise = torch.ones_like(probs)  # a member that has ended draws nothing
-        rows = noise.unbind(0)
-        for p in going:  # each member's (B, V) from its own generator, as its own Draws draws them
-            rows[p].exponential_(generator=self.draws[p].settings[3])
+        if self.ahead:  # on a GPU each member's noise of the call, drawn at its first token (lm/sampling.NOISE_AHEAD)
+            if n == 0:
+                self.noise = torch.stack([noise_ahead(d, probs.shape[1:]) for d in self.draws])  # (P, n_max, B, V)
+            noise = self.noise[:, n]
+        else:
+            noise = torch.ones_like(probs)  # a member that has ended draws nothing
+            rows = noise.unbind(0)
+            for p in going:  # each member's (B, V) from its own generator, as its own Draws draws them
+                rows[p].exponential_(generator=self.draws[p].settings[3])
         nxt = (probs / noise).argmax(-1)  # (P, B): lm/sampling.exponential_race of each member
         self.record(n, nxt, logp_all.gather(-1, nxt[..., None])[..., 0])
         ended = self.done.all(-1).tolist()
