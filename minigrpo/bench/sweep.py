@@ -13,7 +13,8 @@ kernel running most of the time), the GPU holding memory but less used (set-up o
 populations ending at different times, their files), and after it let go (compare's table and figures).
 
 On a GPU the command runs again with `--members 1024`: GRPO's seven presets of μ = 2 (896 runs) as one lockstep
-population, each preset a recipe (population/grpo_recipe.py), beside PPO's two: three processes on the GPU, not nine.
+population, each preset a recipe (population/grpo_recipe.py), beside PPO's two: three processes on the GPU, not nine;
+and with `--members 448`: GRPO's in two populations (fewer kernels than nine, each process's host work halved).
 
 Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run had ended at once
 (every bootstrap made after the runs), and as compare makes it, every algorithm's bootstraps but the last one's begun
@@ -76,7 +77,8 @@ def phases(samples: list[tuple[float, float, float]], wall: float, busy: float =
     return (before, on, during - on, wall - before - during)
 
 
-GPU_ALSO = [("--members", "1024")]  # GRPO's seven presets in one population: three processes, not nine
+# GRPO's seven presets (896 runs) in one population beside PPO's two: three processes, not nine; then in two
+GPU_ALSO = [("--members", "1024"), ("--members", "448")]
 
 
 def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, extra: tuple = (),
