@@ -172,7 +172,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     if some is None:  # every member failed
         return
     rows = Rows.of([(b or some).gen for b in batches])  # a failed member's slot: any rows, its update not kept
-    rewards = torch.stack([(b or some).rewards for b in batches])
+    rewards, completion_mask = torch.stack([(b or some).rewards for b in batches]), rows.completion_mask
     with torch.no_grad():
         ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
         old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
@@ -189,7 +189,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
     finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
                                                                if k.endswith("loss"))]  # else end_step says so
     evaluations = evaluate_members([m for m in finite if m.run.evaluating()])
-    figures = _figures(batches, list(rows))
+    figures = _figures(rewards, completion_mask, list(rows))
     if cfg.ref_update_every and (runs[0].step + 1) % cfg.ref_update_every == 0:  # π_ref ← π_θ, as each end_step's
         with torch.no_grad():
             for name, w in ref.w.items():
@@ -259,12 +259,13 @@ def _rows(members: list, update, figures: dict, trust: dict) -> dict:
     return rows
 
 
-def _figures(batches: list, live: list[int]) -> dict:
-    """Each live member's logged reward and length figures (rl/report.batch_figures), every member's read at once."""
+def _figures(rewards: torch.Tensor, completion_mask: torch.Tensor, live: list[int]) -> dict:
+    """Each live member's logged reward and length figures (rl/report.batch_figures) from the step's rewards (P, N)
+    and completion mask (P, N, T), every member's read at once."""
     if not live:
         return {}
-    values = batch_figures(torch.stack([batches[j].rewards for j in live]),
-                           torch.stack([batches[j].mask.sum(1) for j in live]).float())
+    at = torch.tensor(live, device=rewards.device)
+    values = batch_figures(rewards.index_select(0, at), completion_mask.index_select(0, at).sum(-1).float())
     return dict(zip(live, values.tolist()))
 
 

@@ -44,9 +44,13 @@ class Rows:
         P, N, device = len(gens), gens[0].ids.size(0), gens[0].ids.device
         ids = torch.full((P, N, W + T), PAD_ID, dtype=torch.long, device=device)
         key_mask = torch.zeros((P, N, W + T), dtype=torch.bool, device=device)
+        shapes: dict[tuple, list[int]] = {}  # members of one shape are copied in as one (a few copies, not 2 P)
         for p, g in enumerate(gens):
-            w, t = g.prompt_len, g.completion_mask.size(1)
-            ids[p, :, W - w:W + t], key_mask[p, :, W - w:W + t] = g.ids, g.key_mask
+            shapes.setdefault((g.prompt_len, g.completion_mask.size(1)), []).append(p)
+        for (w, t), at in shapes.items():
+            index = torch.tensor(at, device=device)
+            ids[index, :, W - w:W + t] = torch.stack([gens[p].ids for p in at])
+            key_mask[index, :, W - w:W + t] = torch.stack([gens[p].key_mask for p in at])
         return cls(ids, key_mask, W, key_mask[:, :, W:], Trees.build(ids, key_mask))
 
     @classmethod
