@@ -40,6 +40,7 @@ steps to 0.95, the final target rate, the peak drift and malformed mass and (foo
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -126,7 +127,6 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     """Parse every run's flags, build its reward, score it on the task's support and read its --init in this
     process, so a bad flag, task, reward (one that raises or exits too) or checkpoint (missing, or of another task)
     is one line before any run starts. -> the --init checkpoint the runs start from."""
-    from minigrpo import dpo, grpo, ppo
     from toy_tasks.rewards import RewardError, make_reward
     from minigrpo.rl.config import check_rl_config
     from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint
@@ -135,11 +135,10 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
 
     for algo in algos:
         module = module_of(algo)
-        trainer, check = {"minigrpo.ppo": (ppo, ppo.check_ppo_config), "minigrpo.dpo": (dpo, dpo.check_dpo_config),
-                          "minigrpo.grpo": (grpo, grpo.check_grpo_config)}[module]  # its run's checks, here
+        trainer = importlib.import_module(module)  # its run's checks, here
         rc = trainer.parse(trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"])
         check_rl_config(rc)
-        check(rc)
+        trainer.check_config(rc)
     try:  # the runs share task, reward and --init: checked once, the task and reward first
         t = get_task(rc.task)
         reward_table(make_reward(rc.reward, t.REWARDS, t.REWARD_HELP), t.rl_prompts(rc), t.support,

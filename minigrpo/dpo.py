@@ -217,7 +217,7 @@ PANELS = OUTCOME_PANELS + [
 ] + COST_PANELS
 
 
-def check_dpo_config(cfg: DPOConfig) -> None:
+def check_config(cfg: DPOConfig) -> None:
     check_ranges(cfg, {"beta": (1e-9, None), "sft_coef": (0, None), "kl_coef": (0, None)})
     for name in ("offline_samples", "pairs_per_step", "updates"):
         require(cfg, name, getattr(cfg, name) >= 1, ">= 1")
@@ -225,7 +225,7 @@ def check_dpo_config(cfg: DPOConfig) -> None:
 
 
 def train(cfg: DPOConfig, log=print) -> dict:
-    check_dpo_config(cfg)
+    check_config(cfg)
     return run(cfg, DPO, "dpo", PANELS, log)
 
 

@@ -64,7 +64,7 @@ class GRPOConfig(RLConfig, PolicyLossFlags, KLFlags, AdvantageFlags, EntropyFlag
         "loss aggregation over tokens and sequences (gmpo's sequence loss keeps its own)", choices=list(AGG_MODES)))
 
 
-def check_grpo_config(cfg: GRPOConfig) -> None:
+def check_config(cfg: GRPOConfig) -> None:
     """Refuse values and combinations GRPO cannot run as asked, with one line each."""
     check_ranges(cfg, {"clip_low": (0, 1), "clip_high": (0, None), "beta": (0, None), "adv_eps": (0, None),
                        "entropy_coef": (None, None), "fork_entropy": (0, None), "gmpo_eps": (0, None),
@@ -216,7 +216,7 @@ PANELS = (OUTCOME_PANELS + [KL_PANEL] + entropy_family.PANELS + loss_family.PANE
 
 
 def train(cfg: GRPOConfig, log=print) -> dict:
-    check_grpo_config(cfg)
+    check_config(cfg)
     return run(cfg, GRPO, "grpo", PANELS, log)
 
 

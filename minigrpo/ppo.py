@@ -168,7 +168,7 @@ PANELS = OUTCOME_PANELS + [
 ] + COST_PANELS
 
 
-def check_ppo_config(cfg: PPOConfig) -> None:
+def check_config(cfg: PPOConfig) -> None:
     """Refuse values PPO cannot run as asked, with one line each."""
     check_ranges(cfg, {"beta": (0, None), "kl_target": (1e-9, None), "gamma": (0, 1), "lam": (0, 1), "clip": (0, 1),
                        "vf_clip": (0, None), "vf_coef": (0, None), "entropy_coef": (None, None)})
@@ -179,7 +179,7 @@ def check_ppo_config(cfg: PPOConfig) -> None:
 
 
 def train(cfg: PPOConfig, log=print) -> dict:
-    check_ppo_config(cfg)
+    check_config(cfg)
     return run(cfg, PPO, "ppo", PANELS, log)
 
 

@@ -34,7 +34,7 @@ import torch
 from minigrpo.bench.common import table
 from minigrpo.objectives.entropy_control import token_covariance
 from minigrpo.grpo import GRPO, PANELS, advantages
-from minigrpo.grpo import PRESETS, GRPOConfig, check_grpo_config
+from minigrpo.grpo import PRESETS, GRPOConfig, check_config
 from minigrpo.objectives.losses import entropy
 from minigrpo.rl.preserve import build_anchor_tree
 from minigrpo.rl.loop import run
@@ -178,7 +178,7 @@ def grpo_run(init: Path, out: Path, seed: int, args: list[str]) -> tuple[Entropy
     argv = ["--init", str(init), "--seed", str(seed), "--out", str(out), "--overwrite",
             "--quiet", "--no-plot", *args]
     cfg = parse_rl_config(GRPOConfig, argv, "", "grpo", PRESETS)
-    check_grpo_config(cfg)
+    check_config(cfg)
     held = {}
     run(cfg, lambda r: held.setdefault("probe", EntropyProbe(r)), "grpo", PANELS)
     held["probe"].finish()

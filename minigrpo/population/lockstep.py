@@ -74,10 +74,10 @@ class Kind:
 
 
 KINDS = {
-    "minigrpo.grpo": lambda t: Kind("grpo", t.check_grpo_config, t.GRPO, lambda cfg, anchor, algos:
+    "minigrpo.grpo": lambda t: Kind("grpo", t.check_config, t.GRPO, lambda cfg, anchor, algos:
                                     grpo_update.LockstepGRPO(cfg, anchor, t.grpo_loss, [a.cfg for a in algos]),
                                     grpo_update.unsupported),
-    "minigrpo.ppo": lambda t: Kind("ppo", t.check_ppo_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported),
+    "minigrpo.ppo": lambda t: Kind("ppo", t.check_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported),
 }
 
 
