@@ -16,7 +16,12 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     assert ok("16 as threads (population/member.py)") and ok("2 in 2 processes"), text  # the largest P measured
     assert ok("2 of ppo") and ok("2 of ppo_oracle"), text
     assert ok("one population") and ok("one each, in turn"), text  # GRPO's presets of μ = 2: one, or each its own
-    assert int(rows["one population"].split("|")[3]) < int(rows["one each, in turn"].split("|")[3]), text  # kernels
+    kernels = {how: int(rows[how].split("|")[3]) for how in ("one population", "one each, in turn",
+                                                             "one population of 56 (4 × the seeds)")}
+    assert kernels["one population"] < kernels["one each, in turn"], text  # one step's kernels for seven presets
+    assert ok("one population of 56 (4 × the seeds)"), text  # and most of a step's kernels are made once for all
+    added = (kernels["one population of 56 (4 × the seeds)"] - kernels["one population"]) / (56 - 14)
+    assert 0 < added < 4, text  # each member adds a few kernels a step (its noise drawn once a step, as on a GPU)
     assert not (tmp_path / "population" / "P1000").exists()
     assert "where a lockstep population of P = 2 works" in text, text
     assert "| minigrpo/population/lockstep.py:_step → " in text, text

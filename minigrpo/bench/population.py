@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from minigrpo.bench.common import table
+from minigrpo.lm import sampling
 from minigrpo.population.engine import run_population, run_populations
 from minigrpo.tools.pool import run_one
 from minigrpo.util.opcount import TorchCalls, TorchKernels
@@ -110,24 +111,41 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
 
 def _recipes(folder, init: Path, device: str, seeds: int, steps: int) -> str:
     """compare's GRPO presets of μ = 2, `seeds` each, as one lockstep population (each preset a recipe:
-    population/grpo_recipe.py) against one population each, one after another: run-steps/s, and kernels a step."""
+    population/grpo_recipe.py) against one population each, one after another: run-steps/s, and kernels a step; then
+    the kernels of one population of 4 × the seeds (what each member adds)."""
     gpu, P = device.startswith("cuda"), seeds * len(PRESETS)
-    runs = lambda tag, name, n=steps: _items(folder(f"{tag}-{name}"), init, device, range(seeds), n,  # noqa: E731
-                                             "minigrpo.grpo", () if name == "default" else ("--preset", name))
-    ways = {"one population": lambda done, tag="one", n=steps: run_population(
-                [item for name in PRESETS for item in runs(tag, name, n)], done),
+    runs = lambda tag, name, n, k=seeds: _items(folder(f"{tag}-{name}"), init, device, range(k), n,  # noqa: E731
+                                                "minigrpo.grpo", () if name == "default" else ("--preset", name))
+    one = lambda done, tag="one", n=steps, k=seeds: run_population(  # noqa: E731
+        [item for name in PRESETS for item in runs(tag, name, n, k)], done)
+    ways = {"one population": one,
             "one each, in turn": lambda done, tag="each", n=steps: [run_population(runs(tag, name, n), done)
                                                                     for name in PRESETS]}
     rows = []
     for how, run in ways.items():
         wall, failed = _timed(gpu, P, run)
-        with TorchKernels(root=ROOTS[0]) as kernels:
-            run(lambda item, err: None, f"{how[:3]}-kernels", 3)
-        per_step = sum(n for k, n in kernels.counts.items() if k[0] != "(outside it)") / 3
-        rows.append([how, f"{P * steps / wall:.1f}", f"{per_step:.0f}", "ok" if not failed else failed[0]])
+        kernels, failed_too = _kernels(run, how[:3], device)
+        rows.append([how, f"{P * steps / wall:.1f}", f"{kernels:.0f}", (failed + failed_too or ["ok"])[0]])
+    kernels, failed = _kernels(lambda done, tag, n: one(done, tag, n, 4 * seeds), "four", device)
+    rows.append([f"one population of {4 * P} (4 × the seeds)", "", f"{kernels:.0f}", (failed or ["ok"])[0]])
     return "\n" + table(f"recipes: compare's {len(PRESETS)} GRPO presets of μ = 2 ({', '.join(PRESETS)}), {seeds} "
-                        f"seeds each ({steps} fixed steps; kernels: over 3 steps, each population's added up)",
+                        f"seeds each ({steps} fixed steps; kernels: over 3 steps, each population's added up, the "
+                        f"sampler's noise drawn as on a GPU, the checkpoints left out)",
                         ["how", "run-steps/s", "kernels a step", "runs"], rows)
+
+
+def _kernels(run, tag: str, device: str) -> tuple[float, list]:
+    """The kernels a step of `run` (3 steps), the sampler's noise drawn as a GPU draws it (lm/sampling.NOISE_AHEAD:
+    on a CPU too, for the count), the members' own ends of a step left out (Run.end_step: their checkpoints, copies
+    on the host on a GPU) -> (kernels a step, the failed runs' errors)."""
+    ahead, failed = sampling.NOISE_AHEAD, []
+    sampling.NOISE_AHEAD = (*ahead, torch.device(device).type)
+    try:
+        with TorchKernels(root=ROOTS[0]) as kernels:
+            run(lambda item, err: failed.append(err) if err else None, f"{tag}-kernels", 3)
+    finally:
+        sampling.NOISE_AHEAD = ahead
+    return sum(n for k, n in kernels.counts.items() if k[0] not in ("(outside it)", "end_step")) / 3, failed
 
 
 def _profile(items, P: int, steps: int, shown: int = 14) -> str:
