@@ -11,17 +11,17 @@ time: a GRPO or PPO algorithm's seeds in lockstep, one computation (population/l
 one μ together: one step's kernels for all), the others as threads that batch their models' work (the same metrics to
 float rounding). Under torchrun, --jobs defaults to the cores shared by the node's ranks. Each run writes to
 <out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m minigrpo.metrics
-<out>/<algo>-s<seed>` draws a run's on request) and with one checkpoint, its last (--ckpt-every its --steps: compare
-makes an unfinished run again from the start, so a checkpoint on the way would only cost its writing). Budgets are fixed
-by default (--budget fixed: every run takes the same --steps, the stop rule off), so algorithms are compared on equal
-work; --budget goal lets each run stop at its goal as the trainers do by default. A finished run of exactly the same
-command, code and input files is kept (tools/stamps.py: the command, the library's source and torch's version, the
---init checkpoint, the reward's source and the modules of the user's folder it imports), so rerunning after an
-interruption only runs what is missing, and an edit of the library or of the reward makes the runs again. An --out
-holding finished runs of another command (other flags) is refused unless --overwrite. A later invocation for a subset of
-the algorithms keeps the others' finished runs of the same flags in the table and figures. The arguments are checked
-before any run starts; a failed run is reported with its error while the others finish, and the command then exits with
-code 1. Writes to <out> (default runs/compare-<reward>):
+<out>/<algo>-s<seed>` draws a run's on request) and, where compare sets its --steps, one checkpoint, its last
+(--ckpt-every its --steps: compare makes an unfinished run again from the start, so a checkpoint on the way would only
+cost its writing). Budgets are fixed by default (--budget fixed: every run takes the same --steps, the stop rule off),
+so algorithms are compared on equal work; --budget goal lets each run stop at its goal as the trainers do by default. A
+finished run of exactly the same command, code and input files is kept (tools/stamps.py: the command, the library's
+source and torch's version, the --init checkpoint, the reward's source and the modules of the user's folder it imports),
+so rerunning after an interruption only runs what is missing, and an edit of the library or of the reward makes the runs
+again. An --out holding finished runs of another command (other flags) is refused unless --overwrite. A later invocation
+for a subset of the algorithms keeps the others' finished runs of the same flags in the table and figures. The arguments
+are checked before any run starts; a failed run is reported with its error while the others finish, and the command then
+exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
   frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT reward–KL
                 frontier (frontier.py: no policy lies above it); and E[r] against the worst drift

@@ -244,3 +244,16 @@ def test_a_real_file_with_a_bad_import_is_reported(tmp_path):
         (tmp_path / rel).write_text(text)
     bad = layer_violations(read_modules(tmp_path))
     assert len(bad) == 1 and bad[0].startswith("minigrpo/lm/model.py:2: `from minigrpo import grpo`"), bad
+
+
+def test_every_module_is_under_300_lines_of_at_most_120_characters():
+    """The house's size rules (one concept per file, read top to bottom): a module that grows past them is split."""
+    long_files, long_lines = [], []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            name = path.relative_to(ROOT)
+            if len(lines) >= 300:
+                long_files.append(f"{name}: {len(lines)} lines")
+            long_lines += [f"{name}:{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 120]
+    assert len(MODULES) > 100 and not long_files and not long_lines, "\n".join(long_files + long_lines)

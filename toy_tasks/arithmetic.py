@@ -213,8 +213,7 @@ def exact_outcomes(model, tok, prompts: list[str]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sampled_accuracy(model, tok, prompts: list[str], n_per_prompt: int, generator=None,
-                     chunk: int = 4096) -> float:
+def sampled_accuracy(model, tok, prompts: list[str], n_per_prompt: int, generator=None, chunk: int = 4096) -> float:
     """Share of sampled completions (temperature 1) that are exactly the right, well-formed answer."""
     rows = [p for p in prompts for _ in range(n_per_prompt)]
     device = model.wte.weight.device

@@ -86,7 +86,8 @@ PATH = (
                  "unknown level raises ValueError.",
                  "For A < 0 the min picks the clipped value when ρ < 1−ε_low (no reward for pushing a bad token "
                  "further down) and the unclipped ρ·A when ρ > 1+ε_high: the clip is one-sided per sign of A.",
-                 "level='sequence' (GSPO): one ratio per row, exp of the MEAN valid log-ratio, broadcast to its tokens. "
+                 "level='sequence' (GSPO): one ratio per row, exp of the MEAN valid log-ratio, broadcast to its "
+                 "tokens. "
                  "dual_clip = c: for A < 0 the objective is max(objective, c·A).",
                  "At the first of μ updates π_θ = π_old, so ρ ≡ 1 and the clip cannot act: with μ = 1 it never does."),
              (G("−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)", "never_exceeds_unclipped without_dual_clip"),
@@ -95,15 +96,18 @@ PATH = (
               G("dual_clip = c > 1", "dual_clip_bounds"), G('level="sequence" GSPO', "gspo_sequence"),
               G("Masked positions: loss 0 and no gradient", "masked_nan"), G("NaN or ±1e4", "masked_nan"),
               G("advantages (B,), (B, 1) or (B, T)", "broadcast_alike"),
-              G("clamp the log-ratio to ±20", "extreme_log_ratios"), G("unknown level raises ValueError", "unknown_level")),
-             (TORCH, CLAMP, ZERO, ("from minigrpo.objectives.losses import LEVELS", "the level names: token, sequence"))),
+              G("clamp the log-ratio to ±20", "extreme_log_ratios"),
+              G("unknown level raises ValueError", "unknown_level")),
+             (TORCH, CLAMP, ZERO,
+              ("from minigrpo.objectives.losses import LEVELS", "the level names: token, sequence"))),
     Exercise(4, "k1", "objectives.kl", "the naive KL estimate: unbiased, yet its gradient as a loss is zero",
              ("tests/test_kl.py",), (
                  "k1 = log π_θ(x) − log π_ref(x): positive where the policy likes x more than the reference. The "
                  "check grades yours where the trainer finds it too: in KL_ESTIMATORS (variants/kl.py).",
                  "Its expectation under x ~ π_θ is KL(π_θ‖π_ref); its expected gradient as a loss is 0."),
              (G("k1 = log π_θ(x) − log π_ref(x)", "hand_values antisymmetric"), KL_TABLE,
-              G("Unbiased for KL(π_θ‖π_ref)", "unbiased"), G("expected on-policy gradient is 0", "expected_gradients"))),
+              G("Unbiased for KL(π_θ‖π_ref)", "unbiased"),
+              G("expected on-policy gradient is 0", "expected_gradients"))),
     Exercise(5, "k2", "objectives.kl", "the squared log-ratio: biased, but its gradient is the reverse KL's",
              ("tests/test_kl.py",), (
                  "k2 = ½ (log π_θ(x) − log π_ref(x))², in torch operations so autograd gives its gradient: the check "
@@ -200,7 +204,8 @@ PATH = (
               G("− c_H·agg(H_t)", "entropy_bonus subtracts_the_entropy"),
               G("mask (N, T) bool: valid tokens", "only_completion"),
               G("old_logp, ref_logp (N, T): π_old's", "updates_one")),
-             (TORCH, ("from minigrpo.grpo import GRPOConfig", "the run's settings: cfg.beta, cfg.kl, cfg.loss_agg, ..."),
+             (TORCH,
+              ("from minigrpo.grpo import GRPOConfig", "the run's settings: cfg.beta, cfg.kl, cfg.loss_agg, ..."),
               ("from minigrpo.grpo import kl_per_token", "the KL per token of the estimator cfg.kl names"),
               ("from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy",
                "yours (exercises 8 and 3) and the entropy per position")),

@@ -100,8 +100,8 @@ class RLConfig:
 def check_rl_config(cfg: RLConfig) -> None:
     """Refuse values that would silently wreck a run, with one line naming the value and what is allowed."""
     finite = lambda x: x is not None and math.isfinite(x)
-    check_positive(cfg, "steps", "prompts_per_step", "max_new_tokens", "eval_every", "ckpt_every", "preserve_per_prompt",
-                   "preserve_batch", "goal_patience")
+    check_positive(cfg, "steps", "prompts_per_step", "max_new_tokens", "eval_every", "ckpt_every",
+                   "preserve_per_prompt", "preserve_batch", "goal_patience")
     for name in ("warmup", "plateau", "ref_update_every", "trust_region", "trust_region_anchor"):
         require(cfg, name, getattr(cfg, name) >= 0, ">= 0")
     require(cfg, "lr", finite(cfg.lr) and 0 < cfg.lr <= 1, "a number in (0, 1]")

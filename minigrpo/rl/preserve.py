@@ -21,16 +21,14 @@ built ONCE at the start from π_ref alone (no ground truth, no sampling per step
         minibatch of --preserve-batch rows (the unbiased Monte-Carlo estimate of the same expectation).
 
 The RL prompt's own forced states (--preserve-forced h, default 0.1 nats; tree anchor only). RL gives a
-failing completion the same negative advantage at every token, the forced ones included (a rare
-"ravin likes lasagna" is pushed down on its "sagna" too), and that push leaks mass into misspellings. So the
-tree also holds
-the target prompt's own likely completions, but its KL counts only at the states where π_ref's entropy is
-below h: inside a word, where the reference was sure of the next character (the choice of the food itself
-and forks such as "p|izza"/"p|asta" are left free). It asks nothing of the ground truth: only π_ref's own entropies. Those rows
-weigh --preserve-forced-weight (1) together, where all other people together weigh 1; they belong to no
-person (group −1), so they are not part of the drift the trust region bounds. A reward that asks for a new
-spelling of a forced word (e.g. `exact:ravin likes pizzas`) needs --preserve-forced 0. Its effect on the
-paper presets' malformed mass: docs/experiments.md.
+failing completion the same negative advantage at every token, the forced ones included (a rare "ravin likes lasagna" is
+pushed down on its "sagna" too), and that push leaks mass into misspellings. So the tree also holds the target prompt's
+own likely completions, but its KL counts only at the states where π_ref's entropy is below h: inside a word, where the
+reference was sure of the next character (the choice of the food itself and forks such as "p|izza"/"p|asta" are left
+free). It asks nothing of the ground truth: only π_ref's own entropies. Those rows weigh --preserve-forced-weight (1)
+together, where all other people together weigh 1; they belong to no person (group −1), so they are not part of the
+drift the trust region bounds. A reward that asks for a new spelling of a forced word (e.g. `exact:ravin likes pizzas`)
+needs --preserve-forced 0. Its effect on the paper presets' malformed mass: docs/experiments.md.
 
 Compared with PPO-ptx (mixing the pretraining loss on corpus lines), the targets here are the
 reference's full next-token distributions rather than one sampled character: the same fixed point,

@@ -1,15 +1,14 @@
 """Many runs in a few long-lived worker processes: compare's pool.
 
-A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's import, its exit and its
-metrics.png around a few seconds of steps: a large share of a sweep (docs/performance.md). Here `jobs` worker processes (one per core, one thread each) import once and run their
-share of the runs one after another IN PROCESS, each through the very `main(argv)` its command line would
-run (`run_in_process`). Nothing of a run outlives it: every random generator it draws from is seeded from
-its own --seed when it starts (rl.Run: torch's global generator and one per purpose), and its model, π_ref,
-anchor and optimiser are its own (loading them again costs a run little: not worth a cache), so
-a pooled run writes the same metrics.jsonl as the separate process `python -m <module> <argv>`
-(tests/test_compare.py checks it). One thing is shared by design: a reward given as
-`package.module:function` is imported once per worker, so a reward that keeps state in its module sees
-the earlier runs' calls (a `file.py:function` is loaded afresh for every run).
+A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's import, its exit and its metrics.png
+around a few seconds of steps: a large share of a sweep (docs/performance.md). Here `jobs` worker processes (one per
+core, one thread each) import once and run their share of the runs one after another IN PROCESS, each through the very
+`main(argv)` its command line would run (`run_in_process`). Nothing of a run outlives it: every random generator it
+draws from is seeded from its own --seed when it starts (rl.Run: torch's global generator and one per purpose), and its
+model, π_ref, anchor and optimiser are its own (loading them again costs a run little: not worth a cache), so a pooled
+run writes the same metrics.jsonl as the separate process `python -m <module> <argv>` (tests/test_compare.py checks it).
+One thing is shared by design: a reward given as `package.module:function` is imported once per worker, so a reward that
+keeps state in its module sees the earlier runs' calls (a `file.py:function` is loaded afresh for every run).
 
 Ctrl-C reaches the workers too (the terminal signals the whole process group): a run in flight finishes
 its step, writes its checkpoint and ends as interrupted, as a separate process would; no further run

@@ -29,8 +29,8 @@ def auto_threads(load: tuple[float, int] | None = None) -> int:
 
     Beside a busy neighbour, OpenMP threads that spin-wait for a core another process holds make a step slower
     than one thread (`bench --only threads`; docs/performance.md), so we only take idle cores. The load average
-    lags (a neighbour that started seconds ago is hardly in it) and the running count is a snapshot (it misses a neighbour between its bursts),
-    so a core counts as busy if either says so.
+    lags (a neighbour that started seconds ago is hardly in it) and the running count is a snapshot (it misses a
+    neighbour between its bursts), so a core counts as busy if either says so.
     """
     n = cores()
     average, running = busy_now() if load is None else load
