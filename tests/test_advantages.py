@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, call, garbage, naive_gae, right_padded
-from minigrpo.objectives.advantages import batch_scaled, explained_variance, gae, group_advantages, rloo_advantages, whiten
+from minigrpo.objectives.advantages import (batch_scaled, explained_variance, gae, group_advantages, rloo_advantages,
+                                            whiten)
 from minigrpo.objectives.advantages import kl_shaped_rewards
 
 SCALES = ["group", "batch", "none"]
@@ -321,7 +322,8 @@ def test_batch_scaled_divides_by_one_std_over_the_batch_and_keeps_the_mean(rows,
     scaled = call(batch_scaled, x, unbiased, 0.0, shape=x.shape)
     std = x.flatten().std(unbiased=unbiased)
     assert torch.allclose(scaled, x / std, atol=1e-9), \
-        f"batch_scaled must divide every entry by ONE std over the whole batch ({'Bessel' if unbiased else 'population'})"
+        f"batch_scaled must divide every entry by ONE std over the whole batch " \
+        f"({'Bessel' if unbiased else 'population'})"
     assert torch.allclose(call(batch_scaled, x, unbiased, 0.5), x / (std + 0.5), atol=1e-9), "ε is added to the std"
 
 

@@ -156,8 +156,8 @@ def tiny_arith(tmp_path_factory):
     from minigrpo.pretrain import PretrainConfig, train
 
     out = tmp_path_factory.mktemp("pretrain-arith")
-    train(PretrainConfig(task="arithmetic", out=str(out), device="cpu", steps=300, batch_size=64, n_embd=32, n_head=2, lr=1e-2,
-                         n_lines=4000, eval_every=300, ckpt_every=300, threads=1), log=lambda *a: None)
+    train(PretrainConfig(task="arithmetic", out=str(out), device="cpu", steps=300, batch_size=64, n_embd=32, n_head=2,
+                         lr=1e-2, n_lines=4000, eval_every=300, ckpt_every=300, threads=1), log=lambda *a: None)
     model, tok, _ = load_checkpoint(out / "model.pt")
     return model, tok
 

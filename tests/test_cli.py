@@ -106,8 +106,10 @@ def test_a_parser_is_made_once_for_each_config_and_defaults_and_parses_as_a_new_
 
 
 def test_pretrain_bad_input(tmp_path, capsys):
-    assert "unknown task 'chess'" in one_line_error(pretrain.main, ["--task", "chess", "--out", str(tmp_path / "a")], capsys)
-    assert "--steps must be > 0" in one_line_error(pretrain.main, ["--steps", "0", "--out", str(tmp_path / "b")], capsys)
+    assert "unknown task 'chess'" in one_line_error(pretrain.main, ["--task", "chess", "--out", str(tmp_path / "a")],
+                                                    capsys)
+    assert "--steps must be > 0" in one_line_error(pretrain.main, ["--steps", "0", "--out", str(tmp_path / "b")],
+                                                   capsys)
     f = tmp_path / "file.txt"
     f.write_text("keep me")
     assert "existing file" in one_line_error(pretrain.main, ["--out", str(f), "--steps", "1"], capsys)
@@ -140,7 +142,8 @@ def run_cli(*args, cwd):
 @pytest.mark.slow
 def test_each_cli_end_to_end_for_a_few_steps(tmp_path):
     run_cli("minigrpo.pretrain", "--steps", "30", "--eval-every", "10", "--out", "runs/pretrain", cwd=tmp_path)
-    assert {"model.pt", "config.json", "metrics.jsonl", "loss.png"} <= {p.name for p in (tmp_path / "runs/pretrain").iterdir()}
+    assert {"model.pt", "config.json", "metrics.jsonl", "loss.png"} <= \
+        {p.name for p in (tmp_path / "runs/pretrain").iterdir()}
     out = run_cli("minigrpo.sample", "--checkpoint", "runs/pretrain/model.pt", "--num", "5", cwd=tmp_path)
     assert "completion" in out and "share" in out
     for cli in ("minigrpo.grpo", "minigrpo.ppo"):
@@ -157,7 +160,8 @@ def interrupt_when(path, args, cwd):
     """Start a CLI, send Ctrl-C (SIGINT) once `path` exists, and return (exit code, output)."""
     import signal
     import time
-    p = subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
     deadline = time.time() + 300
     while not path.exists() and time.time() < deadline and p.poll() is None:
         time.sleep(0.2)
@@ -171,7 +175,8 @@ def interrupt_when(path, args, cwd):
 def test_ctrl_c_keeps_the_last_checkpoint_and_rl_resumes_from_it(tmp_path):
     from minigrpo.lm.checkpoint import load_checkpoint, read_checkpoint
     ckpt = tmp_path / "runs/pretrain/model.pt"
-    code, out = interrupt_when(ckpt, ["minigrpo.pretrain", "--steps", "100000", "--ckpt-every", "20", "--out", "runs/pretrain"], tmp_path)
+    code, out = interrupt_when(ckpt, ["minigrpo.pretrain", "--steps", "100000", "--ckpt-every", "20",
+                                      "--out", "runs/pretrain"], tmp_path)
     assert code == 130 and "last complete checkpoint" in out and str(ckpt.relative_to(tmp_path)) in out, out
     load_checkpoint(ckpt)  # intact
     rl = tmp_path / "runs/grpo-pizza/model.pt"

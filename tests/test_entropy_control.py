@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, strategies as st
 
 from conftest import SET, T, call, garbage, right_padded
-from minigrpo.objectives.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef, token_covariance,
-                                      top_cov_mask, top_entropy_mask)
+from minigrpo.objectives.entropy_control import (applied_coef, clip_cov_mask, kl_cov_penalty, next_coef,
+                                                 token_covariance, top_cov_mask, top_entropy_mask)
 
 case = st.integers(1, 4).flatmap(lambda B: st.integers(1, 6).flatmap(lambda L: st.tuples(
     st.lists(st.lists(st.floats(-4, 0), min_size=L, max_size=L), min_size=B, max_size=B),

@@ -45,8 +45,8 @@ def fake_run(cfg, model):
 
 def two_completion_batch(model, tok, reward="pizza", seed=0, old_logp=True):
     ref = __import__("copy").deepcopy(model)
-    return collect(model, ref, tok, ["ravin likes "], 2, make_reward(reward, food.REWARDS), torch.Generator().manual_seed(seed),
-                   max_new_tokens=12, keep_ref_logits=True, old_logp=old_logp)
+    return collect(model, ref, tok, ["ravin likes "], 2, make_reward(reward, food.REWARDS),
+                   torch.Generator().manual_seed(seed), max_new_tokens=12, keep_ref_logits=True, old_logp=old_logp)
 
 
 def test_one_step_loss_equals_a_hand_computation(tiny_pretrained):
@@ -100,10 +100,12 @@ def test_updates_one_gives_ratio_exactly_one(tiny_pretrained):
     model = __import__("copy").deepcopy(model)
     batch = two_completion_batch(model, tok)
     batch.rewards = torch.tensor([1.0, 0.0])
-    stats = GRPO(fake_run(GRPOConfig(group_size=2, updates=1), model)).update(batch, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    stats = GRPO(fake_run(GRPOConfig(group_size=2, updates=1), model)).update(
+        batch, torch.optim.AdamW(model.parameters(), lr=1e-2))
     assert stats["ratio_mean"] == 1.0 and stats["ratio_max"] == 1.0
     assert stats["clip_frac_low"] == 0 and stats["clip_frac_high"] == 0
-    stats2 = GRPO(fake_run(GRPOConfig(group_size=2, updates=3), model)).update(batch, torch.optim.AdamW(model.parameters(), lr=1e-1))
+    stats2 = GRPO(fake_run(GRPOConfig(group_size=2, updates=3), model)).update(
+        batch, torch.optim.AdamW(model.parameters(), lr=1e-1))
     # away from 1 in either direction: which way depends on the two sampled completions (machine-dependent)
     assert abs(stats2["ratio_max"] - 1.0) > 1e-4 or abs(stats2["ratio_mean"] - 1.0) > 1e-4, \
         f"with μ > 1 the later updates must see a ratio away from 1, got {stats2}"
@@ -252,7 +254,8 @@ def test_resume_of_a_folder_without_checkpoint_is_refused(tmp_path, capsys):
 def test_a_reward_that_raises_stops_the_run_with_one_line(tmp_path, tiny_pretrained, capsys):
     init, _, _ = tiny_pretrained
     bad = tmp_path / "bad_reward.py"
-    bad.write_text("def f(prompt, completion):\n    if completion != 'pizza':\n        raise KeyError(completion)\n    return 1.0\n")
+    bad.write_text("def f(prompt, completion):\n    if completion != 'pizza':\n        raise KeyError(completion)\n"
+                   "    return 1.0\n")
     with pytest.raises(SystemExit) as e:
         main(["--init", str(init), "--out", str(tmp_path / "r"), "--quiet", "--reward", f"{bad}:f", "--steps", "2",
               "--preserve-per-prompt", "1"])

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minigrpo.objectives.entropy_control import clip_cov_mask, next_coef, token_covariance, top_cov_mask, top_entropy_mask
+from minigrpo.objectives.entropy_control import (clip_cov_mask, next_coef, token_covariance, top_cov_mask,
+                                                 top_entropy_mask)
 from minigrpo.variants import entropy as entropy_family
 from minigrpo.grpo import GRPO, PRESETS, GRPOConfig, advantages, grpo_loss, main, train
 from minigrpo.objectives.kl import k3, k3_iw

@@ -104,7 +104,8 @@ def test_k1_and_k3_are_unbiased_and_exact_is_the_true_kl(case):
     want = true_kl(theta, ref)
     for name in ("k1", "k3"):
         mean = (pi * KL_ESTIMATORS[name].fn(lp, lref)).sum(-1)  # E_(x~π)[k(x)], enumerated
-        assert torch.allclose(mean, want, atol=1e-10), f"E_π[{name}] = {mean.tolist()} must equal KL(π‖π_ref) = {want.tolist()}"
+        assert torch.allclose(mean, want, atol=1e-10), \
+            f"E_π[{name}] = {mean.tolist()} must equal KL(π‖π_ref) = {want.tolist()}"
     got = call(exact, theta, ref)
     assert got.shape == want.shape, f"exact: (n, V) logits must give (n,), got {tuple(got.shape)}"
     assert torch.allclose(got, want, atol=1e-10), f"exact must be KL(softmax(logits)‖softmax(ref)): {got} vs {want}"
@@ -172,7 +173,8 @@ def test_monte_carlo_reproduces_schulmans_gaussian_table(mu):
         est = call(KL_ESTIMATORS[name].fn, logq, logp)  # (log-prob under the sampler, under the reference)
         got_bias, got_std = (est.mean().item() - true) / true, est.std().item() / true
         tolerance = 4 * std / n ** 0.5 + 0.002  # 4 standard errors + the table's rounding
-        assert abs(got_bias - bias) < tolerance, f"{name}, mu={mu}: bias/true {got_bias:.4f}, table {bias} ± {tolerance:.4f}"
+        assert abs(got_bias - bias) < tolerance, \
+            f"{name}, mu={mu}: bias/true {got_bias:.4f}, table {bias} ± {tolerance:.4f}"
         assert abs(got_std / std - 1) < 0.03, f"{name}, mu={mu}: std/true {got_std:.3f}, table {std}"
 
 

@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("minigrpo", "toy_tasks")
-LAYERS = ["util", "lm", "objectives", "exact", "toy_tasks", "rl", "variants", "tools", "population", "commands", "bench",
-          "learn"]
+LAYERS = ["util", "lm", "objectives", "exact", "toy_tasks", "rl", "variants", "tools", "population", "commands",
+          "bench", "learn"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 
@@ -247,13 +247,14 @@ def test_a_real_file_with_a_bad_import_is_reported(tmp_path):
 
 
 def test_every_module_is_under_300_lines_of_at_most_120_characters():
-    """The house's size rules (one concept per file, read top to bottom): a module that grows past them is split."""
+    """The house's size rules (one concept per file, read top to bottom): a module that grows past them is split.
+    The tests keep the 120-character lines too, but a test file may be longer."""
     long_files, long_lines = [], []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            lines = path.read_text(encoding="utf-8").splitlines()
-            name = path.relative_to(ROOT)
-            if len(lines) >= 300:
-                long_files.append(f"{name}: {len(lines)} lines")
-            long_lines += [f"{name}:{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 120]
+    modules = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    for path in modules + sorted((ROOT / "tests").glob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        name = path.relative_to(ROOT)
+        if len(lines) >= 300 and name.parts[0] in PACKAGES:
+            long_files.append(f"{name}: {len(lines)} lines")
+        long_lines += [f"{name}:{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 120]
     assert len(MODULES) > 100 and not long_files and not long_lines, "\n".join(long_files + long_lines)

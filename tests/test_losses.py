@@ -109,7 +109,8 @@ def test_clipped_objective_never_exceeds_unclipped_and_raising_eps_high_never_lo
     logp, old, adv, mask = unpack(c)
     objective = -call(clipped_surrogate, logp, old, adv, mask, shape=logp.shape, eps_low=eps, level=level)
     unclipped = torch.where(mask, ratio_of(logp, old, mask, level) * adv[:, None], 0.0)
-    assert (objective <= unclipped + 1e-12).all(), f"clipped objective {objective.tolist()} > unclipped {unclipped.tolist()}"
+    assert (objective <= unclipped + 1e-12).all(), \
+        f"clipped objective {objective.tolist()} > unclipped {unclipped.tolist()}"
     higher = -clipped_surrogate(logp, old, adv, mask, eps_low=eps, eps_high=eps + extra, level=level)
     assert (higher >= objective - 1e-12).all(), f"eps_high {eps} -> {eps + extra} lowered the objective"
 
@@ -206,7 +207,8 @@ def test_masked_garbage_changes_neither_value_nor_gradient_in_every_mode(c, mode
     assert torch.isfinite(v_dirty) and torch.equal(v_clean, v_dirty), f"{mode}: garbage changed {v_clean} -> {v_dirty}"
     v_clean.backward()
     v_dirty.backward()
-    assert torch.equal(clean.grad, dirty.grad) and (dirty.grad[~mask] == 0).all(), f"{mode}: garbage reached the gradient"
+    assert torch.equal(clean.grad, dirty.grad) and (dirty.grad[~mask] == 0).all(), \
+        f"{mode}: garbage reached the gradient"
 
 
 @SET

@@ -101,8 +101,8 @@ def test_a_reward_beyond_a_floats_range_is_one_line_and_a_huge_one_prints_in_a_f
     big = tmp_path / "big.py"
     big.write_text("def f(p, c):\n    return 1e308 if c == 'pizza' else -1e308\n"
                    "def g(p, c):\n    return 1e308 if c == 'pizza' else 0.0\n")
-    assert "rescale" in one_line_error(main, ["--init", str(ckpt), "--reward", f"{big}:f", "--out", str(tmp_path / "f")],
-                                       capsys)
+    assert "rescale" in one_line_error(main, ["--init", str(ckpt), "--reward", f"{big}:f",
+                                              "--out", str(tmp_path / "f")], capsys)
     out = run(["--init", str(ckpt), "--reward", f"{big}:g", "--out", str(tmp_path / "g")], capsys)
     assert "nan" not in out and "0000000000" not in out and "1e+308" in out, out  # no 300-digit numbers
 

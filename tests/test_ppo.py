@@ -59,8 +59,8 @@ def test_value_targets_and_explained_variance_on_a_hand_example():
 def test_ppo_runs_three_steps_with_both_critics(tmp_path, tiny_pretrained):
     init, model, _ = tiny_pretrained
     for critic in ("separate", "head"):
-        cfg = PPOConfig(init=str(init), out=str(tmp_path / critic), steps=3, prompts_per_step=2, group_size=4, quiet=True,
-                        eval_every=1, preserve_per_prompt=2, preserve_batch=8, critic=critic)
+        cfg = PPOConfig(init=str(init), out=str(tmp_path / critic), steps=3, prompts_per_step=2, group_size=4,
+                        quiet=True, eval_every=1, preserve_per_prompt=2, preserve_batch=8, critic=critic)
         s = train(cfg, log=lambda *a: None)
         assert s["step"] == 3 and 0 <= s["target_rate"] <= 1
         rows = [r for r in read_jsonl(tmp_path / critic / "metrics.jsonl") if "value_loss" in r]
@@ -111,7 +111,8 @@ def test_one_minibatch_update_equals_a_hand_computation(tmp_path, tiny_pretraine
     # per-token rewards: −β·(log π_old − log π_ref) everywhere, the scalar reward on the last token
     r = torch.zeros(N, T, dtype=torch.float64)
     for i, t in valid:
-        r[i, t] = -beta * (old(i, t) - batch.ref_logp[i, t].item()) + (batch.rewards[i].item() if t == lengths[i] - 1 else 0)
+        r[i, t] = (-beta * (old(i, t) - batch.ref_logp[i, t].item())
+                   + (batch.rewards[i].item() if t == lengths[i] - 1 else 0))
     a_raw = naive_gae(r, V, lengths, 1.0, lam)
     mean = sum(a_raw[i, t].item() for i, t in valid) / len(valid)
     std = math.sqrt(sum((a_raw[i, t].item() - mean) ** 2 for i, t in valid) / len(valid))  # population std

@@ -185,7 +185,8 @@ def test_anchor_built_from_reference_samples_estimates_the_sequence_kl_within_it
                 assert abs(freq - want) < 4.5 * se + 1e-9, f"{prompt!r}: frequency {freq:.3f} vs π_ref {want:.3f}"
     with torch.no_grad():  # 40 disjoint batches of 100 rows: their means give the standard error
         order = torch.randperm(M, generator=torch.Generator().manual_seed(2))
-        means = torch.tensor([anchor_loss(policy, anchor, rows).item() for rows in order.chunk(40)], dtype=torch.float64)
+        means = torch.tensor([anchor_loss(policy, anchor, rows).item() for rows in order.chunk(40)],
+                             dtype=torch.float64)
     estimate, se = means.mean().item(), means.std().item() / math.sqrt(len(means))
     want = sequence_kl(ref, policy)
     assert abs(estimate - want) < 4 * se, f"anchor loss {estimate:.4f} ± {se:.4f} vs exact sequence KL {want:.4f}"
@@ -211,7 +212,8 @@ def test_one_small_gradient_step_moves_the_policy_towards_the_reference(directio
     with torch.no_grad():
         loss_after = anchor_loss(policy, anchor, rows, direction).item()
     kl_after = sequence_kl(ref, policy)
-    assert loss_after < loss.item(), f"{direction}: the anchor loss rose after a step on it: {loss.item()} -> {loss_after}"
+    assert loss_after < loss.item(), \
+        f"{direction}: the anchor loss rose after a step on it: {loss.item()} -> {loss_after}"
     assert kl_after < kl_before, f"{direction}: the exact KL to π_ref rose: {kl_before} -> {kl_after}"
 
 
@@ -233,7 +235,8 @@ def test_positions_after_the_end_token_contribute_nothing():
         per_pos = exact(anchor.ref_logits, model_logits(policy, anchor.gen))  # (M, T)
     assert per_pos[~mask].max() > 1e-3, "the KL after EOS must be non-zero, or the test could not fail"
     # hand computation: Σ over the valid positions only, then the mean over rows
-    want = sum(per_pos[i, t].item() for i in range(mask.size(0)) for t in range(mask.size(1)) if mask[i, t]) / mask.size(0)
+    want = sum(per_pos[i, t].item() for i in range(mask.size(0)) for t in range(mask.size(1))
+               if mask[i, t]) / mask.size(0)
     loss = anchor_loss(policy, anchor, rows)
     assert abs(loss.item() - want) < 1e-5, f"anchor loss {loss.item()} != Σ over valid positions {want}"
     loss.backward()
@@ -242,14 +245,16 @@ def test_positions_after_the_end_token_contribute_nothing():
     dirty = Anchor(copy.deepcopy(anchor.gen), anchor.ref_logits.clone(), anchor.weights, anchor.group)
     comp = dirty.gen.ids[:, dirty.gen.prompt_len:]
     comp[~mask] = torch.randint(0, TOK.vocab_size, (int((~mask).sum()),), generator=torch.Generator().manual_seed(5))
-    junk = torch.tensor([1e4, -1e4]).repeat(dirty.ref_logits.numel())[: dirty.ref_logits.numel()].view_as(dirty.ref_logits)
+    junk = torch.tensor([1e4, -1e4]).repeat(dirty.ref_logits.numel())[: dirty.ref_logits.numel()] \
+        .view_as(dirty.ref_logits)
     dirty.ref_logits = torch.where(mask[..., None], dirty.ref_logits, junk)
     policy.zero_grad()
     dirty_loss = anchor_loss(policy, dirty, rows)
     dirty_loss.backward()
     assert abs(dirty_loss.item() - loss.item()) < 1e-6, "what follows EOS changed the anchor loss"
     for g0, p in zip(clean_grad, policy.parameters()):
-        assert torch.isfinite(p.grad).all() and torch.allclose(g0, p.grad, atol=1e-6), "what follows EOS reached the gradient"
+        assert torch.isfinite(p.grad).all() and torch.allclose(g0, p.grad, atol=1e-6), \
+            "what follows EOS reached the gradient"
 
 
 def test_reverse_direction_is_the_policy_to_reference_kl_at_each_position():

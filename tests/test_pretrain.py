@@ -27,7 +27,8 @@ def test_weighted_distinct_lines_give_the_whole_corpus_loss_and_gradient():
     lines, counts = distinct_lines(corpus)
     full = lm_loss(model, encode_lines(tok, corpus, food.BLOCK_SIZE), tok.pad_id)
     g_full = torch.autograd.grad(full, list(model.parameters()))
-    weighted = lm_loss(model, encode_lines(tok, lines, food.BLOCK_SIZE), tok.pad_id, torch.tensor(counts, dtype=torch.float))
+    weighted = lm_loss(model, encode_lines(tok, lines, food.BLOCK_SIZE), tok.pad_id,
+                       torch.tensor(counts, dtype=torch.float))
     g_weighted = torch.autograd.grad(weighted, list(model.parameters()))
     assert torch.allclose(full, weighted, atol=1e-6), (full.item(), weighted.item())
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_full, g_weighted)), "the gradients differ"

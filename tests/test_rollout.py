@@ -34,7 +34,8 @@ def models(tiny_pretrained):
 def rollout(tiny_pretrained, seed=0, **kw) -> tuple:
     policy, ref, tok = models(tiny_pretrained)
     kw = {"max_new_tokens": 7, "keep_ref_logits": True, **kw}
-    batch = collect(policy, ref, tok, PROMPTS, G, Reward("by_prompt", by_prompt), torch.Generator().manual_seed(seed), **kw)
+    batch = collect(policy, ref, tok, PROMPTS, G, Reward("by_prompt", by_prompt), torch.Generator().manual_seed(seed),
+                    **kw)
     return batch, policy, ref, tok
 
 
@@ -46,7 +47,8 @@ def test_rows_are_grouped_prompt_by_prompt(tiny_pretrained):
     P = batch.gen.prompt_len
     for i in range(N):  # the tokens each row was sampled after are its prompt's
         head = batch.gen.ids[i, :P][batch.gen.key_mask[i, :P]].tolist()
-        assert head[0] == BOS_ID and tok.decode(head[1:]) == batch.prompts[i], f"row {i} was sampled after another prompt"
+        assert head[0] == BOS_ID and tok.decode(head[1:]) == batch.prompts[i], \
+            f"row {i} was sampled after another prompt"
         assert batch.rewards[i].item() == by_prompt(batch.prompts[i], batch.completions[i])
     groups = batch.rewards.view(-1, G)  # (prompts, G): row b must be prompt b's G completions
     assert groups.shape == (len(PROMPTS), G)

@@ -270,7 +270,8 @@ def test_a_full_disk_anywhere_else_is_one_line(capsys):
 
 RL_BAD = [("grpo", ["--warmup", "-1"], "--warmup must be >= 0"), ("grpo", ["--beta", "-1"], "--beta must be"),
           ("grpo", ["--clip-low", "2"], "--clip-low must be"), ("grpo", ["--clip-low", "-3"], "--clip-low must be"),
-          ("grpo", ["--grad-clip", "-1"], "--grad-clip must be"), ("grpo", ["--ref-update-every", "-1"], "must be >= 0"),
+          ("grpo", ["--grad-clip", "-1"], "--grad-clip must be"),
+          ("grpo", ["--ref-update-every", "-1"], "must be >= 0"),
           ("grpo", ["--preserve-coef", "-1"], "--preserve-coef must be"), ("grpo", ["--adv-eps", "-1"], "--adv-eps"),
           ("grpo", ["--unfinished-reward", "nan"], "--unfinished-reward must be"), ("grpo", ["--lr", "nan"], "--lr"),
           ("grpo", ["--lr", "inf"], "--lr"), ("grpo", ["--lr", "1e9"], "--lr"), ("grpo", ["--goal", "2"], "--goal"),
@@ -321,7 +322,8 @@ def test_resume_of_a_folder_whose_config_json_is_corrupt_is_one_line(tmp_path, c
     (run / "config.json").write_bytes(content.encode("latin-1"))
     err = one_line_error(grpo.main, ["--resume", str(run)], capsys)
     assert "config.json" in err, err
-    assert (run / "config.json").read_bytes() == content.encode("latin-1") and sorted(os.listdir(run)) == ["config.json"]
+    assert (run / "config.json").read_bytes() == content.encode("latin-1") \
+        and sorted(os.listdir(run)) == ["config.json"]
 
 
 @pytest.mark.parametrize("only", ["", " ", "grpo,", "grpo,nope"])

@@ -56,7 +56,8 @@ def test_a_custom_reward_has_the_same_exact_reward_as_the_named_food(tmp_path, t
     cfg = type("C", (), {"person": "ravin"})()
     ev = food.rl_evaluate(model, tok, food.rl_baseline(model, tok, cfg), cfg, custom)
     exact = food.exact_distribution(model, tok, "ravin")["apple pie"]
-    assert math.isclose(ev["target_rate"], exact, rel_tol=1e-6) and math.isclose(ev["exact_reward"], exact, rel_tol=1e-6)
+    assert math.isclose(ev["target_rate"], exact, rel_tol=1e-6) \
+        and math.isclose(ev["exact_reward"], exact, rel_tol=1e-6)
     assert ev["best_completions"] == ["apple pie"]
 
 
