@@ -7,7 +7,7 @@ import time
 from minigrpo.bench import sweep
 
 
-def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained):
+def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained, capsys):
     init, _, _ = tiny_pretrained
     text = sweep.bench_sweep(tmp_path, init, "cpu", seeds=2, extra=("--algos", "default,ppo", "--steps", "2"),
                              also=[("--jobs", "1")])  # and again with another flag (a GPU's: --members 1024)
@@ -15,6 +15,8 @@ def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path
     assert again.startswith("| `python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo "
                             "--steps 2 --jobs 1` |") and again.rstrip(" |").endswith("ok"), again
     assert (tmp_path / "sweep-jobs1" / "ppo-s1" / "summary.json").exists()
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep: ")]
+    assert [line.split(":")[1] for line in progress] == [" as it is", " --jobs 1"], progress  # a line as each row ends
     command, wall, within, status = [c.strip() for c in row.strip("| \n").split(" | ")]
     assert command == "`python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo " \
                       "--steps 2`", row

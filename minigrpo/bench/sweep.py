@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,6 +97,8 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         row, error, runs = _sweep(folder.with_name("sweep" + "".join(more).replace("--", "-")), init, device, seeds,
                                   (*extra, *more))
         rows.append(row)
+        print(f"sweep: {' '.join(more) or 'as it is'}: {row[1]} s, {row[2]} runs within every bar", file=sys.stderr,
+              flush=True)  # progress: a row survives a limit that cuts the section short
         if not more:
             first = (error, runs)
     text = table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
