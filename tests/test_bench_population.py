@@ -1,5 +1,9 @@
 """bench/population.py: the population section's table, and its limit on how long one population may take."""
 
+import shutil
+
+import pytest
+
 from minigrpo.bench import population
 
 
@@ -8,7 +12,7 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     init, _, _ = tiny_pretrained
     monkeypatch.setattr(population, "cores", lambda: 2)
     monkeypatch.setattr(population, "LIMIT_S", 60)  # 1,000 runs at the rate of 1 and 2 would take far longer
-    text = population.bench_population(tmp_path, init, "cpu", sizes=[1, 2, 1000], steps=1)
+    text = population.bench_population(tmp_path, init, "cpu", sizes=[1, 2, 1000], steps=1, grow=0)
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     ok = lambda name: rows[name].rstrip(" |").endswith("ok")  # noqa: E731
     assert ok("1 alone, as the pool runs it") and ok("1") and ok("2"), text
@@ -16,12 +20,8 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     assert ok("16 as threads (population/member.py)") and ok("2 in 2 processes"), text  # the largest P measured
     assert ok("2 of ppo") and ok("2 of ppo_oracle"), text
     assert ok("one population") and ok("one each, in turn"), text  # GRPO's presets of μ = 2: one, or each its own
-    kernels = {how: int(rows[how].split("|")[3]) for how in ("one population", "one each, in turn",
-                                                             "one population of 56 (4 × the seeds)")}
+    kernels = {how: int(rows[how].split("|")[3]) for how in ("one population", "one each, in turn")}
     assert kernels["one population"] < kernels["one each, in turn"], text  # one step's kernels for seven presets
-    assert ok("one population of 56 (4 × the seeds)"), text  # and most of a step's kernels are made once for all
-    added = (kernels["one population of 56 (4 × the seeds)"] - kernels["one population"]) / (56 - 14)
-    assert 0 < added < 4, text  # each member adds a few kernels a step (its noise drawn once a step, as on a GPU)
     assert not (tmp_path / "population" / "P1000").exists()
     assert "where a lockstep population of P = 2 works" in text, text
     assert "| minigrpo/population/lockstep.py:_step → " in text, text
@@ -29,3 +29,17 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     assert "| calls, P = 1 | calls, P = 2 | kernels, P = 1 | kernels, P = 2 |" in text, text
     calls = [int(x) for x in rows["all"].split("|")[2:6]]
     assert all(n > 0 for n in calls) and calls[2] < calls[0], text  # fewer kernels than calls (views launch none)
+
+
+@pytest.mark.slow
+def test_the_recipes_table_says_what_each_member_adds_a_step(tmp_path, tiny_pretrained):
+    """One population of 2 × the seeds: most of a step's kernels are made once for all members; each member adds a
+    few (its noise drawn once a step, as on a GPU; its rows copied with the others')."""
+    init, _, _ = tiny_pretrained
+    folder = lambda name: (shutil.rmtree(tmp_path / name, ignore_errors=True), tmp_path / name)[1]  # noqa: E731
+    text = population._recipes(folder, init, "cpu", 2, 1, 2)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    kernels = {how: int(rows[how].split("|")[3]) for how in ("one population", "one population of 28 (2 × the seeds)")}
+    assert rows["one population of 28 (2 × the seeds)"].rstrip(" |").endswith("ok"), text
+    added = (kernels["one population of 28 (2 × the seeds)"] - kernels["one population"]) / (28 - 14)
+    assert 0 < added < 4, text

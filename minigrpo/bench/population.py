@@ -72,7 +72,8 @@ def _timed(gpu: bool, P: int, run) -> tuple[float, list]:
     return time.perf_counter() - start, failed
 
 
-def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None = None, steps: int = 10) -> str:
+def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None = None, steps: int = 10,
+                     grow: int = 4) -> str:
     gpu = device.startswith("cuda")
     sizes = sizes or ([1, 32, 128, 512] if gpu else [1, 4, 16])
     folder = lambda name: (shutil.rmtree(out / "population" / name, ignore_errors=True),  # noqa: E731
@@ -105,14 +106,14 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
     memory_title = "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) in lockstep on {device}; then PPO's",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "runs"], rows) + \
-        _recipes(folder, init, device, 16 if gpu else 2, steps) + \
+        _recipes(folder, init, device, 16 if gpu else 2, steps, grow) + \
         _profile(items, measured[0], steps) + _calls(items, min(measured[0], 16), steps)
 
 
-def _recipes(folder, init: Path, device: str, seeds: int, steps: int) -> str:
+def _recipes(folder, init: Path, device: str, seeds: int, steps: int, grow: int) -> str:
     """compare's GRPO presets of μ = 2, `seeds` each, as one lockstep population (each preset a recipe:
     population/grpo_recipe.py) against one population each, one after another: run-steps/s, and kernels a step; then
-    the kernels of one population of 4 × the seeds (what each member adds)."""
+    the kernels of one population of `grow` × the seeds (what each member adds; none: grow 0 or 1)."""
     gpu, P = device.startswith("cuda"), seeds * len(PRESETS)
     runs = lambda tag, name, n, k=seeds: _items(folder(f"{tag}-{name}"), init, device, range(k), n,  # noqa: E731
                                                 "minigrpo.grpo", () if name == "default" else ("--preset", name))
@@ -126,8 +127,9 @@ def _recipes(folder, init: Path, device: str, seeds: int, steps: int) -> str:
         wall, failed = _timed(gpu, P, run)
         kernels, failed_too = _kernels(run, how[:3], device)
         rows.append([how, f"{P * steps / wall:.1f}", f"{kernels:.0f}", (failed + failed_too or ["ok"])[0]])
-    kernels, failed = _kernels(lambda done, tag, n: one(done, tag, n, 4 * seeds), "four", device)
-    rows.append([f"one population of {4 * P} (4 × the seeds)", "", f"{kernels:.0f}", (failed or ["ok"])[0]])
+    if grow > 1:
+        kernels, failed = _kernels(lambda done, tag, n: one(done, tag, n, grow * seeds), "more", device)
+        rows.append([f"one population of {grow * P} ({grow} × the seeds)", "", f"{kernels:.0f}", (failed or ["ok"])[0]])
     return "\n" + table(f"recipes: compare's {len(PRESETS)} GRPO presets of μ = 2 ({', '.join(PRESETS)}), {seeds} "
                         f"seeds each ({steps} fixed steps; kernels: over 3 steps, each population's added up, the "
                         f"sampler's noise drawn as on a GPU, the checkpoints left out)",
