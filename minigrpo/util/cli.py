@@ -146,9 +146,8 @@ def parse_config(cls, argv=None, description: str = "", defaults: dict | None = 
     key = tuple(sorted((defaults or {}).items()))
     try:
         parser = _parser(cls, description, program(), key)
-    except TypeError:  # a default that cannot be a key (a list read from a resumed run's config.json)
-        parser = build_parser(cls, description, defaults)
-        parser.error = _usage_error
+    except TypeError:  # a default that cannot be a key (a list read from a resumed run's config.json): made anew
+        parser = _parser.__wrapped__(cls, description, program(), key)
     ns = parser.parse_args(argv)
     return cls(**vars(ns)), parser
 
