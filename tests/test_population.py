@@ -12,10 +12,11 @@ import torch
 
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
 from minigrpo.lm.prefix_tree import next_token_tree
-from minigrpo.lm.sampling import generate
+from minigrpo.lm.sampling import decode_completions, generate
+from minigrpo.lm.tokenizer import CharTokenizer
 from minigrpo.population.engine import run_population, run_populations, shares_of
 from minigrpo.population.member import Batcher, _hidden
-from minigrpo.population.sampling import Request, generate_all
+from minigrpo.population.sampling import Request, generate_all, read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
@@ -122,6 +123,28 @@ def test_a_member_that_cannot_sample_gets_its_error_and_the_others_sample_as_alo
     assert isinstance(got[1], ValueError) and "non-finite" in str(got[1])
     assert isinstance(got[2], ValueError) and "temperature" in str(got[2])
     assert torch.equal(got[0].ids, generate(models[0], ids, None, 6, generator=torch.Generator().manual_seed(0)).ids)
+
+
+def test_each_members_completions_are_read_as_its_own_decode_reads_them():
+    """read_completions (one read of every member's rows, each distinct row decoded once) gives each member what
+    lm/sampling.decode_completions and its finished flags give: members of other widths, rows that repeat (two
+    members of one seed), a member whose sampling failed."""
+    models = members(4)
+    with torch.no_grad():
+        models[2].wte.weight.fill_(float("nan"))
+    models[3].load_state_dict(models[0].state_dict())
+    tok = CharTokenizer("abcdefghijklmnopq")
+    ids = torch.randint(3, 20, (6, 3))
+    requests = [Request(ids, None, n, 1.0, None, None, torch.Generator().manual_seed(seed))
+                for n, seed in [(8, 0), (3, 1), (8, 2), (8, 0)]]
+    gens = generate_all(models, requests)
+    got = read_completions(tok, gens)
+    assert got[2] is None and isinstance(gens[2], ValueError)
+    for p in (0, 1, 3):
+        assert got[p] == (decode_completions(tok, gens[p]), gens[p].finished.tolist()), p
+    assert got[3] == got[0]  # members whose rows repeat each other's
+    assert {f for p in (0, 1) for f in got[p][1]} == {True, False}  # rows that ended and rows cut at their n_max
+    assert read_completions(tok, [ValueError("x")]) == [None]
 
 
 def _run(init, folder, seed, module="minigrpo.grpo", extra=()):
