@@ -13,10 +13,10 @@ import torch
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
 from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.lm.sampling import decode_completions, generate
-from minigrpo.lm.tokenizer import CharTokenizer
+from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from minigrpo.population.engine import run_population, run_populations, shares_of
 from minigrpo.population.member import Batcher, _hidden
-from minigrpo.population.sampling import Request, generate_all, read_completions
+from minigrpo.population.sampling import Request, StackedDraws, _generate_all, generate_all, read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
@@ -85,8 +85,8 @@ def test_batched_sampling_draws_what_each_member_draws_alone(settings, noise_dra
         assert torch.equal(requests[p].generator.get_state(), drawn_alone[p].get_state()), p
 
 
-def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
-    """Members with the same rows and plain sampling draw as one (population/sampling.StackedDraws): each member's
+def test_members_of_other_prompt_widths_draw_each_what_it_draws_alone(noise_drawn):
+    """Members whose prompts differ in width draw each with its own lm/sampling.Draws in the one batch: each member's
     tokens, log-probs and generator state are its own generate()'s, one whose block leaves fewer new tokens (a
     20-token prompt in a 24-token block) and one whose weights are NaN (its error) included."""
     models = members(4)
@@ -111,6 +111,35 @@ def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
         assert torch.allclose(got[p].logprobs, alone[p].logprobs, atol=1e-5)
         assert torch.equal(requests[p].generator.get_state(), gens[p].get_state()), p
     assert got[1].completion_mask.size(1) == 4
+
+
+def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
+    """Members with the same rows and plain sampling draw as one (population/sampling.StackedDraws), each stopping
+    where it stops alone: one rarely ends, one ends within a few tokens, one at its first; one whose weights are NaN
+    gets its error. Each member's tokens, log-probs and generator state are its own generate()'s."""
+    models = members(4)
+    with torch.no_grad():  # the head shares the embedding: a final bias along EOS's raises EOS's logit by `how`
+        for m, how in zip(models, (0.0, 2.5, 12.0)):
+            m.ln_f.bias.add_(how * m.wte.weight[EOS_ID] / m.wte.weight[EOS_ID].square().sum())
+        models[3].wte.weight.fill_(float("nan"))
+    ids = torch.randint(3, 20, (5, 4))
+    mask = torch.ones(5, 4, dtype=torch.bool)
+    mask[0, :2] = False
+    requests = lambda: [Request(ids, mask, 12, 0.8, None, None, torch.Generator().manual_seed(p))  # noqa: E731
+                        for p in range(4)]
+    assert isinstance(_generate_all(models, requests(), None), StackedDraws)  # drawn as one
+    gens = [torch.Generator().manual_seed(p) for p in range(4)]
+    alone = [generate(m, ids, mask, 12, 0.8, generator=g) for m, g in zip(models[:3], gens)]
+    asked = requests()
+    got = generate_all(models, asked)
+    assert isinstance(got[3], ValueError)
+    for p in range(3):
+        for f in ("ids", "key_mask", "completion_mask", "finished"):
+            assert torch.equal(getattr(got[p], f), getattr(alone[p], f)), (p, f)
+        assert torch.allclose(got[p].logprobs, alone[p].logprobs, atol=1e-5)
+        assert torch.equal(asked[p].generator.get_state(), gens[p].get_state()), p
+    assert sorted(g.completion_mask.size(1) for g in alone) == [1, got[1].completion_mask.size(1), 12]
+    assert 1 < got[1].completion_mask.size(1) < 12
 
 
 def test_a_member_that_cannot_sample_gets_its_error_and_the_others_sample_as_alone():

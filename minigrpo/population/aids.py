@@ -14,7 +14,8 @@ from minigrpo.population.anchor import own_rows
 from minigrpo.population.evaluation import SharedForward
 from minigrpo.population.guard import Guard
 from minigrpo.population.rows import Rows
-from minigrpo.population.sampling import PromptTable, StaleWeights
+from minigrpo.population.sampling import PromptTable
+from minigrpo.population.stale import StaleWeights
 
 
 @dataclass

@@ -16,7 +16,7 @@ What it runs: every variant whose functions are pure over one member's tensors (
 baselines and scales, aggregations; --random-reward's draws, each member's from its own stream; ReMax's greedy
 decodes, member by member). The entropy controls (the token filters that rank, Clip-Cov's draws, an adaptive
 coefficient) take their loss member by member (`loss_each`), each with its own generator and coefficient. Another
-sampler (its temperature, its nucleus, its stale weights: population/sampling.StaleWeights) samples every member's
+sampler (its temperature, its nucleus, its stale weights: population/stale.StaleWeights) samples every member's
 rows in the one batch; its figures and --is-correction's weights are each member's own (`is_weights`).
 --skip-equal-groups (DAPO, REINFORCE-Rej) drops a member's equal-reward groups by masking their tokens, which is
 dropping them for a token-mean; a mean over sequences would still count the masked rows, so each term that is one is

@@ -45,7 +45,8 @@ from minigrpo.population.grpo_recipe import RECIPE
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MembersAdamW, keep
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.sampling import PromptTable, Request, StaleWeights, generate_all, read_completions
+from minigrpo.population.sampling import PromptTable, Request, generate_all, read_completions
+from minigrpo.population.stale import StaleWeights
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, batch_figures, interrupted_line

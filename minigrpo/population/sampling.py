@@ -13,7 +13,6 @@ probabilities are not finite gets its ValueError; the others are untouched.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +21,6 @@ import torch.nn.functional as F
 
 from minigrpo.lm.model import causal_mask, positions
 from minigrpo.lm.sampling import NON_FINITE, Draws, Generation, encode_prompts, noise_ahead, process_logits
-from minigrpo.rl.rollout import Sampler
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
 
@@ -169,6 +167,24 @@ def read_completions(tok, gens: list) -> list:
     return out
 
 
+class LateRead:
+    """A flag on the device read one call late: each call starts copying its flag to the host and returns the one
+    before it (False at first). On a GPU the host then never waits for the kernels it has just queued, and those
+    keep the device busy while it waits for the flag before; the price is one call more than needed."""
+
+    def __init__(self):
+        self.pending: tuple | None = None  # the last flag's host copy and, on a GPU, the event of its arrival
+
+    def read(self, flag: torch.Tensor) -> bool:
+        host, event = flag.to("cpu", non_blocking=True), torch.cuda.Event() if flag.is_cuda else None
+        if event is not None:
+            event.record()
+        before, self.pending = self.pending, (host, event)
+        if before is not None and before[1] is not None:
+            before[1].synchronize()
+        return before is not None and bool(before[0])
+
+
 class StackedDraws:
     """The lm/sampling.Draws of P members with the same number of rows, prompt width and plain sampling (temperature
     only), drawn as one: the sampling distribution, the race and the bookkeeping over (P, B, V) at once, and each
@@ -183,7 +199,7 @@ class StackedDraws:
         first = draws[0].prompt_ids
         self.tokens, self.logprobs, self.completion_mask, self.done = \
             Draws.fresh((len(draws), first.size(0)), draws[0].n_max, first.device)  # (P, B, n_max); done (P, B)
-        self.steps, self.ahead = [0] * len(draws), draws[0].ahead
+        self.n, self.ahead, self.late = 0, draws[0].ahead, LateRead()  # n: the tokens drawn so far
 
     @staticmethod
     def fits(members: list) -> bool:
@@ -195,7 +211,7 @@ class StackedDraws:
 
     def take(self, logits: torch.Tensor, going: set[int]) -> set[int]:
         """Draws.take for the members in `going` from logits (P, B, V) -> the members that go on."""
-        n, temperature = max(self.steps), self.draws[0].settings[0]
+        n, temperature = self.n, self.draws[0].settings[0]
         logp_all = F.log_softmax(process_logits(logits, temperature), -1)  # (P, B, V)
         probs = logp_all.exp()
         if self.ahead:  # on a GPU each member's noise of the call, drawn at its first token (lm/sampling.NOISE_AHEAD)
@@ -209,68 +225,32 @@ class StackedDraws:
                 rows[p].exponential_(generator=self.draws[p].settings[3])
         nxt = (probs / noise).argmax(-1)  # (P, B): lm/sampling.exponential_race of each member
         self.record(n, nxt, logp_all.gather(-1, nxt[..., None])[..., 0])
+        self.n = n + 1
+        if self.ahead:  # no noise to spare as rows end: every member goes on until all have ended, read a token late
+            return set() if self.late.read(self.done.all()) or self.n == self.draws[0].n_max else going
         ended = self.done.all(-1).tolist()
-        for p in going:
-            self.steps[p] = n + 1
-        return {p for p in going if not (ended[p] or n + 1 == self.draws[p].n_max)}
+        return {p for p in going if not (ended[p] or self.n == self.draws[p].n_max)}
 
     def generations(self) -> list[Generation | ValueError]:
         """Each member's Draws.generation(): its prompt, its first `steps` draws, or its ValueError where its
         log-probs are not finite. Called outside inference mode: the stacked tensors are copied once, and each member's
         Generation holds views of the copy (what lm/sampling.generate returns: ordinary tensors)."""
-        N = max(self.steps)
+        N = self.n
         cut = lambda x: x[:, :, :N].clone()  # noqa: E731
         tokens, logprobs, completion_mask, done = cut(self.tokens), cut(self.logprobs), cut(self.completion_mask), \
             self.done.clone()
-        finite = torch.isfinite(logprobs).flatten(1).all(1).tolist()  # past a member's steps: zeros
+        # one read: whether each member's log-probs are finite (past its steps: zeros), and its steps, where its own
+        # Draws stops: its longest row's tokens, up to and including the EOS (n_max where a row did not end)
+        finite, steps = torch.stack([torch.isfinite(logprobs).flatten(1).all(1).long(),
+                                     completion_mask.sum(-1).amax(-1)]).tolist()
         prompt_ids = torch.stack([d.prompt_ids for d in self.draws])
         prompt_mask = torch.stack([d.prompt_mask for d in self.draws])
         W = prompt_ids.size(-1)
         ids, key_mask = torch.cat([prompt_ids, tokens], -1).unbind(0), torch.cat([prompt_mask, completion_mask],
                                                                                  -1).unbind(0)
         out = []
-        for p, (n, ok) in enumerate(zip(self.steps, finite)):
+        for p, (n, ok) in enumerate(zip(steps, finite)):
             out.append(Generation(ids[p][:, :W + n], key_mask[p][:, :W + n], W, completion_mask[p][:, :n],
                                   logprobs[p][:, :n], done[p]) if ok else
                        ValueError(NON_FINITE))
         return out
-
-
-class StaleWeights:
-    """rl/rollout.Sampler's stale policy (--sample-stale N) for P members at once: the stacked weights at the start of
-    each of the last N + 1 steps, the oldest sampled from (the first N steps: the oldest there is).
-
-        stale = StaleWeights(n)
-        sampling = stale.pick(stack)     # once a step, before sampling: records the weights -> the weights to sample
-        stale.keep(members)              # only these members (their indices) from now on
-        algo.sampler = stale.member(algo.sampler, p)   # member p's Sampler: its state_dict is its own slices
-    """
-
-    def __init__(self, n: int):
-        self.n, self.snapshots = n, []
-
-    @torch.no_grad()
-    def pick(self, stack: Stack) -> Stack:
-        self.snapshots = (self.snapshots + [{k: w.detach().clone() for k, w in stack.w.items()}])[-(self.n + 1):]
-        oldest = copy.copy(stack)
-        oldest.w = self.snapshots[0]
-        return oldest
-
-    def keep(self, members: list[int]) -> None:
-        index = torch.tensor(members, device=next(iter(self.snapshots[0].values())).device) if self.snapshots else None
-        self.snapshots = [{k: w.index_select(0, index) for k, w in s.items()} for s in self.snapshots]
-
-    def member(self, sampler: Sampler, p: int) -> Sampler:
-        return MemberSampler(sampler, self, p)
-
-
-class MemberSampler(Sampler):
-    """A member's Sampler in a population with a stale sampler: its settings, and as its state (its checkpoint's,
-    rl/rollout.Sampler.state_dict's format) copies of its own slices of the population's recorded weights."""
-
-    def __init__(self, like: Sampler, stale: StaleWeights, p: int):
-        super().__init__(like.temperature, like.top_p, like.stale)
-        self.population, self.p = stale, p
-
-    def state_dict(self) -> dict:
-        return {"states": [{k: w[self.p].clone() for k, w in s.items()} for s in self.population.snapshots]}
