@@ -222,6 +222,16 @@ def test_score_refuses_a_policy_with_mass_where_the_reference_has_none():
         score(T([0.0, 0.0, 1.0]), p, r)  # E = 1 at infinite KL, where π_ref's optimum reaches only 0
 
 
+def test_score_many_refuses_a_row_that_is_not_a_distribution_naming_its_sum():
+    p, r = T([0.5, 0.5]), T([0.0, 1.0])
+    with pytest.raises(ValueError, match="p_theta must be a probability distribution .* got sum 0.9"):
+        score_many(T([[0.5, 0.5], [0.4, 0.5], [0.2, 0.9]]), p, r)
+    with pytest.raises(ValueError, match="p_theta must be a probability distribution"):
+        score_many(T([[0.5, 0.5], [1.5, -0.5]]), p, r)  # sums to 1, but a negative probability
+    with pytest.raises(ValueError, match=r"p_theta must be 1-D \(K,\) and r the same shape, got \(2, 3\)"):
+        score_many(T([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]), p, r)
+
+
 def test_extreme_betas_and_rewards_stay_finite():
     p, r = T([0.2, 0.3, 0.5, 0.0]), T([1e3, -1e3, 999.0, 5e3])
     for beta in (1e-4, 1e-2, 1e4):

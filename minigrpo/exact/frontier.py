@@ -39,12 +39,15 @@ def _array(x) -> np.ndarray:
 
 
 def _check(p: np.ndarray, r: np.ndarray | None = None, name: str = "p_ref") -> None:
-    """ValueError unless p is a 1-D distribution (≥ 0, sums to 1 within 1e-6) and r a finite (K,) vector."""
-    if p.ndim != 1 or (r is not None and r.shape != p.shape):
+    """ValueError unless p is a distribution (≥ 0, sums to 1 within 1e-6) of shape (K,), or each row of p (M, K)
+    is (naming the first that is not), and r a finite (K,) vector."""
+    if p.ndim not in (1, 2) or (r is not None and p.shape[-1:] != r.shape):
         raise ValueError(f"{name} must be 1-D (K,) and r the same shape, got {tuple(p.shape)}"
                          f"{'' if r is None else f' and {tuple(r.shape)}'}")
-    if not (p >= 0).all() or abs(p.sum() - 1) > 1e-6:
-        raise ValueError(f"{name} must be a probability distribution (≥ 0, sum 1), got sum {p.sum()}")
+    total = p.sum(-1)
+    bad = np.flatnonzero(~((p >= 0).all(-1) & (np.abs(total - 1) <= 1e-6)).reshape(-1))
+    if bad.size:
+        raise ValueError(f"{name} must be a probability distribution (≥ 0, sum 1), got sum {total.reshape(-1)[bad[0]]}")
     if r is not None and not np.isfinite(r).all():
         raise ValueError(f"rewards must be finite, got {r.tolist()}")
 
@@ -200,15 +203,16 @@ def implied_beta(p_ref: torch.Tensor, r: torch.Tensor, expected_reward: float) -
     return float(_implied_betas(*_checked(p_ref, r), np.array([expected_reward], dtype=np.float64))[0])
 
 
-def _kl(p: np.ndarray, q: np.ndarray) -> float:
+def _kl(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """KL(p‖q) over the last dim (rows of p against q, broadcast), clamped at 0."""
     with np.errstate(**QUIET):
-        return max(float(np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0).sum()), 0.0)
+        return np.maximum(np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0).sum(-1), 0.0)
 
 
 def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     """KL(p‖q) = Σ_y p(y)·log(p(y)/q(y)) over outcome distributions p, q (K,): 0·log 0 = 0, inf where
     p > 0 = q. Clamped at 0 against rounding."""
-    return _kl(_array(p), _array(q))
+    return float(_kl(_array(p), _array(q)))
 
 
 REGRET_TOL = 1e-9  # × (1 + reward span): the bisection's rounding (measured ≤ 3e-13 on 13 outcomes)
@@ -233,25 +237,19 @@ def score_many(p_thetas, p_ref: torch.Tensor, r: torch.Tensor, beta: float | Non
     """score(p_thetas[m], p_ref, r, beta) of M policies (M, K) over one p_ref and r, their bisections as one
     (_bisect_rows): a lockstep population's members' exact evaluation. The same figures, to the bisections' 1e-13."""
     p_thetas, (p_ref, r) = _array(p_thetas), _checked(p_ref, r)
-    for p in p_thetas:
-        _check(p, r, name="p_theta")
-    with np.errstate(**QUIET):
-        kl_ref = np.maximum(np.where(p_thetas > 0, p_thetas * (np.log(p_thetas) - np.log(p_ref)), 0.0).sum(1), 0.0)
-    reward, span = (p_thetas * r).sum(1), _span(p_ref, r)
+    _check(p_thetas, r, name="p_theta")
+    kl_ref, reward, span = _kl(p_thetas, p_ref), (p_thetas * r).sum(1), _span(p_ref, r)
     regret = _frontier_rewards(p_ref, r, kl_ref) - reward
     if (regret < -REGRET_TOL * (1 + span)).any():
         m = int(np.argmin(regret))
         raise ValueError(f"policy above the exact frontier by {-regret[m]:.3g} at KL {kl_ref[m]:.6g}: impossible "
                          f"unless p_theta puts mass where p_ref is 0")
-    implied, out = _implied_betas(p_ref, r, reward), []
-    for m, p in enumerate(p_thetas):
-        optimum_at = lambda b: _solve(p_ref, r, _betas(b))["pi"][0]  # noqa: E731
-        row = {"kl_ref": float(kl_ref[m]), "expected_reward": float(reward[m]), "regret": max(float(regret[m]), 0.0),
-               "implied_beta": float(implied[m]), "kl_to_implied_optimum": _kl(p, optimum_at(implied[m]))}
-        if beta is not None:
-            row["kl_to_optimum"] = _kl(p, optimum_at(beta))
-        out.append(row)
-    return out
+    implied = _implied_betas(p_ref, r, reward)
+    figures = {"kl_ref": kl_ref, "expected_reward": reward, "regret": np.maximum(regret, 0.0), "implied_beta": implied,
+               "kl_to_implied_optimum": _kl(p_thetas, _solve(p_ref, r, implied)["pi"])}  # each member's own optimum
+    if beta is not None:
+        figures["kl_to_optimum"] = _kl(p_thetas, _solve(p_ref, r, _betas(beta))["pi"])  # one optimum for all
+    return [{k: float(v[m]) for k, v in figures.items()} for m in range(len(p_thetas))]
 
 
 def pass_at_k(p, k: int):
