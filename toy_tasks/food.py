@@ -215,7 +215,7 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards) -> dict:
 
 
 def rl_evaluate_many(models: list, tokenizer, baseline: dict, cfg, rewards) -> list[dict]:
-    """rl_evaluate of each model (a lockstep population's members), the frontier's bisections of all as one
+    """rl_evaluate of each model (a lockstep population's members), the frontier's root findings of all as one
     (frontier.score_many)."""
     every = exact_distributions_many(models, tokenizer)
     r = torch.cat([rewards.support[0], rewards.off_support[:1]])

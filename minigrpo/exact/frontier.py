@@ -66,7 +66,7 @@ def _logsumexp(x: np.ndarray) -> np.ndarray:
 
 
 def _solve(p_ref: np.ndarray, r: np.ndarray, beta: np.ndarray) -> dict:
-    """The figures of π*_β for a (B,) array of β in [0, ∞]: log π* (B, K), KL (B,), E (B,), log Z (B,)."""
+    """The figures of π*_β for a (B,) array of β in [0, ∞]: log π* (B, K), KL (B,), E (B,), log Z (B,), Var[r] (B,)."""
     with np.errstate(**QUIET):
         on = p_ref > 0
         r_max = r[on].max()
@@ -84,7 +84,9 @@ def _solve(p_ref: np.ndarray, r: np.ndarray, beta: np.ndarray) -> dict:
         kl = np.maximum(np.where(pi > 0, pi * ratio, 0.0).sum(-1), 0.0)
         lead = (np.zeros_like(b) if r_max == 0 else r_max / b)[:, 0]  # log Z_β = max r/β + log_zs
         reward = r_max + (pi * gap).sum(-1)  # = Σ π* r, exactly max r at the β → 0 limit
-    return {"log_pi": log_pi, "pi": pi, "kl": kl, "expected_reward": reward, "log_z": lead + log_zs[:, 0]}
+        variance = (pi * np.square(gap - (reward - r_max)[:, None])).sum(-1)  # Var_π*[r]
+    return {"log_pi": log_pi, "pi": pi, "kl": kl, "expected_reward": reward, "log_z": lead + log_zs[:, 0],
+            "variance": variance}
 
 
 def _betas(beta) -> np.ndarray:  # a float or a list of them -> (B,) float64
@@ -136,31 +138,45 @@ def frontier(p_ref: torch.Tensor, r: torch.Tensor, betas=None) -> dict[str, torc
             "expected_reward": torch.from_numpy(out["expected_reward"])}
 
 
-def _bisect_rows(fn, target: np.ndarray, scale: float) -> np.ndarray:
-    """The β with fn(β) = target of each of M targets (M,) -> (M,), fn non-increasing in β, mapping a flat array of
-    β to values. Searched on t = log β, the M brackets together: each round evaluates fn on points + 1 points of
-    every open bracket in one call and narrows it `points`-fold, to 1e-13 in t (one row: 128 points a round, the
-    same answer as bisection in a tenth of the calls; many rows: fewer points and more rounds, as a round's
-    arithmetic grows with M·points). A row whose bracket is done keeps it."""
-    points = max(8, 128 // len(target))
-    at = lambda t: fn(np.exp(t))  # noqa: E731
-    t0 = math.log(scale)
+# KL* and E* move with t = log β as d/dt E* = −Var*[r]/β and d/dt KL* = −Var*[r]/β² (with λ = 1/β: dE*/dλ =
+# Var*[r], and KL* = λE* − log Z gives dKL*/dλ = λ·Var*[r]): the slopes Newton's method takes
+SLOPES = {"expected_reward": lambda out, beta: -out["variance"] / beta,
+          "kl": lambda out, beta: -out["variance"] / beta ** 2}
+ROUNDS = 200  # a cap, never met in the tests: Newton's steps converge in a few rounds, a step that cannot bisects
+
+
+def _root_rows(p_ref: np.ndarray, r: np.ndarray, what: str, target: np.ndarray) -> np.ndarray:
+    """The β at which _solve's `what` (E* or KL*, each non-increasing in β) is each of M targets (M,) -> (M,).
+    Newton's method on t = log β, each row's root kept in a bracket that every step narrows (a step that would
+    leave it, or land on its end, bisects it instead: rtsafe, Numerical Recipes 9.4), all rows at once. A row is
+    done when its step is below 1e-14 in t, its value is its target, or its bracket is below 1e-13 in t."""
+    def at(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # -> the value and its slope in t
+        beta = np.exp(t)
+        out = _solve(p_ref, r, beta)
+        with np.errstate(**QUIET):  # β = 0 (t far below): a slope of 0/0, whose step then bisects
+            return out[what], SLOPES[what](out, beta)
+
+    t0 = math.log(_span(p_ref, r))
     lo, hi = np.full(target.shape, t0 - 7), np.full(target.shape, min(t0 + 7, 700.0))
-    while ((low := (at(lo) < target) & (lo > t0 - 700))).any():
+    while ((low := (at(lo)[0] < target) & (lo > t0 - 700))).any():
         lo = np.where(low, lo - 7, lo)
-    while ((high := (at(hi) > target) & (hi < min(t0 + 35, 700.0)))).any():
+    while ((high := (at(hi)[0] > target) & (hi < min(t0 + 35, 700.0)))).any():
         hi = np.where(high, hi + 7, hi)
-    going = hi - lo > 1e-13 * np.maximum(1.0, np.abs(lo))
-    while going.any():
+    t, going = (lo + hi) / 2, np.ones(target.shape, dtype=bool)
+    for _ in range(ROUNDS):
         rows = np.flatnonzero(going)
-        ts = np.linspace(lo[rows], hi[rows], points + 1, axis=1)  # (m, points + 1)
-        above = fn(np.exp(ts).ravel()).reshape(ts.shape) > target[rows, None]
-        k = np.clip(above.sum(1), 1, points)
-        new_lo, new_hi = ts[np.arange(len(rows)), k - 1], ts[np.arange(len(rows)), k]
-        stuck = (new_lo == lo[rows]) & (new_hi == hi[rows])  # float resolution reached
-        lo[rows], hi[rows] = new_lo, new_hi
-        going[rows] = ~stuck & (new_hi - new_lo > 1e-13 * np.maximum(1.0, np.abs(new_lo)))
-    return np.exp((lo + hi) / 2)
+        (value, slope), now, aim = at(t[rows]), t[rows], target[rows]
+        above = value > aim  # the root lies above t
+        lo[rows], hi[rows] = np.where(above, now, lo[rows]), np.where(above, hi[rows], now)
+        with np.errstate(**QUIET):  # a slope of 0 where the curve is flat: a step that bisects
+            step = now - (value - aim) / slope
+        newton = np.isfinite(step) & (step > lo[rows]) & (step < hi[rows])  # else a bisection: the bracket halves
+        done = (np.abs(step - now) <= 1e-14 * np.maximum(1.0, np.abs(now))) | (value == aim)  # t stays
+        t[rows] = np.where(done, now, np.where(newton, step, (lo[rows] + hi[rows]) / 2))
+        going[rows] = ~done & (hi[rows] - lo[rows] > 1e-13 * np.maximum(1.0, np.abs(lo[rows])))
+        if not going.any():
+            break
+    return np.exp(t)
 
 
 def _frontier_rewards(p_ref: np.ndarray, r: np.ndarray, kls: np.ndarray) -> np.ndarray:
@@ -169,13 +185,13 @@ def _frontier_rewards(p_ref: np.ndarray, r: np.ndarray, kls: np.ndarray) -> np.n
     beta = np.full(kls.shape, INF)  # the β whose KL* is each K
     inside = (kls > 0) & (kls < ends["kl"][1]) & (span > 0)
     if inside.any():
-        beta[inside] = _bisect_rows(lambda b: _solve(p_ref, r, b)["kl"], kls[inside], span)
+        beta[inside] = _root_rows(p_ref, r, "kl", kls[inside])
     return np.where(inside, _solve(p_ref, r, beta)["expected_reward"],
                     ends["expected_reward"][np.where(kls <= 0, 0, 1)])
 
 
 def frontier_reward_at(p_ref: torch.Tensor, r: torch.Tensor, kl: float) -> float:
-    """f(K) = max{E_π[r] : KL(π‖π_ref) ≤ K} = E*[r] at the β whose KL* is K (bisection on log β: KL* is
+    """f(K) = max{E_π[r] : KL(π‖π_ref) ≤ K} = E*[r] at the β whose KL* is K (Newton's method on log β: KL* is
     non-increasing in β). K ≤ 0 gives E_ref[r]; K ≥ −log P_ref(argmax r) (the β → 0 limit) gives max r."""
     p_ref, r = _checked(p_ref, r)
     if math.isnan(kl):
@@ -190,13 +206,12 @@ def _implied_betas(p_ref: np.ndarray, r: np.ndarray, rewards: np.ndarray) -> np.
     out = np.where(rewards <= ends[0] + tol, INF, 0.0)
     between = (rewards > ends[0] + tol) & (rewards < ends[1] - tol)
     if between.any():
-        out[between] = _bisect_rows(lambda b: _solve(p_ref, r, b)["expected_reward"], rewards[between],
-                                    _span(p_ref, r))
+        out[between] = _root_rows(p_ref, r, "expected_reward", rewards[between])
     return out
 
 
 def implied_beta(p_ref: torch.Tensor, r: torch.Tensor, expected_reward: float) -> float:
-    """The β whose optimum has E*[r] = expected_reward (bisection on log β: E* is non-increasing in β).
+    """The β whose optimum has E*[r] = expected_reward (Newton's method on log β: E* is non-increasing in β).
 
     inf when expected_reward ≤ E_ref[r] (no optimum is worse than π_ref; a constant reward included);
     0.0 when expected_reward ≥ max r (only the β → 0 limit reaches it); both within 1e-12·(1 + max |r|)."""
@@ -215,7 +230,7 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return float(_kl(_array(p), _array(q)))
 
 
-REGRET_TOL = 1e-9  # × (1 + reward span): the bisection's rounding (measured ≤ 3e-13 on 13 outcomes)
+REGRET_TOL = 1e-9  # × (1 + reward span): the root finding's rounding
 
 
 def score(p_theta: torch.Tensor, p_ref: torch.Tensor, r: torch.Tensor, beta: float | None = None) -> dict:
@@ -234,8 +249,8 @@ def score(p_theta: torch.Tensor, p_ref: torch.Tensor, r: torch.Tensor, beta: flo
 
 
 def score_many(p_thetas, p_ref: torch.Tensor, r: torch.Tensor, beta: float | None = None) -> list[dict]:
-    """score(p_thetas[m], p_ref, r, beta) of M policies (M, K) over one p_ref and r, their bisections as one
-    (_bisect_rows): a lockstep population's members' exact evaluation. The same figures, to the bisections' 1e-13."""
+    """score(p_thetas[m], p_ref, r, beta) of M policies (M, K) over one p_ref and r, their root findings as one
+    (_root_rows): a lockstep population's members' exact evaluation. Each row's figures are its own score's."""
     p_thetas, (p_ref, r) = _array(p_thetas), _checked(p_ref, r)
     _check(p_thetas, r, name="p_theta")
     kl_ref, reward, span = _kl(p_thetas, p_ref), (p_thetas * r).sum(1), _span(p_ref, r)
