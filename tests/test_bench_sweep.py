@@ -17,10 +17,12 @@ def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path
     assert (tmp_path / "sweep-jobs1" / "ppo-s1" / "summary.json").exists()
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep: ")]
     assert [line.split(":")[1] for line in progress] == [" as it is", " --jobs 1"], progress  # a line as each row ends
-    command, wall, within, status = [c.strip() for c in row.strip("| \n").split(" | ")]
+    command, wall, within, longest, status = [c.strip() for c in row.strip("| \n").split(" | ")]
     assert command == "`python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo " \
                       "--steps 2`", row
     assert float(wall) > 0 and status == "ok", row
+    seconds, algorithm = longest.split(" ")  # the longest run's steps: less than the whole command
+    assert 0 < float(seconds) < float(wall) and algorithm in ("(default)", "(ppo)"), row
     assert within.endswith("/4"), row  # 2 seeds of 2 algorithms; 2 steps of a tiny model reach no goal: 0/4
     assert (tmp_path / "sweep" / "ppo-s1" / "summary.json").exists() and (tmp_path / "sweep" / "table.md").exists()
     report = text.split("compare's report of its 4 runs")[1].splitlines()  # then the report alone, timed twice

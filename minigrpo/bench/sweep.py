@@ -10,7 +10,9 @@ command: an old folder would time nothing). On a GPU, `nvidia-smi` is read every
 memory in use (the device's, every process's), and the phases of the wall time: before the GPU holds memory beyond
 what it held at the start (imports, worker processes, set-up on the CPU), the GPU busy (utilisation >= 80 %: a
 kernel running most of the time), the GPU holding memory but less used (set-up on the device, a step's host work,
-populations ending at different times, their files), and after it let go (compare's table and figures).
+populations ending at different times, their files), and after it let go (compare's table and figures). On either
+device, the longest run's steps: a population's members log its step times, so on a GPU that is the slowest
+population's stepping, and the rest of the wall time is outside the steps.
 
 On a GPU the command runs again with `--members 1024`: GRPO's seven presets of μ = 2 (896 runs) as one lockstep
 population, each preset a recipe (population/grpo_recipe.py), beside PPO's two: three processes on the GPU, not nine;
@@ -89,9 +91,10 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
     (default: GPU_ALSO on a GPU, none on a CPU)."""
     gpu = device.startswith("cuda")
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
-    header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar", "exit"]
+    header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar",
+              "a run's steps, most: s (its algorithm)", "exit"]
     if gpu:
-        header[3:3] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
+        header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     rows, folder = [], out / "sweep"
     for more in [(), *(also if also is not None else GPU_ALSO if gpu else [])]:
         row, error, runs = _sweep(folder.with_name("sweep" + "".join(more).replace("--", "-")), init, device, seeds,
@@ -124,11 +127,15 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> t
         wall, error, _ = run_module(args)
     runs = [curves(f) for f in sorted(folder.glob("*-s*")) if (f / "summary.json").exists()]
     within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
+    # a population's members log its steps' time: the longest run's is its slowest population's stepping, the rest
+    # of the wall time its start, set-up and files, and compare's report
+    longest = max(runs, key=lambda r: r["secs"][-1] if r["secs"] else 0.0, default=None)
     row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within,
+           f"{longest['secs'][-1]:.1f} ({longest['run'].rsplit('-s', 1)[0]})" if longest and longest["secs"] else "",
            "ok" if error is None else f"failed, its last line: {error}"]
     if gpu:
         samples = readings.samples
-        row[3:3] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
+        row[4:4] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
                     " · ".join(f"{p:.0f}" for p in phases(samples, wall))]
     return row, error, runs
 
