@@ -8,7 +8,7 @@ import torch
 import pytest
 
 from minigrpo import grpo, ppo
-from minigrpo.population.checkpoint import HostCopies
+from minigrpo.population.checkpoint import HostCopies, MemberRun
 from minigrpo.population.lockstep import train_lockstep, unsupported
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
@@ -147,6 +147,26 @@ def test_members_with_rewards_and_betas_of_their_own_are_their_single_runs(tmp_p
     assert len({round(t, 6) for t in targets}) == len(set(rewards))  # each evaluated under its own reward
     items = [_run(init, tmp_path / f"k{s}", s, trainer.__name__, (*extra, *o)) for s, o in enumerate(own)]
     assert len({lockstep_key(item) for item in items}) == 1  # one population for all three
+
+
+def test_members_share_the_first_members_pi_ref_and_the_population_never_writes_it(tmp_path, tiny_pretrained,
+                                                                                   monkeypatch):
+    """rl/loop.Run(like=): a member takes the first member's π_ref module (not a copy of its own), which only gives
+    its checkpoint a layout: π_ref renewed each step (--ref-update-every 1) is the population's stack's, so the shared
+    module keeps the starting weights and each member's checkpoint holds its own renewed π_ref (its policy)."""
+    init, _, _ = tiny_pretrained
+    made, original = [], MemberRun.__init__
+    monkeypatch.setattr(MemberRun, "__init__", lambda self, *a, **k: (original(self, *a, **k), made.append(self))[0])
+    cfgs = [_cfg(init, tmp_path / f"s{s}", s, ("--ref-update-every", "1")) for s in range(3)]
+    assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 3)] == [3, 3, 3]
+    assert made[1].ref is made[0].ref and made[2].ref is made[0].ref and made[1].policy is not made[0].policy
+    start = torch.load(init, weights_only=True)["model"]
+    assert all(torch.equal(w, start[k]) for k, w in made[0].ref.state_dict().items())
+    for s in range(3):
+        state = torch.load(tmp_path / f"s{s}" / "model.pt", weights_only=True)
+        ref = state["extra"]["rl"]["ref"]
+        assert all(torch.equal(w, state["model"][k]) for k, w in ref.items()), s
+        assert not all(torch.equal(w, start[k]) for k, w in ref.items()), s
 
 
 def test_host_copies_are_made_once_and_each_member_gets_its_own_slices_in_its_layout():

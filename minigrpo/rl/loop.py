@@ -68,7 +68,7 @@ class Run(RunCheckpoints):
     def __init__(self, cfg: RLConfig, algo_name: str, log=print, like: "Run | None" = None):
         """like: a run set up from the same --init and flags (its seed and folder aside) and not yet trained (a
         lockstep population's first member): its model, tokenizer, tree anchor and baseline are taken, not built
-        again."""
+        again, and its π_ref shared (read only: a population's π_ref is its stack's, lockstep.py)."""
         check_rl_config(cfg)
         self.cfg, self.algo_name, self.log = cfg, algo_name, (lambda *a: None) if cfg.quiet else log
         try:
@@ -106,7 +106,7 @@ class Run(RunCheckpoints):
         if cfg.max_new_tokens > room:
             self.log(f"note: --max-new-tokens {cfg.max_new_tokens} is cut to {room}: the model's block "
                      f"({self.policy.cfg.block_size} tokens) holds BOS, the prompt and the completion")
-        self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.ref = like.ref if like is not None else copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.policy.train()
         self.out = prepare_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume is not None)
         self.gens = {name: torch.Generator(device=self.device if where == "device" else "cpu")
