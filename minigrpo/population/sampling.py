@@ -226,10 +226,12 @@ class StackedDraws:
         nxt = (probs / noise).argmax(-1)  # (P, B): lm/sampling.exponential_race of each member
         self.record(n, nxt, logp_all.gather(-1, nxt[..., None])[..., 0])
         self.n = n + 1
+        if self.n == self.draws[0].n_max:  # one n_max for all (`fits`)
+            return set()
         if self.ahead:  # no noise to spare as rows end: every member goes on until all have ended, read a token late
-            return set() if self.late.read(self.done.all()) or self.n == self.draws[0].n_max else going
+            return set() if self.late.read(self.done.all()) else going
         ended = self.done.all(-1).tolist()
-        return {p for p in going if not (ended[p] or self.n == self.draws[p].n_max)}
+        return {p for p in going if not ended[p]}
 
     def generations(self) -> list[Generation | ValueError]:
         """Each member's Draws.generation(): its prompt, its first `steps` draws, or its ValueError where its
