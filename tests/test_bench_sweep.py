@@ -17,12 +17,14 @@ def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path
     assert (tmp_path / "sweep-jobs1" / "ppo-s1" / "summary.json").exists()
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep: ")]
     assert [line.split(":")[1] for line in progress] == [" as it is", " --jobs 1"], progress  # a line as each row ends
-    command, wall, within, longest, status = [c.strip() for c in row.strip("| \n").split(" | ")]
+    command, wall, within, longest, marks, status = [c.strip() for c in row.strip("| \n").split(" | ")]
     assert command == "`python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo " \
                       "--steps 2`", row
     assert float(wall) > 0 and status == "ok", row
     seconds, algorithm = longest.split(" ")  # the longest run's steps: less than the whole command
     assert 0 < float(seconds) < float(wall) and algorithm in ("(default)", "(ppo)"), row
+    made, begun, ended = (float(m) for m in marks.split(" · "))  # the last run's folder, its begin, its end
+    assert 0 < made <= begun <= ended < float(wall), row
     assert within.endswith("/4"), row  # 2 seeds of 2 algorithms; 2 steps of a tiny model reach no goal: 0/4
     assert (tmp_path / "sweep" / "ppo-s1" / "summary.json").exists() and (tmp_path / "sweep" / "table.md").exists()
     report = text.split("compare's report of its 4 runs")[1].splitlines()  # then the report alone, timed twice
@@ -54,3 +56,17 @@ def test_readings_come_from_nvidia_smi_and_none_without_it(tmp_path, monkeypatch
     with sweep.GpuReadings() as readings:
         pass
     assert readings.samples == []
+
+
+def test_timeline_gives_the_last_of_each_file_in_seconds_from_the_start(tmp_path):
+    start, runs = 1_000_000.0, [tmp_path / "default-s0", tmp_path / "ppo-s0"]
+    times = {"default-s0": (2.0, 9.5, 30.0), "ppo-s0": (3.0, 8.0, 41.25)}  # made, begun, ended
+    for run in runs:
+        run.mkdir()
+        for name, t in zip((sweep.STAMP, "config.json", "summary.json"), times[run.name]):
+            (run / name).write_text("{}")
+            os.utime(run / name, (start + t, start + t))
+    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 41.2"
+    (runs[1] / "summary.json").unlink()  # a failed run has none
+    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 30.0"
+    assert sweep.timeline([], start) == "– · – · –"

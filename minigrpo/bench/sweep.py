@@ -12,7 +12,9 @@ what it held at the start (imports, worker processes, set-up on the CPU), the GP
 kernel running most of the time), the GPU holding memory but less used (set-up on the device, a step's host work,
 populations ending at different times, their files), and after it let go (compare's table and figures). On either
 device, the longest run's steps: a population's members log its step times, so on a GPU that is the slowest
-population's stepping, and the rest of the wall time is outside the steps.
+population's stepping, and the rest of the wall time is outside the steps; and from the runs' files, when the last
+run's folder was made (its population's set-up begins), the last run began its steps (config.json: every population
+set up) and the last run ended (summary.json: its checkpoint written), in seconds from the start.
 
 On a GPU the command runs again with `--members 1024`: GRPO's seven presets of μ = 2 (896 runs) as one lockstep
 population, each preset a recipe (population/grpo_recipe.py), beside PPO's two: three processes on the GPU, not nine;
@@ -34,6 +36,7 @@ from pathlib import Path
 
 from minigrpo.bench.common import run_module, table
 from minigrpo.tools.bars import within_bars
+from minigrpo.tools.stamps import STAMP
 from minigrpo.tools.sweep_report import curves
 from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import Periodic
@@ -92,7 +95,8 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
     gpu = device.startswith("cuda")
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
     header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar",
-              "a run's steps, most: s (its algorithm)", "exit"]
+              "a run's steps, most: s (its algorithm)", "s from the start, the last: folder made · run begun · ended",
+              "exit"]
     if gpu:
         header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     rows, folder = [], out / "sweep"
@@ -123,6 +127,7 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> t
     args = ["minigrpo.compare", "--seeds", str(seeds), "--reward", "pizza", "--device", device, "--init", str(init),
             *extra, "--out", str(folder)]
     readings = GpuReadings(int(device.split(":")[1]) if ":" in device else 0) if gpu else contextlib.nullcontext()
+    started = time.time()  # the files' clock
     with readings:
         wall, error, _ = run_module(args)
     runs = [curves(f) for f in sorted(folder.glob("*-s*")) if (f / "summary.json").exists()]
@@ -132,12 +137,20 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> t
     longest = max(runs, key=lambda r: r["secs"][-1] if r["secs"] else 0.0, default=None)
     row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within,
            f"{longest['secs'][-1]:.1f} ({longest['run'].rsplit('-s', 1)[0]})" if longest and longest["secs"] else "",
-           "ok" if error is None else f"failed, its last line: {error}"]
+           timeline(sorted(folder.glob("*-s*")), started), "ok" if error is None else f"failed, its last line: {error}"]
     if gpu:
         samples = readings.samples
         row[4:4] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
                     " · ".join(f"{p:.0f}" for p in phases(samples, wall))]
     return row, error, runs
+
+
+def timeline(runs: list[Path], started: float) -> str:
+    """The last of the runs' folders made (the stamp: pool.start_folder), runs begun (config.json: rl/loop.Run.begin)
+    and runs ended (summary.json), each in seconds after `started` (time.time()), as "made · begun · ended"."""
+    marks = [[(f / name).stat().st_mtime - started for f in runs if (f / name).exists()]
+             for name in (STAMP, "config.json", "summary.json")]
+    return " · ".join(f"{max(m):.1f}" if m else "–" for m in marks)
 
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
