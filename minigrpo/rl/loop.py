@@ -252,15 +252,15 @@ class Run(RunCheckpoints):
     def finish(self, last_batch, panels) -> dict:
         """After the last step: metrics.png (not with --no-plot), samples.txt, summary.json, the closing lines ->
         the summary."""
-        cfg, last_eval = self.cfg, self.last_eval
+        cfg, last_eval, numbers = self.cfg, self.last_eval, flat(self.last_eval)
         if cfg.plot:  # --no-plot (compare's runs): python -m minigrpo.metrics <out> draws it on request
             draw_figure(self.out, panels)
         if last_batch is not None:
             write_samples(self.out / "samples.txt", last_batch)
         self.log(textwrap.fill(f"stopped at step {self.step}: {self.stop_reason}", 120, subsequent_indent="  "))
         self.log(self.task.format_rl_eval(last_eval, cfg))
-        details = {k: v for k, v in last_eval.items() if k not in flat(last_eval)}  # e.g. food: every person's shares
-        summary = {"step": self.step, "stop_reason": self.stop_reason, **flat(last_eval), **details,
+        details = {k: v for k, v in last_eval.items() if k not in numbers}  # e.g. food: every person's shares
+        summary = {"step": self.step, "stop_reason": self.stop_reason, **numbers, **details,
                    "baseline": self.baseline}
         write_json(self.out / "summary.json", summary)
         self.log(closing_hint(self.out, self.prompts[0], self.task.anchor_prompts(cfg), cfg.plot, cfg.preserve))
