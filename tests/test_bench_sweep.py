@@ -23,8 +23,9 @@ def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path
     assert float(wall) > 0 and status == "ok", row
     seconds, algorithm = longest.split(" ")  # the longest run's steps: less than the whole command
     assert 0 < float(seconds) < float(wall) and algorithm in ("(default)", "(ppo)"), row
-    made, begun, ended = (float(m) for m in marks.split(" · "))  # the last run's folder, its begin, its end
-    assert 0 < made <= begun <= ended < float(wall), row
+    marks, last = marks.split(" (")  # the last run's folder, its begin, its end (the algorithm that ended last)
+    made, begun, ended = (float(m) for m in marks.split(" · "))
+    assert 0 < made <= begun <= ended < float(wall) and last in ("default)", "ppo)"), row
     assert within.endswith("/4"), row  # 2 seeds of 2 algorithms; 2 steps of a tiny model reach no goal: 0/4
     assert (tmp_path / "sweep" / "ppo-s1" / "summary.json").exists() and (tmp_path / "sweep" / "table.md").exists()
     report = text.split("compare's report of its 4 runs")[1].splitlines()  # then the report alone, timed twice
@@ -66,7 +67,7 @@ def test_timeline_gives_the_last_of_each_file_in_seconds_from_the_start(tmp_path
         for name, t in zip((sweep.STAMP, "config.json", "summary.json"), times[run.name]):
             (run / name).write_text("{}")
             os.utime(run / name, (start + t, start + t))
-    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 41.2"
+    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 41.2 (ppo)"
     (runs[1] / "summary.json").unlink()  # a failed run has none
-    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 30.0"
+    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 30.0 (default)"
     assert sweep.timeline([], start) == "– · – · –"

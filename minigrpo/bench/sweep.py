@@ -95,8 +95,8 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
     gpu = device.startswith("cuda")
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
     header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar",
-              "a run's steps, most: s (its algorithm)", "s from the start, the last: folder made · run begun · ended",
-              "exit"]
+              "a run's steps, most: s (its algorithm)",
+              "s from the start, the last: folder made · run begun · ended (its algorithm)", "exit"]
     if gpu:
         header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     rows, folder = [], out / "sweep"
@@ -147,10 +147,12 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> t
 
 def timeline(runs: list[Path], started: float) -> str:
     """The last of the runs' folders made (the stamp: pool.start_folder), runs begun (config.json: rl/loop.Run.begin)
-    and runs ended (summary.json), each in seconds after `started` (time.time()), as "made · begun · ended"."""
-    marks = [[(f / name).stat().st_mtime - started for f in runs if (f / name).exists()]
-             for name in (STAMP, "config.json", "summary.json")]
-    return " · ".join(f"{max(m):.1f}" if m else "–" for m in marks)
+    and runs ended (summary.json), each in seconds after `started` (time.time()), as "made · begun · ended (the
+    algorithm of the run that ended last)"."""
+    marks = [sorted(((f / name).stat().st_mtime - started, f.name.rpartition("-s")[0]) for f in runs
+                    if (f / name).exists()) for name in (STAMP, "config.json", "summary.json")]
+    text = " · ".join(f"{m[-1][0]:.1f}" if m else "–" for m in marks)
+    return text + (f" ({marks[2][-1][1]})" if marks[2] else "")
 
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
