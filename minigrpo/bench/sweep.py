@@ -130,14 +130,15 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> t
     started = time.time()  # the files' clock
     with readings:
         wall, error, _ = run_module(args)
-    runs = [curves(f) for f in sorted(folder.glob("*-s*")) if (f / "summary.json").exists()]
+    folders = sorted(folder.glob("*-s*"))
+    runs = [curves(f) for f in folders if (f / "summary.json").exists()]
     within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
     # a population's members log its steps' time: the longest run's is its slowest population's stepping, the rest
     # of the wall time its start, set-up and files, and compare's report
     longest = max(runs, key=lambda r: r["secs"][-1] if r["secs"] else 0.0, default=None)
     row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within,
            f"{longest['secs'][-1]:.1f} ({longest['run'].rsplit('-s', 1)[0]})" if longest and longest["secs"] else "",
-           timeline(sorted(folder.glob("*-s*")), started), "ok" if error is None else f"failed, its last line: {error}"]
+           timeline(folders, started), "ok" if error is None else f"failed, its last line: {error}"]
     if gpu:
         samples = readings.samples
         row[4:4] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
@@ -149,10 +150,10 @@ def timeline(runs: list[Path], started: float) -> str:
     """The last of the runs' folders made (the stamp: pool.start_folder), runs begun (config.json: rl/loop.Run.begin)
     and runs ended (summary.json), each in seconds after `started` (time.time()), as "made · begun · ended (the
     algorithm of the run that ended last)"."""
-    marks = [sorted(((f / name).stat().st_mtime - started, f.name.rpartition("-s")[0]) for f in runs
-                    if (f / name).exists()) for name in (STAMP, "config.json", "summary.json")]
-    text = " · ".join(f"{m[-1][0]:.1f}" if m else "–" for m in marks)
-    return text + (f" ({marks[2][-1][1]})" if marks[2] else "")
+    marks = [max((((f / name).stat().st_mtime - started, f.name.rpartition("-s")[0]) for f in runs
+                  if (f / name).exists()), default=None) for name in (STAMP, "config.json", "summary.json")]
+    text = " · ".join(f"{m[0]:.1f}" if m else "–" for m in marks)
+    return text + (f" ({marks[2][1]})" if marks[2] else "")
 
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
