@@ -137,7 +137,7 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> t
     # of the wall time its start, set-up and files, and compare's report
     longest = max(runs, key=lambda r: r["secs"][-1] if r["secs"] else 0.0, default=None)
     row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within,
-           f"{longest['secs'][-1]:.1f} ({longest['run'].rsplit('-s', 1)[0]})" if longest and longest["secs"] else "",
+           f"{longest['secs'][-1]:.1f} ({_algorithm(longest['run'])})" if longest and longest["secs"] else "",
            timeline(folders, started), "ok" if error is None else f"failed, its last line: {error}"]
     if gpu:
         samples = readings.samples
@@ -150,10 +150,15 @@ def timeline(runs: list[Path], started: float) -> str:
     """The last of the runs' folders made (the stamp: pool.start_folder), runs begun (config.json: rl/loop.Run.begin)
     and runs ended (summary.json), each in seconds after `started` (time.time()), as "made · begun · ended (the
     algorithm of the run that ended last)"."""
-    marks = [max((((f / name).stat().st_mtime - started, f.name.rpartition("-s")[0]) for f in runs
+    marks = [max((((f / name).stat().st_mtime - started, _algorithm(f.name)) for f in runs
                   if (f / name).exists()), default=None) for name in (STAMP, "config.json", "summary.json")]
     text = " · ".join(f"{m[0]:.1f}" if m else "–" for m in marks)
     return text + (f" ({marks[2][1]})" if marks[2] else "")
+
+
+def _algorithm(run: str) -> str:
+    """The algorithm of a sweep's run folder named <algorithm>-s<seed>."""
+    return run.rpartition("-s")[0]
 
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
@@ -166,7 +171,7 @@ def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, s
     done = {}  # algorithm -> (its runs' folders, when its last run ended)
     for f in sorted((f for f in folder.glob("*-s*") if (f / "summary.json").exists()),
                     key=lambda f: int(f.name.rpartition("-s")[2])):
-        algo = f.name.rpartition("-s")[0]
+        algo = _algorithm(f.name)
         runs, ended = done.get(algo, ([], 0.0))
         done[algo] = (runs + [f], max(ended, (f / "summary.json").stat().st_mtime))
     results = {a: [curves(f) for f in runs] for a, (runs, _) in done.items()}
