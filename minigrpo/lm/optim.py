@@ -1,8 +1,8 @@
 """AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", 2019) and gradient-norm clipping, written out.
 
 Why not torch.optim.AdamW: constructing any torch.optim optimiser imports torch's compiler stack
-(torch._dynamo), which costs ~1.4 s per process on a 2-core CPU — 15% of a 10-second RL run. This
-is the same algorithm in a few lines, and the update reads like the paper (Algorithm 2):
+(torch._dynamo), a large part of a short run's process (docs/performance.md, "Whole processes"). This is the
+same algorithm in a few lines, and the update reads like the paper (Algorithm 2):
 
     g ← ∇L;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
     θ ← θ − lr·λ·θ − lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + ε)

@@ -217,8 +217,8 @@ def generate(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | N
     batched = getattr(model, "batched_generate", None)  # a population's member: its draw joins one batch
     if batched is not None:  # (minigrpo/population/member.py)
         return batched(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator)
-    # inference_mode, not no_grad: no version counters or autograd dispatch, 8-9 % faster sampling (one thread,
-    # batch 8 and 64); its tensors cannot be saved for backward later, so the results leave as ordinary copies
+    # inference_mode, not no_grad: no version counters or autograd dispatch (docs/performance.md, "The sampler's
+    # forward"); its tensors cannot be saved for backward later, so the results leave as ordinary copies
     with torch.inference_mode():
         gen = _generate(model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator,
                         use_cache)

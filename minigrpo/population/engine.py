@@ -43,14 +43,14 @@ from minigrpo.rl.report import INTERRUPTED, STOP_ALL
 from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, run_one, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
-THREADS_MOST = 16  # the most runs of a population of threads: past it a population ran no faster per run on an H200,
-# and each thread holds memory of its own (docs/performance.md)
+THREADS_MOST = 16  # the most runs of a population of threads: past it a population runs no faster per run on a GPU,
+# and each thread holds memory of its own (docs/performance.md, "Small choices")
 
 
 def _one_malloc_arena() -> None:
     """glibc gives each new thread a malloc arena of its own, which a population's threads fill and fragment: one
-    arena for all halves the process's resident memory (9 default members on the CPU: 1.09 GB -> 0.61 GB, same
-    time). M_ARENA_MAX is mallopt's -8; elsewhere than glibc nothing happens."""
+    arena for all holds less resident memory, in the same time (docs/performance.md, "Small choices"). M_ARENA_MAX
+    is mallopt's -8; elsewhere than glibc nothing happens."""
     try:
         ctypes.CDLL(None).mallopt(-8, 1)
     except (OSError, AttributeError):

@@ -16,7 +16,8 @@ def plot_panels(rows: list[dict], panels: list[tuple], path, x: str = "step", nc
     Drawn for speed: a bare Figure on the Agg canvas (pyplot is never imported), margins fixed in inches instead of
     tight_layout (which draws every tick label once more to measure it), titles at a fixed height (matplotlib
     otherwise measures each axis' tick labels to place them). `fit`: laid out to its labels instead (matplotlib's
-    constrained layout, 0.3 s more for 15 panels), for a figure whose tick labels may be wide."""
+    constrained layout, slower: docs/performance.md, "Small choices"), for a figure whose tick labels may be
+    wide."""
     from matplotlib.figure import Figure
 
     panels = [(p[0], p[1], p[2] if len(p) > 2 else []) for p in panels if any(k in r for r in rows for k in p[1])]
