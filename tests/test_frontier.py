@@ -240,8 +240,19 @@ def test_score_many_refuses_a_row_that_is_not_a_distribution_naming_its_sum():
         score_many(T([[0.5, 0.5], [0.4, 0.5], [0.2, 0.9]]), p, r)
     with pytest.raises(ValueError, match="p_theta must be a probability distribution"):
         score_many(T([[0.5, 0.5], [1.5, -0.5]]), p, r)  # sums to 1, but a negative probability
-    with pytest.raises(ValueError, match=r"p_theta must be 1-D \(K,\) and r the same shape, got \(2, 3\)"):
+    shape = r"p_theta must be of shape \(K,\) or rows \(M, K\) and r \(K,\), got \(2, 3\) and \(2,\)"
+    with pytest.raises(ValueError, match=shape):
         score_many(T([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]), p, r)
+
+
+def test_one_reference_is_refused_as_rows_or_beside_rewards_of_another_length():
+    r = T([0.0, 1.0])
+    with pytest.raises(ValueError, match=r"p_ref must be of shape \(K,\) and r \(K,\), got \(1, 2\) and \(2,\)"):
+        optimum(T([[0.5, 0.5]]), r, 0.1)
+    with pytest.raises(ValueError, match=r"p_ref must be of shape \(K,\) and r \(K,\), got \(3,\) and \(2,\)"):
+        score(T([0.5, 0.5, 0.0]), T([0.5, 0.5, 0.0]), r)
+    with pytest.raises(ValueError, match=r"got \(2,\) and \(1, 2\)"):
+        frontier(T([0.5, 0.5]), T([[0.0, 1.0]]))
 
 
 def test_extreme_betas_and_rewards_stay_finite():

@@ -38,17 +38,17 @@ def _array(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def _check(p: np.ndarray, r: np.ndarray | None = None, name: str = "p_ref") -> None:
-    """ValueError unless p is a distribution (≥ 0, sums to 1 within 1e-6) of shape (K,), or each row of p (M, K)
-    is (naming the first that is not), and r a finite (K,) vector."""
-    if p.ndim not in (1, 2) or (r is not None and p.shape[-1:] != r.shape):
-        raise ValueError(f"{name} must be 1-D (K,) and r the same shape, got {tuple(p.shape)}"
-                         f"{'' if r is None else f' and {tuple(r.shape)}'}")
+def _check(p: np.ndarray, r: np.ndarray, name: str = "p_ref", rows: bool = False) -> None:
+    """ValueError unless r is a finite (K,) vector and p a distribution (≥ 0, sums to 1 within 1e-6) of shape (K,),
+    or with `rows` each row of p (M, K) is one (naming the sum of the first that is not)."""
+    if r.ndim != 1 or p.ndim not in ((1, 2) if rows else (1,)) or p.shape[-1:] != r.shape:
+        shape = "(K,) or rows (M, K)" if rows else "(K,)"
+        raise ValueError(f"{name} must be of shape {shape} and r (K,), got {tuple(p.shape)} and {tuple(r.shape)}")
     total = p.sum(-1)
     bad = np.flatnonzero(~((p >= 0).all(-1) & (np.abs(total - 1) <= 1e-6)).reshape(-1))
     if bad.size:
         raise ValueError(f"{name} must be a probability distribution (≥ 0, sum 1), got sum {total.reshape(-1)[bad[0]]}")
-    if r is not None and not np.isfinite(r).all():
+    if not np.isfinite(r).all():
         raise ValueError(f"rewards must be finite, got {r.tolist()}")
 
 
@@ -252,7 +252,7 @@ def score_many(p_thetas, p_ref: torch.Tensor, r: torch.Tensor, beta: float | Non
     """score(p_thetas[m], p_ref, r, beta) of M policies (M, K) over one p_ref and r, their root findings as one
     (_root_rows): a lockstep population's members' exact evaluation. Each row's figures are its own score's."""
     p_thetas, (p_ref, r) = _array(p_thetas), _checked(p_ref, r)
-    _check(p_thetas, r, name="p_theta")
+    _check(p_thetas, r, name="p_theta", rows=True)
     kl_ref, reward, span = _kl(p_thetas, p_ref), (p_thetas * r).sum(1), _span(p_ref, r)
     regret = _frontier_rewards(p_ref, r, kl_ref) - reward
     if (regret < -REGRET_TOL * (1 + span)).any():
