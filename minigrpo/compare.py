@@ -48,7 +48,7 @@ from pathlib import Path
 
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
-from minigrpo.util.runtime import cores, on_gpu
+from minigrpo.util.runtime import check_device, cores, on_gpu
 from minigrpo.population.engine import run_populations, shares_of
 from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of,
                                        variant_flags)
@@ -126,7 +126,8 @@ def brief(error: str, most: int = 200) -> str:
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
     """Parse every run's flags, build its reward, score it on the task's support and read its --init in this
     process, so a bad flag, task, reward (one that raises or exits too) or checkpoint (missing, or of another task)
-    is one line before any run starts. -> the --init checkpoint the runs start from."""
+    is one line before any run starts, and so is a --device cuda without a GPU. -> the --init checkpoint the runs
+    start from."""
     from toy_tasks.rewards import RewardError, make_reward
     from minigrpo.rl.config import check_rl_config
     from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint
@@ -139,6 +140,7 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
         rc = trainer.parse(trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"])
         check_rl_config(rc)
         trainer.check_config(rc)
+    check_device(rc.device)
     try:  # the runs share task, reward and --init: checked once, the task and reward first
         t = get_task(rc.task)
         reward_table(make_reward(rc.reward, t.REWARDS, t.REWARD_HELP), t.rl_prompts(rc), t.support,

@@ -245,8 +245,8 @@ def test_a_run_that_ends_without_its_summary_is_never_counted_ok(tmp_path, monke
     assert error is not None and "summary.json" in error, error
 
 
-def test_compare_refuses_an_empty_out_a_foreign_init_and_a_failing_reward_before_any_run(tmp_path, tiny_pretrained,
-                                                                                          capsys, monkeypatch):
+def test_compare_refuses_an_empty_out_a_foreign_init_a_failing_reward_and_a_missing_gpu_before_any_run(
+        tmp_path, tiny_pretrained, capsys, monkeypatch):
     init, _, _ = tiny_pretrained
     monkeypatch.chdir(tmp_path)
     base = ["--algos", "grpo", "--seeds", "1", "--init", str(init), *TINY]
@@ -256,6 +256,9 @@ def test_compare_refuses_an_empty_out_a_foreign_init_and_a_failing_reward_before
     broken.write_text("def f(p, c):\n    raise RuntimeError('boom')\n")
     assert "boom" in one_line_error(main, [*base, "--reward", f"{broken}:f", "--out", "b"], capsys)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "runs").exists()
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a machine without a GPU, wherever this runs
+    assert "no CUDA GPU is available" in one_line_error(main, [*base, "--device", "cuda", "--out", "c"], capsys)
+    assert not (tmp_path / "c").exists()
 
 
 def test_compare_prints_a_short_table_of_what_judges_each_algorithm():

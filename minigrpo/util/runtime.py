@@ -54,16 +54,21 @@ def on_gpu(device: str) -> bool:
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
+def check_device(device: str) -> None:
+    """A UsageError unless `device` is auto, cpu, or cuda with a CUDA GPU at hand."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA GPU is available (use --device cpu)")
+
+
 def setup_runtime(threads: int, device: str, seed: int | None = None) -> torch.device:
     """Set torch's thread count (0 = auto, see `auto_threads`) and pick the device ('auto' = cuda if
     available, else cpu). `python -m minigrpo.bench` measures the thread settings."""
     if threads < 0:
         raise UsageError(f"--threads must be >= 0 (0 = auto), got {threads}")
     torch.set_num_threads(threads or auto_threads())
-    if device not in ("auto", "cpu", "cuda"):
-        raise UsageError(f"--device must be auto, cpu or cuda, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for but no CUDA GPU is available (use --device cpu)")
+    check_device(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if seed is not None:  # every generator a reward can reach draws from --seed: torch's, Python's, numpy's
