@@ -144,3 +144,13 @@ def bench_optimum(out: Path, init: Path, seeds: int, jobs: int) -> str:
                  ["run", f"KL to π*_β <= {OPTIMUM_BAR}", "final KL(π_θ‖π*_β)", "step from which always <= bar",
                   "implied β", "regret", "final exact target", "peak malformed", "peak drift", "whole process s"],
                  rows)
+
+
+def slug(label: str) -> str:
+    """A run folder's name for a table's label: every character but letters and digits a hyphen."""
+    return "".join(c if c.isalnum() else "-" for c in label).strip("-")
+
+
+def pretrain_name(base: str, label: str, seed: int) -> str:
+    """The pretrain section's run folder of a recipe's label and seed; seed 0's defaults: the RL sections' model."""
+    return base if (label, seed) == ("defaults", 0) else f"{base}-{slug(label)}-s{seed}"

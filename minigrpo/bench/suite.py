@@ -6,16 +6,16 @@ checked here, never in tests.
     python -m minigrpo.bench --only grpo,presets
     python -m minigrpo.bench --quick --no-docs   # print only
 
-Sections: machine; the speed sections of speed.py (sampling: KV cache vs the slow path; threads;
-scale, only on request: a 6 x 384 model, where a GPU wins; prefix: the shared-prefix forward against the plain
-one); pretrain (the default command over --seeds,
-with its exact quality report, beside the minibatch recipe it replaced); then the RL sections of
-common.py (grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and
+Sections: machine; the speed sections of speed.py (sampling: KV cache vs the slow path; threads; scale, only on
+request: a 6 x 384 model, where a GPU wins; prefix: the shared-prefix forward against the plain one); pretrain (the
+default command over --seeds, with its exact quality report, beside the minibatch recipe it replaced); then the RL
+sections of common.py (grpo, presets, targets, rarest, custom, optimum), each a median (min–max) over --seeds and
 checked against the bars of minigrpo/tools/bars.py; grpo adds the spill-over figure and the per-step time of a
-4-layer model; step (step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is
-importable (otherwise through a plain/TRL ratio recorded on this machine); population (population.py): P default
-GRPO runs as one lockstep population against P, with where the time goes; sweep (sweep.py): compare's default
-list over 5 seeds (128 on a GPU) as one timed command.
+4-layer model; models (models.py): default GRPO and PPO from each of the pretrain section's models; step (step.py,
+in process): that GRPO step against TRL's GRPOTrainer, paired, when trl is importable (otherwise through a
+plain/TRL ratio recorded on this machine); population (population.py): P default GRPO runs as one lockstep
+population against P, with where the time goes; sweep (sweep.py): compare's default list over 5 seeds (128 on a
+GPU) as one timed command.
 Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables replace its
 own block in --docs (default docs/: performance.md for the speed sections, results.md for the others; pages.py),
 the rest of each page kept; --no-docs only prints.
@@ -35,12 +35,13 @@ import torch
 
 from minigrpo.util.cli import UsageError, main_guard, meta, parse_config
 from minigrpo.util.outputs import prepare_out
-from minigrpo.bench.common import (ROW_HEADER, bench_optimum, passes, rarest_foods, run_all, run_module, seed_row,
-                                   table, write_rare_reward)
+from minigrpo.bench.common import (ROW_HEADER, bench_optimum, passes, pretrain_name, rarest_foods, run_all,
+                                   run_module, seed_row, slug, table, write_rare_reward)
 from minigrpo.bench.speed import bench_prefix, bench_sampling, bench_scale, bench_threads
 from minigrpo.bench.entropy import bench_entropy
 from minigrpo.bench import pages
 from minigrpo.bench.mismatch import bench_mismatch
+from minigrpo.bench.models import bench_models
 from minigrpo.bench.step import bench_step
 from minigrpo.bench.population import bench_population
 from minigrpo.bench.sweep import bench_sweep
@@ -49,7 +50,7 @@ from minigrpo.util.runtime import cores, setup_runtime
 from toy_tasks import default_pretrain_dir, get_task
 
 SECTIONS = ["sampling", "threads", "scale", "prefix", "pretrain", "grpo", "presets", "targets", "rarest", "custom",
-            "optimum", "entropy", "mismatch", "step", "population", "sweep"]
+            "optimum", "models", "entropy", "mismatch", "step", "population", "sweep"]
 
 
 @dataclass
@@ -59,7 +60,8 @@ class BenchConfig:
     only: str | None = field(default=None, metadata={"help": f"comma-separated sections of {', '.join(SECTIONS)}"})
     out: str = field(default="runs/bench", metadata={"help": "folder for the runs the bench starts"})
     seeds: int = field(default=5, metadata=meta(
-        "seeds per configuration in the pretrain, grpo, presets, rarest, custom sections"))
+        "seeds per configuration in the pretrain, grpo, presets, rarest, custom, models sections (models: as many "
+        "pretrained models, each with that many RL seeds)"))
     jobs: int = field(default=0, metadata={"help": "runs at a time in the RL sections (0 = the number of cores)"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads for the in-process sections"})
     device: str = field(default="cpu", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]})
@@ -85,7 +87,7 @@ def bench_pretrain(out: Path, task: str, seeds: int) -> str:
     for label, args in configs:
         figs = []
         for seed in range(seeds):
-            folder = out / (base if (label, seed) == ("defaults", 0) else f"{base}-{_slug(label)}-s{seed}")
+            folder = out / pretrain_name(base, label, seed)
             wall, _ = _run_cli(["minigrpo.pretrain", "--task", task, "--out", str(folder), "--overwrite",
                                 "--seed", str(seed), *args])
             figs.append({"wall": wall, **json.loads((folder / "summary.json").read_text())})
@@ -111,14 +113,10 @@ def _task_init(out: Path, task: str) -> Path:
     return _ensure_pretrained(out, default_pretrain_dir(task).split("/")[-1], ["--task", task])
 
 
-def _slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in label).strip("-")
-
-
 def _seed_table(title: str, configs: list[tuple[str, list[str]]], out: Path, init: Path, seeds: int,
                 jobs: int) -> tuple[str, dict]:
     """Run every (label, args) over seeds 0..seeds-1; -> (a table of medians over seeds, {label: [figures]})."""
-    runs = [(f"{label}|{s}", [*args, "--init", str(init), "--seed", str(s)], out / _slug(label) / f"s{s}")
+    runs = [(f"{label}|{s}", [*args, "--init", str(init), "--seed", str(s)], out / slug(label) / f"s{s}")
             for label, args in configs for s in range(seeds)]
     res = run_all(runs, jobs)
     by_label = {label: [res[f"{label}|{s}"] for s in range(seeds)] for label, _ in configs}
@@ -143,7 +141,7 @@ def bench_grpo(out: Path, task: str, seeds: int, jobs: int) -> str | dict[str, s
                ("ppo --reward pizza --critic oracle", ["minigrpo.ppo", "--reward", "pizza", "--critic", "oracle"])]
     text, _ = _seed_table(f"grpo and ppo: whole processes, medians (min–max) over {seeds} seeds", configs, out, init,
                           seeds, jobs)
-    spill = spillover(out / _slug(configs[0][0]) / "s0", out / _slug(configs[2][0]) / "s0", out / "spillover.png")
+    spill = spillover(out / slug(configs[0][0]) / "s0", out / slug(configs[2][0]) / "s0", out / "spillover.png")
     big = _ensure_pretrained(out, "pretrain-4x128",
                              ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--steps", "300"])
     folder = out / "grpo-step-time"
@@ -164,7 +162,7 @@ def bench_targets(out: Path, jobs: int) -> str:
     from toy_tasks.food import FOODS, PEOPLE
     init = _task_init(out, "food")
     runs = [(f"{p}|{f}", ["minigrpo.grpo", "--person", p, "--reward", f"food:{f}", "--init", str(init)],
-             out / "targets" / _slug(f"{p}-{f}")) for p in PEOPLE for f in FOODS]
+             out / "targets" / slug(f"{p}-{f}")) for p in PEOPLE for f in FOODS]
     res = run_all(runs, jobs)
     figs = list(res.values())
     fails = [f"  {k.replace('|', ': ')}: " + (v["error"] if "error" in v else
@@ -251,10 +249,10 @@ def main(argv=None):
         raise UsageError(str(e)) from None
     if cfg.seeds < 1 or cfg.jobs < 0:
         raise UsageError(f"--seeds must be >= 1 and --jobs >= 0, got {cfg.seeds} and {cfg.jobs}")
-    if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom", "optimum", "entropy",
-                                                          "mismatch", "prefix")):
-        raise UsageError("the targets, rarest, custom, optimum, entropy, mismatch and prefix sections are food's "
-                         "(people and foods): use --task food")
+    if cfg.task != "food" and any(s in sections for s in ("targets", "rarest", "custom", "optimum", "models",
+                                                          "entropy", "mismatch", "prefix")):
+        raise UsageError("the targets, rarest, custom, optimum, models, entropy, mismatch and prefix sections are "
+                         "food's (people and foods): use --task food")
     jobs = cfg.jobs or cores()
     device = setup_runtime(cfg.threads, cfg.device)
     out = prepare_out(cfg.out)  # one line for an impossible or read-only folder; one bench per folder
@@ -268,6 +266,9 @@ def main(argv=None):
                "targets": lambda: bench_targets(out, jobs), "rarest": lambda: bench_rarest(out, cfg.seeds, jobs),
                "custom": lambda: bench_rarest(out, cfg.seeds, jobs, custom=True),
                "optimum": lambda: bench_optimum(out, _task_init(out, "food"), cfg.seeds, jobs),
+               "models": lambda: bench_models(out, [_ensure_pretrained(out, pretrain_name("pretrain", "defaults", k),
+                                                                        ["--seed", str(k)]) for k in range(cfg.seeds)],
+                                              cfg.seeds, jobs),
                "entropy": lambda: bench_entropy(out, _task_init(out, "food"), cfg.seeds),
                "mismatch": lambda: bench_mismatch(out, _task_init(out, "food"), cfg.seeds, jobs),
                "step": lambda: bench_step(),
