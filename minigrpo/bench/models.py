@@ -30,7 +30,7 @@ def bench_models(out: Path, models: list[Path], seeds: int, jobs: int, rewards: 
     more compare flags (the tests' short runs)."""
     rows = []
     for k, model in enumerate(models):
-        cells, runs, shrunk = [], [], []
+        cells, runs, shrunk, starts = [], [], [], []
         for name, reward in rewards.items():
             folder = out / "models" / f"m{k}-{slug(name)}"
             _, error, _ = run_module(["minigrpo.compare", "--algos", ",".join(ALGOS), "--seeds", str(seeds),
@@ -43,10 +43,11 @@ def bench_models(out: Path, models: list[Path], seeds: int, jobs: int, rewards: 
                 cells.append(f"{sum(within_bars(c['final']) for c in got)}/{seeds}, "
                              f"{med([first_reaching(c['steps'], c['target'], 0.95) for c in got], '{:g}', 'never')}")
                 runs += got
-            shrunk += [sum(r.get("tr_scale", 1.0) < 1 for r in read_jsonl(folder / f"default-s{s}" / "metrics.jsonl"))
-                       for s in range(seeds)]
-        start = read_jsonl(folder / "default-s0" / "metrics.jsonl")[0]["malformed"]
-        rows.append([f"{k}: {start:.4f}", *cells, f"{max(c['final']['peak_worst_drift'] for c in runs):.3f}",
+            for s in range(seeds):  # GRPO's rows: its steps the trust region shrank, the model's start
+                logged = read_jsonl(folder / f"default-s{s}" / "metrics.jsonl")
+                shrunk.append(sum(r.get("tr_scale", 1.0) < 1 for r in logged))
+                starts.append(logged[0]["malformed"])
+        rows.append([f"{k}: {starts[0]:.4f}", *cells, f"{max(c['final']['peak_worst_drift'] for c in runs):.3f}",
                      f"{max(c['final']['peak_malformed'] for c in runs):.4f}",
                      f"{med(shrunk, '{:g}')} of {runs[0]['final']['steps']}"])
     header = ["pretrained model (seed): its malformed mass",
