@@ -49,7 +49,7 @@ from pathlib import Path
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import check_device, cores, on_gpu
-from minigrpo.population.engine import run_populations, shares_of
+from minigrpo.population.engine import run_populations, shares_of, turns_note
 from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of,
                                        variant_flags)
 from minigrpo.tools.intervals import Bootstraps, ask_early
@@ -240,8 +240,8 @@ def main(argv=None):
     shard.barrier()  # every rank has read the same finished runs before any starts one
     engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(device) else "pool"
     populations = len(shares_of(shard.mine(todo), jobs, cfg.members, on_gpu(device)))
-    at_once = f"{populations} population{'s' * (populations > 1)}, {min(jobs, populations)} at a time" if \
-        engine == "population" else f"{jobs} at a time"
+    at_once = f"{populations} population{'s' * (populations > 1)}, {min(jobs, populations)} at a time" \
+        f"{turns_note(min(jobs, populations), on_gpu(device))}" if engine == "population" else f"{jobs} at a time"
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
     if shard.rank == 0:
         print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> {out}",

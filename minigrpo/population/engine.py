@@ -42,6 +42,7 @@ from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import INTERRUPTED, STOP_ALL
 from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, run_one, run_pool, start_folder
 from minigrpo.util.cli import UsageError
+from minigrpo.util.runtime import mps_serving
 
 THREADS_MOST = 16  # the most runs of a population of threads: past it a population runs no faster per run on a GPU,
 # and each thread holds memory of its own (docs/performance.md, "Small choices")
@@ -200,6 +201,14 @@ def shares_of(items: list, jobs: int, most: int = 0, mixed: bool = True) -> list
         n = max(1, min(jobs - len(shares), len(rest)), -(-len(rest) // most))
         shares += [rest[j::n] for j in range(n)]
     return shares
+
+
+def turns_note(processes: int, gpu: bool) -> str:
+    """What compare adds to its first line where its population processes would take turns on one GPU: CUDA's
+    Multi-Process Service lets their kernels overlap (docs/running.md, the engines)."""
+    if not gpu or processes < 2 or mps_serving():
+        return ""
+    return " (they take turns on the GPU: started first, `nvidia-cuda-mps-control -d` overlaps them)"
 
 
 def run_populations(items: list, jobs: int, done, most: int = 0, mixed: bool = True) -> None:

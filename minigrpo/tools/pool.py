@@ -148,7 +148,8 @@ class _Worker:
 def run_pool(fn, items: list, jobs: int, done) -> None:
     """fn(item) for every item in `jobs` worker processes (started fresh with 'spawn': each imports what fn
     needs once; fn must be a module-level function), calling done(item, result) here as each finishes. A
-    worker that dies gives its item the result "the worker process died (exit code N)"."""
+    worker that dies gives its item the result "the worker process died (exit code N)". A worker with nothing left
+    to do exits while the others still run, so what it holds (a GPU's memory and context) goes early."""
     ctx = multiprocessing.get_context("spawn")  # never fork a parent that holds torch's threads
     todo, workers, stop = list(items), [], ctx.Event()
     try:
@@ -170,6 +171,8 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
                         w.proc.join()
                         result = f"the worker process died (exit code {w.proc.exitcode})"
                     item, w.item = w.item, None
+                    if not todo:  # nothing left for it: it exits now, its memory (a GPU's too) freed for the rest
+                        w.conn.close()
                     done(item, result)
     except KeyboardInterrupt:  # the runs in flight got the Ctrl-C too: let them checkpoint and end
         stop.set()
@@ -185,8 +188,9 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
                     done(item, result)
         raise
     finally:
-        for w in workers:  # an idle worker exits at once; one still in a run (an error, a 2nd Ctrl-C) is stopped
+        for w in workers:  # every idle worker told first, so they end side by side (a GPU's context takes a while)
             w.conn.close()
+        for w in workers:  # an idle worker exits at once; one still in a run (an error, a 2nd Ctrl-C) is stopped
             w.proc.join(timeout=10 if w.item is None else 0)
             if w.proc.is_alive():
                 w.proc.terminate()

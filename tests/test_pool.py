@@ -1,0 +1,49 @@
+"""tools/pool.run_pool: every item done once, in worker processes; a worker with nothing left exits early."""
+
+import os
+import time
+from pathlib import Path
+
+from minigrpo.tools.pool import run_pool
+
+
+def _pid_or_wait(item):
+    """"short": this worker's pid. "long": waits for the short one's worker to be gone (its pid in a file the
+    parent writes) -> whether it went while this run still ran."""
+    kind, folder = item
+    if kind == "short":
+        return os.getpid()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pid_file = Path(folder) / "short.pid"
+        if pid_file.exists() and pid_file.read_text():
+            if _gone(int(pid_file.read_text())):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has ended: no longer there, or a zombie its parent has not yet reaped (Linux's /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_with_nothing_left_exits_while_the_others_run(tmp_path):
+    results = {}
+
+    def done(item, result):
+        results[item[0]] = result
+        if item[0] == "short":
+            (tmp_path / "short.pid").write_text(str(result))
+    run_pool(_pid_or_wait, [("long", str(tmp_path)), ("short", str(tmp_path))], 2, done)
+    assert isinstance(results["short"], int) and results["short"] != os.getpid()
+    assert results["long"] is True  # the short run's worker ended while the long run still ran
+
+
+def test_every_item_is_done_once_when_there_are_more_items_than_workers(tmp_path):
+    seen = []
+    run_pool(_pid_or_wait, [("short", str(tmp_path))] * 5, 2, lambda item, result: seen.append(result))
+    assert len(seen) == 5 and len(set(seen)) <= 2  # two workers took the five in turn
