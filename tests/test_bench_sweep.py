@@ -3,20 +3,39 @@
 import os
 import stat
 import time
+from pathlib import Path
 
 from minigrpo.bench import sweep
 
 
-def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained, capsys):
+def _fake_mps_control(folder, monkeypatch):
+    """A stand-in `nvidia-cuda-mps-control` first on PATH: it logs its arguments, what it was told and its pipe
+    folder, and makes the control pipe there on -d (as the daemon does) -> its log."""
+    log, fake = folder / "mps.log", folder / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = "-d" ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; told=; '
+                    f'else told=$(cat); fi\necho "$* $told $CUDA_MPS_PIPE_DIRECTORY" >> {log}\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained, capsys,
+                                                                        monkeypatch):
     init, _, _ = tiny_pretrained
+    log = _fake_mps_control(tmp_path, monkeypatch)
     text = sweep.bench_sweep(tmp_path, init, "cpu", seeds=2, extra=("--algos", "default,ppo", "--steps", "2"),
-                             also=[("--jobs", "1")])  # and again with another flag (a GPU's: --members 1024)
+                             also=[(sweep.MPS, "--jobs", "1")])  # and again under MPS with another flag
     row, again = [line for line in text.splitlines() if line.startswith("| `python -m minigrpo.compare")]
     assert again.startswith("| `python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo "
-                            "--steps 2 --jobs 1` |") and again.rstrip(" |").endswith("ok"), again
-    assert (tmp_path / "sweep-jobs1" / "ppo-s1" / "summary.json").exists()
+                            "--steps 2 --jobs 1` under CUDA MPS |") and again.rstrip(" |").endswith("ok"), again
+    assert (tmp_path / "sweep-mps-jobs1" / "ppo-s1" / "summary.json").exists()
+    started, stopped = log.read_text().splitlines()  # the daemon started, then told to quit, one pipe folder
+    pipes = started.split()[-1]
+    assert started.split() == ["-d", pipes] and stopped.split() == ["quit", pipes], (started, stopped)
+    assert not Path(pipes).exists()  # its temporary folder removed
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep: ")]
-    assert [line.split(":")[1] for line in progress] == [" as it is", " --jobs 1"], progress  # a line as each row ends
+    assert [line.split(":")[1] for line in progress] == [" as it is", " under CUDA MPS --jobs 1"], progress
     command, wall, within, longest, marks, status = [c.strip() for c in row.strip("| \n").split(" | ")]
     assert command == "`python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo " \
                       "--steps 2`", row
@@ -71,3 +90,11 @@ def test_timeline_gives_the_last_of_each_file_in_seconds_from_the_start(tmp_path
     (runs[1] / "summary.json").unlink()  # a failed run has none
     assert sweep.timeline(runs, start) == "3.0 · 9.5 · 30.0 (default)"
     assert sweep.timeline([], start) == "– · – · –"
+
+
+def test_a_row_under_mps_says_why_where_mps_cannot_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-cuda-mps-control: the command is not run as it is again
+    row, error, runs = sweep._sweep(tmp_path / "sweep-mps", tmp_path / "model.pt", "cpu", 2, (), mps=True)
+    assert row[0].endswith("--device cpu` under CUDA MPS") and row[1:-1] == [""] * 4 and runs == [], row
+    assert row[-1] == f"not run: {error}" and error.startswith("MPS did not start: FileNotFoundError"), row
+    assert not (tmp_path / "sweep-mps").exists()

@@ -16,9 +16,10 @@ population's stepping, and the rest of the wall time is outside the steps; and f
 run's folder was made (its population's set-up begins), the last run began its steps (config.json: every population
 set up) and the last run ended (summary.json: its checkpoint written), in seconds from the start.
 
-On a GPU the command runs again with `--members 1024`: GRPO's seven presets of μ = 2 (896 runs) as one lockstep
-population, each preset a recipe (population/grpo_recipe.py), beside PPO's two: three processes on the GPU, not nine;
-and with `--members 448`: GRPO's in two populations (fewer kernels than nine, each process's host work halved).
+On a GPU the command runs again under CUDA's Multi-Process Service (`mps_daemon`: a control daemon of the sweep's
+own, its pipes in a folder of its own, so an MPS the machine already runs is left alone): the nine populations'
+processes run their kernels side by side where without it they take turns. (Fewer processes were timed too, GRPO's
+896 runs in one or two populations with --members 1024 or 448: no faster; docs/performance.md.)
 
 Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run had ended at once
 (every bootstrap made after the runs), and as compare makes it, every algorithm's bootstraps but the last one's begun
@@ -28,9 +29,11 @@ as its last run ended (tools/intervals.ask_early) and made by the time the last 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,8 +86,37 @@ def phases(samples: list[tuple[float, float, float]], wall: float, busy: float =
     return (before, on, during - on, wall - before - during)
 
 
-# GRPO's seven presets (896 runs) in one population beside PPO's two: three processes, not nine; then in two
-GPU_ALSO = [("--members", "1024"), ("--members", "448")]
+MPS = "under CUDA MPS"  # a row's first word: its command under mps_daemon
+GPU_ALSO = [(MPS,)]
+
+
+@contextlib.contextmanager
+def mps_daemon():
+    """CUDA's Multi-Process Service for the processes started inside: its control daemon started with its pipes and
+    logs in a new temporary folder, stopped at the end -> (the environment that points a process at it, None) or,
+    where it could not start (no `nvidia-cuda-mps-control`, not allowed), (None, why)."""
+    folder = Path(tempfile.mkdtemp(prefix="minigrpo-mps-"))
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
+    control = lambda *args, **kw: subprocess.run(["nvidia-cuda-mps-control", *args], env={**os.environ, **env},
+                                                 capture_output=True, text=True, timeout=30, **kw)
+    try:
+        for path in env.values():
+            Path(path).mkdir()
+        try:
+            started = control("-d")
+            why = None if started.returncode == 0 else (started.stderr or started.stdout).strip() or \
+                f"exit code {started.returncode}"
+        except (OSError, subprocess.SubprocessError) as e:
+            why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            yield None, f"MPS did not start: {why}"
+            return
+        try:
+            yield env, None
+        finally:
+            control(input="quit\n")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, extra: tuple = (),
@@ -101,10 +133,12 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     rows, folder = [], out / "sweep"
     for more in [(), *(also if also is not None else GPU_ALSO if gpu else [])]:
-        row, error, runs = _sweep(folder.with_name("sweep" + "".join(more).replace("--", "-")), init, device, seeds,
-                                  (*extra, *more))
+        mps = more[:1] == (MPS,)
+        name = "sweep" + "-mps" * mps + "".join(more[mps:]).replace("--", "-")
+        row, error, runs = _sweep(folder.with_name(name), init, device, seeds, (*extra, *more[mps:]), mps)
         rows.append(row)
-        print(f"sweep: {' '.join(more) or 'as it is'}: {row[1]} s, {row[2]} runs within every bar", file=sys.stderr,
+        said = f"{row[1]} s, {row[2]} runs within every bar" if row[1] else row[-1]
+        print(f"sweep: {' '.join(more) or 'as it is'}: {said}", file=sys.stderr,
               flush=True)  # progress: a row survives a limit that cuts the section short
         if not more:
             first = (error, runs)
@@ -119,24 +153,29 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         [[f"{cold:.1f}", f"{warm:.1f}"]])
 
 
-def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> tuple[list, str | None, list]:
-    """compare over `seeds` from `init` into a fresh `folder`, timed -> its table row, its error (or None), its runs'
-    curves."""
+def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple,
+           mps: bool = False) -> tuple[list, str | None, list]:
+    """compare over `seeds` from `init` into a fresh `folder`, timed (`mps`: under mps_daemon) -> its table row, its
+    error (or None), its runs' curves."""
     gpu = device.startswith("cuda")
     shutil.rmtree(folder, ignore_errors=True)
     args = ["minigrpo.compare", "--seeds", str(seeds), "--reward", "pizza", "--device", device, "--init", str(init),
             *extra, "--out", str(folder)]
+    command = f"`python -m {' '.join(args[:7] + list(extra))}`" + f" {MPS}" * mps
     readings = GpuReadings(int(device.split(":")[1]) if ":" in device else 0) if gpu else contextlib.nullcontext()
-    started = time.time()  # the files' clock
-    with readings:
-        wall, error, _ = run_module(args)
+    with mps_daemon() if mps else contextlib.nullcontext((None, None)) as (env, why):
+        if why is not None:  # a row that says why, not the command again as it is
+            return [command, *[""] * (6 if gpu else 4), f"not run: {why}"], why, []
+        started = time.time()  # the files' clock
+        with readings:
+            wall, error, _ = run_module(args, env=env)
     folders = sorted(folder.glob("*-s*"))
     runs = [curves(f) for f in folders if (f / "summary.json").exists()]
     within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
     # a population's members log its steps' time: the longest run's is its slowest population's stepping, the rest
     # of the wall time its start, set-up and files, and compare's report
     longest = max(runs, key=lambda r: r["secs"][-1] if r["secs"] else 0.0, default=None)
-    row = [f"`python -m {' '.join(args[:7] + list(extra))}`", f"{wall:.1f}", within,
+    row = [command, f"{wall:.1f}", within,
            f"{longest['secs'][-1]:.1f} ({_algorithm(longest['run'])})" if longest and longest["secs"] else "",
            timeline(folders, started), "ok" if error is None else f"failed, its last line: {error}"]
     if gpu:
