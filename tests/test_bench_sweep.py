@@ -94,7 +94,17 @@ def test_timeline_gives_the_last_of_each_file_in_seconds_from_the_start(tmp_path
 
 def test_a_row_under_mps_says_why_where_mps_cannot_start(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-cuda-mps-control: the command is not run as it is again
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-mps-here"))
     row, error, runs = sweep._sweep(tmp_path / "sweep-mps", tmp_path / "model.pt", "cpu", 2, (), mps=True)
     assert row[0].endswith("--device cpu` under CUDA MPS") and row[1:-1] == [""] * 4 and runs == [], row
     assert row[-1] == f"not run: {error}" and error.startswith("MPS did not start: FileNotFoundError"), row
     assert not (tmp_path / "sweep-mps").exists()
+
+
+def test_no_second_mps_where_the_machine_runs_its_own(tmp_path, monkeypatch):
+    log = _fake_mps_control(tmp_path, monkeypatch)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    (tmp_path / "control").touch()  # the machine's own daemon's pipe: the rows run under it already
+    with sweep.mps_daemon() as (env, why):
+        assert env is None and "already serves" in why
+    assert not log.exists()  # nothing started, nothing told to quit

@@ -41,7 +41,7 @@ from minigrpo.bench.common import run_module, table
 from minigrpo.tools.bars import within_bars
 from minigrpo.tools.stamps import STAMP
 from minigrpo.tools.sweep_report import curves
-from minigrpo.util.runtime import cores
+from minigrpo.util.runtime import cores, mps_serving
 from minigrpo.util.sampler import Periodic
 
 BUSY = 80  # % utilisation: the GPU computing most of the time
@@ -94,7 +94,11 @@ GPU_ALSO = [(MPS,)]
 def mps_daemon():
     """CUDA's Multi-Process Service for the processes started inside: its control daemon started with its pipes and
     logs in a new temporary folder, stopped at the end -> (the environment that points a process at it, None) or,
-    where it could not start (no `nvidia-cuda-mps-control`, not allowed), (None, why)."""
+    where it could not start (no `nvidia-cuda-mps-control`, not allowed) or the machine's own MPS already serves
+    (util/runtime.mps_serving), (None, why)."""
+    if mps_serving():
+        yield None, "an MPS of the machine's own already serves every row"
+        return
     folder = Path(tempfile.mkdtemp(prefix="minigrpo-mps-"))
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
     control = lambda *args, **kw: subprocess.run(["nvidia-cuda-mps-control", *args], env={**os.environ, **env},
