@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+import torch.distributed as dist
+
 from minigrpo.compare import main
 from minigrpo.tools.shards import Shard, join
 from minigrpo.util.jsonl import read_jsonl
@@ -18,6 +22,25 @@ def test_one_process_is_a_shard_of_the_whole_sweep(monkeypatch):
     shard = join()
     assert shard == Shard(0, 1) and shard.mine([1, 2, 3]) == [1, 2, 3] and shard.gather("x") == ["x"]
     assert Shard(1, 3).mine(list(range(8))) == [1, 4, 7] and shard.share(5) == 5
+
+
+@pytest.mark.parametrize("visible, local_rank, index, seen", [(None, 1, 1, "1"), ("4,6", 3, 1, "6"),
+                                                             ("GPU-a,GPU-b", 0, 0, "GPU-a")])
+def test_a_rank_and_the_workers_it_starts_use_its_own_gpu(monkeypatch, visible, local_rank, index, seen):
+    told = {}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: told.setdefault("device", i))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: told.setdefault("backend", backend))
+    monkeypatch.setattr(dist, "get_rank", lambda: local_rank)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible or "")  # restored after the test: join changes it
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert join() == Shard(local_rank, 4)
+    assert told == {"device": index, "backend": "gloo"}  # this process's "cuda"; bookkeeping over gloo
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == seen  # what the workers it spawns see: that GPU alone
 
 
 def test_two_torchrun_ranks_write_what_one_process_writes(tmp_path, tiny_pretrained, capsys):
