@@ -8,8 +8,8 @@ from minigrpo.tools.pool import run_pool
 
 
 def _pid_or_wait(item):
-    """"short": this worker's pid. "long": waits for the short one's worker to be gone (its pid in a file the
-    parent writes) -> whether it went while this run still ran."""
+    """An item ("short" or "long", a folder): short -> this worker's pid; long -> whether the short one's worker
+    (its pid in a file the parent writes) ended while this run still ran."""
     kind, folder = item
     if kind == "short":
         return os.getpid()
