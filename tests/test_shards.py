@@ -63,3 +63,18 @@ def test_two_torchrun_ranks_write_what_one_process_writes(tmp_path, tiny_pretrai
             assert close(UNTIMED(got), UNTIMED(ref)) == [], (run, got["step"])
     table = (two / "table.md").read_text()
     assert "| default | 2 |" in table and "| ppo | 2 |" in table and (two / "intervals.png").exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_two_torchrun_ranks_run_on_the_gpus_at_hand(tmp_path, tiny_pretrained):
+    """Each rank's runs on its own GPU, or two ranks on one GPU sharing it (where LOCAL_RANK 1 had no GPU of its own)."""
+    init, _, _ = tiny_pretrained
+    sweep = [*SWEEP[:-1], "cuda", "--out", str(tmp_path / "two"), "--init", str(init)]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "minigrpo.compare", *sweep], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "4 to run over 2 processes" in done.stdout, done.stdout
+    runs = [p for p in (tmp_path / "two").iterdir() if p.is_dir()]
+    assert len(runs) == 4 and all((p / "summary.json").exists() for p in runs), runs
