@@ -68,7 +68,7 @@ def test_two_torchrun_ranks_write_what_one_process_writes(tmp_path, tiny_pretrai
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_two_torchrun_ranks_run_on_the_gpus_at_hand(tmp_path, tiny_pretrained):
-    """Each rank's runs on its own GPU, or two ranks on one GPU sharing it (where LOCAL_RANK 1 had no GPU of its own)."""
+    """Each rank's runs on its own GPU, or two ranks sharing one GPU (where LOCAL_RANK 1 had no GPU of its own)."""
     init, _, _ = tiny_pretrained
     sweep = [*SWEEP[:-1], "cuda", "--out", str(tmp_path / "two"), "--init", str(init)]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
