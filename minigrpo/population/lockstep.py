@@ -44,6 +44,7 @@ from minigrpo.population.evaluation import SharedForward, alike, evaluate_member
 from minigrpo.population.grpo_recipe import RECIPE
 from minigrpo.population.guard import Guard
 from minigrpo.population.optim import MembersAdamW, keep
+from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import PromptTable, Request, generate_all, read_completions
 from minigrpo.population.stale import StaleWeights
@@ -136,6 +137,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
             start[alike(m.run.cfg)] = m.run.exact_evaluation()
     for _, m in members:
         m.logger = m.run.begin(m.algo, MemberOptimizer(opt, m.run), start[alike(m.run.cfg)])
+    progress = Progress([m.run for _, m in members])
     try:
         with StopOnCtrlC() as stop:
             while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
@@ -153,6 +155,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                         if aids.stale is not None:
                             aids.stale.keep(live)
                         aids.adopt(members)
+                progress.tick([m.run for _, m in members])
     finally:
         for _, m in members:
             m.logger.close()
