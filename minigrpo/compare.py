@@ -50,7 +50,7 @@ from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import check_device, cores, on_gpu
 from minigrpo.population.engine import run_populations, shares_of, turns_note
-from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of,
+from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of, run_of,
                                        variant_flags)
 from minigrpo.tools.intervals import Bootstraps, ask_early
 from minigrpo.tools.sweep_report import curves, write_outputs
@@ -217,9 +217,9 @@ def main(argv=None):
     out = Path(cfg.out if cfg.out is not None else default)
     jobs = cfg.jobs or max(1, cores() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # torchrun's ranks share the node
     def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
-        algo, _, seed = folder_name.rpartition("-s")
+        run = run_of(folder_name)
         try:
-            return command(algo, int(seed), cfg, passthrough, task, out) if seed.isdigit() else None
+            return command(*run, cfg, passthrough, task, out) if run else None
         except UsageError:  # not a run folder of ours
             return None
     shard = join()  # under torchrun: this process's share of the runs (tools/shards.py)

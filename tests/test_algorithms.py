@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from minigrpo.tools.algorithms import ALGOS, FIXED, base_of, module_of, variant_flags
+from minigrpo.tools.algorithms import ALGOS, FIXED, base_of, module_of, run_of, variant_flags
 from minigrpo.util.cli import UsageError
 
 
@@ -48,3 +48,8 @@ def test_every_flag_of_a_variant_comes_back_in_order(base, flags):
     flags.pop("critic", None)  # only ppo's
     name = "@".join([base, *(f"{k}={v}" for k, v in flags.items())])
     assert variant_flags(name) == [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", v)]
+
+
+def test_run_of_reads_a_run_folders_algorithm_and_seed():
+    assert run_of("dapo-s3") == ("dapo", 3) and run_of("grpo@beta=0.1-s12") == ("grpo@beta=0.1", 12)
+    assert run_of("my-sweep") is run_of("-s3") is run_of("table.md") is None  # not a run folder of compare's

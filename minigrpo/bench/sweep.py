@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from minigrpo.bench.common import run_module, table
+from minigrpo.tools.algorithms import run_of
 from minigrpo.tools.bars import within_bars
 from minigrpo.tools.stamps import STAMP
 from minigrpo.tools.sweep_report import curves
@@ -201,7 +202,7 @@ def timeline(runs: list[Path], started: float) -> str:
 
 def _algorithm(run: str) -> str:
     """The algorithm of a sweep's run folder named <algorithm>-s<seed>."""
-    return run.rpartition("-s")[0]
+    return run_of(run)[0]
 
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
@@ -213,7 +214,7 @@ def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, s
     from minigrpo.tools.sweep_report import write_outputs
     done = {}  # algorithm -> (its runs' folders, when its last run ended)
     for f in sorted((f for f in folder.glob("*-s*") if (f / "summary.json").exists()),
-                    key=lambda f: int(f.name.rpartition("-s")[2])):
+                    key=lambda f: run_of(f.name)[1]):
         algo = _algorithm(f.name)
         runs, ended = done.get(algo, ([], 0.0))
         done[algo] = (runs + [f], max(ended, (f / "summary.json").stat().st_mtime))

@@ -13,13 +13,14 @@ from __future__ import annotations
 import statistics
 import time
 
+from minigrpo.tools.algorithms import run_of
+
 EVERY_S = 10.0
 
 
 def _name(run) -> str:
-    """The algorithm of a compare run's folder <algorithm>-s<seed> (another folder: its name)."""
-    algo, _, seed = run.out.name.rpartition("-s")
-    return algo if algo and seed.isdigit() else run.out.name
+    """The algorithm of a compare run's folder (tools/algorithms.run_of); another folder: its name."""
+    return (run_of(run.out.name) or (run.out.name,))[0]
 
 
 class Progress:

@@ -28,6 +28,12 @@ SET_BY_COMPARE = ("seed", "out", "preset", "resume", "goal", "plateau")  # no ru
 FIXED = {*SET_BY_COMPARE, "steps", "task", "reward", "person", "init", "device", "online"}  # nor a variant these
 
 
+def run_of(folder_name: str) -> tuple[str, int] | None:
+    """(algorithm, seed) of a compare run's folder, named <algorithm>-s<seed>; None for another name."""
+    algo, _, seed = folder_name.rpartition("-s")
+    return (algo, int(seed)) if algo and seed.isdigit() else None
+
+
 def base_of(name: str) -> str:
     """'grpo@beta=0.1' -> 'grpo'."""
     return name.split("@", 1)[0]
