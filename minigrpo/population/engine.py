@@ -208,7 +208,7 @@ def turns_note(processes: int, gpu: bool) -> str:
     Multi-Process Service lets their kernels overlap (docs/running.md, the engines)."""
     if not gpu or processes < 2 or mps_serving():
         return ""
-    return " (they take turns on the GPU: started first, `nvidia-cuda-mps-control -d` overlaps them)"
+    return " (on one GPU they take turns; CUDA MPS overlaps them: `nvidia-cuda-mps-control -d` first)"
 
 
 def run_populations(items: list, jobs: int, done, most: int = 0, mixed: bool = True) -> None:
