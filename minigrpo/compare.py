@@ -49,12 +49,12 @@ from pathlib import Path
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import check_device, cores, on_gpu
-from minigrpo.population.engine import run_populations, shares_of, turns_note
+from minigrpo.population.engine import run_populations, shares_of, sharing_gpu
 from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of, run_of,
                                        variant_flags)
 from minigrpo.tools.intervals import Bootstraps, ask_early
 from minigrpo.tools.sweep_report import curves, write_outputs
-from minigrpo.tools.pool import run_one, run_pool
+from minigrpo.tools.pool import brief, run_one, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.rl.config import default_out
@@ -96,6 +96,10 @@ class CompareConfig:
         "other runs as threads (minigrpo/population); "
         "auto: population when the runs' device is a GPU, else pool",
         choices=["auto", "pool", "population"]))
+    mps: str = field(default="auto", metadata=meta(
+        "auto: processes on one GPU share it through CUDA's Multi-Process Service, a control daemon of compare's own "
+        "(where none serves, nvidia-cuda-mps-control is at hand and not under torchrun); off: they take turns",
+        choices=["auto", "off"]))
 
 
 def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str) -> list[str]:
@@ -114,13 +118,6 @@ def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], ta
     """One run's whole command line: [python, "-m", its trainer, its flags, "--out", <out>/<algo>-s<seed>]."""
     return [sys.executable, "-m", module_of(algo), *trainer_args(algo, seed, cfg, passthrough, task), "--out",
             str(out / f"{algo}-s{seed}")]
-
-
-def brief(error: str, most: int = 200) -> str:
-    """An error's first line, cut to `most` characters (CUDA's out-of-memory line runs past 1,000; table.md
-    has it whole)."""
-    line = error.splitlines()[0] if error.strip() else error
-    return line if len(line) <= most else line[:most - 1] + "…"
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -177,7 +174,8 @@ def exact_frontier(passthrough: list[str], reward: str | None):
 def main(argv=None):
     # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps", "--engine", "--members"):
+    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps", "--engine", "--members",
+                 "--mps"):
         pre.add_argument(name)
     pre.add_argument("--overwrite", action="store_true", default=None)
     ours, passthrough = pre.parse_known_args(list(argv or []))
@@ -238,17 +236,8 @@ def main(argv=None):
     # step), so they go first: the sweep ends on short runs, not on one core idle while the other ends a long one
     todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: base_of(t[0]) not in PPO_ALGOS)
     shard.barrier()  # every rank has read the same finished runs before any starts one
-    engine = cfg.engine if cfg.engine != "auto" else "population" if on_gpu(device) else "pool"
-    populations = len(shares_of(shard.mine(todo), jobs, cfg.members, on_gpu(device)))
-    at_once = f"{populations} population{'s' * (populations > 1)}, {min(jobs, populations)} at a time" \
-        f"{turns_note(min(jobs, populations), on_gpu(device))}" if engine == "population" else f"{jobs} at a time"
-    ranks = f" over {shard.size} processes" if shard.size > 1 else ""
-    if shard.rank == 0:
-        print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> {out}",
-              flush=True)
     mine, read = {}, {}  # (algo, seed) -> error of this rank's failed runs; -> the curves of a run read as it ended
     boot = Bootstraps(jobs)  # the table's bootstraps, in --jobs threads: an algorithm's begun as its last run ends
-
     def done(run, err):  # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
         said = "ok" if err is None else brief(err) if err.startswith(INTERRUPTED) else "FAILED: " + brief(err)
         print(f"  {run[0]} seed {run[1]}: {said}", flush=True)
@@ -259,16 +248,27 @@ def main(argv=None):
             if all((run[0], s) in read for s in range(cfg.seeds)):  # its algorithm's last run: its bootstraps begin
                 ask_early(boot, algos, {a: [read[a, s] for s in range(cfg.seeds)] for a in algos
                                         if all((a, s) in read for s in range(cfg.seeds))})
-    for kept in (t for t in tasks if t not in todo and shard.rank == 0):  # rank 0 reads the runs kept
-        done(kept, None)
-    try:
-        if engine == "population":
-            run_populations(shard.mine(todo), jobs, done, cfg.members, on_gpu(device))
-        else:
-            run_pool(run_one, shard.mine(todo), max(1, jobs), done)
-    except KeyboardInterrupt:
-        boot.cancel()
-        raise
+    gpu = on_gpu(device)
+    engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
+    populations = len(shares_of(shard.mine(todo), jobs, cfg.members, gpu))
+    processes = min(jobs, populations) if engine == "population" else jobs  # on one GPU: a CUDA context each
+    with sharing_gpu(processes, gpu, cfg.mps if shard.size == 1 else "machine") as note:
+        at_once = (f"{populations} population{'s' * (populations > 1)}, " if engine == "population" else "") + \
+            f"{processes} at a time{note}"
+        ranks = f" over {shard.size} processes" if shard.size > 1 else ""
+        if shard.rank == 0:
+            print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> "
+                  f"{out}", flush=True)
+        for kept in (t for t in tasks if t not in todo and shard.rank == 0):  # rank 0 reads the runs kept
+            done(kept, None)
+        try:
+            if engine == "population":
+                run_populations(shard.mine(todo), jobs, done, cfg.members, gpu)
+            else:
+                run_pool(run_one, shard.mine(todo), max(1, jobs), done)
+        except KeyboardInterrupt:
+            boot.cancel()
+            raise
     everyone = shard.gather(mine)
     shard.leave()
     if everyone is None:  # not rank 0: rank 0 writes the table

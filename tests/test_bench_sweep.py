@@ -8,34 +8,16 @@ from pathlib import Path
 from minigrpo.bench import sweep
 
 
-def _fake_mps_control(folder, monkeypatch):
-    """A stand-in `nvidia-cuda-mps-control` first on PATH: it logs its arguments, what it was told and its pipe
-    folder, and makes the control pipe there on -d (as the daemon does) -> its log."""
-    log, fake = folder / "mps.log", folder / "bin" / "nvidia-cuda-mps-control"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\nif [ "$1" = "-d" ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; told=; '
-                    f'else told=$(cat); fi\necho "$* $told $CUDA_MPS_PIPE_DIRECTORY" >> {log}\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
-    return log
-
-
-def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained, capsys,
-                                                                        monkeypatch):
+def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path, tiny_pretrained, capsys):
     init, _, _ = tiny_pretrained
-    log = _fake_mps_control(tmp_path, monkeypatch)
     text = sweep.bench_sweep(tmp_path, init, "cpu", seeds=2, extra=("--algos", "default,ppo", "--steps", "2"),
-                             also=[(sweep.MPS, "--jobs", "1")])  # and again under MPS with another flag
+                             also=[("--jobs", "1")])  # and again with another flag
     row, again = [line for line in text.splitlines() if line.startswith("| `python -m minigrpo.compare")]
     assert again.startswith("| `python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo "
-                            "--steps 2 --jobs 1` under CUDA MPS |") and again.rstrip(" |").endswith("ok"), again
-    assert (tmp_path / "sweep-mps-jobs1" / "ppo-s1" / "summary.json").exists()
-    started, stopped = log.read_text().splitlines()  # the daemon started, then told to quit, one pipe folder
-    pipes = started.split()[-1]
-    assert started.split() == ["-d", pipes] and stopped.split() == ["quit", pipes], (started, stopped)
-    assert not Path(pipes).exists()  # its temporary folder removed
+                            "--steps 2 --jobs 1` |") and again.rstrip(" |").endswith("ok"), again
+    assert (tmp_path / "sweep-jobs1" / "ppo-s1" / "summary.json").exists()
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep: ")]
-    assert [line.split(":")[1] for line in progress] == [" as it is", " under CUDA MPS --jobs 1"], progress
+    assert [line.split(":")[1] for line in progress] == [" as it is", " --jobs 1"], progress
     command, wall, within, longest, marks, status = [c.strip() for c in row.strip("| \n").split(" | ")]
     assert command == "`python -m minigrpo.compare --seeds 2 --reward pizza --device cpu --algos default,ppo " \
                       "--steps 2`", row
@@ -92,19 +74,8 @@ def test_timeline_gives_the_last_of_each_file_in_seconds_from_the_start(tmp_path
     assert sweep.timeline([], start) == "– · – · –"
 
 
-def test_a_row_under_mps_says_why_where_mps_cannot_start(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-cuda-mps-control: the command is not run as it is again
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-mps-here"))
-    row, error, runs = sweep._sweep(tmp_path / "sweep-mps", tmp_path / "model.pt", "cpu", 2, (), mps=True)
-    assert row[0].endswith("--device cpu` under CUDA MPS") and row[1:-1] == [""] * 4 and runs == [], row
-    assert row[-1] == f"not run: {error}" and error.startswith("MPS did not start: FileNotFoundError"), row
-    assert not (tmp_path / "sweep-mps").exists()
-
-
-def test_no_second_mps_where_the_machine_runs_its_own(tmp_path, monkeypatch):
-    log = _fake_mps_control(tmp_path, monkeypatch)
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
-    (tmp_path / "control").touch()  # the machine's own daemon's pipe: the rows run under it already
-    with sweep.mps_daemon() as (env, why):
-        assert env is None and "already serves" in why
-    assert not log.exists()  # nothing started, nothing told to quit
+def test_a_gpu_row_says_how_compares_processes_shared_the_gpu():
+    first = "compare: 9 algorithms x 128 seeds (1152 to run), 9 populations, 9 at a time ({}) -> runs/x\n  ok\n"
+    said = "sharing the GPU through CUDA MPS, a daemon of this command's own"
+    assert sweep.sharing(first.format(said)) == said
+    assert sweep.sharing(first.replace(" ({})", "")) == "one process" and sweep.sharing("") == "one process"

@@ -74,6 +74,7 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(tmp_path,
                                            (["--init", "/nope.pt"], "'/nope.pt' does not exist"),
                                            (["--algos", "grpo,ppo,grpo"], "names grpo more than once"),
                                            (["--steps", "0"], "--steps must be >= 1"),
+                                           (["--mps", "on"], "invalid choice: 'on' (choose from 'auto', 'off')"),
                                            (["--algos", "dpo", "--online"], "online_dpo"),
                                            (["--algos", "ppo_oracle", "--critic", "head"], "relabel"),
                                            (["--algos", "dapo@beta=-1"], "--beta must be a finite number >= 0"),
@@ -302,10 +303,3 @@ def test_the_runs_outside_the_bars_are_named_with_what_they_missed_and_a_peaks_s
     assert "Runs outside the bars (2):\n\n- dapo-s1: end drift 0.0303 > 0.03\n- ppo-s0: final target" in table
     write_outputs(tmp_path, {"dapo": results["dapo"][:1]}, {}, "t")
     assert "Every run within every bar." in (tmp_path / "table.md").read_text()
-
-
-def test_a_failed_runs_line_is_its_errors_first_line_cut_short():
-    from minigrpo.compare import brief
-    oom = "torch.OutOfMemoryError: CUDA out of memory. " + "Process 581 has 9.48 GiB memory in use. " * 30
-    assert brief(oom).startswith("torch.OutOfMemoryError: CUDA out of memory.") and len(brief(oom)) == 200
-    assert brief(oom).endswith("…") and brief("ValueError: bad\nmore") == "ValueError: bad" and brief("") == ""

@@ -47,3 +47,10 @@ def test_every_item_is_done_once_when_there_are_more_items_than_workers(tmp_path
     seen = []
     run_pool(_pid_or_wait, [("short", str(tmp_path))] * 5, 2, lambda item, result: seen.append(result))
     assert len(seen) == 5 and len(set(seen)) <= 2  # two workers took the five in turn
+
+
+def test_a_failed_runs_line_is_its_errors_first_line_cut_short():
+    from minigrpo.tools.pool import brief
+    oom = "torch.OutOfMemoryError: CUDA out of memory. " + "Process 581 has 9.48 GiB memory in use. " * 30
+    assert brief(oom).startswith("torch.OutOfMemoryError: CUDA out of memory.") and len(brief(oom)) == 200
+    assert brief(oom).endswith("…") and brief("ValueError: bad\nmore") == "ValueError: bad" and brief("") == ""

@@ -51,14 +51,3 @@ def test_setup_runtime_sets_threads_and_device_and_rejects_bad_values(monkeypatc
                 runtime.setup_runtime(1, "cuda")
     finally:
         torch.set_num_threads(before)
-
-
-def test_mps_serving_reads_the_control_pipe_where_cuda_looks_for_it(tmp_path, monkeypatch):
-    from minigrpo.population.engine import turns_note
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
-    assert not runtime.mps_serving()
-    assert "nvidia-cuda-mps-control -d" in turns_note(9, gpu=True)  # nine processes take turns: compare says so
-    assert turns_note(1, gpu=True) == turns_note(9, gpu=False) == ""  # one process, or the CPU's cores: nothing
-    (tmp_path / "control").touch()  # the daemon's pipe (a FIFO; its name is what counts)
-    assert runtime.mps_serving() and turns_note(9, gpu=True) == ""
-    assert not runtime.mps_serving({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "elsewhere")})

@@ -38,12 +38,12 @@ def timed(step, n: int, warmup: int = 1) -> list[float]:
     return out[warmup:]
 
 
-def run_module(args: list[str], omp_threads: str = "1", env: dict | None = None) -> tuple[float, str | None, str]:
-    """Run `python -m <args>` as a whole process (bench, compare; `env`: more of its environment); -> (wall seconds,
-    its last error line or None if it exited 0, its stdout)."""
+def run_module(args: list[str], omp_threads: str = "1") -> tuple[float, str | None, str]:
+    """Run `python -m <args>` as a whole process (bench, compare); -> (wall seconds, its last error line or None if
+    it exited 0, its stdout)."""
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": omp_threads, **(env or {})})
+                       env={**os.environ, "OMP_NUM_THREADS": omp_threads})
     wall = time.perf_counter() - t
     if p.returncode == 0:
         return wall, None, p.stdout

@@ -16,10 +16,11 @@ population's stepping, and the rest of the wall time is outside the steps; and f
 run's folder was made (its population's set-up begins), the last run began its steps (config.json: every population
 set up) and the last run ended (summary.json: its checkpoint written), in seconds from the start.
 
-On a GPU the command runs again under CUDA's Multi-Process Service (`mps_daemon`: a control daemon of the sweep's
-own, its pipes in a folder of its own, so an MPS the machine already runs is left alone): the nine populations'
-processes run their kernels side by side where without it they take turns. (Fewer processes were timed too, GRPO's
-896 runs in one or two populations with --members 1024 or 448: no faster; docs/performance.md.)
+On a GPU compare's processes share the GPU through CUDA's Multi-Process Service, a daemon of compare's own (--mps
+auto, util/mps.py; the row says how they shared it, from compare's first line), and the command runs again with
+--mps off: without MPS the nine populations' processes take turns where under it their kernels run side by side.
+(Fewer processes were timed too, GRPO's 896 runs in one or two populations with --members 1024 or 448: no faster;
+docs/performance.md.)
 
 Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run had ended at once
 (every bootstrap made after the runs), and as compare makes it, every algorithm's bootstraps but the last one's begun
@@ -29,11 +30,10 @@ as its last run ended (tools/intervals.ask_early) and made by the time the last 
 from __future__ import annotations
 
 import contextlib
-import os
+import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +42,7 @@ from minigrpo.tools.algorithms import run_of
 from minigrpo.tools.bars import within_bars
 from minigrpo.tools.stamps import STAMP
 from minigrpo.tools.sweep_report import curves
-from minigrpo.util.runtime import cores, mps_serving
+from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import Periodic
 
 BUSY = 80  # % utilisation: the GPU computing most of the time
@@ -87,41 +87,7 @@ def phases(samples: list[tuple[float, float, float]], wall: float, busy: float =
     return (before, on, during - on, wall - before - during)
 
 
-MPS = "under CUDA MPS"  # a row's first word: its command under mps_daemon
-GPU_ALSO = [(MPS,)]
-
-
-@contextlib.contextmanager
-def mps_daemon():
-    """CUDA's Multi-Process Service for the processes started inside: its control daemon started with its pipes and
-    logs in a new temporary folder, stopped at the end -> (the environment that points a process at it, None) or,
-    where it could not start (no `nvidia-cuda-mps-control`, not allowed) or the machine's own MPS already serves
-    (util/runtime.mps_serving), (None, why)."""
-    if mps_serving():
-        yield None, "an MPS of the machine's own already serves every row"
-        return
-    folder = Path(tempfile.mkdtemp(prefix="minigrpo-mps-"))
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
-    control = lambda *args, **kw: subprocess.run(["nvidia-cuda-mps-control", *args], env={**os.environ, **env},
-                                                 capture_output=True, text=True, timeout=30, **kw)
-    try:
-        for path in env.values():
-            Path(path).mkdir()
-        try:
-            started = control("-d")
-            why = None if started.returncode == 0 else (started.stderr or started.stdout).strip() or \
-                f"exit code {started.returncode}"
-        except (OSError, subprocess.SubprocessError) as e:
-            why = f"{type(e).__name__}: {e}"
-        if why is not None:
-            yield None, f"MPS did not start: {why}"
-            return
-        try:
-            yield env, None
-        finally:
-            control(input="quit\n")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+GPU_ALSO = [("--mps", "off")]
 
 
 def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, extra: tuple = (),
@@ -138,9 +104,8 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     rows, folder = [], out / "sweep"
     for more in [(), *(also if also is not None else GPU_ALSO if gpu else [])]:
-        mps = more[:1] == (MPS,)
-        name = "sweep" + "-mps" * mps + "".join(more[mps:]).replace("--", "-")
-        row, error, runs = _sweep(folder.with_name(name), init, device, seeds, (*extra, *more[mps:]), mps)
+        name = "sweep" + "".join(more).replace("--", "-")
+        row, error, runs = _sweep(folder.with_name(name), init, device, seeds, (*extra, *more))
         rows.append(row)
         said = f"{row[1]} s, {row[2]} runs within every bar" if row[1] else row[-1]
         print(f"sweep: {' '.join(more) or 'as it is'}: {said}", file=sys.stderr,
@@ -158,22 +123,18 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
         [[f"{cold:.1f}", f"{warm:.1f}"]])
 
 
-def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple,
-           mps: bool = False) -> tuple[list, str | None, list]:
-    """compare over `seeds` from `init` into a fresh `folder`, timed (`mps`: under mps_daemon) -> its table row, its
-    error (or None), its runs' curves."""
+def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> tuple[list, str | None, list]:
+    """compare over `seeds` from `init` into a fresh `folder`, timed -> its table row, its error (or None), its runs'
+    curves."""
     gpu = device.startswith("cuda")
     shutil.rmtree(folder, ignore_errors=True)
     args = ["minigrpo.compare", "--seeds", str(seeds), "--reward", "pizza", "--device", device, "--init", str(init),
             *extra, "--out", str(folder)]
-    command = f"`python -m {' '.join(args[:7] + list(extra))}`" + f" {MPS}" * mps
+    command = f"`python -m {' '.join(args[:7] + list(extra))}`"
     readings = GpuReadings(int(device.split(":")[1]) if ":" in device else 0) if gpu else contextlib.nullcontext()
-    with mps_daemon() if mps else contextlib.nullcontext((None, None)) as (env, why):
-        if why is not None:  # a row that says why, not the command again as it is
-            return [command, *[""] * (6 if gpu else 4), f"not run: {why}"], why, []
-        started = time.time()  # the files' clock
-        with readings:
-            wall, error, _ = run_module(args, env=env)
+    started = time.time()  # the files' clock
+    with readings:
+        wall, error, said = run_module(args)
     folders = sorted(folder.glob("*-s*"))
     runs = [curves(f) for f in folders if (f / "summary.json").exists()]
     within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
@@ -187,7 +148,15 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple,
         samples = readings.samples
         row[4:4] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
                     " · ".join(f"{p:.0f}" for p in phases(samples, wall))]
+        row[0] += f": {sharing(said)}"
     return row, error, runs
+
+
+def sharing(stdout: str) -> str:
+    """How compare's processes shared the GPU, from its first line: "(...)" after "at a time"."""
+    first = stdout.splitlines()[0] if stdout.strip() else ""
+    found = re.search(r" at a time \((.*)\) -> ", first)
+    return found.group(1) if found else "one process"
 
 
 def timeline(runs: list[Path], started: float) -> str:

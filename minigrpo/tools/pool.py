@@ -63,6 +63,12 @@ def run_main(module: str, argv: list[str], out: io.StringIO, err: io.StringIO) -
         return traceback.format_exception_only(e)[-1].strip()
 
 
+def brief(error: str, most: int = 200) -> str:
+    """An error's first line, cut to `most` characters, for a terminal (CUDA's out-of-memory line runs past 1,000)."""
+    line = error.splitlines()[0] if error.strip() else error
+    return line if len(line) <= most else line[:most - 1] + "…"
+
+
 def run_one(task, runner=run_in_process) -> str | None:
     """One run, in a worker of the pool: its folder made afresh (a run of another command, or an unfinished
     one, is replaced), the command stamped, then run in process (`runner`: a population's in its thread);

@@ -54,14 +54,6 @@ def on_gpu(device: str) -> bool:
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
-def mps_serving(environ=None) -> bool:
-    """Whether CUDA's Multi-Process Service serves this machine's GPU: its control daemon's pipe in
-    $CUDA_MPS_PIPE_DIRECTORY (by default /tmp/nvidia-mps). Under it, processes on one GPU run their kernels side by
-    side; without it they take turns (time slicing)."""
-    pipes = (os.environ if environ is None else environ).get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    return Path(pipes, "control").exists()
-
-
 def check_device(device: str) -> None:
     """A UsageError unless `device` is auto, cpu, or cuda with a CUDA GPU at hand."""
     if device not in ("auto", "cpu", "cuda"):
