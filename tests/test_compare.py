@@ -12,6 +12,7 @@ from minigrpo.tools import pool, stamps
 from minigrpo.compare import main
 from toy_tasks.rewards import module_file
 from conftest import one_line_error
+from test_mps import OK, REFUSED, fake_control
 
 TINY = ["--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2"]
 
@@ -303,3 +304,29 @@ def test_the_runs_outside_the_bars_are_named_with_what_they_missed_and_a_peaks_s
     assert "Runs outside the bars (2):\n\n- dapo-s1: end drift 0.0303 > 0.03\n- ppo-s0: final target" in table
     write_outputs(tmp_path, {"dapo": results["dapo"][:1]}, {}, "t")
     assert "Every run within every bar." in (tmp_path / "table.md").read_text()
+
+
+def test_on_a_gpu_compares_processes_share_it_through_a_daemon_of_its_own(tmp_path, tiny_pretrained, capsys,
+                                                                          monkeypatch):
+    """Its GPU stood in for (the runs on the CPU), and nvidia-cuda-mps-control and the CUDA client: compare's first
+    line says its two population processes share the GPU through its own daemon, started before them and told to
+    quit after; where that daemon's server serves no client, they take turns, and the line says why."""
+    from minigrpo import compare
+    from minigrpo.util import mps
+    init, _, _ = tiny_pretrained
+    log = fake_control(tmp_path, monkeypatch)
+    monkeypatch.setattr(compare, "on_gpu", lambda device: True)
+    args = ["--algos", "default,ppo", "--seeds", "2", "--init", str(init), *TINY, "--jobs", "2", "--device", "cpu"]
+    for name, probe, said in (("served", OK, "sharing the GPU through CUDA MPS, a daemon of this command's own"),
+                              ("refused", REFUSED, "on one GPU they take turns: MPS did not start: its server did "
+                                                   "not serve a CUDA client: CUDA error 805")):
+        monkeypatch.setattr(mps, "PROBE", probe)
+        main([*args, "--out", str(tmp_path / name)])
+        printed = capsys.readouterr().out
+        assert f"2 populations, 2 at a time ({said}) ->" in printed.splitlines()[0], printed
+        assert printed.count(": ok") == 4, printed
+        started, stopped = log.read_text().splitlines()[-2:]
+        assert started.split()[0] == "-d" and stopped.split()[0] == "quit"
+    main([*args, "--mps", "off", "--out", str(tmp_path / "off")])
+    assert "2 at a time (on one GPU they take turns: --mps auto overlaps them)" in capsys.readouterr().out
+    assert len(log.read_text().splitlines()) == 4  # --mps off started nothing

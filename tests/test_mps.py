@@ -3,6 +3,7 @@ machine has no GPU): started with its pipes in a folder of its own, its processe
 server checked by a client first, told to quit at the end, stopped by its watchdog when its owner is killed."""
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -10,6 +11,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import pytest
+import torch
 
 from minigrpo.util import mps
 
@@ -97,3 +101,23 @@ def test_the_watchdog_stops_the_daemon_of_a_killed_command(tmp_path, monkeypatch
     while time.monotonic() < deadline and Path(pipes).parent.exists():
         time.sleep(0.1)
     assert not Path(pipes).parent.exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or shutil.which(mps.CONTROL) is None,
+                    reason="needs a CUDA GPU and nvidia-cuda-mps-control")
+def test_on_a_gpu_compares_processes_share_it_through_mps(tmp_path, tiny_pretrained):
+    """compare's two population processes go through its own daemon (or the machine's, where one serves), their runs
+    finish, and the daemon's folder is gone after it."""
+    init, _, _ = tiny_pretrained
+    before = set(Path(tempfile.gettempdir()).glob("minigrpo-mps-*"))
+    done = subprocess.run([sys.executable, "-m", "minigrpo.compare", "--algos", "default,ppo", "--seeds", "2",
+                           "--steps", "2", "--device", "cuda", "--jobs", "2", "--init", str(init), "--out",
+                           str(tmp_path / "cmp")], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = done.stdout.splitlines()[0]
+    mine = "the machine's CUDA MPS" if mps.serving() else "CUDA MPS, a daemon of this command's own"
+    assert f"2 at a time (sharing the GPU through {mine}) ->" in first, first
+    assert all((tmp_path / "cmp" / f"{a}-s{s}" / "summary.json").exists() for a in ("default", "ppo") for s in (0, 1))
+    assert set(Path(tempfile.gettempdir()).glob("minigrpo-mps-*")) == before

@@ -55,7 +55,7 @@ def _run(argv: list[str], env: dict, text: str | None = None) -> str | None:
 
 
 @contextlib.contextmanager
-def own_mps(processes: int, probe: list[str] = PROBE):
+def own_mps(processes: int, probe: list[str] | None = None):
     """Yield None where the `processes` started inside share the GPU through MPS (this command's own daemon, or the
     machine's), else why not, one line (they then take turns); os.environ points at the daemon inside only."""
     if serving():
@@ -80,7 +80,7 @@ def own_mps(processes: int, probe: list[str] = PROBE):
             watchdog = subprocess.Popen(["sh", "-c", WATCHDOG, "watchdog", str(os.getpid()), CONTROL, str(folder)],
                                         env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)  # its own session: a Ctrl-C does not reach it
-            why = _run(probe, env)
+            why = _run(probe or PROBE, env)
             why = None if why is None else f"its server did not serve a CUDA client: {why}"
         if why is not None:
             yield f"MPS did not start: {why}"
