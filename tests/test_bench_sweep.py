@@ -24,9 +24,11 @@ def test_the_section_times_compare_and_checks_its_runs_against_the_bars(tmp_path
     assert float(wall) > 0 and status == "ok", row
     seconds, algorithm = longest.split(" ")  # the longest run's steps: less than the whole command
     assert 0 < float(seconds) < float(wall) and algorithm in ("(default)", "(ppo)"), row
-    marks, last = marks.split(" (")  # the last run's folder, its begin, its end (the algorithm that ended last)
-    made, begun, ended = (float(m) for m in marks.split(" · "))
-    assert 0 < made <= begun <= ended < float(wall) and last in ("default)", "ppo)"), row
+    marks, last = marks.split(" (")  # claimed, the runs' folders made, the last begun, ended (the last to end)
+    claimed, made, begun, ended = marks.split(" · ")
+    first, made = (float(m) for m in made.split("–"))
+    assert 0 < float(claimed) <= first <= made <= float(begun) <= float(ended) < float(wall), row
+    assert last in ("default)", "ppo)"), row
     assert within.endswith("/4"), row  # 2 seeds of 2 algorithms; 2 steps of a tiny model reach no goal: 0/4
     assert (tmp_path / "sweep" / "ppo-s1" / "summary.json").exists() and (tmp_path / "sweep" / "table.md").exists()
     report = text.split("compare's report of its 4 runs")[1].splitlines()  # then the report alone, timed twice
@@ -60,7 +62,7 @@ def test_readings_come_from_nvidia_smi_and_none_without_it(tmp_path, monkeypatch
     assert readings.samples == []
 
 
-def test_timeline_gives_the_last_of_each_file_in_seconds_from_the_start(tmp_path):
+def test_timeline_gives_the_claim_and_the_runs_files_in_seconds_from_the_start(tmp_path):
     start, runs = 1_000_000.0, [tmp_path / "default-s0", tmp_path / "ppo-s0"]
     times = {"default-s0": (2.0, 9.5, 30.0), "ppo-s0": (3.0, 8.0, 41.25)}  # made, begun, ended
     for run in runs:
@@ -68,10 +70,12 @@ def test_timeline_gives_the_last_of_each_file_in_seconds_from_the_start(tmp_path
         for name, t in zip((sweep.STAMP, "config.json", "summary.json"), times[run.name]):
             (run / name).write_text("{}")
             os.utime(run / name, (start + t, start + t))
-    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 41.2 (ppo)"
+    assert sweep.timeline(tmp_path, runs, start) == "– · 2.0–3.0 · 9.5 · 41.2 (ppo)"  # no .lock: not claimed
+    (tmp_path / ".lock").write_text("")
+    os.utime(tmp_path / ".lock", (start + 1.5, start + 1.5))
     (runs[1] / "summary.json").unlink()  # a failed run has none
-    assert sweep.timeline(runs, start) == "3.0 · 9.5 · 30.0 (default)"
-    assert sweep.timeline([], start) == "– · – · –"
+    assert sweep.timeline(tmp_path, runs, start) == "1.5 · 2.0–3.0 · 9.5 · 30.0 (default)"
+    assert sweep.timeline(tmp_path / "none", [], start) == "– · – · – · –"
 
 
 def test_a_gpu_row_says_how_compares_processes_shared_the_gpu():

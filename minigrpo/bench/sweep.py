@@ -99,7 +99,7 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
     header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar",
               "a run's steps, most: s (its algorithm)",
-              "s from the start, the last: folder made · run begun · ended (its algorithm)", "exit"]
+              "s from the start: folder claimed · runs' folders made, first–last · the last run begun · ended (its algorithm)", "exit"]
     if gpu:
         header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     rows, folder = [], out / "sweep"
@@ -143,7 +143,7 @@ def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> t
     longest = max(runs, key=lambda r: r["secs"][-1] if r["secs"] else 0.0, default=None)
     row = [command, f"{wall:.1f}", within,
            f"{longest['secs'][-1]:.1f} ({_algorithm(longest['run'])})" if longest and longest["secs"] else "",
-           timeline(folders, started), "ok" if error is None else f"failed, its last line: {error}"]
+           timeline(folder, folders, started), "ok" if error is None else f"failed, its last line: {error}"]
     if gpu:
         samples = readings.samples
         row[4:4] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
@@ -159,13 +159,18 @@ def sharing(stdout: str) -> str:
     return found.group(1) if found else "one process"
 
 
-def timeline(runs: list[Path], started: float) -> str:
-    """The last of the runs' folders made (the stamp: pool.start_folder), runs begun (config.json: rl/loop.Run.begin)
-    and runs ended (summary.json), each in seconds after `started` (time.time()), as "made · begun · ended (the
-    algorithm of the run that ended last)"."""
+def timeline(folder: Path, runs: list[Path], started: float) -> str:
+    """In seconds after `started` (time.time()): compare's folder claimed (its .lock: its checks done, its worker
+    processes not yet started), the first and the last of the runs' folders made (the stamp: pool.start_folder, as a
+    population begins its set-up), the last run begun (config.json: rl/loop.Run.begin) and ended (summary.json), as
+    "claimed · made first–last · begun · ended (the algorithm of the run that ended last)"."""
+    claimed = (folder / ".lock").stat().st_mtime - started if (folder / ".lock").exists() else None
+    first = min(((f / STAMP).stat().st_mtime - started for f in runs if (f / STAMP).exists()), default=None)
     marks = [max((((f / name).stat().st_mtime - started, _algorithm(f.name)) for f in runs
                   if (f / name).exists()), default=None) for name in (STAMP, "config.json", "summary.json")]
-    text = " · ".join(f"{m[0]:.1f}" if m else "–" for m in marks)
+    s = lambda t: "–" if t is None else f"{t:.1f}"  # noqa: E731
+    made = "–" if first is None else f"{s(first)}–{s(marks[0][0])}"
+    text = f"{s(claimed)} · {made} · " + " · ".join(s(m and m[0]) for m in marks[1:])
     return text + (f" ({marks[2][1]})" if marks[2] else "")
 
 
