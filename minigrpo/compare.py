@@ -5,23 +5,22 @@
     python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags pass through
 
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one thread each,
-that import torch once and run their runs in process (pool.py: the same metrics as separate processes); with --engine
-population (the default on a GPU) the runs go as populations of at most --members runs, --jobs worker processes at a
-time: a GRPO or PPO algorithm's seeds in lockstep, one computation (population/lockstep.py; on a GPU GRPO's presets of
-one μ together: one step's kernels for all), the others as threads that batch their models' work (the same metrics to
-float rounding). Under torchrun, --jobs defaults to the cores shared by the node's ranks. Each run writes to
-<out>/<algo>-s<seed>/ without its metrics.png (--no-plot: compare draws its own figures; `python -m minigrpo.metrics
-<out>/<algo>-s<seed>` draws a run's on request) and, where compare sets its --steps, one checkpoint, its last
-(--ckpt-every its --steps: compare makes an unfinished run again from the start, so a checkpoint on the way would only
-cost its writing). Budgets are fixed by default (--budget fixed: every run takes the same --steps, the stop rule off),
-so algorithms are compared on equal work; --budget goal lets each run stop at its goal as the trainers do by default. A
-finished run of exactly the same command, code and input files is kept (tools/stamps.py: the command, the library's
-source and torch's version, the --init checkpoint, the reward's source and the modules of the user's folder it imports),
-so rerunning after an interruption only runs what is missing, and an edit of the library or of the reward makes the runs
-again. An --out holding finished runs of another command (other flags) is refused unless --overwrite. A later invocation
-for a subset of the algorithms keeps the others' finished runs of the same flags in the table and figures. The arguments
-are checked before any run starts; a failed run is reported with its error while the others finish, and the command then
-exits with code 1. Writes to <out> (default runs/compare-<reward>):
+running their runs in process (pool.py: the same metrics as separate processes); with --engine population (the default
+on a GPU) as populations of at most --members runs, one per worker process: a GRPO or PPO algorithm's seeds in lockstep,
+one computation (population/lockstep.py; on a GPU GRPO's presets of one μ together), the others as threads that batch
+their models' work (the same metrics to float rounding). Processes on one GPU share it through CUDA MPS, a daemon of
+compare's own (--mps; util/mps.py). Under torchrun, --jobs defaults to the cores shared by the node's ranks. Each run
+writes to <out>/<algo>-s<seed>/ without its metrics.png (`python -m minigrpo.metrics <out>/<algo>-s<seed>` draws it)
+and, where compare sets its --steps, one checkpoint, its last (an unfinished run is made again from the start). Budgets
+are fixed by default (--budget fixed: every run takes the same --steps, the stop rule off), so algorithms are compared
+on equal work; --budget goal lets each run stop at its goal as the trainers do by default. A finished run of exactly the
+same command, code and input files is kept (tools/stamps.py: the command, the library's source and torch's version, the
+--init checkpoint, the reward's source and the modules of the user's folder it imports), so rerunning after an
+interruption only runs what is missing, and an edit of the library or of the reward makes the runs again. An --out
+holding finished runs of another command (other flags) is refused unless --overwrite. A later invocation for a subset of
+the algorithms keeps the others' finished runs of the same flags in the table and figures. The arguments are checked
+before any run starts; a failed run is reported with its error while the others finish, and the command then exits with
+code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
   frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT reward–KL
                 frontier (frontier.py: no policy lies above it); and E[r] against the worst drift
@@ -48,8 +47,9 @@ from pathlib import Path
 
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
 from minigrpo.util.outputs import prepare_out
+from minigrpo.util.mps import sharing_gpu
 from minigrpo.util.runtime import check_device, cores, on_gpu
-from minigrpo.population.engine import run_populations, shares_of, sharing_gpu
+from minigrpo.population.engine import run_populations, shares_of
 from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of, run_of,
                                        variant_flags)
 from minigrpo.tools.intervals import Bootstraps, ask_early

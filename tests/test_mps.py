@@ -103,6 +103,18 @@ def test_the_watchdog_stops_the_daemon_of_a_killed_command(tmp_path, monkeypatch
     assert not Path(pipes).parent.exists()
 
 
+def test_compare_says_how_its_processes_share_one_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))  # no MPS of the machine's
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # and none to start
+    said = lambda *a: mps.sharing_gpu(*a).__enter__()  # noqa: E731
+    assert said(1, True) == said(9, False) == ""  # one process, or the CPU's cores: nothing to say
+    assert said(9, True, "off") == " (on one GPU they take turns: --mps auto overlaps them)"
+    assert "`nvidia-cuda-mps-control -d` first" in said(9, True, "machine")  # torchrun's ranks start none
+    assert said(9, True) == " (on one GPU they take turns: no nvidia-cuda-mps-control on PATH)"
+    (tmp_path / "control").touch()  # the machine's own daemon's pipe
+    assert said(9, True) == said(9, True, "off") == " (sharing the GPU through the machine's CUDA MPS)"
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or shutil.which(mps.CONTROL) is None,
                     reason="needs a CUDA GPU and nvidia-cuda-mps-control")

@@ -495,16 +495,3 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
                 (name, module)
             assert len(rows) == len(want) and all(math.isfinite(v) for r in rows for v in r.values()
                                                   if isinstance(v, float)), (name, module)
-
-
-def test_compare_says_how_its_processes_share_one_gpu(tmp_path, monkeypatch):
-    from minigrpo.population.engine import sharing_gpu
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))  # no MPS of the machine's
-    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # and none to start
-    said = lambda *a: sharing_gpu(*a).__enter__()  # noqa: E731
-    assert said(1, True) == said(9, False) == ""  # one process, or the CPU's cores: nothing to say
-    assert said(9, True, "off") == " (on one GPU they take turns: --mps auto overlaps them)"
-    assert "`nvidia-cuda-mps-control -d` first" in said(9, True, "machine")  # torchrun's ranks start none
-    assert said(9, True) == " (on one GPU they take turns: no nvidia-cuda-mps-control on PATH)"
-    (tmp_path / "control").touch()  # the machine's own daemon's pipe
-    assert said(9, True) == said(9, True, "off") == " (sharing the GPU through the machine's CUDA MPS)"

@@ -99,7 +99,8 @@ def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, ex
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
     header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar",
               "a run's steps, most: s (its algorithm)",
-              "s from the start: folder claimed · runs' folders made, first–last · the last run begun · ended (its algorithm)", "exit"]
+              "s from the start: folder claimed · runs' folders made, first–last · the last run begun · ended (its "
+              "algorithm)", "exit"]
     if gpu:
         header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
     rows, folder = [], out / "sweep"

@@ -25,7 +25,6 @@ once (torch's global generator, Python's `random`): a reward that draws from the
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import importlib
@@ -43,7 +42,6 @@ from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import INTERRUPTED, STOP_ALL
 from minigrpo.tools.pool import STOPPING, STOPPING_LINE, end_folder, run_main, run_one, run_pool, start_folder
 from minigrpo.util.cli import UsageError
-from minigrpo.util.mps import own_mps, serving
 
 THREADS_MOST = 16  # the most runs of a population of threads: past it a population runs no faster per run on a GPU,
 # and each thread holds memory of its own (docs/performance.md, "Small choices")
@@ -202,25 +200,6 @@ def shares_of(items: list, jobs: int, most: int = 0, mixed: bool = True) -> list
         n = max(1, min(jobs - len(shares), len(rest)), -(-len(rest) // most))
         shares += [rest[j::n] for j in range(n)]
     return shares
-
-
-@contextlib.contextmanager
-def sharing_gpu(processes: int, gpu: bool, mps: str = "auto"):
-    """Around `processes` that share one GPU: CUDA's Multi-Process Service, so that their kernels overlap where they
-    would take turns. mps: "auto" (a daemon of this command's own where none serves: util/mps.own_mps), "off", or
-    "machine" (only the machine's own: under torchrun, whose ranks would each start one) -> yields what compare adds
-    to its first line (nothing where one process, or the CPU's cores, run them)."""
-    if not gpu or processes < 2:
-        yield ""
-    elif serving():
-        yield " (sharing the GPU through the machine's CUDA MPS)"
-    elif mps != "auto":
-        yield " (on one GPU they take turns: " + ("--mps auto overlaps them)" if mps == "off" else
-                                                  "CUDA MPS overlaps them: `nvidia-cuda-mps-control -d` first)")
-    else:
-        with own_mps(processes) as why:
-            yield " (sharing the GPU through CUDA MPS, a daemon of this command's own)" if why is None else \
-                f" (on one GPU they take turns: {why})"
 
 
 def run_populations(items: list, jobs: int, done, most: int = 0, mixed: bool = True) -> None:

@@ -7,6 +7,7 @@ turns, 56.5 s under MPS).
 
     with own_mps(processes) as why:    # why: None where they share the GPU through MPS, else why not (a line)
         run_pool(...)                  # the processes started inside are its clients
+    with sharing_gpu(processes, gpu, "auto") as note:   # compare's: the same, and what its first line says of it
 
 The control daemon is this command's own (NVIDIA's way for one job): its pipes and logs in a new temporary folder,
 which only the processes started inside are pointed at ($CUDA_MPS_PIPE_DIRECTORY in their environment), so no other
@@ -102,3 +103,22 @@ def own_mps(processes: int, probe: list[str] | None = None):
         if started:
             _run([CONTROL], env, "quit\n")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sharing_gpu(processes: int, gpu: bool, mps: str = "auto"):
+    """Around `processes` that share one GPU: CUDA's Multi-Process Service, so that their kernels overlap where they
+    would take turns. mps: "auto" (a daemon of this command's own where none serves: own_mps), "off", or
+    "machine" (only the machine's own: under torchrun, whose ranks would each start one) -> yields what compare adds
+    to its first line (nothing where one process, or the CPU's cores, run them)."""
+    if not gpu or processes < 2:
+        yield ""
+    elif serving():
+        yield " (sharing the GPU through the machine's CUDA MPS)"
+    elif mps != "auto":
+        yield " (on one GPU they take turns: " + ("--mps auto overlaps them)" if mps == "off" else
+                                                  "CUDA MPS overlaps them: `nvidia-cuda-mps-control -d` first)")
+    else:
+        with own_mps(processes) as why:
+            yield " (sharing the GPU through CUDA MPS, a daemon of this command's own)" if why is None else \
+                f" (on one GPU they take turns: {why})"
