@@ -23,10 +23,11 @@ REFUSED = [sys.executable, "-c", "import sys; sys.exit('CUDA error 805')"]  # on
 
 def fake_control(folder: Path, monkeypatch, fails: str = "") -> Path:
     """A stand-in `nvidia-cuda-mps-control` first on PATH: it logs its arguments, what it was told and its pipe
-    folder, and on -d makes the control pipe there, as the daemon does (or, `fails`, says so and exits 1) -> its log."""
+    folder, and on -d makes the control pipe there and leaves a process behind with its output (as the daemon
+    does), or, `fails`, says so and exits 1 -> its log."""
     log, fake = folder / "mps.log", folder / "bin" / mps.CONTROL
     fake.parent.mkdir()
-    start = f'echo "{fails}" >&2; exit 1' if fails else 'touch "$CUDA_MPS_PIPE_DIRECTORY/control"; told='
+    start = f'echo "{fails}" >&2; exit 1' if fails else 'touch "$CUDA_MPS_PIPE_DIRECTORY/control"; (sleep 20 &); told='
     fake.write_text(f'#!/bin/sh\nif [ "$1" = "-d" ]; then {start}; else told=$(cat); fi\n'
                     f'echo "$* $told $CUDA_MPS_PIPE_DIRECTORY" >> {log}\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
@@ -44,8 +45,9 @@ def test_serving_reads_the_control_pipe_where_cuda_looks_for_it(tmp_path, monkey
 
 def test_its_own_daemon_serves_the_processes_started_inside_then_quits(tmp_path, monkeypatch):
     log = fake_control(tmp_path, monkeypatch)
-    before = dict(os.environ)
+    before, start = dict(os.environ), time.monotonic()
     with mps.own_mps(9, probe=OK) as why:
+        assert time.monotonic() - start < 10  # not held until the daemon's process ends (its output is no pipe)
         assert why is None and mps.serving()  # a process started here goes through it
         pipes = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
         child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['CUDA_MPS_PIPE_DIRECTORY'])"],

@@ -45,14 +45,19 @@ def serving(environ=None) -> bool:
     return Path(pipes, "control").exists()
 
 
-def _run(argv: list[str], env: dict, text: str | None = None) -> str | None:
-    """Run argv to its end (30 s at most) -> None if it succeeded, else its last line of output (or why it failed)."""
-    try:
-        done = subprocess.run(argv, env=env, input=text, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"{type(e).__name__}: {e}"
-    lines = (done.stderr or done.stdout).strip().splitlines()
-    return None if done.returncode == 0 else lines[-1] if lines else f"exit code {done.returncode}"
+def _run(argv: list[str], env: dict, text: str | None = None) -> tuple[bool, str | None]:
+    """Run argv to its end (30 s at most), its output to a file, not a pipe (a daemon that kept the pipe open would
+    hold the wait to the end) -> (whether what it did is known: it exited, or never started; None if it exited 0,
+    else its last line or why not)."""
+    with tempfile.TemporaryFile("w+") as out:
+        try:
+            code = subprocess.run(argv, env=env, input=text, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                  timeout=30).returncode
+        except (OSError, subprocess.SubprocessError) as e:
+            return isinstance(e, OSError), f"{type(e).__name__}: {e}"  # OSError: it never ran
+        out.seek(0)
+        lines = out.read().strip().splitlines()
+    return True, None if code == 0 else lines[-1] if lines else f"exit code {code}"
 
 
 @contextlib.contextmanager
@@ -73,15 +78,15 @@ def own_mps(processes: int, probe: list[str] | None = None):
     env = {**os.environ, **ours}
     for path in ours.values():
         Path(path).mkdir()
-    why = _run([CONTROL, "-d"], env)
-    started = why is None
+    known, why = _run([CONTROL, "-d"], env)
+    started = why is None or not known  # a start that ran past its time may have started it: it is told to quit
     watchdog = None
     try:
-        if started:
+        if why is None:
             watchdog = subprocess.Popen(["sh", "-c", WATCHDOG, "watchdog", str(os.getpid()), CONTROL, str(folder)],
                                         env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)  # its own session: a Ctrl-C does not reach it
-            why = _run(probe or PROBE, env)
+            why = _run(probe or PROBE, env)[1]
             why = None if why is None else f"its server did not serve a CUDA client: {why}"
         if why is not None:
             yield f"MPS did not start: {why}"
