@@ -2,8 +2,7 @@
 
 Without MPS, processes on one GPU take turns (time slicing): each has the GPU for a slice, its kernels alone. A
 population's step is many small kernels, so the GPU waits for each process's host between them; under MPS the
-processes' kernels run side by side (docs/performance.md, "On a GPU": on an H200, compare's 128 seeds 68.7 s in
-turns, 56.5 s under MPS).
+processes' kernels run side by side (the figures: docs/performance.md, "On a GPU").
 
     with own_mps(processes) as why:    # why: None where they share the GPU through MPS, else why not (a line)
         run_pool(...)                  # the processes started inside are its clients
