@@ -30,6 +30,7 @@ from minigrpo.bench.common import table
 from minigrpo.lm import sampling
 from minigrpo.population.engine import run_population, run_populations
 from minigrpo.tools.pool import run_one
+from minigrpo.util.mps import sharing_gpu
 from minigrpo.util.opcount import TorchCalls, TorchKernels
 from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import ThreadSampler
@@ -99,10 +100,11 @@ def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None
     wall, failed = _timed(gpu, 16, lambda done: run_population(items("threads", 16), done, lockstep=False))
     rows.append(_row("16 as threads (population/member.py)", 16, steps, wall, _memory(gpu, 16), failed))
     P, jobs = measured[0], cores()
-    if jobs > 1 and P > 1:  # the largest P over every core's process, as compare runs it
-        wall, failed = _timed(gpu, P, lambda done: run_populations(items(f"P{P}-{jobs}", P), jobs, done,
-                                                                   most=-(-P // jobs)))
-        rows.append(_row(f"{P} in {min(jobs, P)} processes", P, steps, wall, "", failed))
+    if jobs > 1 and P > 1:  # the largest P over every core's process, as compare runs it (on a GPU: through MPS)
+        with sharing_gpu(min(jobs, P), gpu) as note:
+            wall, failed = _timed(gpu, P, lambda done: run_populations(items(f"P{P}-{jobs}", P), jobs, done,
+                                                                       most=-(-P // jobs)))
+        rows.append(_row(f"{P} in {min(jobs, P)} processes{note}", P, steps, wall, "", failed))
     memory_title = "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
     return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) in lockstep on {device}; then PPO's",
                  ["P", "run-steps/s", "ms per run-step", memory_title, "runs"], rows) + \
