@@ -12,9 +12,10 @@ what it held at the start (imports, worker processes, set-up on the CPU), the GP
 kernel running most of the time), the GPU holding memory but less used (set-up on the device, a step's host work,
 populations ending at different times, their files), and after it let go (compare's table and figures). On either
 device, the longest run's steps: a population's members log its step times, so on a GPU that is the slowest
-population's stepping, and the rest of the wall time is outside the steps; and from the runs' files, when the last
-run's folder was made (its population's set-up begins), the last run began its steps (config.json: every population
-set up) and the last run ended (summary.json: its checkpoint written), in seconds from the start.
+population's stepping, and the rest of the wall time is outside the steps; and from the files, in seconds from the
+start, when compare claimed its folder (its imports and checks done), when the first and the last run's folder were
+made (a worker process ready, its population's set-up begun), when the last run began its steps (config.json: every
+population set up) and when the last run ended (summary.json: its checkpoint written).
 
 On a GPU compare's processes share the GPU through CUDA's Multi-Process Service, a daemon of compare's own (--mps
 auto, util/mps.py; the row says how they shared it, from compare's first line), and the command runs again with
