@@ -316,7 +316,12 @@ def test_on_a_gpu_compares_processes_share_it_through_a_daemon_of_its_own(tmp_pa
     init, _, _ = tiny_pretrained
     log = fake_control(tmp_path, monkeypatch)
     monkeypatch.setattr(compare, "on_gpu", lambda device: True)
-    args = ["--algos", "default,ppo", "--seeds", "2", "--init", str(init), *TINY, "--jobs", "2", "--device", "cpu"]
+    seen = tmp_path / "seen.py"  # a reward that writes down the MPS pipes of the process that scores
+    seen.write_text("import os\nfrom pathlib import Path\ndef f(prompt, completion):\n"
+                    "    Path(__file__).with_suffix(f'.{os.getpid()}').write_text(os.environ.get('CUDA_MPS_PIPE_"
+                    "DIRECTORY', ''))\n    return float('pizza' in completion)\n")
+    args = ["--algos", "default,ppo", "--seeds", "2", "--init", str(init), *TINY, "--jobs", "2", "--device", "cpu",
+            "--reward", f"{seen}:f"]
     for name, probe, said in (("served", OK, "sharing the GPU through CUDA MPS, a daemon of this command's own"),
                               ("refused", REFUSED, "on one GPU they take turns: MPS did not start: its server did "
                                                    "not serve a CUDA client: CUDA error 805")):
@@ -327,6 +332,10 @@ def test_on_a_gpu_compares_processes_share_it_through_a_daemon_of_its_own(tmp_pa
         assert printed.count(": ok") == 4, printed
         started, stopped = log.read_text().splitlines()[-2:]
         assert started.split()[0] == "-d" and stopped.split()[0] == "quit"
+        pipes = {f.read_text() for f in tmp_path.glob("seen.*") if f.suffix != ".py" and f.suffix != f".{os.getpid()}"}
+        assert pipes == ({started.split()[-1]} if name == "served" else {str(tmp_path / "no-mps-here")}), pipes
+        for f in tmp_path.glob("seen.[0-9]*"):
+            f.unlink()
     main([*args, "--mps", "off", "--out", str(tmp_path / "off")])
     assert "2 at a time (on one GPU they take turns: --mps auto overlaps them)" in capsys.readouterr().out
     assert len(log.read_text().splitlines()) == 4  # --mps off started nothing
