@@ -251,7 +251,7 @@ def main(argv=None):
     gpu = on_gpu(device)
     engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
     populations = len(shares_of(shard.mine(todo), jobs, cfg.members, gpu))
-    processes = min(jobs, populations) if engine == "population" else jobs  # on one GPU: a CUDA context each
+    processes = min(jobs, populations if engine == "population" else len(shard.mine(todo)))  # a CUDA context each
     with sharing_gpu(processes, gpu, cfg.mps if shard.size == 1 else "machine") as note:
         at_once = (f"{populations} population{'s' * (populations > 1)}, " if engine == "population" else "") + \
             f"{processes} at a time{note}"
