@@ -1,9 +1,10 @@
 """minigrpo: a tiny, from-scratch, character-level sandbox for RL on language models.
 
-Imports point one way: tokenizer -> model -> prefix_tree -> logprobs -> sampling -> rollout -> algorithms -> CLIs.
+Imports point one way: tokenizer -> model -> prefix_tree -> logprobs -> sampling -> rollout ->
+algorithms -> CLIs.
 
-Started as `python -m minigrpo.<cli>`, the package first installs a Ctrl-C handler that prints the one
-line "interrupted" and exits with code 130, so a Ctrl-C while torch is still importing shows no
+Started as `python -m minigrpo.<cli>`, the package first installs a Ctrl-C handler that prints the
+one line "interrupted" and exits with code 130, so a Ctrl-C while torch is still importing shows no
 traceback; `cli.main_guard` gives Ctrl-C back to Python once the command's `main` runs. A plain
 `import minigrpo` changes nothing.
 """
@@ -26,7 +27,8 @@ def _interrupted_at_startup(signum, frame):
 
 
 def _started_as_cli() -> bool:
-    """True under `python [options] -m minigrpo[.x] ...` while the module is being located (argv[0] == '-m')."""
+    """True under `python [options] -m minigrpo[.x] ...` while the module is being located (argv[0]
+    == '-m')."""
     if sys.argv[:1] != ["-m"]:
         return False
     argv = getattr(sys, "orig_argv", [])

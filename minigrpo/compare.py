@@ -1,39 +1,54 @@
 """Run several algorithms × seeds side by side and compare them on the task's exact metrics.
 
-    python -m minigrpo.compare --seeds 5 --reward pizza          # the default list of algorithms (see --help)
+    python -m minigrpo.compare --seeds 5 --reward pizza          # the default list of algorithms
+        (see --help)
     python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
-    python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags pass through
+    python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags
+        pass through
 
-With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the cores), one thread each,
-running their runs in process (pool.py: the same metrics as separate processes); with --engine population (the default
-on a GPU) as populations of at most --members runs, one per worker process: a GRPO or PPO algorithm's seeds in lockstep,
-one computation (population/lockstep.py; on a GPU GRPO's presets of one μ together), the others as threads that batch
-their models' work (the same metrics to float rounding). Processes on one GPU share it through CUDA MPS, a daemon of
-compare's own (--mps; util/mps.py). Under torchrun, --jobs defaults to the cores shared by the node's ranks. Each run
-writes to <out>/<algo>-s<seed>/ without its metrics.png (`python -m minigrpo.metrics <out>/<algo>-s<seed>` draws it)
-and, where compare sets its --steps, one checkpoint, its last (an unfinished run is made again from the start). Budgets
-are fixed by default (--budget fixed: every run takes the same --steps, the stop rule off), so algorithms are compared
-on equal work; --budget goal lets each run stop at its goal as the trainers do by default. A finished run of exactly the
-same command, code and input files is kept (tools/stamps.py: the command, the library's source and torch's version, the
---init checkpoint, the reward's source and the modules of the user's folder it imports), so rerunning after an
-interruption only runs what is missing, and an edit of the library or of the reward makes the runs again. An --out
-holding finished runs of another command (other flags) is refused unless --overwrite. A later invocation for a subset of
-the algorithms keeps the others' finished runs of the same flags in the table and figures. The arguments are checked
-before any run starts; a failed run is reported with its error while the others finish, and the command then exits with
-code 1. Writes to <out> (default runs/compare-<reward>):
-  curves.png    exact target rate against wall seconds and against sampled tokens (mean and band over seeds)
-  frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT reward–KL
-                frontier (frontier.py: no policy lies above it); and E[r] against the worst drift
-  table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and 0.95, final
-                target rate and exact E[r], exact KL, worst drift and malformed mass at the end and at
-                their peak over every evaluated step; food: the regret to the frontier, the implied β, the
+With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the
+cores), one thread each, running their runs in process (pool.py: the same metrics as separate
+processes); with --engine population (the default on a GPU) as populations of at most --members
+runs, one per worker process: a GRPO or PPO algorithm's seeds in lockstep, one computation
+(population/lockstep.py; on a GPU GRPO's presets of one μ together), the others as threads that
+batch their models' work (the same metrics to float rounding). Processes on one GPU share it through
+CUDA MPS, a daemon of compare's own (--mps; util/mps.py). Under torchrun, --jobs defaults to the
+cores shared by the node's ranks. Each run writes to <out>/<algo>-s<seed>/ without its metrics.png
+(`python -m minigrpo.metrics <out>/<algo>-s<seed>` draws it) and, where compare sets its --steps,
+one checkpoint, its last (an unfinished run is made again from the start). Budgets are fixed by
+default (--budget fixed: every run takes the same --steps, the stop rule off), so algorithms are
+compared on equal work; --budget goal lets each run stop at its goal as the trainers do by default.
+A finished run of exactly the same command, code and input files is kept (tools/stamps.py: the
+command, the library's source and torch's version, the --init checkpoint, the reward's source and
+the modules of the user's folder it imports), so rerunning after an interruption only runs what is
+missing, and an edit of the library or of the reward makes the runs again. An --out holding finished
+runs of another command (other flags) is refused unless --overwrite. A later invocation for a subset
+of the algorithms keeps the others' finished runs of the same flags in the table and figures. The
+arguments are checked before any run starts; a failed run is reported with its error while the
+others finish, and the command then exits with code 1. Writes to <out> (default
+runs/compare-<reward>):
+  curves.png    exact target rate against wall seconds and against sampled tokens (mean and band
+                over seeds)
+  frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT
+                reward–KL frontier (frontier.py: no policy lies above it); and E[r] against the
+                    worst drift
+  table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and
+                0.95, final target rate and exact E[r], exact KL, worst drift and malformed mass at
+                    the end and at
+                their peak over every evaluated step; food: the regret to the frontier, the implied
+                    β, the
                 KL to the optimum of equal reward and to π*_β of the run's own --beta (DPO's is that
-                sequence-level β exactly; GRPO's per-token β only points near it); exact pass@8; then the
-                interquartile means of the final target rate, the steps to 0.95 and the regret with their 95 %
-                bootstrap intervals, and P(A > B) on the final target rate for every pair (tools/stats.py)
-  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a band)
-and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the medians of the
-steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret; then IQMs, intervals.
+                sequence-level β exactly; GRPO's per-token β only points near it); exact pass@8;
+                    then the
+                interquartile means of the final target rate, the steps to 0.95 and the regret with
+                    their 95 %
+                bootstrap intervals, and P(A > B) on the final target rate for every pair
+                    (tools/stats.py)
+  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a
+      band)
+and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the
+medians of the steps to 0.95, the final target rate, the peak drift and malformed mass and (food)
+the regret; then IQMs, intervals.
 """
 
 from __future__ import annotations
@@ -45,90 +60,172 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
-from minigrpo.util.outputs import prepare_out
-from minigrpo.util.mps import sharing_gpu
-from minigrpo.util.runtime import check_device, cores, on_gpu
 from minigrpo.population.engine import run_populations, shares_of
-from minigrpo.tools.algorithms import (ALGOS, OWN_TRAINERS, PPO_ALGOS, SET_BY_COMPARE, base_of, module_of, run_of,
-                                       variant_flags)
+from minigrpo.rl.config import default_out
+from minigrpo.rl.report import INTERRUPTED
+from minigrpo.tools.algorithms import (
+    ALGOS,
+    OWN_TRAINERS,
+    PPO_ALGOS,
+    SET_BY_COMPARE,
+    base_of,
+    module_of,
+    run_of,
+    variant_flags,
+)
 from minigrpo.tools.intervals import Bootstraps, ask_early
-from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.tools.pool import brief, run_one, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
-from minigrpo.rl.config import default_out
-from minigrpo.rl.report import INTERRUPTED
+from minigrpo.tools.sweep_report import curves, write_outputs
+from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
+from minigrpo.util.mps import sharing_gpu
+from minigrpo.util.outputs import prepare_out
+from minigrpo.util.runtime import check_device, cores, on_gpu
 
-DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
-               "passes through to the trainers (see python -m minigrpo.grpo --help).")
+DESCRIPTION = (
+    __doc__.split("\n\n")[0]
+    + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
+    "passes through to the trainers (see python -m minigrpo.grpo --help)."
+)
 
 
 @dataclass
 class CompareConfig:
-    algos: str = field(default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo,ppo_oracle",
-                       metadata=meta(f"comma-separated, of {', '.join(ALGOS)} (default = minigrpo.grpo without "
-                                     f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound; dpo, "
-                                     f"online_dpo = minigrpo.dpo [--online]), each with flags of its own if you "
-                                     f"like: NAME@flag=value[@flag=value...], e.g. default@lr=0.003, a row of its "
-                                     f"own (minigrpo/tools/algorithms.py)"))
+    algos: str = field(
+        default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo,ppo_oracle",
+        metadata=meta(
+            f"comma-separated, of {', '.join(ALGOS)} (default = minigrpo.grpo without "
+            f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound; dpo, "
+            f"online_dpo = minigrpo.dpo [--online]), each with flags of its own if you "
+            f"like: NAME@flag=value[@flag=value...], e.g. default@lr=0.003, a row of its "
+            f"own (minigrpo/tools/algorithms.py)"
+        ),
+    )
     seeds: int = field(default=5, metadata=meta("seeds per algorithm (0, 1, ...)"))
-    budget: str = field(default="fixed", metadata=meta(
-        "fixed: every run takes --steps steps (equal work); goal: each run stops at its goal",
-        choices=["fixed", "goal"]))
-    steps: int | None = field(default=None, metadata=meta(
-        "steps per run (default: 60 on food with --budget fixed, else the trainers' own cap)"))
-    reward: str | None = field(default=None, metadata=meta(
-        "reward spec passed to every run (default: the task's, food: pizza)"))
-    out: str | None = field(default=None, metadata=meta(
-        "output folder (default runs/compare-<reward>, or runs/compare-<task>)"))
-    overwrite: bool = field(default=False, metadata=meta(
-        "replace the runs in --out that another compare command made (refused otherwise)"))
-    jobs: int = field(default=0, metadata={"help": "worker processes: with --engine pool each runs one run at a "
-                                                   "time, with population each one population; then the table's "
-                                                   "bootstraps in as many threads (0 = the cores)"})
-    members: int = field(default=128, metadata=meta(
-        "most runs in one population (--engine population; threads: at most 16): more runs make more populations, "
-        "each worker process running one at a time (0 = no limit)"))
-    engine: str = field(default="auto", metadata=meta(
-        "pool: worker processes, a few runs at a time; population: populations of at most --members runs, one per "
-        "worker process at a time, a GRPO or PPO algorithm's seeds in lockstep (GRPO's presets of one μ together), "
-        "other runs as threads (minigrpo/population); "
-        "auto: population when the runs' device is a GPU, else pool",
-        choices=["auto", "pool", "population"]))
-    mps: str = field(default="auto", metadata=meta(
-        "auto: processes on one GPU share it through CUDA's Multi-Process Service, a control daemon of compare's own "
-        "(where none serves, nvidia-cuda-mps-control is at hand and not under torchrun); off: they take turns",
-        choices=["auto", "off"]))
+    budget: str = field(
+        default="fixed",
+        metadata=meta(
+            "fixed: every run takes --steps steps (equal work); goal: each run stops at its goal",
+            choices=["fixed", "goal"],
+        ),
+    )
+    steps: int | None = field(
+        default=None,
+        metadata=meta(
+            "steps per run (default: 60 on food with --budget fixed, else the trainers' own cap)"
+        ),
+    )
+    reward: str | None = field(
+        default=None,
+        metadata=meta("reward spec passed to every run (default: the task's, food: pizza)"),
+    )
+    out: str | None = field(
+        default=None,
+        metadata=meta("output folder (default runs/compare-<reward>, or runs/compare-<task>)"),
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata=meta(
+            "replace the runs in --out that another compare command made (refused otherwise)"
+        ),
+    )
+    jobs: int = field(
+        default=0,
+        metadata={
+            "help": "worker processes: with --engine pool each runs one run at a "
+            "time, with population each one population; then the table's "
+            "bootstraps in as many threads (0 = the cores)"
+        },
+    )
+    members: int = field(
+        default=128,
+        metadata=meta(
+            "most runs in one population (--engine population; threads: at most 16): more runs "
+            "make more populations, "
+            "each worker process running one at a time (0 = no limit)"
+        ),
+    )
+    engine: str = field(
+        default="auto",
+        metadata=meta(
+            "pool: worker processes, a few runs at a time; population: populations of at most "
+            "--members runs, one per "
+            "worker process at a time, a GRPO or PPO algorithm's seeds in lockstep (GRPO's "
+            "presets of one μ together), "
+            "other runs as threads (minigrpo/population); "
+            "auto: population when the runs' device is a GPU, else pool",
+            choices=["auto", "pool", "population"],
+        ),
+    )
+    mps: str = field(
+        default="auto",
+        metadata=meta(
+            "auto: processes on one GPU share it through CUDA's Multi-Process Service, a control "
+            "daemon of compare's own "
+            "(where none serves, nvidia-cuda-mps-control is at hand and not under torchrun); "
+            "off: they take turns",
+            choices=["auto", "off"],
+        ),
+    )
 
 
-def trainer_args(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str) -> list[str]:
+def trainer_args(
+    algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str
+) -> list[str]:
     """The trainer's flags for one run (without the module and --out)."""
     base = base_of(algo)
-    preset = OWN_TRAINERS[base][1] if base in OWN_TRAINERS else [] if base == "default" else ["--preset", base]
+    preset = (
+        OWN_TRAINERS[base][1]
+        if base in OWN_TRAINERS
+        else []
+        if base == "default"
+        else ["--preset", base]
+    )
     reward = ["--reward", cfg.reward] if cfg.reward else []
     steps = cfg.steps or (60 if cfg.budget == "fixed" and task == "food" else None)
-    budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + \
-        (["--steps", str(steps), "--ckpt-every", str(steps)] if steps else [])  # its last checkpoint alone
-    return [*preset, *reward, "--seed", str(seed), "--threads", "1", "--quiet", "--no-plot", *budget, *passthrough,
-            *variant_flags(algo)]  # a variant's own flags last: they win
+    budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + (
+        ["--steps", str(steps), "--ckpt-every", str(steps)] if steps else []
+    )  # its last checkpoint alone
+    return [
+        *preset,
+        *reward,
+        "--seed",
+        str(seed),
+        "--threads",
+        "1",
+        "--quiet",
+        "--no-plot",
+        *budget,
+        *passthrough,
+        *variant_flags(algo),
+    ]  # a variant's own flags last: they win
 
 
-def command(algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path) -> list[str]:
-    """One run's whole command line: [python, "-m", its trainer, its flags, "--out", <out>/<algo>-s<seed>]."""
-    return [sys.executable, "-m", module_of(algo), *trainer_args(algo, seed, cfg, passthrough, task), "--out",
-            str(out / f"{algo}-s{seed}")]
+def command(
+    algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path
+) -> list[str]:
+    """One run's whole command line: [python, "-m", its trainer, its flags, "--out",
+    <out>/<algo>-s<seed>]."""
+    return [
+        sys.executable,
+        "-m",
+        module_of(algo),
+        *trainer_args(algo, seed, cfg, passthrough, task),
+        "--out",
+        str(out / f"{algo}-s{seed}"),
+    ]
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
-    """Parse every run's flags, build its reward, score it on the task's support and read its --init in this
-    process, so a bad flag, task, reward (one that raises or exits too) or checkpoint (missing, or of another task)
-    is one line before any run starts, and so is a --device cuda without a GPU. -> the --init checkpoint the runs
-    start from."""
-    from toy_tasks.rewards import RewardError, make_reward
-    from minigrpo.rl.config import check_rl_config
+    """Parse every run's flags, build its reward, score it on the task's support and read its --init
+    in this process, so a bad flag, task, reward (one that raises or exits too) or checkpoint
+    (missing, or of another task) is one line before any run starts, and so is a --device cuda
+    without a GPU. -> the --init checkpoint the runs start from."""
     from minigrpo.lm.checkpoint import CheckpointError, read_checkpoint
+    from minigrpo.rl.config import check_rl_config
     from toy_tasks import get_task
+    from toy_tasks.rewards import RewardError, make_reward
     from toy_tasks.support import reward_table
 
     for algo in algos:
@@ -140,30 +237,45 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     check_device(rc.device)
     try:  # the runs share task, reward and --init: checked once, the task and reward first
         t = get_task(rc.task)
-        reward_table(make_reward(rc.reward, t.REWARDS, t.REWARD_HELP), t.rl_prompts(rc), t.support,
-                     t.OFF_SUPPORT_PROBES)
+        reward_table(
+            make_reward(rc.reward, t.REWARDS, t.REWARD_HELP),
+            t.rl_prompts(rc),
+            t.support,
+            t.OFF_SUPPORT_PROBES,
+        )
         if not Path(rc.init).is_file():
-            raise UsageError(f"--init {rc.init!r} does not exist (run `python -m minigrpo.pretrain"
-                             f"{'' if rc.task == 'food' else ' --task ' + rc.task}` first)")
+            raise UsageError(
+                f"--init {rc.init!r} does not exist (run `python -m minigrpo.pretrain"
+                f"{'' if rc.task == 'food' else ' --task ' + rc.task}` first)"
+            )
         pretrained_on = read_checkpoint(rc.init)["task"]
     except (ValueError, RewardError, CheckpointError) as e:
         raise UsageError(str(e)) from None
     if pretrained_on != rc.task:
-        raise UsageError(f"--init {rc.init!r} was pretrained on task {pretrained_on!r}, not {rc.task!r}")
+        raise UsageError(
+            f"--init {rc.init!r} was pretrained on task {pretrained_on!r}, not {rc.task!r}"
+        )
     return rc.init
 
 
 def exact_frontier(passthrough: list[str], reward: str | None):
-    """The food task's exact frontier {kl, expected_reward} for the runs' person, reward and --init; None
-    for another task or where the reward fails (the runs then say why)."""
+    """The food task's exact frontier {kl, expected_reward} for the runs' person, reward and --init;
+    None for another task or where the reward fails (the runs then say why)."""
     from minigrpo.exact import frontier
     from minigrpo.optimum import OptimumConfig, load_problem
+
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name, default in (("--task", "food"), ("--person", "ravin"), ("--init", "runs/pretrain/model.pt")):
+    for name, default in (
+        ("--task", "food"),
+        ("--person", "ravin"),
+        ("--init", "runs/pretrain/model.pt"),
+    ):
         pre.add_argument(name, default=default)
     a = pre.parse_known_args(passthrough)[0]
     try:
-        p_ref, r, _ = load_problem(OptimumConfig(reward=reward or "pizza", person=a.person, init=a.init, task=a.task))
+        p_ref, r, _ = load_problem(
+            OptimumConfig(reward=reward or "pizza", person=a.person, init=a.init, task=a.task)
+        )
     except UsageError:
         return None
     return frontier.frontier(p_ref, r)
@@ -172,19 +284,36 @@ def exact_frontier(passthrough: list[str], reward: str | None):
 @main_guard
 @finish_unread
 def main(argv=None):
-    # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the trainers
+    # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the
+    # trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("--algos", "--seeds", "--reward", "--out", "--jobs", "--budget", "--steps", "--engine", "--members",
-                 "--mps"):
+    for name in (
+        "--algos",
+        "--seeds",
+        "--reward",
+        "--out",
+        "--jobs",
+        "--budget",
+        "--steps",
+        "--engine",
+        "--members",
+        "--mps",
+    ):
         pre.add_argument(name)
     pre.add_argument("--overwrite", action="store_true", default=None)
     ours, passthrough = pre.parse_known_args(list(argv or []))
-    trainers = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the passed-through flags compare reads
+    # the passed-through flags compare reads
+    trainers = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     trainers.add_argument("--task", default="food")
     trainers.add_argument("--device", default="auto")
     if "-h" in passthrough or "--help" in passthrough:
         parse_config(CompareConfig, ["--help"], DESCRIPTION)
-    own = [x for k, v in vars(ours).items() if v is not None for x in ((f"--{k}",) if v is True else (f"--{k}", v))]
+    own = [
+        x
+        for k, v in vars(ours).items()
+        if v is not None
+        for x in ((f"--{k}",) if v is True else (f"--{k}", v))
+    ]
     cfg, _ = parse_config(CompareConfig, own, DESCRIPTION)
     algos = [a.strip() for a in cfg.algos.split(",") if a.strip()]
     if not algos:
@@ -193,7 +322,10 @@ def main(argv=None):
         variant_flags(a)  # a bad name or variant: one line
     twice = sorted({a for a in algos if algos.count(a) > 1})
     if twice:
-        raise UsageError(f"--algos names {', '.join(twice)} more than once (each algorithm's runs share one folder)")
+        raise UsageError(
+            f"--algos names {', '.join(twice)} more than once (each algorithm's runs share one "
+            "folder)"
+        )
     require(cfg, "seeds", cfg.seeds >= 1, ">= 1")
     require(cfg, "steps", cfg.steps is None or cfg.steps >= 1, ">= 1")
     if cfg.out is not None and not cfg.out.strip():
@@ -201,25 +333,39 @@ def main(argv=None):
     require(cfg, "jobs", cfg.jobs >= 0, ">= 0 (0 = the number of cores)")
     require(cfg, "members", cfg.members >= 0, ">= 0 (0 = no limit)")
     if any(p.startswith("--") and p[2:] in SET_BY_COMPARE for p in passthrough):
-        raise UsageError("--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
-                         "use --seeds, --out, --algos and --budget")
-    if "--online" in passthrough or ("--critic" in passthrough and "ppo_oracle" in map(base_of, algos)):
-        raise UsageError("--online is compare's online_dpo (--algos online_dpo), and --critic would relabel "
-                         "ppo_oracle's runs: pass --critic only with --algos ppo")
+        raise UsageError(
+            "--seed, --out, --preset, --resume, --goal and --plateau are set by compare itself; "
+            "use --seeds, --out, --algos and --budget"
+        )
+    if "--online" in passthrough or (
+        "--critic" in passthrough and "ppo_oracle" in map(base_of, algos)
+    ):
+        raise UsageError(
+            "--online is compare's online_dpo (--algos online_dpo), and --critic would relabel "
+            "ppo_oracle's runs: pass --critic only with --algos ppo"
+        )
     task, device = vars(trainers.parse_known_args(passthrough)[0]).values()
     init = check_all(algos, cfg, passthrough, task)
-    if "--init" not in passthrough:  # named on every command line, so the runs' stamps hold its content (pool.py)
+    # named on every command line, so the runs' stamps hold its content (pool.py)
+    if "--init" not in passthrough:
         passthrough = [*passthrough, "--init", init]
-    default = default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare") if cfg.reward else \
-        f"runs/compare-{task}"
+    default = (
+        default_out(argparse.Namespace(reward=cfg.reward, preset=None), "compare")
+        if cfg.reward
+        else f"runs/compare-{task}"
+    )
     out = Path(cfg.out if cfg.out is not None else default)
-    jobs = cfg.jobs or max(1, cores() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # torchrun's ranks share the node
-    def command_of(folder_name: str) -> list[str] | None:  # this invocation's command for a run folder's name
+    # torchrun's ranks share the node
+    jobs = cfg.jobs or max(1, cores() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+    # this invocation's command for a run folder's name
+    def command_of(folder_name: str) -> list[str] | None:
         run = run_of(folder_name)
         try:
             return command(*run, cfg, passthrough, task, out) if run else None
         except UsageError:  # not a run folder of ours
             return None
+
     shard = join()  # under torchrun: this process's share of the runs (tools/shards.py)
     refused = None
     if shard.rank == 0:  # one process claims the folder; the others learn whether it was refused
@@ -230,36 +376,70 @@ def main(argv=None):
     refused = shard.share(refused)
     if refused:
         raise UsageError(refused)
-    tasks = [(a, s, command(a, s, cfg, passthrough, task, out), out / f"{a}-s{s}") for a in algos
-             for s in range(cfg.seeds)]
-    # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch updates a
-    # step), so they go first: the sweep ends on short runs, not on one core idle while the other ends a long one
-    todo = sorted((t for t in tasks if not finished_by(t[3], t[2])), key=lambda t: base_of(t[0]) not in PPO_ALGOS)
+    tasks = [
+        (a, s, command(a, s, cfg, passthrough, task, out), out / f"{a}-s{s}")
+        for a in algos
+        for s in range(cfg.seeds)
+    ]
+    # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch
+    # updates a
+    # step), so they go first: the sweep ends on short runs, not on one core idle while the other
+    # ends a long one
+    todo = sorted(
+        (t for t in tasks if not finished_by(t[3], t[2])),
+        key=lambda t: base_of(t[0]) not in PPO_ALGOS,
+    )
     shard.barrier()  # every rank has read the same finished runs before any starts one
-    mine, read = {}, {}  # (algo, seed) -> error of this rank's failed runs; -> the curves of a run read as it ended
-    boot = Bootstraps(jobs)  # the table's bootstraps, in --jobs threads: an algorithm's begun as its last run ends
-    def done(run, err):  # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
-        said = "ok" if err is None else brief(err) if err.startswith(INTERRUPTED) else "FAILED: " + brief(err)
+    # (algo, seed) -> error of this rank's failed runs; -> the curves of a run read as it ended
+    mine, read = {}, {}
+    # the table's bootstraps, in --jobs threads: an algorithm's begun as its last run ends
+    boot = Bootstraps(jobs)
+
+    # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
+    def done(run, err):
+        said = (
+            "ok"
+            if err is None
+            else brief(err)
+            if err.startswith(INTERRUPTED)
+            else "FAILED: " + brief(err)
+        )
         print(f"  {run[0]} seed {run[1]}: {said}", flush=True)
         if err is not None:
             mine[run[:2]] = err
         elif shard.rank == 0:  # the table's (rank 0 writes it), read while the other runs go on
             read[run[:2]] = curves(run[3])
-            if all((run[0], s) in read for s in range(cfg.seeds)):  # its algorithm's last run: its bootstraps begin
-                ask_early(boot, algos, {a: [read[a, s] for s in range(cfg.seeds)] for a in algos
-                                        if all((a, s) in read for s in range(cfg.seeds))})
+            # its algorithm's last run: its bootstraps begin
+            if all((run[0], s) in read for s in range(cfg.seeds)):
+                ask_early(
+                    boot,
+                    algos,
+                    {
+                        a: [read[a, s] for s in range(cfg.seeds)]
+                        for a in algos
+                        if all((a, s) in read for s in range(cfg.seeds))
+                    },
+                )
+
     gpu = on_gpu(device)
     engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
     populations = len(shares_of(shard.mine(todo), jobs, cfg.members, gpu))
-    processes = min(jobs, populations if engine == "population" else len(shard.mine(todo)))  # a CUDA context each
+    # a CUDA context each
+    processes = min(jobs, populations if engine == "population" else len(shard.mine(todo)))
     with sharing_gpu(processes, gpu, cfg.mps if shard.size == 1 else "machine") as note:
-        at_once = (f"{populations} population{'s' * (populations > 1)}, " if engine == "population" else "") + \
-            f"{processes} at a time{note}"
+        at_once = (
+            f"{populations} population{'s' * (populations > 1)}, " if engine == "population" else ""
+        ) + f"{processes} at a time{note}"
         ranks = f" over {shard.size} processes" if shard.size > 1 else ""
         if shard.rank == 0:
-            print(f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to run{ranks}), {at_once} -> "
-                  f"{out}", flush=True)
-        for kept in (t for t in tasks if t not in todo and shard.rank == 0):  # rank 0 reads the runs kept
+            print(
+                f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to "
+                f"run{ranks}), {at_once} -> "
+                f"{out}",
+                flush=True,
+            )
+        # rank 0 reads the runs kept
+        for kept in (t for t in tasks if t not in todo and shard.rank == 0):
             done(kept, None)
         try:
             if engine == "population":
@@ -277,11 +457,21 @@ def main(argv=None):
     errors = {}
     for (algo, seed), err in sorted(failed.items()):
         errors.setdefault(algo, []).append((seed, err))
-    results = {a: [read.get((a, s)) or curves(out / f"{a}-s{s}") for s in range(cfg.seeds) if (a, s) not in failed]
-               for a in algos}
-    for algo in [a for a in ALGOS if a not in algos]:  # finished runs of the SAME flags stay in the table
+    results = {
+        a: [
+            read.get((a, s)) or curves(out / f"{a}-s{s}")
+            for s in range(cfg.seeds)
+            if (a, s) not in failed
+        ]
+        for a in algos
+    }
+    # finished runs of the SAME flags stay in the table
+    for algo in [a for a in ALGOS if a not in algos]:
         same = [out / f"{algo}-s{s}" for s in range(cfg.seeds)]
-        if all(finished_by(f, command(algo, s, cfg, passthrough, task, out)) for s, f in enumerate(same)):
+        if all(
+            finished_by(f, command(algo, s, cfg, passthrough, task, out))
+            for s, f in enumerate(same)
+        ):
             results[algo] = [curves(f) for f in same]
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"
@@ -289,8 +479,11 @@ def main(argv=None):
     print(write_outputs(out, results, errors, title, curve, boot))
     for (algo, seed), err in sorted(failed.items()):
         print(f"failed: {algo} seed {seed}: {brief(err)}")
-    print(f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'intervals.png'}, {out / 'table.md'} (the "
-          f"full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)")
+    print(
+        f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'intervals.png'}, "
+        f"{out / 'table.md'} (the "
+        f"full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)"
+    )
     if errors:
         raise SystemExit(1)
 

@@ -1,28 +1,33 @@
-"""GRPO (DeepSeekMath, arXiv 2402.03300), read top to bottom; its variants plug in from minigrpo/variants.
+"""GRPO (DeepSeekMath, arXiv 2402.03300), read top to bottom; its variants plug in from
+minigrpo/variants.
 
     python -m minigrpo.grpo --reward pizza
     python -m minigrpo.grpo --preset dapo --reward "food:apple pie"
 
-Each step (the loop, shared with PPO: rl/loop.py): sample G completions for each of the step's prompts
-from π_old and score them; one advantage per completion from its group's rewards; then μ = --updates
-inner updates of
+Each step (the loop, shared with PPO: rl/loop.py): sample G completions for each of the step's
+prompts from π_old and score them; one advantage per completion from its group's rewards; then μ =
+--updates inner updates of
 
-    L = agg( −min(ρ_t·Â, clip(ρ_t, 1−ε_low, 1+ε_high)·Â) ) + β·agg(KL_t) − c_H·agg(H_t) + preservation
+    L = agg( −min(ρ_t·Â, clip(ρ_t, 1−ε_low, 1+ε_high)·Â) ) + β·agg(KL_t) − c_H·agg(H_t) +
+        preservation
 
-ρ_t = π_θ/π_old per token; KL_t per token against the frozen π_ref; agg the mean over each completion's
-tokens, then over completions (the paper's eq. 3). With μ = 1 the ratio is identically 1 at the only
-update and the clip never acts; μ = 2 makes the second update a real PPO-style step against π_old.
+ρ_t = π_θ/π_old per token; KL_t per token against the frozen π_ref; agg the mean over each
+completion's tokens, then over completions (the paper's eq. 3). With μ = 1 the ratio is identically
+1 at the only update and the clip never acts; μ = 2 makes the second update a real PPO-style step
+against π_old.
 
 Departures from the paper, each measured (docs/algorithms.md, docs/experiments.md):
   μ = 2        the paper's one update per batch leaves the ratio at 1 and the clip dead
-  --kl exact   the full-vocabulary KL(π‖π_ref) per position instead of the sampled k3: free at the character
-               level, and its gradient is the reverse KL's (k3's is the forward KL's: objectives/kl.py)
-  β 0.3        (paper 0.04) with lr 6e-4 and G = 16 × 4 prompts: held every every-step bar on hard targets
-The trust region (rl/trust_region.py) and the stop rule (rl/stopping.py) belong to the run, not the loss.
-Variant families, each a table in its own module: variants/policy_losses.py (--policy-loss, the clip),
-variants/kl.py (--kl, --kl-in), variants/advantages.py (--baseline, --adv-scale, group filters),
-variants/entropy.py (token filters, entropy controls), variants/sampler.py (sampler ≠ trainer), and the
-named recipes in variants/presets.py (--preset).
+  --kl exact   the full-vocabulary KL(π‖π_ref) per position instead of the sampled k3: free at the
+               character level, and its gradient is the reverse KL's (k3's is the forward KL's:
+                   objectives/kl.py)
+  β 0.3        (paper 0.04) with lr 6e-4 and G = 16 × 4 prompts: held every every-step bar on hard
+               targets
+The trust region (rl/trust_region.py) and the stop rule (rl/stopping.py) belong to the run, not the
+loss. Variant families, each a table in its own module: variants/policy_losses.py (--policy-loss,
+the clip), variants/kl.py (--kl, --kl-in), variants/advantages.py (--baseline, --adv-scale, group
+filters), variants/entropy.py (token filters, entropy controls), variants/sampler.py (sampler ≠
+trainer), and the named recipes in variants/presets.py (--preset).
 """
 
 from __future__ import annotations
@@ -32,78 +37,156 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.advantages import equal_groups
-from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.objectives.kl import exact
+from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.loop import purpose_seed, run
 from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
 from minigrpo.rl.rollout import RolloutBatch, greedy_rewards
-from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.util.cli import UsageError, check_ranges, exit_now, finish_unread, main_guard, meta, require
-from minigrpo.variants import advantages as adv_family, entropy as entropy_family, kl as kl_family
-from minigrpo.variants import policy_losses as loss_family, sampler as sampler_family
-from minigrpo.variants.advantages import BASELINES, AdvantageFlags, advantages, kept_rows, update_rewards
+from minigrpo.util.cli import (
+    UsageError,
+    check_ranges,
+    exit_now,
+    finish_unread,
+    main_guard,
+    meta,
+    require,
+)
+from minigrpo.variants import advantages as adv_family
+from minigrpo.variants import entropy as entropy_family
+from minigrpo.variants import kl as kl_family
+from minigrpo.variants import policy_losses as loss_family
+from minigrpo.variants import sampler as sampler_family
+from minigrpo.variants.advantages import (
+    BASELINES,
+    AdvantageFlags,
+    advantages,
+    kept_rows,
+    update_rewards,
+)
 from minigrpo.variants.entropy import EntropyBonus, EntropyFlags, fork_mask
 from minigrpo.variants.kl import KL_PANEL, KLFlags, kl_per_token, kl_reward_penalty
 from minigrpo.variants.policy_losses import PolicyLossFlags, policy_loss_per_token, reduction
 from minigrpo.variants.presets import PRESETS
 from minigrpo.variants.sampler import SamplerFlags, make_sampler, weights
 
-__all__ = ["GRPO", "GRPOConfig", "PRESETS", "advantages", "grpo_loss", "kl_per_token", "main", "train"]
+__all__ = [
+    "GRPO",
+    "GRPOConfig",
+    "PRESETS",
+    "advantages",
+    "grpo_loss",
+    "kl_per_token",
+    "main",
+    "train",
+]
 
 
 @dataclass
 class GRPOConfig(RLConfig, PolicyLossFlags, KLFlags, AdvantageFlags, EntropyFlags, SamplerFlags):
     """GRPO"""
-    preset: str | None = field(default=None, metadata=meta(
-        "set several flags at once (explicit flags win; variants/presets.py)", choices=sorted(PRESETS)))
-    updates: int = field(default=2, metadata=meta(
-        "μ: inner updates per rollout (1 makes the ratio identically 1 and the clip dead)"))
-    loss_agg: str = field(default="seq-mean-token-mean", metadata=meta(
-        "loss aggregation over tokens and sequences (gmpo's sequence loss keeps its own)", choices=list(AGG_MODES)))
+
+    preset: str | None = field(
+        default=None,
+        metadata=meta(
+            "set several flags at once (explicit flags win; variants/presets.py)",
+            choices=sorted(PRESETS),
+        ),
+    )
+    updates: int = field(
+        default=2,
+        metadata=meta(
+            "μ: inner updates per rollout (1 makes the ratio identically 1 and the clip dead)"
+        ),
+    )
+    loss_agg: str = field(
+        default="seq-mean-token-mean",
+        metadata=meta(
+            "loss aggregation over tokens and sequences (gmpo's sequence loss keeps its own)",
+            choices=list(AGG_MODES),
+        ),
+    )
 
 
 def check_config(cfg: GRPOConfig) -> None:
     """Refuse values and combinations GRPO cannot run as asked, with one line each."""
-    check_ranges(cfg, {"clip_low": (0, 1), "clip_high": (0, None), "beta": (0, None), "adv_eps": (0, None),
-                       "entropy_coef": (None, None), "fork_entropy": (0, None), "gmpo_eps": (0, None),
-                       "sapo_tau_pos": (1e-6, None), "sapo_tau_neg": (1e-6, None), "entropy_target": (0, None),
-                       "entropy_step": (0, None), "entropy_coef_max": (0, None), "top_entropy": (1e-6, 1),
-                       "cov_ratio": (0, 1), "clip_cov_low": (None, None), "clip_cov_high": (None, None),
-                       "kl_cov_coef": (0, None)})
+    check_ranges(
+        cfg,
+        {
+            "clip_low": (0, 1),
+            "clip_high": (0, None),
+            "beta": (0, None),
+            "adv_eps": (0, None),
+            "entropy_coef": (None, None),
+            "fork_entropy": (0, None),
+            "gmpo_eps": (0, None),
+            "sapo_tau_pos": (1e-6, None),
+            "sapo_tau_neg": (1e-6, None),
+            "entropy_target": (0, None),
+            "entropy_step": (0, None),
+            "entropy_coef_max": (0, None),
+            "top_entropy": (1e-6, 1),
+            "cov_ratio": (0, 1),
+            "clip_cov_low": (None, None),
+            "clip_cov_high": (None, None),
+            "kl_cov_coef": (0, None),
+        },
+    )
     require(cfg, "updates", cfg.updates >= 1, ">= 1")
     if not cfg.rollout_kl and (cfg.beta > 0 or cfg.fork_entropy > 0):
         fork = cfg.fork_entropy > 0
-        raise UsageError(f"--no-rollout-kl skips π_ref's log-probs, which --beta {cfg.beta:g}"
-                         f"{' and --fork-entropy' if fork else ''} need: add --beta 0"
-                         f"{' and drop --fork-entropy' if fork else ''}, or keep the metrics")
+        raise UsageError(
+            f"--no-rollout-kl skips π_ref's log-probs, which --beta {cfg.beta:g}"
+            f"{' and --fork-entropy' if fork else ''} need: add --beta 0"
+            f"{' and drop --fork-entropy' if fork else ''}, or keep the metrics"
+        )
     for family in (loss_family, kl_family, adv_family, entropy_family, sampler_family):
         family.check(cfg)
 
 
-def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPOConfig, policy_mask=None,
-              generator=None, is_weights=None):
-    """The loss of one GRPO update (preservation, added by the run, aside) -> (loss, policy_loss, KL_t, H_t).
+def grpo_loss(
+    logp,
+    old_logp,
+    ref_logp,
+    logits,
+    ref_logits,
+    adv,
+    mask,
+    cfg: GRPOConfig,
+    policy_mask=None,
+    generator=None,
+    is_weights=None,
+):
+    """The loss of one GRPO update (preservation, added by the run, aside) -> (loss, policy_loss,
+    KL_t, H_t).
 
-        loss = agg(w_t·L_t) + β·agg(KL_t) − c_H·agg(H_t)      (DeepSeekMath eq. 3 with an entropy bonus)
+        loss = agg(w_t·L_t) + β·agg(KL_t) − c_H·agg(H_t)      (DeepSeekMath eq. 3 with an entropy
+            bonus)
 
-    logp (N, T): log π_θ of the sampled completion tokens (with gradient); old_logp, ref_logp (N, T): π_old's
-    and π_ref's (no gradient); logits, ref_logits (N, T, V): π_θ's and π_ref's next-token logits; adv (N,): one
-    advantage per completion; mask (N, T) bool: valid tokens; policy_mask (N, T): the tokens that carry L_t
-    (default mask). L_t: --policy-loss (default PPO's clipped surrogate), its token filters and entropy
-    controls (`generator` draws Clip-Cov's tokens); is_weights (N, T): the sampler correction's constants.
-    agg: --loss-agg over mask with max_len --max-new-tokens. KL_t enters the loss only with β > 0 and --kl-in
-    loss (None without π_ref's log-probs); H_t = the entropy of π_θ's next-token distribution.
+    logp (N, T): log π_θ of the sampled completion tokens (with gradient); old_logp, ref_logp (N,
+    T): π_old's and π_ref's (no gradient); logits, ref_logits (N, T, V): π_θ's and π_ref's
+    next-token logits; adv (N,): one advantage per completion; mask (N, T) bool: valid tokens;
+    policy_mask (N, T): the tokens that carry L_t (default mask). L_t: --policy-loss (default PPO's
+    clipped surrogate), its token filters and entropy controls (`generator` draws Clip-Cov's
+    tokens); is_weights (N, T): the sampler correction's constants. agg: --loss-agg over mask with
+    max_len --max-new-tokens. KL_t enters the loss only with β > 0 and --kl-in loss (None without
+    π_ref's log-probs); H_t = the entropy of π_θ's next-token distribution.
     """
     agg = lambda x: aggregate(x, mask, cfg.loss_agg, cfg.max_new_tokens)  # noqa: E731 (one reduction for all)
     ent = entropy(logits)
-    per_token = policy_loss_per_token(logp, old_logp, adv, mask if policy_mask is None else policy_mask, ent, cfg,
-                                      generator)
+    per_token = policy_loss_per_token(
+        logp, old_logp, adv, mask if policy_mask is None else policy_mask, ent, cfg, generator
+    )
     if is_weights is not None:  # constants, no gradient
         per_token = per_token * is_weights
     policy_loss = aggregate(per_token, mask, reduction(cfg), cfg.max_new_tokens)
-    kl_tok = None if ref_logp is None else kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl, old_logp)
+    kl_tok = (
+        None
+        if ref_logp is None
+        else kl_per_token(logp, ref_logp, logits, ref_logits, cfg.kl, old_logp)
+    )
     loss = policy_loss
     if cfg.beta > 0 and cfg.kl_in == "loss":
         loss = loss + cfg.beta * agg(kl_tok)
@@ -113,30 +196,45 @@ def grpo_loss(logp, old_logp, ref_logp, logits, ref_logits, adv, mask, cfg: GRPO
 
 
 class GRPO:
-    """The algorithm the run (rl/loop.py) calls once per step with a fresh rollout (rl/algorithm.py)."""
+    """The algorithm the run (rl/loop.py) calls once per step with a fresh rollout
+    (rl/algorithm.py)."""
+
     needs_ref_logits = True  # for the exact-KL metric (cheap: the vocabulary is ~30 characters)
 
     def __init__(self, run):
         self.run, self.cfg, self.policy = run, run.cfg, run.policy
         # π_old's log-probs are needed before the first update only to fold the KL into the reward;
-        # otherwise the first update's own forward pass gives them (π_θ = π_old there): one forward saved.
+        # otherwise the first update's own forward pass gives them (π_θ = π_old there): one forward
+        # saved.
         self.needs_old_logp = self.cfg.beta > 0 and self.cfg.kl_in == "reward"
         self.needs_ref = self.cfg.rollout_kl or self.cfg.beta > 0 or self.cfg.fork_entropy > 0
-        device = next(self.policy.parameters()).device  # the variants' random streams, never the run's
-        self.gens = {"random_reward": torch.Generator().manual_seed(purpose_seed(self.cfg.seed, "random_reward")),
-                     "clip_cov": torch.Generator(device).manual_seed(purpose_seed(self.cfg.seed, "clip_cov"))}
+        # the variants' random streams, never the run's
+        device = next(self.policy.parameters()).device
+        self.gens = {
+            "random_reward": torch.Generator().manual_seed(
+                purpose_seed(self.cfg.seed, "random_reward")
+            ),
+            "clip_cov": torch.Generator(device).manual_seed(
+                purpose_seed(self.cfg.seed, "clip_cov")
+            ),
+        }
         self.entropy_bonus = EntropyBonus(self.cfg)
-        self.sampler = make_sampler(self.cfg)  # rollouts from π_sampler ≠ π_old (rollout.Sampler), or None
+        # rollouts from π_sampler ≠ π_old (rollout.Sampler), or None
+        self.sampler = make_sampler(self.cfg)
 
     def parameters(self):
         return list(self.policy.parameters())
 
     def state_dict(self) -> dict:
-        return {"gens": {k: g.get_state() for k, g in self.gens.items()}, "entropy_coef": self.entropy_bonus.coef,
-                **({"sampler": self.sampler.state_dict()} if self.sampler is not None else {})}
+        return {
+            "gens": {k: g.get_state() for k, g in self.gens.items()},
+            "entropy_coef": self.entropy_bonus.coef,
+            **({"sampler": self.sampler.state_dict()} if self.sampler is not None else {}),
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        for k, g_state in state.get("gens", {}).items():  # a checkpoint of an older minigrpo holds none
+        # a checkpoint of an older minigrpo holds none
+        for k, g_state in state.get("gens", {}).items():
             self.gens[k].set_state(g_state)
         self.entropy_bonus.coef = state.get("entropy_coef", self.entropy_bonus.coef)
         if self.sampler is not None:
@@ -147,9 +245,16 @@ class GRPO:
         # 1. rewards -> one advantage per completion
         rewards = update_rewards(batch.rewards, cfg, self.gens["random_reward"], stats)
         greedy = None
-        if BASELINES[cfg.baseline].needs_greedy:  # ReMax: the reward of π_old's greedy completion of each prompt
-            greedy = greedy_rewards(self.policy, self.run.tok, self.run.reward, batch.prompts[::G],
-                                    cfg.max_new_tokens, cfg.unfinished_reward)
+        # ReMax: the reward of π_old's greedy completion of each prompt
+        if BASELINES[cfg.baseline].needs_greedy:
+            greedy = greedy_rewards(
+                self.policy,
+                self.run.tok,
+                self.run.reward,
+                batch.prompts[::G],
+                cfg.max_new_tokens,
+                cfg.unfinished_reward,
+            )
             stats["greedy_reward_mean"] = greedy.mean().item()
         if self.needs_old_logp:  # --kl-in reward: β·Σ_t k(π_old, π_ref) off each sequence's reward
             penalty = kl_reward_penalty(batch.old_logp, batch.ref_logp, batch.mask, cfg)
@@ -166,53 +271,101 @@ class GRPO:
             batch, adv = batch.select(keep), adv[keep]
         # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
         mask, per_update, ratio_stats, loss_cfg, is_w = batch.mask, [], [], cfg, {}
-        policy_mask = fork_mask(batch.ref_logits, mask, cfg)  # --fork-entropy: π_ref's forking tokens
+        # --fork-entropy: π_ref's forking tokens
+        policy_mask = fork_mask(batch.ref_logits, mask, cfg)
         for i in range(cfg.updates):
-            logp, logits = generation_logprobs(self.policy, batch.gen, cfg.temperature, return_logits=True)
-            if batch.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
+            logp, logits = generation_logprobs(
+                self.policy, batch.gen, cfg.temperature, return_logits=True
+            )
+            # first update: π_θ is π_old, so its log-probs are π_old's exactly
+            if batch.old_logp is None:
                 batch.old_logp = logp.detach()
-            if i == 0:  # from π_old, once: the sampler correction's weights and this step's entropy bonus
+            # from π_old, once: the sampler correction's weights and this step's entropy bonus
+            if i == 0:
                 is_w = weights(cfg, self.sampler, batch, mask, stats)
                 loss_cfg = self.entropy_bonus.for_step(logits, mask, stats)
-            loss, policy_loss, kl_tok, ent = grpo_loss(logp, batch.old_logp, batch.ref_logp, logits, batch.ref_logits,
-                                                       adv, mask, loss_cfg, policy_mask, self.gens["clip_cov"], **is_w)
+            loss, policy_loss, kl_tok, ent = grpo_loss(
+                logp,
+                batch.old_logp,
+                batch.ref_logp,
+                logits,
+                batch.ref_logits,
+                adv,
+                mask,
+                loss_cfg,
+                policy_mask,
+                self.gens["clip_cov"],
+                **is_w,
+            )
             anchor = self.run.anchor_term()
             if anchor is not None:
                 loss = loss + anchor
-            if i > 0 or cfg.updates == 1:  # the first of μ > 1 updates has ρ ≡ 1: it would halve what the clip saw
-                s = surrogate_stats(logp, batch.old_logp, adv[:, None], mask, cfg.clip_low, cfg.clip_high, cfg.ratio)
+            # the first of μ > 1 updates has ρ ≡ 1: it would halve what the clip saw
+            if i > 0 or cfg.updates == 1:
+                s = surrogate_stats(
+                    logp, batch.old_logp, adv[:, None], mask, cfg.clip_low, cfg.clip_high, cfg.ratio
+                )
                 ratio_stats.append({k: v.item() for k, v in s.items()})
-            per_update.append(update_stats(cfg, policy_loss, loss, kl_tok, logits, batch.ref_logits, ent, mask, anchor))
+            per_update.append(
+                update_stats(
+                    cfg, policy_loss, loss, kl_tok, logits, batch.ref_logits, ent, mask, anchor
+                )
+            )
             per_update[-1]["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
-        # losses: the mean over the μ updates; ratio and clip statistics: over updates 2..μ (max ratio: the max)
+        # losses: the mean over the μ updates; ratio and clip statistics: over updates 2..μ (max
+        # ratio: the max)
         return {**stats, **combine_stats(per_update), **combine_stats(ratio_stats)}
 
     def preservation_only(self, opt) -> dict:
-        """A step whose every group had equal rewards: the dropped groups add nothing, so its μ updates carry only
-        the preservation loss (none when it is off), as a step's updates carry it beside the policy loss."""
+        """A step whose every group had equal rewards: the dropped groups add nothing, so its μ
+        updates carry only the preservation loss (none when it is off), as a step's updates carry it
+        beside the policy loss."""
         if self.run.anchor is None:
             return {}
         per_update = []
         for _ in range(self.run.cfg.updates):
             anchor = self.run.anchor_term()
-            per_update.append({"preserve_loss": anchor.item(),
-                               "grad_norm": self.run.clip_and_step(opt, anchor, self.parameters())})
+            per_update.append(
+                {
+                    "preserve_loss": anchor.item(),
+                    "grad_norm": self.run.clip_and_step(opt, anchor, self.parameters()),
+                }
+            )
         return combine_stats(per_update)
 
 
 @torch.no_grad()
 def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, anchor) -> dict:
-    """What one inner update logs: its losses, the KL per token (the chosen estimator's and the exact one; not
-    without π_ref) and the entropy, token-means over the completions."""
+    """What one inner update logs: its losses, the KL per token (the chosen estimator's and the
+    exact one; not without π_ref) and the entropy, token-means over the completions."""
     mean = lambda x: aggregate(x, mask, "token-mean").item()  # noqa: E731
-    kl = {} if kl_tok is None else {f"kl_{cfg.kl}": mean(kl_tok),
-                                    "kl_exact": mean(kl_tok if cfg.kl == "exact" else exact(logits, ref_logits))}
-    return {"policy_loss": policy_loss.item(), "loss": loss.item(), **kl,
-            "entropy": mean(ent), **({"preserve_loss": anchor.item()} if anchor is not None else {})}
+    kl = (
+        {}
+        if kl_tok is None
+        else {
+            f"kl_{cfg.kl}": mean(kl_tok),
+            "kl_exact": mean(kl_tok if cfg.kl == "exact" else exact(logits, ref_logits)),
+        }
+    )
+    return {
+        "policy_loss": policy_loss.item(),
+        "loss": loss.item(),
+        **kl,
+        "entropy": mean(ent),
+        **({"preserve_loss": anchor.item()} if anchor is not None else {}),
+    }
 
 
-PANELS = (OUTCOME_PANELS + [KL_PANEL] + entropy_family.PANELS + loss_family.PANELS + adv_family.PANELS
-          + sampler_family.PANELS + [("completion length (tokens)", ["completion_len"])] + COST_PANELS)
+PANELS = (
+    OUTCOME_PANELS
+    + [KL_PANEL]
+    + entropy_family.PANELS
+    + loss_family.PANELS
+    + adv_family.PANELS
+    + sampler_family.PANELS
+    + [("completion length (tokens)", ["completion_len"])]
+    + COST_PANELS
+)
 
 
 def train(cfg: GRPOConfig, log=print) -> dict:

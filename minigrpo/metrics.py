@@ -2,9 +2,10 @@
 
     python -m minigrpo.metrics runs/compare-pizza/grpo-s0 ...
 
-(an RL run draws its own at the end unless --no-plot, as compare's runs do). The summary: the steps taken, why the
-run stopped, its final exact target rate, its drift and malformed mass at the end and at their worst, and whether it
-stayed within the quality bars (tools/bars.py), naming each bar it missed."""
+(an RL run draws its own at the end unless --no-plot, as compare's runs do). The summary: the steps
+taken, why the run stopped, its final exact target rate, its drift and malformed mass at the end and
+at their worst, and whether it stayed within the quality bars (tools/bars.py), naming each bar it
+missed."""
 
 from __future__ import annotations
 
@@ -18,31 +19,46 @@ from minigrpo.util.jsonl import read_json
 
 
 def summary(folder: Path, rows: list[dict]) -> str:
-    """A few lines on the run in `folder`: its metrics.jsonl `rows` and its summary.json (absent: the run was
-    interrupted, or is running)."""
+    """A few lines on the run in `folder`: its metrics.jsonl `rows` and its summary.json (absent:
+    the run was interrupted, or is running)."""
     from minigrpo.tools.bars import misses
+
     ended = folder / "summary.json"
     why = read_json(ended).get("stop_reason") if ended.is_file() else None
     steps = rows[-1]["step"] if rows else 0
-    head = f"{folder}: {steps} steps; " + (f"stopped: {why}" if why else "no summary.json (interrupted, or running)")
+    head = f"{folder}: {steps} steps; " + (
+        f"stopped: {why}" if why else "no summary.json (interrupted, or running)"
+    )
     last = next((r for r in reversed(rows) if r.get("target_rate") is not None), None)
     if last is None:
         return f"{head}\n  no exact evaluation logged"
     figures = [f"final target {last['target_rate']:.3f}"]
-    for name, digits in (("worst_drift", 3), ("malformed", 4)):  # a task without other people logs no drift
+    # a task without other people logs no drift
+    for name, digits in (("worst_drift", 3), ("malformed", 4)):
         if last.get(name) is not None and last.get(f"peak_{name}") is not None:
-            figures.append(f"{name.split('_')[-1]} {last[name]:.{digits}f} (peak {last[f'peak_{name}']:.{digits}f})")
+            figures.append(
+                f"{name.split('_')[-1]} {last[name]:.{digits}f} (peak "
+                f"{last[f'peak_{name}']:.{digits}f})"
+            )
     lines = [head, "  " + " | ".join(figures)]
     if last.get("malformed") is not None and last.get("peak_malformed") is not None:
         missed = misses(last)
-        lines.append("  " + ("outside the bars: " + "; ".join(missed) if missed else "within every bar"))
-    return "\n".join(textwrap.fill(line, 120, subsequent_indent="    ", break_long_words=False,
-                                    break_on_hyphens=False) for line in lines)
+        lines.append(
+            "  " + ("outside the bars: " + "; ".join(missed) if missed else "within every bar")
+        )
+    return "\n".join(
+        textwrap.fill(
+            line, 120, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False
+        )
+        for line in lines
+    )
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse would print its usage and exit 2; main_guard prints one line
+    # argparse would print its usage and exit 2; main_guard prints one line
+    def error(self, message):
         from minigrpo.util.cli import UsageError
+
         raise UsageError(message)
 
 
@@ -53,27 +69,41 @@ def main(argv=None):
     from minigrpo.util.cli import UsageError, main_guard
     from minigrpo.util.jsonl import read_jsonl
 
-    panels = {"grpo": grpo.PANELS, "ppo": ppo.PANELS, "dpo": dpo.PANELS}  # each algorithm's metrics.png
+    # each algorithm's metrics.png
+    panels = {"grpo": grpo.PANELS, "ppo": ppo.PANELS, "dpo": dpo.PANELS}
     parser = _Parser(prog="python -m minigrpo.metrics", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="an RL run's --out (config.json, "
-                        "metrics.jsonl): writes its metrics.png there")
+    parser.add_argument(
+        "folders",
+        nargs="+",
+        metavar="RUN_FOLDER",
+        help="an RL run's --out (config.json, metrics.jsonl): writes its metrics.png there",
+    )
 
     @main_guard
     def draw(argv):
         for folder in map(Path, parser.parse_args(argv).folders):
             config = folder / "config.json"
-            if not config.is_file() or not (folder / "metrics.jsonl").is_file() or "algo" not in read_json(config):
+            if (
+                not config.is_file()
+                or not (folder / "metrics.jsonl").is_file()
+                or "algo" not in read_json(config)
+            ):
                 raise UsageError(f"{str(folder)!r} holds no RL run (config.json and metrics.jsonl)")
             algo = read_json(config)["algo"]
             if algo not in panels:
-                raise UsageError(f"{str(folder)!r} holds a {algo!r} run; this minigrpo draws {', '.join(panels)}")
+                raise UsageError(
+                    f"{str(folder)!r} holds a {algo!r} run; this minigrpo draws {', '.join(panels)}"
+                )
             print(summary(folder, read_jsonl(folder / "metrics.jsonl")))
             try:
                 print(f"wrote {draw_figure(folder, panels[algo])}")
             except OSError as e:  # a read-only folder, ...; a full disk is main_guard's
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                raise UsageError(f"cannot write {str(folder / 'metrics.png')!r}: {e.strerror or e}") from None
+                raise UsageError(
+                    f"cannot write {str(folder / 'metrics.png')!r}: {e.strerror or e}"
+                ) from None
+
     draw(list(argv or []))
 
 

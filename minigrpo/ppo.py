@@ -2,24 +2,30 @@
 
     python -m minigrpo.ppo --reward pizza
 
-The rollout, rewards, preservation anchor, trust region, metrics, checkpoints and resume are the shared RL
-run's (rl/loop.py); PPO adds, per rollout of N completions with T completion slots:
-  reward      r_t = −β·(log π_old − log π_ref)_t, plus the scalar reward at each row's last token; β fixed
-              or adapted towards --kl-target (Ziegler et al. 1909.08593): β ← β·(1 + clip(KL/target − 1, ±0.2)·N/1000)
-  values      V(s_t) of the state before each completion token, from a critic (rl/critics.py): a copy of
-              the pretrained trunk with a scalar head (separate, default), a head on the policy's trunk
-              (head), or the exact values of this return under π_old (oracle: no critic to learn, the
+The rollout, rewards, preservation anchor, trust region, metrics, checkpoints and resume are the
+shared RL run's (rl/loop.py); PPO adds, per rollout of N completions with T completion slots:
+  reward      r_t = −β·(log π_old − log π_ref)_t, plus the scalar reward at each row's last token; β
+              fixed or adapted towards --kl-target (Ziegler et al. 1909.08593): β ← β·(1 +
+                  clip(KL/target − 1, ±0.2)·N/1000)
+  values      V(s_t) of the state before each completion token, from a critic (rl/critics.py): a
+              copy of the pretrained trunk with a scalar head (separate, default), a head on the
+                  policy's trunk
+              (head), or the exact values of this return under π_old (oracle: no critic to learn,
+                  the
               ideal-critic bound)
-  advantages  GAE(γ, λ) on r and V_old; returns R = A + V_old; A whitened over the batch's valid tokens
-  loss        clipped surrogate − c_H·entropy + c_V·clipped value loss (token means), over --epochs passes
-              of --minibatches shuffled minibatches per rollout (cleanrl's ppo.py, PPO2 baselines)
-Departures: β 0.1 by default (InstructGPT-style runs use 0.02–0.05): the k1 penalty summed over a completion is
-J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal (docs/experiments.md); lr 3e-4,
-half GRPO's: at 6e-4 its 4 Adam steps per rollout kept the other people's drift oscillating after convergence; the value
-model starts from the policy, not from a reward model; the separate critic is the default because a shared
-trunk's value loss pulls on the policy's weights. The oracle's values leave out the KL penalty of continuations
-that leave the task's support (the malformed mass). Learned critics also log `explained_variance_oracle`: how
-much of the exact values' variance they explain, not only of the sampled returns'.
+  advantages  GAE(γ, λ) on r and V_old; returns R = A + V_old; A whitened over the batch's valid
+              tokens
+  loss        clipped surrogate − c_H·entropy + c_V·clipped value loss (token means), over --epochs
+              passes of --minibatches shuffled minibatches per rollout (cleanrl's ppo.py, PPO2
+                  baselines)
+Departures: β 0.1 by default (InstructGPT-style runs use 0.02–0.05): the k1 penalty summed over a
+completion is J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal
+(docs/experiments.md); lr 3e-4, half GRPO's: at 6e-4 its 4 Adam steps per rollout kept the other
+people's drift oscillating after convergence; the value model starts from the policy, not from a
+reward model; the separate critic is the default because a shared trunk's value loss pulls on the
+policy's weights. The oracle's values leave out the KL penalty of continuations that leave the
+task's support (the malformed mass). Learned critics also log `explained_variance_oracle`: how much
+of the exact values' variance they explain, not only of the sampled returns'.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats
@@ -37,28 +44,54 @@ from minigrpo.rl.critics import CRITICS, OracleCritic
 from minigrpo.rl.loop import run
 from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
 from minigrpo.rl.rollout import RolloutBatch
-from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.util.cli import UsageError, check_positive, check_ranges, exit_now, finish_unread, main_guard, meta
+from minigrpo.util.cli import (
+    UsageError,
+    check_positive,
+    check_ranges,
+    exit_now,
+    finish_unread,
+    main_guard,
+    meta,
+)
 
 
 @dataclass
 class PPOConfig(RLConfig):
     """PPO: the KL-shaped reward, the critic, GAE, the clipped losses"""
-    lr: float = field(default=3e-4, metadata=meta(
-        "AdamW learning rate: half the other trainers' 6e-4, as PPO takes epochs × minibatches = 4 steps per rollout"))
-    critic: str = field(default="separate", metadata=meta(
-        "value model: a separate copy of the trunk, a head on the policy, or the exact values (no critic to learn)",
-        choices=sorted(CRITICS)))
-    beta: float = field(default=0.1, metadata=meta(
-        "β: per-token KL penalty in the reward (InstructGPT-style runs use 0.02–0.05; see the docstring)"))
-    kl_target: float | None = field(default=None, metadata=meta(
-        "adapt β towards this KL per sequence (off: fixed β)"))
+
+    lr: float = field(
+        default=3e-4,
+        metadata=meta(
+            "AdamW learning rate: half the other trainers' 6e-4, as PPO takes epochs × "
+            "minibatches = 4 steps per rollout"
+        ),
+    )
+    critic: str = field(
+        default="separate",
+        metadata=meta(
+            "value model: a separate copy of the trunk, a head on the policy, or the exact "
+            "values (no critic to learn)",
+            choices=sorted(CRITICS),
+        ),
+    )
+    beta: float = field(
+        default=0.1,
+        metadata=meta(
+            "β: per-token KL penalty in the reward (InstructGPT-style runs use 0.02–0.05; see "
+            "the docstring)"
+        ),
+    )
+    kl_target: float | None = field(
+        default=None, metadata=meta("adapt β towards this KL per sequence (off: fixed β)")
+    )
     gamma: float = field(default=1.0, metadata={"help": "γ: discount"})
     lam: float = field(default=0.95, metadata={"help": "λ: GAE parameter"})
     epochs: int = field(default=2, metadata={"help": "passes over each rollout"})
     minibatches: int = field(default=2, metadata={"help": "minibatches per pass"})
     clip: float = field(default=0.2, metadata={"help": "ε: policy ratio clip"})
-    vf_clip: float | None = field(default=0.2, metadata={"help": "value clip around the old values (none: unclipped)"})
+    vf_clip: float | None = field(
+        default=0.2, metadata={"help": "value clip around the old values (none: unclipped)"}
+    )
     vf_coef: float = field(default=0.5, metadata={"help": "value loss weight"})
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
 
@@ -78,7 +111,8 @@ class PPO:
     def parameters(self):
         return list(self.policy.parameters()) + self.critic.parameters()
 
-    def state_dict(self) -> dict:  # {"value_head", "critic_trunk"} (None where the critic has none) and β
+    # {"value_head", "critic_trunk"} (None where the critic has none) and β
+    def state_dict(self) -> dict:
         return {**self.critic.state_dict(), "beta": self.beta}
 
     def load_state_dict(self, state: dict) -> None:
@@ -88,19 +122,24 @@ class PPO:
     def token_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, T) per-token rewards −β·k1 plus the scalar reward at each row's last valid token,
         and the (N,) summed KL penalty's k1 estimate (objectives/advantages.kl_shaped_rewards)."""
-        return kl_shaped_rewards(batch.rewards, batch.old_logp, batch.ref_logp, batch.mask, self.beta)
+        return kl_shaped_rewards(
+            batch.rewards, batch.old_logp, batch.ref_logp, batch.mask, self.beta
+        )
 
     @torch.no_grad()
     def advantages(self, batch: RolloutBatch):
-        """-> V_old (N, T), the raw GAE advantages (N, T), returns = A + V_old (N, T), the (N,) KL per sequence."""
-        self.critic.beta = self.oracle.beta = self.beta  # the oracle values the penalty; learned critics fit it
+        """-> V_old (N, T), the raw GAE advantages (N, T), returns = A + V_old (N, T), the (N,) KL
+        per sequence."""
+        # the oracle values the penalty; learned critics fit it
+        self.critic.beta = self.oracle.beta = self.beta
         old_values = self.critic.values(batch)
         rewards, kl_seq = self.token_rewards(batch)
         adv, returns = gae(rewards, old_values, batch.mask, self.cfg.gamma, self.cfg.lam)
         return old_values, adv, returns, kl_seq
 
     def update(self, batch: RolloutBatch, opt) -> dict:
-        """One rollout: V_old, GAE, whitening, then epochs × minibatches of clipped policy and value updates."""
+        """One rollout: V_old, GAE, whitening, then epochs × minibatches of clipped policy and value
+        updates."""
         cfg, mask = self.cfg, batch.mask
         old_values, adv, returns, kl_seq = self.advantages(batch)
         adv = whiten(adv, mask)
@@ -113,11 +152,16 @@ class PPO:
             for rows in order.chunk(cfg.minibatches):
                 sub = batch.select(rows)
                 m = sub.mask
-                logp, logits, hidden = generation_logprobs(self.policy, sub.gen, cfg.temperature, True, True)
-                pg_loss = aggregate(clipped_surrogate(logp, sub.old_logp, adv[rows], m, cfg.clip), m, "token-mean")
+                logp, logits, hidden = generation_logprobs(
+                    self.policy, sub.gen, cfg.temperature, True, True
+                )
+                pg_loss = aggregate(
+                    clipped_surrogate(logp, sub.old_logp, adv[rows], m, cfg.clip), m, "token-mean"
+                )
                 ent = aggregate(entropy(logits), m, "token-mean")
                 loss = pg_loss - cfg.entropy_coef * ent
-                fit = self.critic.loss(sub, hidden, old_values[rows], returns[rows], cfg.vf_clip)  # None: oracle
+                # None: oracle
+                fit = self.critic.loss(sub, hidden, old_values[rows], returns[rows], cfg.vf_clip)
                 if fit is not None:
                     vf_loss, values = fit
                     loss = loss + cfg.vf_coef * vf_loss
@@ -125,53 +169,91 @@ class PPO:
                 if anchor is not None:
                     loss = loss + anchor
                 with torch.no_grad():
-                    s = surrogate_stats(logp, sub.old_logp, adv[rows], m, cfg.clip)  # clip fractions, approx_kl
-                    stats = {"policy_loss": pg_loss.item(), "loss": loss.item(), "entropy": ent.item(),
-                             "kl_exact": aggregate(exact(logits, sub.ref_logits), m, "token-mean").item(),
-                             **({"preserve_loss": anchor.item()} if anchor is not None else {}),
-                             **{k: v.item() for k, v in s.items()}}
+                    # clip fractions, approx_kl
+                    s = surrogate_stats(logp, sub.old_logp, adv[rows], m, cfg.clip)
+                    stats = {
+                        "policy_loss": pg_loss.item(),
+                        "loss": loss.item(),
+                        "entropy": ent.item(),
+                        "kl_exact": aggregate(
+                            exact(logits, sub.ref_logits), m, "token-mean"
+                        ).item(),
+                        **({"preserve_loss": anchor.item()} if anchor is not None else {}),
+                        **{k: v.item() for k, v in s.items()},
+                    }
                     if fit is not None:
                         limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
                         v_clipped = (values - old_values[rows]).abs() > limit
-                        stats.update(value_loss=vf_loss.item(),
-                                     value_clip_frac=(v_clipped & m).sum().item() / max(int(m.sum()), 1))
+                        stats.update(
+                            value_loss=vf_loss.item(),
+                            value_clip_frac=(v_clipped & m).sum().item() / max(int(m.sum()), 1),
+                        )
                 stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
                 per_update.append(stats)
-        out = combine_stats(per_update)  # means over the minibatch updates; the max ratio is the max
+        # means over the minibatch updates; the max ratio is the max
+        out = combine_stats(per_update)
         kl_mean = kl_seq.mean().item()
         self.adapt_beta(kl_mean, N)
-        out.update(kl_k1_seq=kl_mean, beta=self.beta, value_mean=old_values.sum().item() / max(int(mask.sum()), 1),
-                   explained_variance=explained_variance(old_values, returns, mask).item(),
-                   adv_mean=adv[mask].mean().item(), adv_std=adv[mask].std().item() if mask.sum() > 1 else 0.0)
+        out.update(
+            kl_k1_seq=kl_mean,
+            beta=self.beta,
+            value_mean=old_values.sum().item() / max(int(mask.sum()), 1),
+            explained_variance=explained_variance(old_values, returns, mask).item(),
+            adv_mean=adv[mask].mean().item(),
+            adv_std=adv[mask].std().item() if mask.sum() > 1 else 0.0,
+        )
         if oracle_values is not None:
-            out["explained_variance_oracle"] = explained_variance(old_values, oracle_values, mask).item()
+            out["explained_variance_oracle"] = explained_variance(
+                old_values, oracle_values, mask
+            ).item()
         return out
 
     def adapt_beta(self, kl_mean: float, n: int) -> None:
-        """With --kl-target, β after a rollout of n completions whose KL per sequence was kl_mean (Ziegler et al.
-        2019): proportional control, the error clipped to ±0.2."""
+        """With --kl-target, β after a rollout of n completions whose KL per sequence was kl_mean
+        (Ziegler et al. 2019): proportional control, the error clipped to ±0.2."""
         if self.cfg.kl_target is not None:
             error = max(-0.2, min(0.2, kl_mean / self.cfg.kl_target - 1))
             self.beta *= 1 + error * n / 1000
 
 
-PANELS = OUTCOME_PANELS + [
-    ("value loss (lower is better)", ["value_loss"]),
-    ("explained variance (higher is better)", ["explained_variance"]),
-    ("critic's explained variance of the exact values (higher is better)", ["explained_variance_oracle"]),
-    ("value mean", ["value_mean"]),
-    ("KL to π_ref per token (lower = closer)", ["kl_exact"]),
-    ("approx KL to π_old", ["approx_kl"]),
-    ("clip fractions (policy low/high, value)", ["clip_frac_low", "clip_frac_high", "value_clip_frac"]),
-    ("entropy per token", ["entropy"]),
-    ("β", ["beta"]),
-] + COST_PANELS
+PANELS = (
+    OUTCOME_PANELS
+    + [
+        ("value loss (lower is better)", ["value_loss"]),
+        ("explained variance (higher is better)", ["explained_variance"]),
+        (
+            "critic's explained variance of the exact values (higher is better)",
+            ["explained_variance_oracle"],
+        ),
+        ("value mean", ["value_mean"]),
+        ("KL to π_ref per token (lower = closer)", ["kl_exact"]),
+        ("approx KL to π_old", ["approx_kl"]),
+        (
+            "clip fractions (policy low/high, value)",
+            ["clip_frac_low", "clip_frac_high", "value_clip_frac"],
+        ),
+        ("entropy per token", ["entropy"]),
+        ("β", ["beta"]),
+    ]
+    + COST_PANELS
+)
 
 
 def check_config(cfg: PPOConfig) -> None:
     """Refuse values PPO cannot run as asked, with one line each."""
-    check_ranges(cfg, {"beta": (0, None), "kl_target": (1e-9, None), "gamma": (0, 1), "lam": (0, 1), "clip": (0, 1),
-                       "vf_clip": (0, None), "vf_coef": (0, None), "entropy_coef": (None, None)})
+    check_ranges(
+        cfg,
+        {
+            "beta": (0, None),
+            "kl_target": (1e-9, None),
+            "gamma": (0, 1),
+            "lam": (0, 1),
+            "clip": (0, 1),
+            "vf_clip": (0, None),
+            "vf_coef": (0, None),
+            "entropy_coef": (None, None),
+        },
+    )
     check_positive(cfg, "epochs", "minibatches", "clip")
     if cfg.minibatches > cfg.group_size * cfg.prompts_per_step:
         n = cfg.group_size * cfg.prompts_per_step

@@ -1,6 +1,6 @@
-"""Shared fixtures and the helpers several test files use. Tests run on one thread with tiny models so
-the default run stays fast. Test files import the helpers with `from conftest import ...` (pytest puts
-tests/ on sys.path: the folder has no __init__.py)."""
+"""Shared fixtures and the helpers several test files use. Tests run on one thread with tiny models
+so the default run stays fast. Test files import the helpers with `from conftest import ...` (pytest
+puts tests/ on sys.path: the folder has no __init__.py)."""
 
 import pytest
 import torch
@@ -8,27 +8,30 @@ from hypothesis import settings
 
 torch.set_num_threads(1)
 
+
 @pytest.fixture(autouse=True)
 def cpu_unless_marked_cuda(request, monkeypatch):
-    """The suite runs on the CPU wherever it runs: a run's --device auto resolves to the CPU (tests compare
-    numbers across runs and build CPU tensors), except in tests marked `cuda`, which skip without a GPU. This
-    holds in this process only: a test whose runs go to worker processes and compares their numbers names
-    --device cpu (on a machine with a GPU their auto would pick it)."""
+    """The suite runs on the CPU wherever it runs: a run's --device auto resolves to the CPU (tests
+    compare numbers across runs and build CPU tensors), except in tests marked `cuda`, which skip
+    without a GPU. This holds in this process only: a test whose runs go to worker processes and
+    compares their numbers names --device cpu (on a machine with a GPU their auto would pick it)."""
     if request.node.get_closest_marker("cuda") is None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 @pytest.fixture(params=["token-by-token", "noise-ahead"])
 def noise_drawn(request, monkeypatch):
-    """Both ways a generate() call draws its noise, on the CPU: a token at a time (the CPU's), and all of it at the
-    first token (lm/sampling.NOISE_AHEAD: a GPU's, here on the CPU) -> which."""
+    """Both ways a generate() call draws its noise, on the CPU: a token at a time (the CPU's), and
+    all of it at the first token (lm/sampling.NOISE_AHEAD: a GPU's, here on the CPU) -> which."""
     if request.param == "noise-ahead":
         from minigrpo.lm import sampling
+
         monkeypatch.setattr(sampling, "NOISE_AHEAD", (*sampling.NOISE_AHEAD, "cpu"))
     return request.param
 
 
-SET = settings(deadline=None, max_examples=40, derandomize=True)  # the property tests' hypothesis budget
+# the property tests' hypothesis budget
+SET = settings(deadline=None, max_examples=40, derandomize=True)
 NAN = float("nan")
 
 
@@ -39,8 +42,21 @@ def tiny_pretrained(tmp_path_factory):
     from minigrpo.pretrain import PretrainConfig, train
 
     out = tmp_path_factory.mktemp("pretrain")
-    train(PretrainConfig(out=str(out), device="cpu", steps=250, batch_size=64, n_embd=32, n_head=2, lr=1e-2,
-                         n_lines=1600, eval_every=250, ckpt_every=250), log=lambda *a: None)
+    train(
+        PretrainConfig(
+            out=str(out),
+            device="cpu",
+            steps=250,
+            batch_size=64,
+            n_embd=32,
+            n_head=2,
+            lr=1e-2,
+            n_lines=1600,
+            eval_every=250,
+            ckpt_every=250,
+        ),
+        log=lambda *a: None,
+    )
     model, tok, _ = load_checkpoint(out / "model.pt")
     return out / "model.pt", model, tok
 
@@ -51,12 +67,15 @@ def T(x, grad=False):
 
 
 def call(fn, *args, shape=None, **kw):
-    """Call fn and check it returned a tensor (of the expected shape, when given): a deleted body returns None."""
+    """Call fn and check it returned a tensor (of the expected shape, when given): a deleted body
+    returns None."""
     out = fn(*args, **kw)
     want = "" if shape is None else f" of shape {tuple(shape)}"
     assert isinstance(out, torch.Tensor), f"{fn.__name__} must return a tensor{want}, got {out!r}"
     if shape is not None:
-        assert out.shape == tuple(shape), f"{fn.__name__} returned shape {tuple(out.shape)}, expected {tuple(shape)}"
+        assert out.shape == tuple(shape), (
+            f"{fn.__name__} returned shape {tuple(out.shape)}, expected {tuple(shape)}"
+        )
     return out
 
 
@@ -82,13 +101,16 @@ def naive_gae(rewards, values, lengths, gamma, lam):
         for t in range(n):
             for k in range(t, n):
                 v_next = float(values[b, k + 1]) if k + 1 < n else 0.0
-                out[b, t] += (gamma * lam) ** (k - t) * (float(rewards[b, k]) + gamma * v_next - float(values[b, k]))
+                out[b, t] += (gamma * lam) ** (k - t) * (
+                    float(rewards[b, k]) + gamma * v_next - float(values[b, k])
+                )
     return out
 
 
 def perturbed(model, scale: float = 0.05, seed: int = 0):
     """A copy of `model` with seeded Gaussian noise of std `scale` added to every weight."""
     import copy
+
     out = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -98,7 +120,8 @@ def perturbed(model, scale: float = 0.05, seed: int = 0):
 
 
 def one_line_error(main, argv, capsys):
-    """Run a CLI's main on bad input: exit code 2 and exactly one line on stderr, never a traceback."""
+    """Run a CLI's main on bad input: exit code 2 and exactly one line on stderr, never a
+    traceback."""
     with pytest.raises(SystemExit) as e:
         main(argv)
     err = capsys.readouterr().err

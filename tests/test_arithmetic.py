@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toy_tasks.rewards import make_reward
 from toy_tasks import arithmetic as ar
 from toy_tasks import get_task
+from toy_tasks.rewards import make_reward
 from toy_tasks.support import reward_table
 
 N = len(ar.EXPRESSIONS)
@@ -22,19 +22,37 @@ def kind_of(line: str) -> tuple[str, str]:
     return prompt, ar.KINDS[ar.completions(prompt).index(completion)]
 
 
-# ---- the world ------------------------------------------------------------------------------------
+# ---- the world
+# ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("expression, value", [
-    ("3+4*2", 11), ("3*4+2", 14), ("2-3*3", -7), ("9-9", 0), ("0*7", 0), ("3-2-1", 0), ("1-2+3", 2),
-    ("2*3-1", 5), ("1+2*3", 7), ("3*3*3", 27), ("1-3*3", -8), ("2*2-3*1", 1), ("9*9", 81), ("0-9", -9),
-])
+
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("3+4*2", 11),
+        ("3*4+2", 14),
+        ("2-3*3", -7),
+        ("9-9", 0),
+        ("0*7", 0),
+        ("3-2-1", 0),
+        ("1-2+3", 2),
+        ("2*3-1", 5),
+        ("1+2*3", 7),
+        ("3*3*3", 27),
+        ("1-3*3", -8),
+        ("2*2-3*1", 1),
+        ("9*9", 81),
+        ("0-9", -9),
+    ],
+)
 def test_precedence_on_hand_examples(expression, value):
     assert ar.evaluate(expression) == value
 
 
 def test_every_expression_agrees_with_python():
     assert 300 <= N <= 2000 and len(set(ar.EXPRESSIONS)) == N
-    assert any(len(p) == 6 and "*" in p[3:] and p[1] in "+-" for p in ar.EXPRESSIONS)  # precedence matters
+    # precedence matters
+    assert any(len(p) == 6 and "*" in p[3:] and p[1] in "+-" for p in ar.EXPRESSIONS)
     for p in ar.EXPRESSIONS:
         assert p.endswith("=") and ar.VALUES[p] == eval(p[:-1]) == ar.value(p), p
 
@@ -57,7 +75,8 @@ def test_error_model_is_declared_and_consistent():
     assert abs(sum(q for _, q, _, _ in ar.OUTCOMES) - 1) < 1e-12 and ar.P_CORRECT == 0.6
     for p in ["3+2*2=", "0-9=", "9*9="]:
         comps = ar.completions(p)
-        assert len(set(comps)) == len(comps) == len(ar.KINDS)  # distinct outcomes give distinct strings
+        # distinct outcomes give distinct strings
+        assert len(set(comps)) == len(comps) == len(ar.KINDS)
         for kind, c in zip(ar.KINDS, comps):
             assert (ar.FORMAT.fullmatch(c) is not None) == kind.endswith("/ok"), (kind, c)
             assert ar.reward_correct(p, c) == float(kind.startswith("right/")), (kind, c)
@@ -70,6 +89,7 @@ def test_lines_fit_the_alphabet_and_block():
 
 
 # ---- the corpus ---------------------------------------------------------------------------------
+
 
 def test_exact_corpus_matches_the_error_model_per_expression():
     n = N * ar.CORPUS_UNIT
@@ -89,7 +109,8 @@ def test_inexact_corpus_is_within_a_line_or_two_of_the_error_model(n):
     kinds, joint = Counter(k for _, k in pairs), Counter(pairs)
     for kind, q, _, _ in ar.OUTCOMES:
         assert abs(kinds[kind] - q * n) < 1, kind  # globally: within one line of the declared share
-        assert all(abs(joint[p, kind] - q * c) < 2 for p, c in per_expr.items()), kind  # per expression
+        # per expression
+        assert all(abs(joint[p, kind] - q * c) < 2 for p, c in per_expr.items()), kind
     for number, _, q in ar.NUMBERS:
         count = Counter(p for p, k in pairs if k.startswith(number + "/"))
         assert all(abs(count[p] - q * c) < 2 for p, c in per_expr.items()), number
@@ -113,15 +134,34 @@ def test_entropy_floor_equals_the_empirical_entropy_of_an_exact_corpus():
 
 # ---- rewards ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("completion, correct, fmt", [
-    ("7.", 1, 1), ("7", 1, 0), ("7..", 1, 0), (" 7.", 1, 0), ("8.", 0, 1), ("6", 0, 0), ("", 0, 0),
-    ("abc", 0, 0), ("-7.", 0, 1), ("07.", 1, 0), ("7.5", 1, 0), ("x7y", 1, 0), ("7" * 5000, 0, 0), ("٧.", 0, 0),
-])
+
+@pytest.mark.parametrize(
+    "completion, correct, fmt",
+    [
+        ("7.", 1, 1),
+        ("7", 1, 0),
+        ("7..", 1, 0),
+        (" 7.", 1, 0),
+        ("8.", 0, 1),
+        ("6", 0, 0),
+        ("", 0, 0),
+        ("abc", 0, 0),
+        ("-7.", 0, 1),
+        ("07.", 1, 0),
+        ("7.5", 1, 0),
+        ("x7y", 1, 0),
+        ("7" * 5000, 0, 0),
+        ("٧.", 0, 0),
+    ],
+)
 def test_rewards_on_hand_examples(completion, correct, fmt):
     p = "3+2*2="  # 7
     assert ar.reward_correct(p, completion) == correct and ar.reward_format(p, completion) == fmt
     assert make_reward("correct+format", ar.REWARDS, ar.REWARD_HELP)(p, completion) == correct + fmt
-    assert make_reward("correct=1,format=1", ar.REWARDS, ar.REWARD_HELP)(p, completion) == correct + fmt
+    assert (
+        make_reward("correct=1,format=1", ar.REWARDS, ar.REWARD_HELP)(p, completion)
+        == correct + fmt
+    )
     assert ar.reward_strict(p, completion) == float(completion == "7.")
 
 
@@ -150,14 +190,30 @@ def test_rewards_never_raise_and_stay_in_range(completion, index):
 
 # ---- exact evaluation on a tiny trained model ---------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_arith(tmp_path_factory):
     from minigrpo.lm.checkpoint import load_checkpoint
     from minigrpo.pretrain import PretrainConfig, train
 
     out = tmp_path_factory.mktemp("pretrain-arith")
-    train(PretrainConfig(task="arithmetic", out=str(out), device="cpu", steps=300, batch_size=64, n_embd=32, n_head=2,
-                         lr=1e-2, n_lines=4000, eval_every=300, ckpt_every=300, threads=1), log=lambda *a: None)
+    train(
+        PretrainConfig(
+            task="arithmetic",
+            out=str(out),
+            device="cpu",
+            steps=300,
+            batch_size=64,
+            n_embd=32,
+            n_head=2,
+            lr=1e-2,
+            n_lines=4000,
+            eval_every=300,
+            ckpt_every=300,
+            threads=1,
+        ),
+        log=lambda *a: None,
+    )
     model, tok, _ = load_checkpoint(out / "model.pt")
     return model, tok
 

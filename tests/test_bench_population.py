@@ -1,4 +1,5 @@
-"""bench/population.py: the population section's table, and its limit on how long one population may take."""
+"""bench/population.py: the population section's table, and its limit on how long one population may
+take."""
 
 import shutil
 
@@ -7,39 +8,51 @@ import pytest
 from minigrpo.bench import population
 
 
-def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_is_too_long(tmp_path, tiny_pretrained,
-                                                                                         monkeypatch):
+def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_is_too_long(
+    tmp_path, tiny_pretrained, monkeypatch
+):
     init, _, _ = tiny_pretrained
     monkeypatch.setattr(population, "cores", lambda: 2)
-    monkeypatch.setattr(population, "LIMIT_S", 60)  # 1,000 runs at the rate of 1 and 2 would take far longer
+    # 1,000 runs at the rate of 1 and 2 would take far longer
+    monkeypatch.setattr(population, "LIMIT_S", 60)
     text = population.bench_population(tmp_path, init, "cpu", sizes=[1, 2, 1000], steps=1, grow=0)
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     ok = lambda name: rows[name].rstrip(" |").endswith("ok")  # noqa: E731
     assert ok("1 alone, as the pool runs it") and ok("1") and ok("2"), text
     assert "not run: about" in rows["1000"] and "limit per population: 60 s" in rows["1000"], text
-    assert ok("16 as threads (population/member.py)") and ok("2 in 2 processes"), text  # the largest P measured
+    # the largest P measured
+    assert ok("16 as threads (population/member.py)") and ok("2 in 2 processes"), text
     assert ok("2 of ppo") and ok("2 of ppo_oracle"), text
-    assert ok("one population") and ok("one each, in turn"), text  # GRPO's presets of μ = 2: one, or each its own
+    # GRPO's presets of μ = 2: one, or each its own
+    assert ok("one population") and ok("one each, in turn"), text
     kernels = {how: int(rows[how].split("|")[3]) for how in ("one population", "one each, in turn")}
-    assert kernels["one population"] < kernels["one each, in turn"], text  # one step's kernels for seven presets
+    # one step's kernels for seven presets
+    assert kernels["one population"] < kernels["one each, in turn"], text
     assert not (tmp_path / "population" / "P1000").exists()
     assert "where a lockstep population of P = 2 works" in text, text
     assert "| minigrpo/population/lockstep.py:_step → " in text, text
     assert "torch calls and kernels per step of a lockstep population" in text, text
     assert "| calls, P = 1 | calls, P = 2 | kernels, P = 1 | kernels, P = 2 |" in text, text
     calls = [int(x) for x in rows["all"].split("|")[2:6]]
-    assert all(n > 0 for n in calls) and calls[2] < calls[0], text  # fewer kernels than calls (views launch none)
+    # fewer kernels than calls (views launch none)
+    assert all(n > 0 for n in calls) and calls[2] < calls[0], text
 
 
 @pytest.mark.slow
 def test_the_recipes_table_says_what_each_member_adds_a_step(tmp_path, tiny_pretrained):
-    """One population of 2 × the seeds: most of a step's kernels are made once for all members; each member adds a
-    few (its noise drawn once a step, as on a GPU; its rows copied with the others')."""
+    """One population of 2 × the seeds: most of a step's kernels are made once for all members; each
+    member adds a few (its noise drawn once a step, as on a GPU; its rows copied with the
+    others')."""
     init, _, _ = tiny_pretrained
     folder = lambda name: (shutil.rmtree(tmp_path / name, ignore_errors=True), tmp_path / name)[1]  # noqa: E731
     text = population._recipes(folder, init, "cpu", 2, 1, 2)
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    kernels = {how: int(rows[how].split("|")[3]) for how in ("one population", "one population of 28 (2 × the seeds)")}
+    kernels = {
+        how: int(rows[how].split("|")[3])
+        for how in ("one population", "one population of 28 (2 × the seeds)")
+    }
     assert rows["one population of 28 (2 × the seeds)"].rstrip(" |").endswith("ok"), text
-    added = (kernels["one population of 28 (2 × the seeds)"] - kernels["one population"]) / (28 - 14)
+    added = (kernels["one population of 28 (2 × the seeds)"] - kernels["one population"]) / (
+        28 - 14
+    )
     assert 0 < added < 4, text

@@ -1,6 +1,7 @@
-"""bench's `step` section (minigrpo/bench/step.py), our side only, on a tiny model for a few steps: it must run
-without trl, print our three rows with positive finite times, leave the shared-prefix forward in place afterwards, and
-copy our weights into GPT-2's layout exactly when transformers is there. No timed asserts."""
+"""bench's `step` section (minigrpo/bench/step.py), our side only, on a tiny model for a few steps:
+it must run without trl, print our three rows with positive finite times, leave the shared-prefix
+forward in place afterwards, and copy our weights into GPT-2's layout exactly when transformers is
+there. No timed asserts."""
 
 import math
 import re
@@ -8,9 +9,18 @@ import re
 import pytest
 import torch
 
-from minigrpo.lm import logprobs
-from minigrpo.lm import sampling
-from minigrpo.bench.step import NO_KL, OURS, PLAIN, RECORDED, TRL, as_gpt2, bench_step, fresh_gpt, plain_forward
+from minigrpo.bench.step import (
+    NO_KL,
+    OURS,
+    PLAIN,
+    RECORDED,
+    TRL,
+    as_gpt2,
+    bench_step,
+    fresh_gpt,
+    plain_forward,
+)
+from minigrpo.lm import logprobs, sampling
 
 
 def test_our_rows_have_positive_finite_times_without_trl():
@@ -21,8 +31,12 @@ def test_our_rows_have_positive_finite_times_without_trl():
     for row in rows.values():
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[1] == "3", row
-        median, low, high = map(float, re.fullmatch(r"([\d.]+) \(([\d.]+)–([\d.]+)\)", cells[2]).groups())
-        assert all(math.isfinite(x) and x > 0 for x in (median, low, high)) and low <= median <= high, row
+        median, low, high = map(
+            float, re.fullmatch(r"([\d.]+) \(([\d.]+)–([\d.]+)\)", cells[2]).groups()
+        )
+        assert (
+            all(math.isfinite(x) and x > 0 for x in (median, low, high)) and low <= median <= high
+        ), row
         assert 0 < float(cells[3].split()[0]) and 0 < float(cells[4]) <= 12, row
 
 

@@ -27,7 +27,12 @@ def test_round_trip_gives_identical_logits_and_metadata(saved):
     loaded, tok2, meta = load_checkpoint(path)
     x = torch.tensor([[0, 3, 4, 5]])
     assert torch.equal(loaded(x), model.eval()(x))
-    assert tok2 == tok and meta["task"] == "food" and meta["step"] == 7 and meta["extra"] == {"note": "x"}
+    assert (
+        tok2 == tok
+        and meta["task"] == "food"
+        and meta["step"] == 7
+        and meta["extra"] == {"note": "x"}
+    )
     assert "state" in meta["optimizer"]
 
 
@@ -80,7 +85,9 @@ def test_each_unreadable_file_says_what_it_is(tmp_path, capfd):
     (tmp_path / "notes.pt").write_text("hello\nworld\n")
     assert "a text file, not a checkpoint" in refusal(tmp_path / "notes.pt", capfd)
     (tmp_path / "noise.pt").write_bytes(bytes(range(7, 256)) * 40)
-    assert "not a torch checkpoint (unrecognised binary data)" in refusal(tmp_path / "noise.pt", capfd)
+    assert "not a torch checkpoint (unrecognised binary data)" in refusal(
+        tmp_path / "noise.pt", capfd
+    )
     (tmp_path / "empty.pt").write_bytes(b"")
     assert "empty file" in refusal(tmp_path / "empty.pt", capfd)
     (tmp_path / "plain.pt").write_bytes(pickle.dumps({"a": [1, 2]}, protocol=4))
@@ -92,23 +99,35 @@ def test_a_pickle_that_would_run_code_is_refused_as_such(tmp_path, capfd):
     (tmp_path / "raw_code.pt").write_bytes(pickle.dumps({"model": RunsCode()}, protocol=4))
     for name in ("torch_code.pt", "raw_code.pt"):
         msg = refusal(tmp_path / name, capfd)
-        assert "not a weights-only checkpoint (it would run code); refused" in msg and "truncated" not in msg
+        assert (
+            "not a weights-only checkpoint (it would run code); refused" in msg
+            and "truncated" not in msg
+        )
     assert capfd.readouterr().out == "", "the pickled code did not run"
 
 
 def test_to_host_copies_every_tensor_and_keeps_the_structure():
-    """lm/checkpoint.to_host (what an RL checkpoint holds of an algorithm's state and of the anchor): nested dicts and
-    lists keep their shape and their non-tensors; a module's state_dict stays an OrderedDict with its _metadata (what
-    load_state_dict reads), so a checkpoint's bytes do not change on the CPU."""
+    """lm/checkpoint.to_host (what an RL checkpoint holds of an algorithm's state and of the
+    anchor): nested dicts and lists keep their shape and their non-tensors; a module's state_dict
+    stays an OrderedDict with its _metadata (what load_state_dict reads), so a checkpoint's bytes do
+    not change on the CPU."""
     from minigrpo.lm.checkpoint import to_host
+
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, n_embd=8))
     tree = {"head": model.state_dict(), "beta": 0.1, "rows": [torch.arange(3), None], "none": None}
     host = to_host(tree)
-    assert type(host["head"]) is type(tree["head"]) and host["head"]._metadata == tree["head"]._metadata
+    assert (
+        type(host["head"]) is type(tree["head"])
+        and host["head"]._metadata == tree["head"]._metadata
+    )
     assert list(host["head"]) == list(tree["head"]) and host["beta"] == 0.1 and host["none"] is None
-    assert all(torch.equal(host["head"][k], v) and host["head"][k].device.type == "cpu"
-               for k, v in tree["head"].items())
+    assert all(
+        torch.equal(host["head"][k], v) and host["head"][k].device.type == "cpu"
+        for k, v in tree["head"].items()
+    )
     assert torch.equal(host["rows"][0], tree["rows"][0]) and host["rows"][1] is None
-    assert host["rows"][0].data_ptr() == tree["rows"][0].data_ptr(), "a host tensor is not copied again"
+    assert host["rows"][0].data_ptr() == tree["rows"][0].data_ptr(), (
+        "a host tensor is not copied again"
+    )
     if torch.cuda.is_available():  # on a GPU: every tensor on the host
         assert to_host({"x": [torch.ones(2, device="cuda")]})["x"][0].device.type == "cpu"

@@ -5,13 +5,13 @@ import dataclasses
 import pytest
 import torch
 
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.losses import aggregate, value_loss
 from minigrpo.ppo import PPO, PPOConfig
 from minigrpo.rl.config import parse_rl_config
 from minigrpo.rl.critics import CRITICS, HeadCritic, OracleCritic, SeparateCritic
 from minigrpo.rl.loop import Run
 from minigrpo.rl.rollout import collect
-from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.util.cli import UsageError
 from toy_tasks import food
 from toy_tasks.oracle import prefix_values
@@ -19,15 +19,30 @@ from toy_tasks.rewards import make_reward
 
 
 def setup(tmp_path, init, tok, critic, name="r"):
-    """A Run (preservation off), the named critic with a non-zero head, and a rollout of 6 completions."""
-    run = Run(PPOConfig(init=str(init), out=str(tmp_path / name), quiet=True, preserve=False, critic=critic), "ppo")
+    """A Run (preservation off), the named critic with a non-zero head, and a rollout of 6
+    completions."""
+    run = Run(
+        PPOConfig(
+            init=str(init), out=str(tmp_path / name), quiet=True, preserve=False, critic=critic
+        ),
+        "ppo",
+    )
     c = CRITICS[critic](run)
     if c.head is not None:
         with torch.no_grad():
             c.head.linear.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(0))
             c.head.linear.bias.fill_(0.1)
-    batch = collect(run.policy, run.ref, tok, ["ravin likes "], 6, make_reward("pizza", food.REWARDS),
-                    torch.Generator().manual_seed(0), old_logp=True, keep_ref_logits=True)
+    batch = collect(
+        run.policy,
+        run.ref,
+        tok,
+        ["ravin likes "],
+        6,
+        make_reward("pizza", food.REWARDS),
+        torch.Generator().manual_seed(0),
+        old_logp=True,
+        keep_ref_logits=True,
+    )
     return run, c, batch
 
 
@@ -36,7 +51,9 @@ def test_the_table_names_the_three_critics_and_the_flag_takes_its_names():
     field = {f.name: f for f in dataclasses.fields(PPOConfig)}["critic"]
     assert field.metadata["choices"] == sorted(CRITICS) and field.default in CRITICS
     assert parse_rl_config(PPOConfig, ["--critic", "oracle"], "", "ppo").critic == "oracle"
-    with pytest.raises(UsageError, match="invalid choice: 'vine' \\(choose from 'head', 'oracle', 'separate'\\)"):
+    with pytest.raises(
+        UsageError, match="invalid choice: 'vine' \\(choose from 'head', 'oracle', 'separate'\\)"
+    ):
         parse_rl_config(PPOConfig, ["--critic", "vine"], "", "ppo")
 
 
@@ -47,15 +64,25 @@ def test_the_oracle_has_no_parameters_no_value_loss_and_the_exact_values(tmp_pat
     assert c.state_dict() == {"value_head": None, "critic_trunk": None}
     zeros = torch.zeros(batch.mask.shape)
     assert c.loss(batch, None, zeros, zeros, 0.2) is None
-    want = prefix_values(run.policy, tok, batch.prompts, batch.gen.completion_ids, batch.mask, run.prompts,
-                         run.task.support, run.rewards)
+    want = prefix_values(
+        run.policy,
+        tok,
+        batch.prompts,
+        batch.gen.completion_ids,
+        batch.mask,
+        run.prompts,
+        run.task.support,
+        run.rewards,
+    )
     got = c.values(batch)
     assert torch.equal(got, want) and got[batch.mask].abs().sum() > 0
     assert [id(p) for p in PPO(run).parameters()] == [id(p) for p in run.policy.parameters()]
 
 
 @pytest.mark.parametrize("critic", ["head", "separate"])
-def test_learned_values_are_the_head_on_the_right_trunk_and_zero_where_masked(tmp_path, tiny_pretrained, critic):
+def test_learned_values_are_the_head_on_the_right_trunk_and_zero_where_masked(
+    tmp_path, tiny_pretrained, critic
+):
     init, _, tok = tiny_pretrained
     run, c, batch = setup(tmp_path, init, tok, critic, name=critic)
     assert c.learned
@@ -76,7 +103,9 @@ def test_learned_values_are_the_head_on_the_right_trunk_and_zero_where_masked(tm
     if critic == "head":  # the policy's hidden states, when given, are used as they are
         assert torch.equal(given, values)
     else:  # ignored: the separate critic runs its own trunk
-        assert torch.equal(given, values) and not torch.allclose(given[mask], c.head(policy_hidden, run.policy)[mask])
+        assert torch.equal(given, values) and not torch.allclose(
+            given[mask], c.head(policy_hidden, run.policy)[mask]
+        )
 
 
 def test_the_head_critics_value_loss_reaches_the_policys_trunk(tmp_path, tiny_pretrained):
@@ -84,12 +113,16 @@ def test_the_head_critics_value_loss_reaches_the_policys_trunk(tmp_path, tiny_pr
     run, c, batch = setup(tmp_path, init, tok, "head")
     policy_ids = {id(p) for p in run.policy.parameters()}
     assert [id(p) for p in c.parameters()] == [id(p) for p in c.head.parameters()]
-    assert not policy_ids & {id(p) for p in c.parameters()}, "the policy's weights are the optimiser's once"
+    assert not policy_ids & {id(p) for p in c.parameters()}, (
+        "the policy's weights are the optimiser's once"
+    )
     returns = torch.where(batch.mask, 1.0, 0.0)
     vl, values = c.loss(batch, None, torch.zeros(batch.mask.shape), returns, None)
     vl.backward()
     grads = [p.grad for p in run.policy.parameters()]
-    assert sum(g.abs().sum().item() for g in grads if g is not None) > 0, "a shared trunk: V's gradient reaches it"
+    assert sum(g.abs().sum().item() for g in grads if g is not None) > 0, (
+        "a shared trunk: V's gradient reaches it"
+    )
     assert c.head.linear.weight.grad.abs().sum() > 0
 
 
@@ -107,7 +140,9 @@ def test_the_separate_critic_never_touches_the_policy(tmp_path, tiny_pretrained)
     assert all(p.grad is None for p in run.policy.parameters()), "no gradient flows into the policy"
     assert sum(p.grad.abs().sum().item() for p in c.trunk.parameters() if p.grad is not None) > 0
     torch.optim.SGD(mine, lr=0.1).step()
-    assert all(torch.equal(v, run.policy.state_dict()[k]) for k, v in before.items()), "the policy's weights moved"
+    assert all(torch.equal(v, run.policy.state_dict()[k]) for k, v in before.items()), (
+        "the policy's weights moved"
+    )
 
 
 def test_the_value_loss_is_the_token_mean_of_the_clipped_squared_error(tmp_path, tiny_pretrained):
@@ -124,9 +159,14 @@ def test_the_value_loss_is_the_token_mean_of_the_clipped_squared_error(tmp_path,
         if clip is not None:
             err = torch.maximum(err, (o + (v - o).clamp(-clip, clip) - r) ** 2)
         assert vl.item() == pytest.approx((0.5 * err).mean().item(), rel=1e-5)
-        assert vl.item() == pytest.approx(aggregate(value_loss(values, old, returns, mask, clip), mask,
-                                                    "token-mean").item(), rel=1e-6)
-    assert c.loss(batch, None, old, returns, 0.05)[0].item() > c.loss(batch, None, old, returns, None)[0].item()
+        assert vl.item() == pytest.approx(
+            aggregate(value_loss(values, old, returns, mask, clip), mask, "token-mean").item(),
+            rel=1e-6,
+        )
+    assert (
+        c.loss(batch, None, old, returns, 0.05)[0].item()
+        > c.loss(batch, None, old, returns, None)[0].item()
+    )
 
 
 @pytest.mark.parametrize("critic", ["head", "separate"])
@@ -138,7 +178,9 @@ def test_the_state_dict_round_trips_into_a_fresh_critic(tmp_path, tiny_pretraine
             for p in c.trunk.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
     state = c.state_dict()
-    assert set(state) == {"value_head", "critic_trunk"} and (state["critic_trunk"] is None) == (critic == "head")
+    assert set(state) == {"value_head", "critic_trunk"} and (state["critic_trunk"] is None) == (
+        critic == "head"
+    )
     fresh = CRITICS[critic](run)
     with torch.no_grad():
         assert not torch.equal(fresh.values(batch), c.values(batch))
@@ -147,7 +189,9 @@ def test_the_state_dict_round_trips_into_a_fresh_critic(tmp_path, tiny_pretraine
     algo = PPO(run)
     algo.critic, algo.beta = c, 0.123
     saved = algo.state_dict()
-    assert set(saved) == {"value_head", "beta", "critic_trunk"}, "the checkpoint keys PPO has always written"
+    assert set(saved) == {"value_head", "beta", "critic_trunk"}, (
+        "the checkpoint keys PPO has always written"
+    )
     other = PPO(run)
     other.load_state_dict(saved)
     assert other.beta == 0.123

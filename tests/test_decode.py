@@ -1,9 +1,10 @@
-"""decode.Decoder against its oracle, GPT.forward through the KV cache: logits, the cache it fills, padding, and
-the prefill's sharing of repeated prompts (sampling.prefill)."""
+"""decode.Decoder against its oracle, GPT.forward through the KV cache: logits, the cache it fills,
+padding, and the prefill's sharing of repeated prompts (sampling.prefill)."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minigrpo.lm.decode import Decoder
 from minigrpo.lm.model import GPT, GPTConfig, positions
@@ -12,12 +13,20 @@ from minigrpo.lm.sampling import prefill
 
 def model_of(n_layer=2, n_head=2, n_embd=16, seed=0, block_size=16):
     torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=11, block_size=block_size, n_layer=n_layer, n_head=n_head,
-                         n_embd=n_embd)).double().eval()
+    return (
+        GPT(
+            GPTConfig(
+                vocab_size=11, block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd
+            )
+        )
+        .double()
+        .eval()
+    )
 
 
 def left_padded(lengths, width, seed):
-    """Rows of random ids, row i's last lengths[i] slots real, the rest padding: -> ids, key_mask (B, width)."""
+    """Rows of random ids, row i's last lengths[i] slots real, the rest padding: -> ids, key_mask
+    (B, width)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 11, (len(lengths), width), generator=g)
     mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]
@@ -25,14 +34,20 @@ def left_padded(lengths, width, seed):
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5), steps=st.integers(1, 6),
-       shape=st.sampled_from([(1, 1, 8), (2, 2, 16), (3, 4, 16)]), seed=st.integers(0, 2**16))
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    steps=st.integers(1, 6),
+    shape=st.sampled_from([(1, 1, 8), (2, 2, 16), (3, 4, 16)]),
+    seed=st.integers(0, 2**16),
+)
 def test_decoder_equals_the_model_through_the_cache(lengths, steps, shape, seed):
-    """A prefill of left-padded prompts, then one token per step: every step's logits and the whole cache agree
-    with GPT.forward's (float64: to 1e-10)."""
+    """A prefill of left-padded prompts, then one token per step: every step's logits and the whole
+    cache agree with GPT.forward's (float64: to 1e-10)."""
     model, width = model_of(*shape, seed=seed % 7), max(lengths)
     ids, prompt_mask = left_padded(lengths, width, seed)
-    new = torch.randint(3, 11, (len(lengths), steps), generator=torch.Generator().manual_seed(seed + 1))
+    new = torch.randint(
+        3, 11, (len(lengths), steps), generator=torch.Generator().manual_seed(seed + 1)
+    )
     key_mask = torch.cat([prompt_mask, torch.ones_like(new, dtype=torch.bool)], 1)
     padded = not bool(prompt_mask.all())
     km, pos = (key_mask if padded else None), positions(key_mask)
@@ -48,7 +63,9 @@ def test_decoder_equals_the_model_through_the_cache(lengths, steps, shape, seed)
             got = decode(new[:, t - width : t - width + 1], pos[:, t : t + 1], got_cache, m)
             assert (got - want).abs().max() < 1e-10, f"step {t}"
     assert got_cache.length == want_cache.length == width + steps
-    assert (got_cache.k - want_cache.k).abs().max() < 1e-10 and (got_cache.v - want_cache.v).abs().max() < 1e-10
+    assert (got_cache.k - want_cache.k).abs().max() < 1e-10 and (
+        got_cache.v - want_cache.v
+    ).abs().max() < 1e-10
 
 
 def test_decoder_refuses_to_run_past_block_size():
@@ -62,35 +79,47 @@ def test_decoder_refuses_to_run_past_block_size():
 
 
 def test_decoder_uses_the_models_linear_weights_as_they_lie_and_copies_any_other_order():
-    """GPT keeps each Linear weight in (in, out) memory order, so the Decoder needs no copy of it; a model whose
-    weights are ordinary (out, in) tensors decodes the same, through copies."""
+    """GPT keeps each Linear weight in (in, out) memory order, so the Decoder needs no copy of it; a
+    model whose weights are ordinary (out, in) tensors decodes the same, through copies."""
     model, x = model_of(), torch.randint(3, 11, (2, 4))
     decode = Decoder(model)
     qkv = model.blocks[0].attn.qkv.weight
-    assert decode.layers[0][1][1].data_ptr() == qkv.data_ptr()  # the (in, out) matrix is the weight's own memory
+    # the (in, out) matrix is the weight's own memory
+    assert decode.layers[0][1][1].data_ptr() == qkv.data_ptr()
     with torch.no_grad():
         want = decode(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4))
         for m in model.modules():
             if isinstance(m, torch.nn.Linear):
-                m.weight = torch.nn.Parameter(m.weight.detach().contiguous())  # (out, in), as nn.Linear makes it
+                # (out, in), as nn.Linear makes it
+                m.weight = torch.nn.Parameter(m.weight.detach().contiguous())
         other = Decoder(model)
-        assert other.layers[0][1][1].is_contiguous() and other.layers[0][1][1].data_ptr() != qkv.data_ptr()
-        assert (other(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)) - want).abs().max() < 1e-12
+        assert (
+            other.layers[0][1][1].is_contiguous()
+            and other.layers[0][1][1].data_ptr() != qkv.data_ptr()
+        )
+        assert (
+            other(x, torch.arange(4).expand(2, 4), model.new_cache(2, 4)) - want
+        ).abs().max() < 1e-12
 
 
 call = Decoder.__call__  # the original, for the spy below
 
 
-@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [2, 2, 0, 1, 1, 1, 2], [2, 0, 2, 1, 0, 2], [1, 1, 1]])
+@pytest.mark.parametrize(
+    "rows", [[0, 1, 2, 3], [2, 2, 0, 1, 1, 1, 2], [2, 0, 2, 1, 0, 2], [1, 1, 1]]
+)
 def test_prefill_computes_each_run_of_one_prompt_once_and_fills_every_row(rows, monkeypatch):
-    """sampling.prefill shares a prompt repeated in neighbouring rows (a GRPO group): logits and cache per row equal a
-    prefill of every row, in the rows' own order, and the model ran once per run of equal rows."""
+    """sampling.prefill shares a prompt repeated in neighbouring rows (a GRPO group): logits and
+    cache per row equal a prefill of every row, in the rows' own order, and the model ran once per
+    run of equal rows."""
     model = model_of()
     ids, mask = left_padded([3, 5, 2, 5], 5, seed=1)
     ids, mask = ids[rows], mask[rows]
     pos, km = positions(mask), (mask if not bool(mask.all()) else None)
     decode, seen = Decoder(model), []
-    monkeypatch.setattr(Decoder, "__call__", lambda self, ids, *a: seen.append(len(ids)) or call(self, ids, *a))
+    monkeypatch.setattr(
+        Decoder, "__call__", lambda self, ids, *a: seen.append(len(ids)) or call(self, ids, *a)
+    )
     with torch.no_grad():
         want_cache = model.new_cache(len(rows), 9)
         want = model(ids, pos, km, want_cache)[:, -1]
@@ -98,4 +127,6 @@ def test_prefill_computes_each_run_of_one_prompt_once_and_fills_every_row(rows, 
     assert seen == [1 + sum(a != b for a, b in zip(rows[1:], rows[:-1]))]
     assert (got - want).abs().max() < 1e-10
     assert cache.k.shape == want_cache.k.shape and cache.length == want_cache.length == 5
-    assert (cache.k - want_cache.k).abs().max() < 1e-10 and (cache.v - want_cache.v).abs().max() < 1e-10
+    assert (cache.k - want_cache.k).abs().max() < 1e-10 and (
+        cache.v - want_cache.v
+    ).abs().max() < 1e-10

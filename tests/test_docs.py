@@ -1,6 +1,7 @@
-"""The pages a person reads: every relative link in README.md and docs/*.md reaches a file, and every #anchor a
-heading of it (GitHub's rule: lower case, punctuation dropped, each space a hyphen, a repeated heading -1, -2, …);
-the README stays one sitting; the top level holds only what the brief fixes."""
+"""The pages a person reads: every relative link in README.md and docs/*.md reaches a file, and
+every #anchor a heading of it (GitHub's rule: lower case, punctuation dropped, each space a hyphen,
+a repeated heading -1, -2, …); the README stays one sitting; the top level holds only what the brief
+fixes."""
 
 import collections
 import re
@@ -15,7 +16,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _prose(path: Path) -> str:
-    return re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # code blocks hold no links
+    # code blocks hold no links
+    return re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
 
 
 def heading_anchors(markdown: str) -> set[str]:
@@ -32,7 +34,12 @@ def heading_anchors(markdown: str) -> set[str]:
 
 def test_heading_anchors_follow_githubs_rule():
     page = "# Sampler ≠ trainer: what it costs\n## The `k3` KL\n## Runs\n## Runs\n"
-    assert heading_anchors(page) == {"sampler--trainer-what-it-costs", "the-k3-kl", "runs", "runs-1"}
+    assert heading_anchors(page) == {
+        "sampler--trainer-what-it-costs",
+        "the-k3-kl",
+        "runs",
+        "runs-1",
+    }
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -58,7 +65,9 @@ def test_the_top_level_holds_only_the_fixed_layout():
     """What git tracks (in a copy without git: what is there, less the build's egg-info)."""
     fixed = {"README.md", "pyproject.toml", "minigrpo", "toy_tasks", "tests", "runs", "docs"}
     try:
-        files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        files = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
         names = {line.split("/")[0] for line in files.splitlines()}
     except (OSError, subprocess.CalledProcessError):
         names = {p.name for p in ROOT.iterdir() if not p.name.endswith(".egg-info")}

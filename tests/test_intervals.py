@@ -1,13 +1,25 @@
-"""compare's interval estimates (minigrpo/tools/intervals.py) on hand-made runs whose figures are known."""
+"""compare's interval estimates (minigrpo/tools/intervals.py) on hand-made runs whose figures are
+known."""
 
-from minigrpo.tools.intervals import (Bootstraps, ask_early, draw_intervals, improvement_table, interval_table,
-                                      never, scores)
+from minigrpo.tools.intervals import (
+    Bootstraps,
+    ask_early,
+    draw_intervals,
+    improvement_table,
+    interval_table,
+    never,
+    scores,
+)
 
 
 def run(targets, regret=0.001):
-    """A run's curves as sweep_report.curves reads them: the exact target rate at steps 0, 1, 2, ..."""
-    return {"steps": list(range(len(targets))), "target": list(targets),
-            "final": {"target_rate": targets[-1], "steps": len(targets) - 1, "regret": regret}}
+    """A run's curves as sweep_report.curves reads them: the exact target rate at steps 0, 1, 2,
+    ..."""
+    return {
+        "steps": list(range(len(targets))),
+        "target": list(targets),
+        "final": {"target_rate": targets[-1], "steps": len(targets) - 1, "regret": regret},
+    }
 
 
 FAST = [run([0.1, 0.96, 0.99]), run([0.1, 0.97, 0.98]), run([0.1, 0.5, 0.97])]
@@ -19,7 +31,9 @@ def test_scores_take_each_runs_final_rate_steps_to_the_goal_and_regret():
     assert s["final target"] == [0.9, 0.985, 0.3]
     assert s["steps to 0.95"] == [3, 2, 3], "never reaching 0.95: the last step + 1, a lower bound"
     assert never(SLOW) == 2 and never(FAST) == 0
-    assert "regret" not in scores([run([0.1, 0.9], regret=None)]), "no frontier (not food): no regret column"
+    assert "regret" not in scores([run([0.1, 0.9], regret=None)]), (
+        "no frontier (not food): no regret column"
+    )
 
 
 def test_the_tables_give_each_algorithm_its_iqm_interval_and_each_pair_its_probability():
@@ -27,7 +41,9 @@ def test_the_tables_give_each_algorithm_its_iqm_interval_and_each_pair_its_proba
     assert rows[0].startswith("| algorithm | runs | final target: IQM [95 % CI] | steps to 0.95")
     assert rows[2].startswith("| fast | 3 | 0.98 [") and ", 2 never" in rows[3]
     matrix = improvement_table({"fast": FAST, "slow": SLOW})
-    assert matrix[2].startswith("| fast | - | 0.78 [") and matrix[3].startswith("| slow | 0.22 ["), matrix
+    assert matrix[2].startswith("| fast | - | 0.78 [") and matrix[3].startswith(
+        "| slow | 0.22 ["
+    ), matrix
 
 
 def test_intervals_png_is_drawn(tmp_path):
@@ -36,8 +52,14 @@ def test_intervals_png_is_drawn(tmp_path):
 
 
 def test_the_bootstraps_in_threads_give_the_same_tables_and_figure(tmp_path):
-    """compare runs them in --jobs threads: each bootstrap seeded as one after another, so nothing moves."""
-    third = [run([0.1, 0.4, 0.99]), run([0.1, 0.9, 0.96]), run([0.2, 0.6, 0.95]), run([0.1, 0.8, 1.0])]
+    """compare runs them in --jobs threads: each bootstrap seeded as one after another, so nothing
+    moves."""
+    third = [
+        run([0.1, 0.4, 0.99]),
+        run([0.1, 0.9, 0.96]),
+        run([0.2, 0.6, 0.95]),
+        run([0.1, 0.8, 1.0]),
+    ]
     results = {"fast": FAST, "slow": SLOW, "third": third, "none": []}
     assert interval_table(results, 3) == interval_table(results)
     assert improvement_table(results, 3) == improvement_table(results)
@@ -47,14 +69,21 @@ def test_the_bootstraps_in_threads_give_the_same_tables_and_figure(tmp_path):
 
 
 def test_bootstraps_asked_early_are_the_reports_own_and_not_made_again(tmp_path):
-    """compare asks for an algorithm's bootstraps as its last run ends (ask_early): the report then finds every one
-    of them made (only the third algorithm's, and its pairs, are new) and is the same, table and figure."""
-    third = [run([0.1, 0.4, 0.99]), run([0.1, 0.9, 0.96]), run([0.2, 0.6, 0.95]), run([0.1, 0.8, 1.0])]
+    """compare asks for an algorithm's bootstraps as its last run ends (ask_early): the report then
+    finds every one of them made (only the third algorithm's, and its pairs, are new) and is the
+    same, table and figure."""
+    third = [
+        run([0.1, 0.4, 0.99]),
+        run([0.1, 0.9, 0.96]),
+        run([0.2, 0.6, 0.95]),
+        run([0.1, 0.8, 1.0]),
+    ]
     results = {"fast": FAST, "slow": SLOW, "third": third}
     boot, every = Bootstraps(2), Bootstraps(1)
     ask_early(boot, list(results), {"slow": SLOW, "fast": FAST})  # in the order they ended
     early = set(boot.asked)
-    assert len(early) == 2 * 3 + 2 * 3 + 2 - 1  # each: 3 scores, a band over 3 steps; the pair both ways (their
+    # each: 3 scores, a band over 3 steps; the pair both ways (their
+    assert len(early) == 2 * 3 + 2 * 3 + 2 - 1
     # step 0 is one call: the same values, the same seed)
     assert interval_table(results, boot) == interval_table(results)
     assert improvement_table(results, boot) == improvement_table(results)
@@ -62,4 +91,5 @@ def test_bootstraps_asked_early_are_the_reports_own_and_not_made_again(tmp_path)
     draw_intervals(results, tmp_path / "late.png", "t")
     assert (tmp_path / "early.png").read_bytes() == (tmp_path / "late.png").read_bytes()
     ask_early(every, list(results), results)
-    assert early < set(boot.asked) == set(every.asked)  # what the report asks is what ask_early asks, no more
+    # what the report asks is what ask_early asks, no more
+    assert early < set(boot.asked) == set(every.asked)

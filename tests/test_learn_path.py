@@ -1,5 +1,6 @@
-"""minigrpo.learn as a learner walks it: what each stub and first hint teach (every graded property, no part
-of the answer imported), where the path sends the learner next, and the docs' table of tests per exercise."""
+"""minigrpo.learn as a learner walks it: what each stub and first hint teach (every graded property,
+no part of the answer imported), where the path sends the learner next, and the docs' table of tests
+per exercise."""
 
 import ast
 import json
@@ -7,11 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from test_learn import plant
 
 from minigrpo.learn import grade, workspace
 from minigrpo.learn.__main__ import main
 from minigrpo.learn.path import PATH, find
-from test_learn import plant
 
 
 def plain(text: str) -> str:
@@ -19,7 +20,9 @@ def plain(text: str) -> str:
 
 
 def stub_docstring(ex) -> str:
-    (node,) = [n for n in ast.parse(workspace.stub_source(ex)).body if isinstance(n, ast.FunctionDef)]
+    (node,) = [
+        n for n in ast.parse(workspace.stub_source(ex)).body if isinstance(n, ast.FunctionDef)
+    ]
     return ast.get_docstring(node) or ""
 
 
@@ -27,22 +30,34 @@ def stub_docstring(ex) -> str:
 def test_every_graded_property_is_stated_in_the_stub_docstring_or_the_first_hint(ex):
     graded = {t.split("::")[-1] for t in grade.test_ids(ex, grade.repo_root())}
     said = plain(stub_docstring(ex) + " " + ex.hints[0])
-    assert getattr(ex, "graded", ()), f"exercise {ex.number} {ex.name} declares none of the properties it grades"
+    assert getattr(ex, "graded", ()), (
+        f"exercise {ex.number} {ex.name} declares none of the properties it grades"
+    )
     covered = set()
     for req in ex.graded:
         parts = req.tests.split()
-        assert len(req.words.strip()) >= 4 and parts, f"{ex.name}: {req} states nothing or grades nothing"
+        assert len(req.words.strip()) >= 4 and parts, (
+            f"{ex.name}: {req} states nothing or grades nothing"
+        )
         for part in parts:
             hits = {t for t in graded if part in t}
             assert hits, f"{ex.name}: {part!r} names none of its graded tests {sorted(graded)}"
             covered |= hits
-        assert plain(req.words) in said, f"exercise {ex.number} {ex.name}: {req.words!r} (graded by {req.tests}) " \
-                                         "is stated neither in the stub's docstring nor in its first hint"
-    assert covered == graded, f"exercise {ex.number} {ex.name} grades, unstated: {sorted(graded - covered)}"
+        assert plain(req.words) in said, (
+            f"exercise {ex.number} {ex.name}: {req.words!r} (graded by {req.tests}) "
+            "is stated neither in the stub's docstring nor in its first hint"
+        )
+    assert covered == graded, (
+        f"exercise {ex.number} {ex.name} grades, unstated: {sorted(graded - covered)}"
+    )
 
 
-ANSWERS = {"group_advantages": {"_std"}, "clipped_surrogate": {"masked_inputs", "_bounds"},
-           "aggregate": {"_AGGREGATORS"}, "grpo_loss": {"policy_loss_per_token", "reduction"}}
+ANSWERS = {
+    "group_advantages": {"_std"},
+    "clipped_surrogate": {"masked_inputs", "_bounds"},
+    "aggregate": {"_AGGREGATORS"},
+    "grpo_loss": {"policy_loss_per_token", "reduction"},
+}
 
 
 @pytest.mark.parametrize("ex", PATH, ids=[e.name for e in PATH])
@@ -54,22 +69,32 @@ def test_a_stub_imports_only_what_is_not_the_exercise_each_import_saying_what_it
     names = set()
     for node in imports:
         line = lines[node.lineno - 1]
-        assert len(line.partition("  # ")[2].split()) >= 2, f"{ex.name}: {line!r} says in no comment what it is for"
+        assert len(line.partition("  # ")[2].split()) >= 2, (
+            f"{ex.name}: {line!r} says in no comment what it is for"
+        )
         names |= {alias.name.split(".")[-1] for alias in node.names}
-    assert not {n for n in names if n.startswith("_")}, f"{ex.name}'s stub imports the library's private helpers"
-    assert ex.name not in names and not names & ANSWERS.get(ex.name, set()), f"{ex.name}'s stub hands over {names}"
+    assert not {n for n in names if n.startswith("_")}, (
+        f"{ex.name}'s stub imports the library's private helpers"
+    )
+    assert ex.name not in names and not names & ANSWERS.get(ex.name, set()), (
+        f"{ex.name}'s stub hands over {names}"
+    )
 
 
 def test_the_docs_table_of_tests_per_exercise_is_what_check_counts():
     counts = grade.test_counts()
-    want = [f"| {ex.number} | `{ex.name}` ({ex.file_stem}.py) | {ex.lesson} | {counts[ex.name]} |" for ex in PATH]
+    want = [
+        f"| {ex.number} | `{ex.name}` ({ex.file_stem}.py) | {ex.lesson} | {counts[ex.name]} |"
+        for ex in PATH
+    ]
     docs = (grade.repo_root() / "docs" / "learn.md").read_text()
     rows = [line for line in docs.splitlines() if re.match(r"\| \d+ \| `", line)]
     assert rows == want, "docs/learn.md's table must be, as the code counts it:\n" + "\n".join(want)
 
 
 def record_passing(folder, *numbers):
-    """Plant the library's own functions as the learner's and record them passing (as `check` would)."""
+    """Plant the library's own functions as the learner's and record them passing (as `check`
+    would)."""
     for n in numbers:
         ex = find(str(n))
         plant(folder, ex.name, workspace.reference_source(ex))
@@ -95,7 +120,13 @@ def test_the_path_sends_the_learner_to_the_first_exercise_not_passing(tmp_path, 
     run(["start", "4", "--dir", d], capsys)
     assert f"then: {say('check 4')}" in run(["list", "--dir", d], capsys)[1]
     path = workspace.learner_file(find("k1"), d)
-    path.write_text(re.sub(r"    raise NotImplementedError\(.*\)\n", "    return ref_logp - logp\n", path.read_text()))
+    path.write_text(
+        re.sub(
+            r"    raise NotImplementedError\(.*\)\n",
+            "    return ref_logp - logp\n",
+            path.read_text(),
+        )
+    )
     code, out = run(["check", "4", "--dir", d], capsys)
     assert code == 1 and "the KL's sign" in out and say("hint 4") in out and "Next" not in out, out
     path.write_text(path.read_text().replace("return ref_logp - logp", "return logp - ref_logp"))
@@ -116,7 +147,9 @@ def test_check_all_says_next_only_for_an_exercise_not_passing(tmp_path, capsys):
     code, out = run(["check", "--all", "--dir", d], capsys)
     assert code == 1 and "the path: 2 of 12 passing" in out, out
     for n in re.findall(r"(?:Next|next): python -m minigrpo\.learn (?:start|check) (\d+)", out):
-        assert grade.graded_status(find(n), d) != "passing", f"Next points at exercise {n}, which passes: {out}"
+        assert grade.graded_status(find(n), d) != "passing", (
+            f"Next points at exercise {n}, which passes: {out}"
+        )
     assert f"next: {workspace.command('start 1', d)}" in out, out
 
 
@@ -124,25 +157,40 @@ def test_a_file_that_does_not_load_says_so_with_its_error(tmp_path, capsys):
     d = str(tmp_path / "ws")
     run(["start", "1", "--dir", d], capsys)
     path = workspace.learner_file(find("1"), d)
-    path.write_text("import math\n" + path.read_text())  # an import before `from __future__ import annotations`
+    # an import before `from __future__ import annotations`
+    path.write_text("import math\n" + path.read_text())
     for argv in (["check", "1"], ["check", "--all"]):
         code, out = run([*argv, "--dir", d], capsys)
         assert code == 1 and "exercise 1 group_advantages: your file does not load" in out, out
-        assert "from __future__ imports must occur at the beginning of the file" in out and "not started" not in \
-            out.split("exercise 2")[0], out
+        assert (
+            "from __future__ imports must occur at the beginning of the file" in out
+            and "not started" not in out.split("exercise 2")[0]
+        ), out
     assert re.search(r"1 +group_advantages +does not load", run(["list", "--dir", d], capsys)[1])
-    written = re.sub(r"    raise NotImplementedError\(.*\)\n", "    return rewards\n", path.read_text())
-    path.write_text(written.replace("import math\n", "", 1)  # compiles, but imports a module that is not there
-                    .replace("import torch", "import torch\nimport no_such_module_anywhere", 1))
+    written = re.sub(
+        r"    raise NotImplementedError\(.*\)\n", "    return rewards\n", path.read_text()
+    )
+    # compiles, but imports a module that is not there
+    path.write_text(
+        written.replace("import math\n", "", 1).replace(
+            "import torch", "import torch\nimport no_such_module_anywhere", 1
+        )
+    )
     code, out = run(["check", "1", "--dir", d], capsys)
     assert code == 1 and "your file does not load" in out and "no_such_module_anywhere" in out, out
 
 
-def test_when_every_exercise_passes_the_path_points_at_the_whole_trainer(tmp_path, capsys, monkeypatch):
+def test_when_every_exercise_passes_the_path_points_at_the_whole_trainer(
+    tmp_path, capsys, monkeypatch
+):
     d = str(tmp_path / "ws")
     record_passing(d, *range(1, len(PATH) + 1))
     out = run(["list", "--dir", d], capsys)[1]
-    assert "start with" not in out and "minigrpo/grpo.py" in out and workspace.command("check --all", d) in out, out
+    assert (
+        "start with" not in out
+        and "minigrpo/grpo.py" in out
+        and workspace.command("check --all", d) in out
+    ), out
     init = tmp_path / "model.pt"
     init.write_text("a checkpoint")
 
@@ -151,7 +199,10 @@ def test_when_every_exercise_passes_the_path_points_at_the_whole_trainer(tmp_pat
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "summary.json").write_text(json.dumps({"target_rate": 0.97}))
         return 0, "done\n", ""
+
     monkeypatch.setattr(grade.child, "run", trained)
     assert grade.capstone(d, init=init) == (True, 0.97)
     out = capsys.readouterr().out
-    assert "capstone passed" in out and "minigrpo/grpo.py" in out and "the whole trainer" in out, out
+    assert "capstone passed" in out and "minigrpo/grpo.py" in out and "the whole trainer" in out, (
+        out
+    )

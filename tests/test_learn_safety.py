@@ -1,5 +1,5 @@
-"""minigrpo.learn with a learner's code that never returns, a check stopped from outside, a --dir that cannot be
-a workspace, and the commands it prints naming the learner's --dir."""
+"""minigrpo.learn with a learner's code that never returns, a check stopped from outside, a --dir
+that cannot be a workspace, and the commands it prints naming the learner's --dir."""
 
 import os
 import re
@@ -17,13 +17,18 @@ from minigrpo.learn.__main__ import main
 from minigrpo.learn.path import find
 
 LOOP = "while True:\n    pass"  # a learner's body that never returns
-STUBBORN = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"
+STUBBORN = (
+    "while True:\n    try:\n        while True:\n            pass\n    except "
+    "BaseException:\n        pass"
+)
 
 
 def plant_loop(folder, name, mark=None, loop=LOOP):
     """A learner's `name` that never returns (after touching the file `mark`, when given)."""
     body = loop if mark is None else f"import pathlib\npathlib.Path({str(mark)!r}).touch()\n{loop}"
-    path, written = workspace.write_stub(find(name), folder, workspace.stub_source(find(name), body))
+    path, written = workspace.write_stub(
+        find(name), folder, workspace.stub_source(find(name), body)
+    )
     assert written and workspace.learner_function(find(name), folder) is not None
     return path
 
@@ -31,8 +36,10 @@ def plant_loop(folder, name, mark=None, loop=LOOP):
 @contextmanager
 def deadline(seconds):
     """Fail the test (instead of hanging it) when its block has not ended after `seconds`."""
+
     def expired(signum, frame):
         raise AssertionError(f"still running after {seconds} s: it never ends")
+
     old = signal.signal(signal.SIGUSR1, expired)
     timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))
     timer.start()
@@ -45,15 +52,19 @@ def deadline(seconds):
 
 @pytest.mark.parametrize("loop", [LOOP, STUBBORN], ids=["loop", "loop_that_catches_the_alarm"])
 def test_check_of_a_function_that_loops_forever_ends_naming_the_test_and_says_what_it_waits_for(
-        tmp_path, capsys, monkeypatch, loop):
+    tmp_path, capsys, monkeypatch, loop
+):
     monkeypatch.setattr(grade, "TEST_LIMIT_S", 3, raising=False)
     monkeypatch.setattr(grade, "STILL_AFTER_S", 1, raising=False)
-    monkeypatch.setattr(grade, "KILL_AFTER_S", 2, raising=False)  # the command kills what the alarm cannot stop
+    # the command kills what the alarm cannot stop
+    monkeypatch.setattr(grade, "KILL_AFTER_S", 2, raising=False)
     plant_loop(tmp_path, "k1", loop=loop)
     with deadline(90):
         assert grade.check(find("k1"), tmp_path) is False
     out = capsys.readouterr().out
-    assert re.search(r"test_\w+(\[[^\]]*\])? ran past 3 s: does your function loop forever\?", out), out
+    assert re.search(
+        r"test_\w+(\[[^\]]*\])? ran past 3 s: does your function loop forever\?", out
+    ), out
     assert re.search(r"still checking k1: waiting for test_\w+.* \(\d+ s\)", out), out
     assert grade.graded_status(find("k1"), tmp_path) == "failing"
 
@@ -81,11 +92,13 @@ def alive(pid: int) -> bool:
 
 
 def stop_from_outside_and_assert_no_child_survives(cmd, sig, cwd, mark):
-    """Start cmd; once its child runs the learner's loop (`mark` exists), stop cmd with sig: its child must end."""
+    """Start cmd; once its child runs the learner's loop (`mark` exists), stop cmd with sig: its
+    child must end."""
     parent = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     child = None
     try:
-        for _ in range(600):  # until the child runs the learner's loop (python start-up, torch's import)
+        # until the child runs the learner's loop (python start-up, torch's import)
+        for _ in range(600):
             kids = children(parent.pid)
             child = kids[0] if kids else child
             if mark.exists():
@@ -109,20 +122,29 @@ def stop_from_outside_and_assert_no_child_survives(cmd, sig, cwd, mark):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name
+)
 def test_a_check_stopped_from_outside_leaves_no_pytest_behind(tmp_path, sig):
     plant_loop(tmp_path, "k1", mark=tmp_path / "looping")
     cmd = [sys.executable, "-m", "minigrpo.learn", "check", "k1", "--dir", str(tmp_path)]
-    stop_from_outside_and_assert_no_child_survives(cmd, sig, grade.repo_root(), tmp_path / "looping")
+    stop_from_outside_and_assert_no_child_survives(
+        cmd, sig, grade.repo_root(), tmp_path / "looping"
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_capstone_stopped_from_outside_leaves_no_training_run_behind(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     plant_loop(tmp_path, "grpo_loss", mark=tmp_path / "looping")
-    code = "import sys; from minigrpo.learn import grade; grade.capstone(sys.argv[1], init=sys.argv[2])"
+    code = (
+        "import sys; from minigrpo.learn import grade; grade.capstone(sys.argv[1], "
+        "init=sys.argv[2])"
+    )
     cmd = [sys.executable, "-c", code, str(tmp_path), str(init)]
-    stop_from_outside_and_assert_no_child_survives(cmd, signal.SIGTERM, grade.repo_root(), tmp_path / "looping")
+    stop_from_outside_and_assert_no_child_survives(
+        cmd, signal.SIGTERM, grade.repo_root(), tmp_path / "looping"
+    )
 
 
 def assert_one_line_exit_2(argv, capsys, *words):
@@ -139,7 +161,9 @@ def test_a_dir_that_is_a_file_or_under_a_file_is_one_line_and_exit_2(tmp_path, c
     a_file.write_text("not a folder\n")
     for command in (["start", "1"], ["hint", "1"], ["check", "1"], ["list"]):
         assert_one_line_exit_2([*command, "--dir", str(a_file)], capsys, str(a_file), "is a file")
-        assert_one_line_exit_2([*command, "--dir", str(a_file / "ws")], capsys, str(a_file / "ws"), "is a file")
+        assert_one_line_exit_2(
+            [*command, "--dir", str(a_file / "ws")], capsys, str(a_file / "ws"), "is a file"
+        )
     assert a_file.read_text() == "not a folder\n"
 
 
@@ -149,7 +173,9 @@ def test_a_read_only_dir_is_one_line_and_exit_2(tmp_path, capsys):
     ro.chmod(0o555)
     try:
         if os.access(ro, os.W_OK):
-            pytest.skip("this user writes into a read-only folder (root): the two tests above cover --dir")
+            pytest.skip(
+                "this user writes into a read-only folder (root): the two tests above cover --dir"
+            )
         for d in (ro, ro / "ws"):
             assert_one_line_exit_2(["start", "1", "--dir", str(d)], capsys, str(d), "not writable")
     finally:

@@ -1,11 +1,12 @@
-"""Properties of minigrpo/lm/logprobs.py's pure piece: completion_token_logprobs, the masked log-probs of a
-completion (the shift by one, where the completion starts, and nothing after the first EOS)."""
+"""Properties of minigrpo/lm/logprobs.py's pure piece: completion_token_logprobs, the masked
+log-probs of a completion (the shift by one, where the completion starts, and nothing after the
+first EOS)."""
 
 import torch
+from conftest import SET, call, right_padded
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import SET, call, right_padded
 from minigrpo.lm.logprobs import completion_token_logprobs, pad_left
 
 V = 7
@@ -33,10 +34,17 @@ def test_each_completion_token_is_scored_by_the_logits_one_slot_before_it(c):
     out = call(completion_token_logprobs, logits, ids, P, mask, shape=(B, N))
     for b in range(B):
         for j in range(N):
-            want = torch.log_softmax(logits[b, P - 1 + j], -1)[ids[b, P + j]].item() if mask[b, j] else 0.0
+            want = (
+                torch.log_softmax(logits[b, P - 1 + j], -1)[ids[b, P + j]].item()
+                if mask[b, j]
+                else 0.0
+            )
             assert abs(out[b, j].item() - want) < 1e-5, (
-                f"row {b}, completion token {j}: got {out[b, j].item():.6f}, want {want:.6f} = log_softmax(logits"
-                f"[{b}, P-1+{j}])[ids[{b}, P+{j}]] (logits[:, t] predicts ids[:, t+1]; 0 after the first EOS)")
+                f"row {b}, completion token {j}: got {out[b, j].item():.6f}, want {want:.6f} = "
+                "log_softmax(logits"
+                f"[{b}, P-1+{j}])[ids[{b}, P+{j}]] (logits[:, t] predicts ids[:, t+1]; 0 after "
+                "the first EOS)"
+            )
 
 
 @SET
@@ -46,16 +54,22 @@ def test_tokens_after_the_end_count_nothing_and_get_no_gradient(c):
     logits, ids, mask = case(seed, B, P, N, lengths)
     logits.requires_grad_(True)
     out = call(completion_token_logprobs, logits, ids, P, mask, shape=(B, N))
-    assert (out[~mask] == 0).all(), "slots after the first EOS must be exactly 0 (they are PAD, not completion)"
+    assert (out[~mask] == 0).all(), (
+        "slots after the first EOS must be exactly 0 (they are PAD, not completion)"
+    )
     out.sum().backward()
-    after_end = ~torch.cat([torch.zeros(B, P - 1, dtype=torch.bool), mask], 1)  # prompt positions + masked ones
-    assert (logits.grad[after_end] == 0).all(), "only the logits that predict valid completion tokens get gradient"
+    # prompt positions + masked ones
+    after_end = ~torch.cat([torch.zeros(B, P - 1, dtype=torch.bool), mask], 1)
+    assert (logits.grad[after_end] == 0).all(), (
+        "only the logits that predict valid completion tokens get gradient"
+    )
 
 
 def test_the_prompt_logits_change_nothing():
     logits, ids, mask = case(0, 3, 4, 5, [5, 2, 0])
     other = logits.clone()
-    other[:, :3] = torch.randn(3, 3, V, dtype=torch.float64)  # the logits that predict prompt tokens
+    # the logits that predict prompt tokens
+    other[:, :3] = torch.randn(3, 3, V, dtype=torch.float64)
     ids2 = ids.clone()
     ids2[:, :4] = 0  # the prompt itself does not enter either
     a = call(completion_token_logprobs, logits, ids, 4, mask)
@@ -68,8 +82,16 @@ def test_the_prompt_logits_change_nothing():
 def test_pad_left_right_aligns_every_row_and_masks_exactly_its_tokens(rows):
     ids, mask = pad_left(rows, 0)
     width = max(len(r) for r in rows)
-    assert ids.shape == mask.shape == (len(rows), width) and ids.dtype == torch.long and mask.dtype == torch.bool
+    assert (
+        ids.shape == mask.shape == (len(rows), width)
+        and ids.dtype == torch.long
+        and mask.dtype == torch.bool
+    )
     for i, r in enumerate(rows):
         pad = width - len(r)
-        assert ids[i, pad:].tolist() == r and mask[i].tolist() == [False] * pad + [True] * len(r), (rows, ids, mask)
+        assert ids[i, pad:].tolist() == r and mask[i].tolist() == [False] * pad + [True] * len(r), (
+            rows,
+            ids,
+            mask,
+        )
         assert (ids[i, :pad] == 0).all(), (rows, ids)

@@ -27,7 +27,9 @@ def test_causality_later_tokens_never_change_earlier_logits():
     y[:, 7:] = torch.randint(0, 11, (2, 5))
     with torch.no_grad():
         a, b = model(x), model(y)
-    assert torch.allclose(a[:, :7], b[:, :7], atol=1e-6), "changing token 7.. changed logits before 7"
+    assert torch.allclose(a[:, :7], b[:, :7], atol=1e-6), (
+        "changing token 7.. changed logits before 7"
+    )
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
@@ -39,7 +41,7 @@ def test_kv_cache_step_by_step_equals_full_forward():
         cache = model.new_cache(3, 10)
         parts = [model(x[:, :4], cache=cache)]  # prefill 4, then one token at a time
         for t in range(4, 10):
-            parts.append(model(x[:, t:t + 1], cache=cache))
+            parts.append(model(x[:, t : t + 1], cache=cache))
     assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
 
 
@@ -83,7 +85,8 @@ def test_sequence_longer_than_block_size_is_an_error():
 
 
 def naive_attention(q, k, v, allowed):
-    """softmax(q·kᵀ/√D) over the allowed keys, then ·v; allowed (T, T_keys) or (B, 1, T, T_keys) bool."""
+    """softmax(q·kᵀ/√D) over the allowed keys, then ·v; allowed (T, T_keys) or (B, 1, T, T_keys)
+    bool."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
 
@@ -93,13 +96,17 @@ def test_attention_is_the_softmax_of_scaled_scores_with_a_causal_mask():
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     got = attention(q, k, v)
-    assert got.shape == (2, 3, 5, 4), f"attention returned shape {tuple(got.shape)}, expected (B, H, T, D)"
+    assert got.shape == (2, 3, 5, 4), (
+        f"attention returned shape {tuple(got.shape)}, expected (B, H, T, D)"
+    )
     assert torch.allclose(got, naive_attention(q, k, v, causal), atol=1e-10), (
-        "without a mask, query i must attend to keys 0..i with weights softmax(q·kᵀ/√D)")
+        "without a mask, query i must attend to keys 0..i with weights softmax(q·kᵀ/√D)"
+    )
     mask = torch.rand(2, 1, 5, 5, generator=g) < 0.5
     mask |= torch.eye(5, dtype=torch.bool)  # every query sees itself
     assert torch.allclose(attention(q, k, v, mask), naive_attention(q, k, v, mask), atol=1e-10), (
-        "with attn_mask, exactly the keys where it is True must be attended")
+        "with attn_mask, exactly the keys where it is True must be attended"
+    )
 
 
 def test_attention_writes_the_new_keys_into_the_cache_and_attends_over_all_of_them():
@@ -107,22 +114,30 @@ def test_attention_writes_the_new_keys_into_the_cache_and_attends_over_all_of_th
     cfg = GPTConfig(vocab_size=5, block_size=8, n_layer=2, n_head=2, n_embd=8)
     cache = KVCache(cfg, 3, 8, "cpu", torch.float64)
     old_k, old_v = (torch.randn(3, 2, 4, 4, generator=g, dtype=torch.float64) for _ in range(2))
-    cache.k[1, :, :, :4], cache.v[1, :, :, :4], cache.length = old_k, old_v, 4  # 4 tokens already cached
+    # 4 tokens already cached
+    cache.k[1, :, :, :4], cache.v[1, :, :, :4], cache.length = old_k, old_v, 4
     q, k, v = (torch.randn(3, 2, 1, 4, generator=g, dtype=torch.float64) for _ in range(3))
     got = attention(q, k, v, cache=cache, layer=1)
     assert torch.equal(cache.k[1, :, :, 4:5], k) and torch.equal(cache.v[1, :, :, 4:5], v), (
-        "the new keys and values belong in slots [cache.length, cache.length + T) of the layer's cache")
+        "the new keys and values belong in slots [cache.length, cache.length + T) of the layer's "
+        "cache"
+    )
     assert (cache.k[0] == 0).all(), "only layer `layer` of the cache may be written"
-    assert cache.length == 4, "attention must not advance cache.length (GPT.hidden does, after every layer)"
+    assert cache.length == 4, (
+        "attention must not advance cache.length (GPT.hidden does, after every layer)"
+    )
     keys, values = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
-    assert torch.allclose(got, naive_attention(q, keys, values, torch.ones(1, 5, dtype=torch.bool)), atol=1e-10), (
-        "one new query must attend over every cached key and itself")
+    assert torch.allclose(
+        got, naive_attention(q, keys, values, torch.ones(1, 5, dtype=torch.bool)), atol=1e-10
+    ), "one new query must attend over every cached key and itself"
 
 
 def test_causal_mask_of_one_query_is_the_general_mask():
-    """causal_mask's shortcut for a decoding step (T = 1) equals the general rule: key j <= offset and real, or
-    the query itself, whatever the key mask (the query's own slot may even be padding)."""
+    """causal_mask's shortcut for a decoding step (T = 1) equals the general rule: key j <= offset
+    and real, or the query itself, whatever the key mask (the query's own slot may even be
+    padding)."""
     from minigrpo.lm.model import causal_mask
+
     g = torch.Generator().manual_seed(0)
     for offset in range(6):
         key_mask = torch.rand(4, offset + 3, generator=g) < 0.5
@@ -133,8 +148,9 @@ def test_causal_mask_of_one_query_is_the_general_mask():
 
 
 def test_linear_weights_lie_in_in_out_order_through_copies_loads_and_training():
-    """model.in_out_order: each Linear weight keeps nn.Linear's (out, in) shape and values, but w.t() is contiguous,
-    and stays so wherever a model goes: deepcopy, .double(), load_state_dict, a checkpoint, a backward and AdamW."""
+    """model.in_out_order: each Linear weight keeps nn.Linear's (out, in) shape and values, but
+    w.t() is contiguous, and stays so wherever a model goes: deepcopy, .double(), load_state_dict, a
+    checkpoint, a backward and AdamW."""
     import copy
 
     from minigrpo.lm.checkpoint import load_checkpoint, save_checkpoint
@@ -146,7 +162,9 @@ def test_linear_weights_lie_in_in_out_order_through_copies_loads_and_training():
 
     def in_out(m):
         ws = linear_weights(m)
-        return len(ws) == 4 * m.cfg.n_layer and all(w.t().is_contiguous() and not w.is_contiguous() for w in ws)
+        return len(ws) == 4 * m.cfg.n_layer and all(
+            w.t().is_contiguous() and not w.is_contiguous() for w in ws
+        )
 
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
     qkv = model.blocks[0].attn.qkv.weight
@@ -155,24 +173,38 @@ def test_linear_weights_lie_in_in_out_order_through_copies_loads_and_training():
     model(torch.randint(0, 11, (3, 8))).logsumexp(-1).mean().backward()
     assert qkv.grad.stride() == qkv.stride()  # autograd gives the gradient the weight's order
     opt.step()
-    assert in_out(model) and opt.m[next(i for i, p in enumerate(opt.params) if p is qkv)].stride() == qkv.stride()
+    assert (
+        in_out(model)
+        and opt.m[next(i for i, p in enumerate(opt.params) if p is qkv)].stride() == qkv.stride()
+    )
     twin = GPT(model.cfg)
-    twin.load_state_dict({k: v.contiguous() for k, v in model.state_dict().items()})  # as older checkpoints hold them
-    assert in_out(twin) and all(torch.equal(a, b) for a, b in zip(twin.parameters(), model.parameters()))
+    # as older checkpoints hold them
+    twin.load_state_dict({k: v.contiguous() for k, v in model.state_dict().items()})
+    assert in_out(twin) and all(
+        torch.equal(a, b) for a, b in zip(twin.parameters(), model.parameters())
+    )
     assert in_out(copy.deepcopy(model)) and in_out(copy.deepcopy(model).double())
     with tempfile.TemporaryDirectory() as d:
         save_checkpoint(f"{d}/m.pt", model, CharTokenizer("abcdefgh"), "food", step=1)
         loaded, _, _ = load_checkpoint(f"{d}/m.pt")
-    assert in_out(loaded) and all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
+    assert in_out(loaded) and all(
+        torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters())
+    )
 
 
 @settings(max_examples=40, deadline=None)
-@given(B=st.integers(1, 4), H=st.integers(1, 3), T_keys=st.integers(1, 9), D=st.sampled_from([1, 4, 16]),
-       masked=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    B=st.integers(1, 4),
+    H=st.integers(1, 3),
+    T_keys=st.integers(1, 9),
+    D=st.sampled_from([1, 4, 16]),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_one_query_attention_equals_the_fused_attention(B, H, T_keys, D, masked, seed):
-    """The decoding step's written-out attention (lm/model.one_query_attention, what attention() uses for one query
-    on a GPU) equals F.scaled_dot_product_attention's, with and without a mask; the query always sees its own key
-    (the last), as causal_mask makes it."""
+    """The decoding step's written-out attention (lm/model.one_query_attention, what attention()
+    uses for one query on a GPU) equals F.scaled_dot_product_attention's, with and without a mask;
+    the query always sees its own key (the last), as causal_mask makes it."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, 1, D, generator=g, dtype=torch.float64)
     k, v = (torch.randn(B, H, T_keys, D, generator=g, dtype=torch.float64) for _ in range(2))
@@ -182,7 +214,14 @@ def test_one_query_attention_equals_the_fused_attention(B, H, T_keys, D, masked,
         mask[..., -1] = True
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     got = one_query_attention(q, k, v, mask)
-    assert got.shape == (B, H, 1, D), f"one_query_attention returned {tuple(got.shape)}, expected (B, H, 1, D)"
-    assert torch.allclose(got, want, atol=1e-12), "a single query's attention must be SDPA's to float64 rounding"
-    assert torch.allclose(got, naive_attention(q, k, v, torch.ones(1, T_keys, dtype=torch.bool) if mask is None
-                                               else mask), atol=1e-12)
+    assert got.shape == (B, H, 1, D), (
+        f"one_query_attention returned {tuple(got.shape)}, expected (B, H, 1, D)"
+    )
+    assert torch.allclose(got, want, atol=1e-12), (
+        "a single query's attention must be SDPA's to float64 rounding"
+    )
+    assert torch.allclose(
+        got,
+        naive_attention(q, k, v, torch.ones(1, T_keys, dtype=torch.bool) if mask is None else mask),
+        atol=1e-12,
+    )

@@ -1,6 +1,7 @@
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minigrpo.lm.optim import AdamW, clip_grad_norm, scheduled_lr
 
@@ -27,10 +28,12 @@ def test_state_dict_round_trip_continues_identically():
     model = torch.nn.Linear(3, 1)
     opt = AdamW(model.parameters(), lr=1e-2)
     x = torch.randn(5, 3)
+
     def step(m, o):
         o.zero_grad()
         m(x).sum().backward()
         o.step()
+
     step(model, opt)
     twin = torch.nn.Linear(3, 1)
     twin.load_state_dict(model.state_dict())
@@ -61,18 +64,24 @@ def test_clip_grad_norm_lets_a_nan_through_like_torch():
     a = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
     a[0].grad, a[1].grad = torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([3.0, 4.0])
     assert torch.isnan(clip_grad_norm(a, 1.0))
-    assert torch.isnan(a[1].grad).all()  # torch multiplies every gradient by the NaN coefficient too
+    # torch multiplies every gradient by the NaN coefficient too
+    assert torch.isnan(a[1].grad).all()
 
 
-@given(lr=st.floats(1e-6, 1.0), steps=st.integers(1, 400), warmup=st.integers(0, 50),
-       warmdown=st.floats(0.0, 1.0))
+@given(
+    lr=st.floats(1e-6, 1.0),
+    steps=st.integers(1, 400),
+    warmup=st.integers(0, 50),
+    warmdown=st.floats(0.0, 1.0),
+)
 def test_the_schedule_warms_up_holds_then_falls_to_zero_at_the_cap(lr, steps, warmup, warmdown):
     rates = [scheduled_lr(lr, s, steps, warmup, warmdown) for s in range(steps + 1)]
     n = round(warmdown * steps)
     for s, rate in enumerate(rates):
         assert 0 <= rate <= lr
         warm = min(1.0, (s + 1) / warmup) if warmup else 1.0
-        if s <= steps - n:  # before the warm-down: the warm-up's rate, the rate of the run without a warm-down
+        # before the warm-down: the warm-up's rate, the rate of the run without a warm-down
+        if s <= steps - n:
             assert rate == (lr * warm if warmup else lr)
         else:  # the warm-down: falls by lr·warm/n a step, to 0 at the cap
             assert rate == pytest.approx(lr * warm * (steps - s) / n, rel=1e-12)
@@ -83,11 +92,14 @@ def test_the_schedule_warms_up_holds_then_falls_to_zero_at_the_cap(lr, steps, wa
 
 
 def test_the_warm_down_leaves_a_run_that_stops_early_untouched_and_whole_is_nanochats_ramp():
-    # a 200-step cap: a run that stops at its goal within 160 steps has the rates of a 10,000-step cap, to the bit
+    # a 200-step cap: a run that stops at its goal within 160 steps has the rates of a 10,000-step
+    # cap, to the bit
     held = [6e-4 * min(1.0, (s + 1) / 5) for s in range(160)]  # the rate without a warm-down
     assert [scheduled_lr(6e-4, s, 200, 5, 0.2) for s in range(160)] == held
     assert [scheduled_lr(6e-4, s, 10_000, 5, 0.2) for s in range(160)] == held
-    assert [scheduled_lr(6e-4, s, 60, 5, 0.2) for s in range(48, 60)] == \
-        pytest.approx([6e-4 * (60 - s) / 12 for s in range(48, 60)])  # compare's 60 steps: the last 12 fall
-    assert [scheduled_lr(1e-3, s, 50, 0, 1.0) for s in range(50)] == \
-        pytest.approx([1e-3 * (1 - s / 50) for s in range(50)])  # warmdown 1: nanochat chat_rl's lrm = 1 − it/steps
+    assert [scheduled_lr(6e-4, s, 60, 5, 0.2) for s in range(48, 60)] == pytest.approx(
+        [6e-4 * (60 - s) / 12 for s in range(48, 60)]
+    )  # compare's 60 steps: the last 12 fall
+    assert [scheduled_lr(1e-3, s, 50, 0, 1.0) for s in range(50)] == pytest.approx(
+        [1e-3 * (1 - s / 50) for s in range(50)]
+    )  # warmdown 1: nanochat chat_rl's lrm = 1 − it/steps

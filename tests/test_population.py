@@ -1,11 +1,11 @@
-"""minigrpo/population: the stacked forward and the batched sampler against each member's own GPT (their
-oracles), and a population's runs against the same runs made one by one."""
+"""minigrpo/population: the stacked forward and the batched sampler against each member's own GPT
+(their oracles), and a population's runs against the same runs made one by one."""
 
 import json
 import math
-from pathlib import Path
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +16,13 @@ from minigrpo.lm.sampling import decode_completions, generate
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from minigrpo.population.engine import run_population, run_populations, shares_of
 from minigrpo.population.member import Batcher, _hidden
-from minigrpo.population.sampling import Request, StackedDraws, _generate_all, generate_all, read_completions
+from minigrpo.population.sampling import (
+    Request,
+    StackedDraws,
+    _generate_all,
+    generate_all,
+    read_completions,
+)
 from minigrpo.population.stacked import Stack
 from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
@@ -43,12 +49,15 @@ def test_the_stacked_forward_is_each_members_own_and_its_gradient_reaches_only_t
         real = key_mask.view(3, 4, 7)[p]  # a padding slot's state is meaningless (callers mask it)
         assert torch.allclose(h[p][real], alone[real], atol=1e-5), p
     Stack(models).head(h)[1].square().mean().backward()
-    assert all(p.grad is None or not p.grad.any() for m in (models[0], models[2]) for p in m.parameters())
+    assert all(
+        p.grad is None or not p.grad.any() for m in (models[0], models[2]) for p in m.parameters()
+    )
     assert sum(p.grad.abs().sum() for p in models[1].parameters()) > 0
 
 
 def test_the_batchers_forward_pads_requests_of_every_shape_and_mask_and_gives_each_its_own():
-    """Three members' GPT.hidden calls of other shapes, one plain, one left-padded, one a prefix tree, as one batch."""
+    """Three members' GPT.hidden calls of other shapes, one plain, one left-padded, one a prefix
+    tree, as one batch."""
     models = members()
     plain = torch.randint(3, 20, (2, 5))
     padded, key_mask = torch.randint(3, 20, (4, 7)), torch.ones(4, 7, dtype=torch.bool)
@@ -56,15 +65,23 @@ def test_the_batchers_forward_pads_requests_of_every_shape_and_mask_and_gives_ea
     ids = torch.randint(3, 20, (3, 6))
     ids[1] = ids[0]  # shared prefixes: the tree holds them once
     tree = next_token_tree(ids, None)
-    calls = [(plain, None, None, None), (padded, None, key_mask, None), (tree.tokens, tree.pos, None, tree.mask)]
-    got = _hidden([{"model": m, "args": (a[0], *m.inputs(*a[:3], None, a[3]))} for m, a in zip(models, calls)])
+    calls = [
+        (plain, None, None, None),
+        (padded, None, key_mask, None),
+        (tree.tokens, tree.pos, None, tree.mask),
+    ]
+    got = _hidden(
+        [{"model": m, "args": (a[0], *m.inputs(*a[:3], None, a[3]))} for m, a in zip(models, calls)]
+    )
     for m, (x, pos, km, am), h in zip(models, calls, got):
         want = m.hidden(x, pos, km, attn_mask=am)
         real = km if km is not None else torch.ones(x.shape, dtype=torch.bool)
         assert h.shape == want.shape and torch.allclose(h[real], want[real], atol=1e-5)
 
 
-@pytest.mark.parametrize("settings", [[(1.0, None, None)] * 3, [(0.7, 5, None), (1.0, None, 0.9), (1.3, None, None)]])
+@pytest.mark.parametrize(
+    "settings", [[(1.0, None, None)] * 3, [(0.7, 5, None), (1.0, None, 0.9), (1.3, None, None)]]
+)
 def test_batched_sampling_draws_what_each_member_draws_alone(settings, noise_drawn):
     models = members()
     requests, alone, drawn_alone = [], [], []
@@ -80,15 +97,18 @@ def test_batched_sampling_draws_what_each_member_draws_alone(settings, noise_dra
     for p, (got, want) in enumerate(zip(generate_all(models, requests), alone)):
         for f in ("ids", "key_mask", "completion_mask", "finished"):
             assert torch.equal(getattr(got, f), getattr(want, f)), (p, f)
-        assert got.prompt_len == want.prompt_len and torch.allclose(got.logprobs, want.logprobs, atol=1e-5)
+        assert got.prompt_len == want.prompt_len and torch.allclose(
+            got.logprobs, want.logprobs, atol=1e-5
+        )
         # its generator drew exactly as often as alone (a member that ended early drew no more)
         assert torch.equal(requests[p].generator.get_state(), drawn_alone[p].get_state()), p
 
 
 def test_members_of_other_prompt_widths_draw_each_what_it_draws_alone(noise_drawn):
-    """Members whose prompts differ in width draw each with its own lm/sampling.Draws in the one batch: each member's
-    tokens, log-probs and generator state are its own generate()'s, one whose block leaves fewer new tokens (a
-    20-token prompt in a 24-token block) and one whose weights are NaN (its error) included."""
+    """Members whose prompts differ in width draw each with its own lm/sampling.Draws in the one
+    batch: each member's tokens, log-probs and generator state are its own generate()'s, one whose
+    block leaves fewer new tokens (a 20-token prompt in a 24-token block) and one whose weights are
+    NaN (its error) included."""
     models = members(4)
     with torch.no_grad():
         models[3].wte.weight.fill_(float("nan"))
@@ -96,7 +116,7 @@ def test_members_of_other_prompt_widths_draw_each_what_it_draws_alone(noise_draw
     for p, width in enumerate([3, 20, 1, 2]):
         ids = torch.randint(3, 20, (4, width))
         mask = torch.ones(4, width, dtype=torch.bool)
-        mask[0, :width // 2] = False
+        mask[0, : width // 2] = False
         requests.append(Request(ids, mask, 8, 0.8, None, None, torch.Generator().manual_seed(p)))
         gens.append(torch.Generator().manual_seed(p))
         try:
@@ -114,19 +134,23 @@ def test_members_of_other_prompt_widths_draw_each_what_it_draws_alone(noise_draw
 
 
 def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
-    """Members with the same rows and plain sampling draw as one (population/sampling.StackedDraws), each stopping
-    where it stops alone: one rarely ends, one ends within a few tokens, one at its first; one whose weights are NaN
-    gets its error. Each member's tokens, log-probs and generator state are its own generate()'s."""
+    """Members with the same rows and plain sampling draw as one (population/sampling.StackedDraws),
+    each stopping where it stops alone: one rarely ends, one ends within a few tokens, one at its
+    first; one whose weights are NaN gets its error. Each member's tokens, log-probs and generator
+    state are its own generate()'s."""
     models = members(4)
-    with torch.no_grad():  # the head shares the embedding: a final bias along EOS's raises EOS's logit by `how`
+    # the head shares the embedding: a final bias along EOS's raises EOS's logit by `how`
+    with torch.no_grad():
         for m, how in zip(models, (0.0, 2.5, 12.0)):
             m.ln_f.bias.add_(how * m.wte.weight[EOS_ID] / m.wte.weight[EOS_ID].square().sum())
         models[3].wte.weight.fill_(float("nan"))
     ids = torch.randint(3, 20, (5, 4))
     mask = torch.ones(5, 4, dtype=torch.bool)
     mask[0, :2] = False
-    requests = lambda: [Request(ids, mask, 12, 0.8, None, None, torch.Generator().manual_seed(p))  # noqa: E731
-                        for p in range(4)]
+    requests = lambda: [
+        Request(ids, mask, 12, 0.8, None, None, torch.Generator().manual_seed(p))  # noqa: E731
+        for p in range(4)
+    ]
     assert isinstance(_generate_all(models, requests(), None), StackedDraws)  # drawn as one
     gens = [torch.Generator().manual_seed(p) for p in range(4)]
     alone = [generate(m, ids, mask, 12, 0.8, generator=g) for m, g in zip(models[:3], gens)]
@@ -138,7 +162,11 @@ def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
             assert torch.equal(getattr(got[p], f), getattr(alone[p], f)), (p, f)
         assert torch.allclose(got[p].logprobs, alone[p].logprobs, atol=1e-5)
         assert torch.equal(asked[p].generator.get_state(), gens[p].get_state()), p
-    assert sorted(g.completion_mask.size(1) for g in alone) == [1, got[1].completion_mask.size(1), 12]
+    assert sorted(g.completion_mask.size(1) for g in alone) == [
+        1,
+        got[1].completion_mask.size(1),
+        12,
+    ]
     assert 1 < got[1].completion_mask.size(1) < 12
 
 
@@ -147,85 +175,156 @@ def test_a_member_that_cannot_sample_gets_its_error_and_the_others_sample_as_alo
     with torch.no_grad():
         models[1].wte.weight.fill_(float("nan"))
     ids = torch.randint(3, 20, (2, 3))
-    requests = [Request(ids, None, 6, t, None, None, torch.Generator().manual_seed(0)) for t in (1.0, 1.0, 0.0)]
+    requests = [
+        Request(ids, None, 6, t, None, None, torch.Generator().manual_seed(0))
+        for t in (1.0, 1.0, 0.0)
+    ]
     got = generate_all(models, requests)
     assert isinstance(got[1], ValueError) and "non-finite" in str(got[1])
     assert isinstance(got[2], ValueError) and "temperature" in str(got[2])
-    assert torch.equal(got[0].ids, generate(models[0], ids, None, 6, generator=torch.Generator().manual_seed(0)).ids)
+    assert torch.equal(
+        got[0].ids,
+        generate(models[0], ids, None, 6, generator=torch.Generator().manual_seed(0)).ids,
+    )
 
 
 def test_each_members_completions_are_read_as_its_own_decode_reads_them():
-    """read_completions (one read of every member's rows, each distinct row decoded once) gives each member what
-    lm/sampling.decode_completions and its finished flags give: members of other widths, rows that repeat (two
-    members of one seed), a member whose sampling failed."""
+    """read_completions (one read of every member's rows, each distinct row decoded once) gives each
+    member what lm/sampling.decode_completions and its finished flags give: members of other widths,
+    rows that repeat (two members of one seed), a member whose sampling failed."""
     models = members(4)
     with torch.no_grad():
         models[2].wte.weight.fill_(float("nan"))
     models[3].load_state_dict(models[0].state_dict())
     tok = CharTokenizer("abcdefghijklmnopq")
     ids = torch.randint(3, 20, (6, 3))
-    requests = [Request(ids, None, n, 1.0, None, None, torch.Generator().manual_seed(seed))
-                for n, seed in [(8, 0), (3, 1), (8, 2), (8, 0)]]
+    requests = [
+        Request(ids, None, n, 1.0, None, None, torch.Generator().manual_seed(seed))
+        for n, seed in [(8, 0), (3, 1), (8, 2), (8, 0)]
+    ]
     gens = generate_all(models, requests)
     got = read_completions(tok, gens)
     assert got[2] is None and isinstance(gens[2], ValueError)
     for p in (0, 1, 3):
         assert got[p] == (decode_completions(tok, gens[p]), gens[p].finished.tolist()), p
     assert got[3] == got[0]  # members whose rows repeat each other's
-    assert {f for p in (0, 1) for f in got[p][1]} == {True, False}  # rows that ended and rows cut at their n_max
+    # rows that ended and rows cut at their n_max
+    assert {f for p in (0, 1) for f in got[p][1]} == {True, False}
     assert read_completions(tok, [ValueError("x")]) == [None]
 
 
 def _run(init, folder, seed, module="minigrpo.grpo", extra=()):
-    """A pool item (tools/pool.py) for a 3-step run; `extra` flags come last (a later --reward wins)."""
-    cmd = [sys.executable, "-m", module, "--reward", "pizza", "--seed", str(seed), "--threads", "1", "--quiet",
-           "--no-plot", "--steps", "3", "--group-size", "4", "--prompts-per-step", "2", "--preserve-per-prompt", "2",
-           "--init", str(init), *extra, "--out", str(folder)]
+    """A pool item (tools/pool.py) for a 3-step run; `extra` flags come last (a later --reward
+    wins)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        module,
+        "--reward",
+        "pizza",
+        "--seed",
+        str(seed),
+        "--threads",
+        "1",
+        "--quiet",
+        "--no-plot",
+        "--steps",
+        "3",
+        "--group-size",
+        "4",
+        "--prompts-per-step",
+        "2",
+        "--preserve-per-prompt",
+        "2",
+        "--init",
+        str(init),
+        *extra,
+        "--out",
+        str(folder),
+    ]
     return (module, seed, cmd, folder)
 
 
-# implied_beta is the β whose exact optimum has the run's E[r]: after a step that moved E[r] by δ, a rounding ε of
-# E[r] moves it by about ε/δ relative (random_reward on the tiny model: δ = 6e-4, ε = 1e-7, 1.8e-4). The gradient's
-# norm after Adam's first steps: a weight whose gradient is rounding (an attention key's bias: its gradient is 0
-# but for rounding) moves by a whole learning rate either way (ReMax in lockstep, seed 2's second step: 1.2e-4)
+# implied_beta is the β whose exact optimum has the run's E[r]: after a step that moved E[r] by δ, a
+# rounding ε of
+# E[r] moves it by about ε/δ relative (random_reward on the tiny model: δ = 6e-4, ε = 1e-7, 1.8e-4).
+# The gradient's
+# norm after Adam's first steps: a weight whose gradient is rounding (an attention key's bias: its
+# gradient is 0
+# but for rounding) moves by a whole learning rate either way (ReMax in lockstep, seed 2's second
+# step: 1.2e-4)
 LOOSER = {"implied_beta": 1e-3, "grad_norm": 1e-3}
 
 
 def close(a: dict, b: dict, tol: float = 1e-4) -> list[str]:
-    """'key: a vs b' for each key whose values differ by more than tol·max(1, |b|) (LOOSER's own tol; None and
-    strings: exactly)."""
-    return [f"{k}: {a[k]} vs {b[k]}" for k in b if not (
-        a[k] == b[k] or (isinstance(b[k], float) and a[k] is not None and
-                         abs(a[k] - b[k]) <= LOOSER.get(k, tol) * max(1.0, abs(b[k]))))]
+    """'key: a vs b' for each key whose values differ by more than tol·max(1, |b|) (LOOSER's own
+    tol; None and strings: exactly)."""
+    return [
+        f"{k}: {a[k]} vs {b[k]}"
+        for k in b
+        if not (
+            a[k] == b[k]
+            or (
+                isinstance(b[k], float)
+                and a[k] is not None
+                and abs(a[k] - b[k]) <= LOOSER.get(k, tol) * max(1.0, abs(b[k]))
+            )
+        )
+    ]
 
 
 def breaking_reward(folder: Path) -> Path:
-    """A reward file in `folder`: pizza, counting its calls in count.txt; past limit.txt's count (if any) it raises."""
+    """A reward file in `folder`: pizza, counting its calls in count.txt; past limit.txt's count (if
+    any) it raises."""
     bad = folder / "bad.py"
-    bad.write_text("from pathlib import Path\nHERE, calls = Path(__file__).parent, 0\n"
-                   "def reward(prompt, completion):\n    global calls\n    calls += 1\n"
-                   "    (HERE / 'count.txt').write_text(str(calls))\n"
-                   "    if (HERE / 'limit.txt').exists() and calls > int((HERE / 'limit.txt').read_text()):\n"
-                   "        raise RuntimeError('the reward broke')\n"
-                   "    return float('pizza' in completion)\n")
+    bad.write_text(
+        "from pathlib import Path\nHERE, calls = Path(__file__).parent, 0\n"
+        "def reward(prompt, completion):\n    global calls\n    calls += 1\n"
+        "    (HERE / 'count.txt').write_text(str(calls))\n"
+        "    if (HERE / 'limit.txt').exists() and calls > int((HERE / 'limit.txt').read_text()):\n"
+        "        raise RuntimeError('the reward broke')\n"
+        "    return float('pizza' in completion)\n"
+    )
     return bad
 
 
-def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(tmp_path, tiny_pretrained):
-    """GRPO seeds 0 and 1, PPO seed 0 and a GRPO run whose lr makes its loss non-finite, as one population: each
-    writes the files of its single run, whose metrics it matches to 1e-4 over its first two steps; the failing one
-    reports its own one-line error."""
+def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(
+    tmp_path, tiny_pretrained
+):
+    """GRPO seeds 0 and 1, PPO seed 0 and a GRPO run whose lr makes its loss non-finite, as one
+    population: each writes the files of its single run, whose metrics it matches to 1e-4 over its
+    first two steps; the failing one reports its own one-line error."""
     init, _, _ = tiny_pretrained
     bad = breaking_reward(tmp_path)
-    assert run_one(_run(init, tmp_path / "one-step", 2, "minigrpo.grpo", ("--reward", f"{bad}:reward",
-                                                                          "--steps", "1"))) is None
-    (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())  # it breaks in its second step
-    runs = [("grpo", 0, "minigrpo.grpo", ()), ("grpo", 1, "minigrpo.grpo", ()), ("ppo", 0, "minigrpo.ppo", ()),
-            ("broken", 2, "minigrpo.grpo", ("--reward", f"{bad}:reward"))]
-    items = [_run(init, tmp_path / f"pop-{name}-s{seed}", seed, module, extra) for name, seed, module, extra in runs]
+    assert (
+        run_one(
+            _run(
+                init,
+                tmp_path / "one-step",
+                2,
+                "minigrpo.grpo",
+                ("--reward", f"{bad}:reward", "--steps", "1"),
+            )
+        )
+        is None
+    )
+    # it breaks in its second step
+    (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())
+    runs = [
+        ("grpo", 0, "minigrpo.grpo", ()),
+        ("grpo", 1, "minigrpo.grpo", ()),
+        ("ppo", 0, "minigrpo.ppo", ()),
+        ("broken", 2, "minigrpo.grpo", ("--reward", f"{bad}:reward")),
+    ]
+    items = [
+        _run(init, tmp_path / f"pop-{name}-s{seed}", seed, module, extra)
+        for name, seed, module, extra in runs
+    ]
     errors = {}
     run_population(items, lambda item, error: errors.__setitem__(item[3].name, error))
-    assert "the reward broke" in errors["pop-broken-s2"] and "stopped at step 1" in errors.pop("pop-broken-s2")
+    assert "the reward broke" in errors["pop-broken-s2"] and "stopped at step 1" in errors.pop(
+        "pop-broken-s2"
+    )
     assert errors == {"pop-grpo-s0": None, "pop-grpo-s1": None, "pop-ppo-s0": None}
     for name, seed, module, extra in runs[:3]:
         pop, alone = tmp_path / f"pop-{name}-s{seed}", tmp_path / f"alone-{name}-s{seed}"
@@ -239,14 +338,32 @@ def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_
         assert json.loads((pop / "config.json").read_text())["out"].endswith(pop.name)
 
 
-def test_members_of_other_model_shapes_share_a_population_but_never_a_batch(tmp_path, tiny_pretrained):
+def test_members_of_other_model_shapes_share_a_population_but_never_a_batch(
+    tmp_path, tiny_pretrained
+):
     from minigrpo.pretrain import PretrainConfig, train
+
     init, _, _ = tiny_pretrained
-    train(PretrainConfig(out=str(tmp_path / "small"), device="cpu", steps=30, batch_size=32, n_embd=16, n_head=2,
-                         n_lines=400, eval_every=30, ckpt_every=30), log=lambda *a: None)
+    train(
+        PretrainConfig(
+            out=str(tmp_path / "small"),
+            device="cpu",
+            steps=30,
+            batch_size=32,
+            n_embd=16,
+            n_head=2,
+            n_lines=400,
+            eval_every=30,
+            ckpt_every=30,
+        ),
+        log=lambda *a: None,
+    )
     inits = [init, tmp_path / "small" / "model.pt"]
     errors = []
-    run_population([_run(i, tmp_path / f"pop{k}", 0) for k, i in enumerate(inits)], lambda it, e: errors.append(e))
+    run_population(
+        [_run(i, tmp_path / f"pop{k}", 0) for k, i in enumerate(inits)],
+        lambda it, e: errors.append(e),
+    )
     assert errors == [None, None]
     for k, i in enumerate(inits):
         assert run_one(_run(i, tmp_path / f"alone{k}", 0)) is None
@@ -255,80 +372,146 @@ def test_members_of_other_model_shapes_share_a_population_but_never_a_batch(tmp_
 
 
 def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
-    """However its threads happen to interleave, a population batches the same members in the same order: the same
-    metrics to the bit."""
+    """However its threads happen to interleave, a population batches the same members in the same
+    order: the same metrics to the bit."""
     init, _, _ = tiny_pretrained
     for tag in ("a", "b"):
-        run_population([_run(init, tmp_path / f"{tag}{s}", s, extra=("--steps", "6")) for s in range(3)],
-                       lambda item, error: None)
+        run_population(
+            [_run(init, tmp_path / f"{tag}{s}", s, extra=("--steps", "6")) for s in range(3)],
+            lambda item, error: None,
+        )
     for s in range(3):
-        rows = [[UNTIMED(r) for r in read_jsonl(tmp_path / f"{tag}{s}" / "metrics.jsonl")] for tag in ("a", "b")]
+        rows = [
+            [UNTIMED(r) for r in read_jsonl(tmp_path / f"{tag}{s}" / "metrics.jsonl")]
+            for tag in ("a", "b")
+        ]
         assert rows[0] == rows[1] and len(rows[0]) == 7
 
 
-def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(tmp_path, tiny_pretrained, capsys):
-    """compare --engine population --jobs 2: two worker processes, the default GRPO's two seeds one (lockstep)
-    population, PPO's two runs the other (threads); their runs match the pool's to 1e-4 over their first steps; the
-    table has the intervals."""
+def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(
+    tmp_path, tiny_pretrained, capsys
+):
+    """compare --engine population --jobs 2: two worker processes, the default GRPO's two seeds one
+    (lockstep) population, PPO's two runs the other (threads); their runs match the pool's to 1e-4
+    over their first steps; the table has the intervals."""
     from minigrpo.compare import main
     from minigrpo.util.runtime import on_gpu
+
     init, _, _ = tiny_pretrained
-    flags = ["--algos", "default,ppo", "--seeds", "2", "--init", str(init), "--steps", "3", "--group-size", "4",
-             "--prompts-per-step", "2", "--preserve-per-prompt", "2", "--jobs", "2", "--device", "cpu"]
+    flags = [
+        "--algos",
+        "default,ppo",
+        "--seeds",
+        "2",
+        "--init",
+        str(init),
+        "--steps",
+        "3",
+        "--group-size",
+        "4",
+        "--prompts-per-step",
+        "2",
+        "--preserve-per-prompt",
+        "2",
+        "--jobs",
+        "2",
+        "--device",
+        "cpu",
+    ]
     main([*flags, "--engine", "population", "--out", str(tmp_path / "population")])
     printed = capsys.readouterr().out
-    assert "2 populations, 2 at a time" in printed and "interquartile means with their 95 % bootstrap" in printed
+    assert (
+        "2 populations, 2 at a time" in printed
+        and "interquartile means with their 95 % bootstrap" in printed
+    )
     assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
     table = (tmp_path / "population" / "table.md").read_text()
     assert "P(row > column)" in table and "| default | 2 |" in table
     assert (tmp_path / "population" / "intervals.png").stat().st_size > 0
     main([*flags, "--engine", "pool", "--out", str(tmp_path / "pool")])
     for run in ("default-s0", "default-s1", "ppo-s0", "ppo-s1"):
-        rows, want = (read_jsonl(tmp_path / engine / run / "metrics.jsonl") for engine in ("population", "pool"))
-        assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == \
-            [[], [], [], []], run
+        rows, want = (
+            read_jsonl(tmp_path / engine / run / "metrics.jsonl")
+            for engine in ("population", "pool")
+        )
+        assert len(rows) == len(want) == 4 and [
+            close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)
+        ] == [[], [], [], []], run
     assert on_gpu("cuda") and not on_gpu("auto") and not on_gpu("cpu")  # tests see no GPU
 
 
-def test_in_a_population_only_the_batch_server_multiplies_matrices(tmp_path, tiny_pretrained, monkeypatch):
-    """A matmul in a member's thread would give that thread its own cuBLAS handle and workspace on a GPU (about
-    100 MB a member on an H200): every product of a member goes to the batch, PPO's value heads too."""
+def test_in_a_population_only_the_batch_server_multiplies_matrices(
+    tmp_path, tiny_pretrained, monkeypatch
+):
+    """A matmul in a member's thread would give that thread its own cuBLAS handle and workspace on a
+    GPU (about 100 MB a member on an H200): every product of a member goes to the batch, PPO's value
+    heads too."""
     init, _, _ = tiny_pretrained
     batcher, where = Batcher(), []
-    for owner, name in [(torch.nn.functional, "linear"), (torch, "matmul"), (torch, "mm"), (torch, "bmm"),
-                        (torch, "addmm"), (torch, "baddbmm")]:
+    for owner, name in [
+        (torch.nn.functional, "linear"),
+        (torch, "matmul"),
+        (torch, "mm"),
+        (torch, "bmm"),
+        (torch, "addmm"),
+        (torch, "baddbmm"),
+    ]:
         real = getattr(owner, name)
-        monkeypatch.setattr(owner, name, lambda *a, real=real, name=name, **k: (
-            where.append((name, threading.get_ident() in batcher.members)), real(*a, **k))[1])
+        monkeypatch.setattr(
+            owner,
+            name,
+            lambda *a, real=real, name=name, **k: (
+                where.append((name, threading.get_ident() in batcher.members)),
+                real(*a, **k),
+            )[1],
+        )
     errors = []
     runs = [("minigrpo.grpo", ()), ("minigrpo.ppo", ()), ("minigrpo.ppo", ("--critic", "separate"))]
-    run_population([_run(init, tmp_path / f"pop{k}", 0, module, extra) for k, (module, extra) in enumerate(runs)],
-                   lambda i, e: errors.append(e), batcher)
+    run_population(
+        [
+            _run(init, tmp_path / f"pop{k}", 0, module, extra)
+            for k, (module, extra) in enumerate(runs)
+        ],
+        lambda i, e: errors.append(e),
+        batcher,
+    )
     assert errors == [None] * 3 and where, (errors, where)
     assert [call for call in where if call[1]] == [], sorted(set(where))
 
 
 def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path, tiny_pretrained):
-    """Runs without lockstep (PPO with the sampled anchor) are dealt in turn, at most 16 to a population of threads;
-    lockstep's are grouped by configuration (every flag but --seed and --out), each group in nearly equal parts of at
-    most `most`, in order."""
+    """Runs without lockstep (PPO with the sampled anchor) are dealt in turn, at most 16 to a
+    population of threads; lockstep's are grouped by configuration (every flag but --seed and
+    --out), each group in nearly equal parts of at most `most`, in order."""
     sampled = ("--preserve-anchor", "sampled")
     ppo = [_run("m.pt", Path(f"p{s}"), s, "minigrpo.ppo", sampled) for s in range(7)]
     seeds = lambda shares: [[item[1] for item in share] for share in shares]  # noqa: E731
     assert seeds(shares_of(ppo, jobs=2)) == [[0, 2, 4, 6], [1, 3, 5]]
     assert seeds(shares_of(ppo, jobs=2, most=3)) == [[0, 3, 6], [1, 4], [2, 5]]
-    assert seeds(shares_of(ppo[:3], jobs=8)) == [[0], [1], [2]] and seeds(shares_of(ppo[:2], 1, 0)) == [[0, 1]]
-    many = [_run("m.pt", Path(f"q{s}"), s, "minigrpo.ppo", sampled) for s in range(40)]  # threads: at most THREADS_MOST
-    assert [len(share) for share in shares_of(many, jobs=1)] == [14, 13, 13] == \
-        [len(share) for share in shares_of(many, jobs=1, most=128)]
-    grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)] + [_run("m.pt", Path(f"d{s}"), s, extra=(
-        "--preserve-anchor", "sampled")) for s in range(2)]  # not in lockstep: threads
+    assert seeds(shares_of(ppo[:3], jobs=8)) == [[0], [1], [2]] and seeds(
+        shares_of(ppo[:2], 1, 0)
+    ) == [[0, 1]]
+    # threads: at most THREADS_MOST
+    many = [_run("m.pt", Path(f"q{s}"), s, "minigrpo.ppo", sampled) for s in range(40)]
+    assert (
+        [len(share) for share in shares_of(many, jobs=1)]
+        == [14, 13, 13]
+        == [len(share) for share in shares_of(many, jobs=1, most=128)]
+    )
+    grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)] + [
+        _run("m.pt", Path(f"d{s}"), s, extra=("--preserve-anchor", "sampled")) for s in range(2)
+    ]  # not in lockstep: threads
     assert seeds(shares_of(grpo + ppo[:2], jobs=2, most=3)) == [[0, 1], [2, 3, 4], [0, 0], [1, 1]]
-    assert seeds(shares_of(grpo, jobs=8)) == [[0, 1, 2, 3, 4], [0], [1]]  # lockstep: one population per configuration
-    lockstep_ppo = [_run("m.pt", Path(f"o{s}"), s, "minigrpo.ppo", extra) for extra in ((), ("--critic", "oracle"))
-                    for s in range(3)]
+    # lockstep: one population per configuration
+    assert seeds(shares_of(grpo, jobs=8)) == [[0, 1, 2, 3, 4], [0], [1]]
+    lockstep_ppo = [
+        _run("m.pt", Path(f"o{s}"), s, "minigrpo.ppo", extra)
+        for extra in ((), ("--critic", "oracle"))
+        for s in range(3)
+    ]
     assert seeds(shares_of(lockstep_ppo, jobs=8)) == [[0, 1, 2], [0, 1, 2]]
-    init, _, _ = tiny_pretrained  # in this process, populations of one after another: each run is its single run
+    # in this process, populations of one after another: each run is its single run
+    init, _, _ = tiny_pretrained
     items = [_run(init, tmp_path / f"pop{s}", s) for s in range(2)]
     errors = []
     run_populations(items, 1, lambda item, error: errors.append((item[1], error)), most=1)
@@ -336,56 +519,121 @@ def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path
     for s in range(2):
         assert run_one(_run(init, tmp_path / f"alone{s}", s)) is None
         rows, want = (read_jsonl(tmp_path / f"{t}{s}" / "metrics.jsonl") for t in ("pop", "alone"))
-        assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == [[]] * 4
+        assert (
+            len(rows) == len(want) == 4
+            and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == [[]] * 4
+        )
 
 
 def test_a_share_whose_worker_died_fails_each_of_its_runs():
     from minigrpo.population.engine import _report
+
     reported = []
-    _report(["a", "b"], "the worker process died (exit code -9)", lambda item, e: reported.append((item, e)))
+    _report(
+        ["a", "b"],
+        "the worker process died (exit code -9)",
+        lambda item, e: reported.append((item, e)),
+    )
     _report(["c"], [("c", None)], lambda item, e: reported.append((item, e)))
-    assert reported == [("a", "the worker process died (exit code -9)"),
-                        ("b", "the worker process died (exit code -9)"), ("c", None)]
+    assert reported == [
+        ("a", "the worker process died (exit code -9)"),
+        ("b", "the worker process died (exit code -9)"),
+        ("c", None),
+    ]
 
 
 @pytest.mark.slow
 def test_whole_runs_of_a_population_agree_with_the_pools(tmp_path, tiny_pretrained):
-    """Five seeds of the default GRPO and of PPO for 30 steps by each engine (the population's: each algorithm's
-    seeds in lockstep, in two worker processes): float rounding makes the runs part ways, so they are compared as
-    samples: a Mann-Whitney U test of the final exact target rate and of the worst drift finds no difference
-    (p > 0.01; five against five reaches p = 0.008 when every run of one engine lies beyond every run of the other).
-    The median of one lying outside the other's range happens by chance about once in six such comparisons, so it
-    is no test."""
+    """Five seeds of the default GRPO and of PPO for 30 steps by each engine (the population's: each
+    algorithm's seeds in lockstep, in two worker processes): float rounding makes the runs part
+    ways, so they are compared as samples: a Mann-Whitney U test of the final exact target rate and
+    of the worst drift finds no difference (p > 0.01; five against five reaches p = 0.008 when every
+    run of one engine lies beyond every run of the other). The median of one lying outside the
+    other's range happens by chance about once in six such comparisons, so it is no test."""
     from scipy.stats import mannwhitneyu
+
     from minigrpo.compare import main
+
     init, _, _ = tiny_pretrained
     finals = {}
     for engine in ("pool", "population"):
         out = tmp_path / engine
-        main(["--algos", "default,ppo", "--seeds", "5", "--engine", engine, "--jobs", "2", "--out", str(out),
-              "--init", str(init), "--steps", "30"])
-        finals[engine] = {a: [json.loads((out / f"{a}-s{s}" / "summary.json").read_text()) for s in range(5)]
-                          for a in ("default", "ppo")}
+        main(
+            [
+                "--algos",
+                "default,ppo",
+                "--seeds",
+                "5",
+                "--engine",
+                engine,
+                "--jobs",
+                "2",
+                "--out",
+                str(out),
+                "--init",
+                str(init),
+                "--steps",
+                "30",
+            ]
+        )
+        finals[engine] = {
+            a: [json.loads((out / f"{a}-s{s}" / "summary.json").read_text()) for s in range(5)]
+            for a in ("default", "ppo")
+        }
     for algo in ("default", "ppo"):
         for key in ("target_rate", "worst_drift"):
             pool, population = ([f[key] for f in finals[e][algo]] for e in ("pool", "population"))
-            assert mannwhitneyu(pool, population).pvalue > 0.01, (algo, key, sorted(pool), sorted(population))
+            assert mannwhitneyu(pool, population).pvalue > 0.01, (
+                algo,
+                key,
+                sorted(pool),
+                sorted(population),
+            )
 
 
 @pytest.mark.slow
-def test_ctrl_c_ends_every_member_at_the_end_of_its_step_with_its_checkpoint(tmp_path, tiny_pretrained):
+def test_ctrl_c_ends_every_member_at_the_end_of_its_step_with_its_checkpoint(
+    tmp_path, tiny_pretrained
+):
     import signal
     import subprocess
     import time
+
     init, _, _ = tiny_pretrained
     out = tmp_path / "cmp"
-    p = subprocess.Popen([sys.executable, "-m", "minigrpo.compare", "--engine", "population", "--algos", "default,ppo",
-                          "--seeds", "2", "--steps", "100000", "--out", str(out), "--init", str(init), "--group-size",
-                          "4", "--prompts-per-step", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minigrpo.compare",
+            "--engine",
+            "population",
+            "--algos",
+            "default,ppo",
+            "--seeds",
+            "2",
+            "--steps",
+            "100000",
+            "--out",
+            str(out),
+            "--init",
+            str(init),
+            "--group-size",
+            "4",
+            "--prompts-per-step",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
-    while time.time() < deadline and not all((out / f"{a}-s{s}" / "metrics.jsonl").exists() and
-                                             len((out / f"{a}-s{s}" / "metrics.jsonl").read_text().splitlines()) > 2
-                                             for a in ("default", "ppo") for s in (0, 1)):
+    while time.time() < deadline and not all(
+        (out / f"{a}-s{s}" / "metrics.jsonl").exists()
+        and len((out / f"{a}-s{s}" / "metrics.jsonl").read_text().splitlines()) > 2
+        for a in ("default", "ppo")
+        for s in (0, 1)
+    ):
         time.sleep(0.2)
     p.send_signal(signal.SIGINT)
     try:
@@ -395,34 +643,73 @@ def test_ctrl_c_ends_every_member_at_the_end_of_its_step_with_its_checkpoint(tmp
     assert p.returncode == 130 and "Traceback" not in printed and "FAILED" not in printed, printed
     for run in ("default-s0", "default-s1", "ppo-s0", "ppo-s1"):
         assert "checkpoint at step" in printed and (out / run / "model.pt").exists(), (run, printed)
-        assert not (out / run / "summary.json").exists()  # unfinished: the next compare makes it again
+        # unfinished: the next compare makes it again
+        assert not (out / run / "summary.json").exists()
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_the_workers_of_a_killed_compare_end_their_runs_at_a_step_with_a_checkpoint(tmp_path, tiny_pretrained):
-    """compare killed outright (SIGKILL, the out-of-memory killer): its worker processes do not run on alone; each
-    of their runs stops at the end of its step with its checkpoint, as on Ctrl-C (tools/pool._stop_with_parent)."""
+def test_the_workers_of_a_killed_compare_end_their_runs_at_a_step_with_a_checkpoint(
+    tmp_path, tiny_pretrained
+):
+    """compare killed outright (SIGKILL, the out-of-memory killer): its worker processes do not run
+    on alone; each of their runs stops at the end of its step with its checkpoint, as on Ctrl-C
+    (tools/pool._stop_with_parent)."""
     import os
     import signal
     import subprocess
     import time
+
     init, _, _ = tiny_pretrained
     out = tmp_path / "cmp"
-    p = subprocess.Popen([sys.executable, "-m", "minigrpo.compare", "--engine", "population", "--algos", "default",
-                          "--seeds", "2", "--jobs", "2", "--members", "1", "--steps", "100000", "--out", str(out),
-                          "--init", str(init), "--group-size", "4", "--prompts-per-step", "2"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minigrpo.compare",
+            "--engine",
+            "population",
+            "--algos",
+            "default",
+            "--seeds",
+            "2",
+            "--jobs",
+            "2",
+            "--members",
+            "1",
+            "--steps",
+            "100000",
+            "--out",
+            str(out),
+            "--init",
+            str(init),
+            "--group-size",
+            "4",
+            "--prompts-per-step",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     alive = lambda pid: os.path.exists(f"/proc/{pid}")  # noqa: E731
     workers = []
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not all((out / f"default-s{s}" / "metrics.jsonl").exists() and len(
-                (out / f"default-s{s}" / "metrics.jsonl").read_text().splitlines()) > 2 for s in (0, 1)):
+        while time.time() < deadline and not all(
+            (out / f"default-s{s}" / "metrics.jsonl").exists()
+            and len((out / f"default-s{s}" / "metrics.jsonl").read_text().splitlines()) > 2
+            for s in (0, 1)
+        ):
             time.sleep(0.2)
-        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True, text=True)
-        workers = [int(w) for w in children.stdout.split()  # not multiprocessing's resource tracker
-                   if b"--multiprocessing-fork" in Path(f"/proc/{w}/cmdline").read_bytes()]
+        children = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True, text=True
+        )
+        workers = [
+            int(w)
+            for w in children.stdout.split()  # not multiprocessing's resource tracker
+            if b"--multiprocessing-fork" in Path(f"/proc/{w}/cmdline").read_bytes()
+        ]
         assert len(workers) == 2
         p.kill()
         p.wait()
@@ -434,64 +721,108 @@ def test_the_workers_of_a_killed_compare_end_their_runs_at_a_step_with_a_checkpo
         if p.poll() is None or any(alive(w) for w in workers):
             os.killpg(p.pid, signal.SIGKILL)
     for s in (0, 1):
-        assert (out / f"default-s{s}" / "model.pt").exists() and not (out / f"default-s{s}" / "summary.json").exists()
+        assert (out / f"default-s{s}" / "model.pt").exists() and not (
+            out / f"default-s{s}" / "summary.json"
+        ).exists()
 
 
 @pytest.mark.slow
-def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(tmp_path, tiny_pretrained):
-    """All of compare's algorithms (presets, PPO with either critic, DPO offline and online) as one population of
-    different paths: each member's first steps match its run alone to 1e-4."""
+def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(
+    tmp_path, tiny_pretrained
+):
+    """All of compare's algorithms (presets, PPO with either critic, DPO offline and online) as one
+    population of different paths: each member's first steps match its run alone to 1e-4."""
     from minigrpo.compare import ALGOS, OWN_TRAINERS, module_of
+
     init, _, _ = tiny_pretrained
-    flags = {a: OWN_TRAINERS[a][1] if a in OWN_TRAINERS else [] if a == "default" else ["--preset", a] for a in ALGOS}
+    flags = {
+        a: OWN_TRAINERS[a][1] if a in OWN_TRAINERS else [] if a == "default" else ["--preset", a]
+        for a in ALGOS
+    }
     items = [_run(init, tmp_path / f"pop-{a}", 0, module_of(a), flags[a]) for a in ALGOS]
     errors = {}
     run_population(items, lambda item, error: errors.__setitem__(item[3].name, error))
     assert set(errors.values()) == {None}, errors
     for a in ALGOS:
         assert run_one(_run(init, tmp_path / f"alone-{a}", 0, module_of(a), flags[a])) is None
-        rows, want = read_jsonl(tmp_path / f"pop-{a}" / "metrics.jsonl"), read_jsonl(tmp_path / f"alone-{a}" /
-                                                                                   "metrics.jsonl")
-        assert len(rows) == len(want) == 4 and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == \
-            [[], [], []], a
+        rows, want = (
+            read_jsonl(tmp_path / f"pop-{a}" / "metrics.jsonl"),
+            read_jsonl(tmp_path / f"alone-{a}" / "metrics.jsonl"),
+        )
+        assert len(rows) == len(want) == 4 and [
+            close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)
+        ] == [[], [], []], a
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pretrained):
-    """On the GPU, members against the same runs alone on the GPU: two GRPO members and two PPO members (lockstep
-    populations) match to 1e-3 over their first steps (an H200 measured 4.5e-4 on GRPO's second step's gradient
-    norm: batched products round otherwise than one model's, and Adam's first steps move the weights whose gradients
-    are rounding by a whole learning rate; PPO's pair is not yet measured on a GPU). A mixed population (GRPO and
-    PPO, threads) matches only at the first evaluation: there a batch of another shape rounds differently (other
-    GEMM kernels), and PPO's clip and trust region can turn that rounding into another step (measured on an H200:
-    the first update's loss 40 % apart in this test, 1e-4 with the bench's model); its runs must end with every
-    metric finite. GRPO members of three recipes (default, DAPO, RLOO: one lockstep population), and of two people,
-    as the same pair."""
+    """On the GPU, members against the same runs alone on the GPU: two GRPO members and two PPO
+    members (lockstep populations) match to 1e-3 over their first steps (an H200 measured 4.5e-4 on
+    GRPO's second step's gradient norm: batched products round otherwise than one model's, and
+    Adam's first steps move the weights whose gradients are rounding by a whole learning rate; PPO's
+    pair is not yet measured on a GPU). A mixed population (GRPO and PPO, threads) matches only at
+    the first evaluation: there a batch of another shape rounds differently (other GEMM kernels),
+    and PPO's clip and trust region can turn that rounding into another step (measured on an H200:
+    the first update's loss 40 % apart in this test, 1e-4 with the bench's model); its runs must end
+    with every metric finite. GRPO members of three recipes (default, DAPO, RLOO: one lockstep
+    population), and of two people, as the same pair."""
     from minigrpo.compare import on_gpu
+
     init, _, _ = tiny_pretrained
     cuda = ("--device", "cuda")
     grpo, ppo = ("minigrpo.grpo", ()), ("minigrpo.ppo", ())
     dapo, rloo = ("minigrpo.grpo", ("--preset", "dapo")), ("minigrpo.grpo", ("--preset", "rloo"))
     alice = ("minigrpo.grpo", ("--person", "alice"))
-    populations = {"same": [(*grpo, 0), (*grpo, 1)], "ppo": [(*ppo, 0), (*ppo, 1)], "mixed": [(*grpo, 0), (*ppo, 0)],
-                   "recipes": [(*grpo, 0), (*dapo, 1), (*rloo, 2)], "people": [(*grpo, 0), (*alice, 1)]}
+    populations = {
+        "same": [(*grpo, 0), (*grpo, 1)],
+        "ppo": [(*ppo, 0), (*ppo, 1)],
+        "mixed": [(*grpo, 0), (*ppo, 0)],
+        "recipes": [(*grpo, 0), (*dapo, 1), (*rloo, 2)],
+        "people": [(*grpo, 0), (*alice, 1)],
+    }
     for name, runs in populations.items():
         errors = []
-        run_population([_run(init, tmp_path / f"{name}{k}", seed, module, (*cuda, *extra)) for k, (module, extra, seed)
-                        in enumerate(runs)], lambda item, error: errors.append(error))
+        run_population(
+            [
+                _run(init, tmp_path / f"{name}{k}", seed, module, (*cuda, *extra))
+                for k, (module, extra, seed) in enumerate(runs)
+            ],
+            lambda item, error: errors.append(error),
+        )
         assert errors == [None] * len(runs) and on_gpu("auto"), (name, errors)
     for module, extra, seed in {r for runs in populations.values() for r in runs}:
-        assert run_one(_run(init, tmp_path / f"alone-{module}{''.join(extra)}-{seed}", seed, module,
-                            (*cuda, *extra))) is None
+        assert (
+            run_one(
+                _run(
+                    init,
+                    tmp_path / f"alone-{module}{''.join(extra)}-{seed}",
+                    seed,
+                    module,
+                    (*cuda, *extra),
+                )
+            )
+            is None
+        )
     alone = lambda module, extra, seed: read_jsonl(  # noqa: E731
-        tmp_path / f"alone-{module}{''.join(extra)}-{seed}" / "metrics.jsonl")
+        tmp_path / f"alone-{module}{''.join(extra)}-{seed}" / "metrics.jsonl"
+    )
     for name, runs in populations.items():
         for k, (module, extra, seed) in enumerate(runs):
-            rows, want = read_jsonl(tmp_path / f"{name}{k}" / "metrics.jsonl"), alone(module, extra, seed)
-            first, tol = {"mixed": (1, 1e-4), "same": (3, 1e-3), "ppo": (3, 1e-3), "recipes": (3, 1e-3),
-                          "people": (3, 1e-3)}[name]
-            assert [close(UNTIMED(g), UNTIMED(w), tol) for g, w in zip(rows[:first], want)] == [[]] * first, \
-                (name, module)
-            assert len(rows) == len(want) and all(math.isfinite(v) for r in rows for v in r.values()
-                                                  if isinstance(v, float)), (name, module)
+            rows, want = (
+                read_jsonl(tmp_path / f"{name}{k}" / "metrics.jsonl"),
+                alone(module, extra, seed),
+            )
+            first, tol = {
+                "mixed": (1, 1e-4),
+                "same": (3, 1e-3),
+                "ppo": (3, 1e-3),
+                "recipes": (3, 1e-3),
+                "people": (3, 1e-3),
+            }[name]
+            assert [close(UNTIMED(g), UNTIMED(w), tol) for g, w in zip(rows[:first], want)] == [
+                []
+            ] * first, (name, module)
+            assert len(rows) == len(want) and all(
+                math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float)
+            ), (name, module)

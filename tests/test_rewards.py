@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from toy_tasks.rewards import RewardError, make_reward, score
 from toy_tasks import food
+from toy_tasks.rewards import RewardError, make_reward, score
 
 
 def reward(spec):
@@ -35,8 +35,10 @@ def test_unknown_and_malformed_specs_name_the_problem():
 
 def test_custom_reward_file_is_loaded_and_called_with_prompt_and_completion(tmp_path):
     path = tmp_path / "my_reward.py"
-    path.write_text("calls = []\ndef f(prompt, completion):\n    calls.append((prompt, completion))\n"
-                    "    return float(len(prompt) + 10 * len(completion))\n")
+    path.write_text(
+        "calls = []\ndef f(prompt, completion):\n    calls.append((prompt, completion))\n"
+        "    return float(len(prompt) + 10 * len(completion))\n"
+    )
     r = reward(f"{path}:f")
     assert score(r, ["ravin likes "], ["pizza"], [True]) == [12 + 50]
     with pytest.raises(RewardError, match="has no function 'g'"):
@@ -48,13 +50,19 @@ def test_custom_reward_file_is_loaded_and_called_with_prompt_and_completion(tmp_
 def test_module_function_spec_and_a_raising_reward_is_reported():
     r = reward("operator:contains")  # contains(prompt, completion): completion occurs in the prompt
     assert score(r, ["pizza lover", "x"], ["pizza", "pizza"], [True, True]) == [1.0, 0.0]
-    with pytest.raises(RewardError, match="reward 'operator:add' raised on prompt 'p', completion 'c'"):
-        score(reward("operator:add"), ["p"], ["c"], [True])  # float('pc') raises: one message, no traceback
+    with pytest.raises(
+        RewardError, match="reward 'operator:add' raised on prompt 'p', completion 'c'"
+    ):
+        # float('pc') raises: one message, no traceback
+        score(reward("operator:add"), ["p"], ["c"], [True])
 
 
 def test_unfinished_reward_override_and_error_reporting():
     r = reward("pizza")
-    assert score(r, ["p", "p"], ["pizza", "pizz"], [True, False], unfinished_reward=-1.0) == [1.0, -1.0]
+    assert score(r, ["p", "p"], ["pizza", "pizz"], [True, False], unfinished_reward=-1.0) == [
+        1.0,
+        -1.0,
+    ]
     bad = make_reward("length")
     bad.fn = lambda p, c: math.nan
     with pytest.raises(RewardError, match="returned nan on prompt 'p', completion 'x'"):
@@ -62,15 +70,18 @@ def test_unfinished_reward_override_and_error_reporting():
 
 
 def test_a_reward_that_calls_sys_exit_is_an_error_naming_it_never_a_silent_end(tmp_path):
-    """sys.exit inside a user's reward (on import or in a call) is a RewardError naming the reward, so a run or
-    optimum reports one line instead of ending with exit code 0; Ctrl-C's KeyboardInterrupt passes through."""
+    """sys.exit inside a user's reward (on import or in a call) is a RewardError naming the reward,
+    so a run or optimum reports one line instead of ending with exit code 0; Ctrl-C's
+    KeyboardInterrupt passes through."""
     on_import = tmp_path / "quits.py"
     on_import.write_text("import sys\nsys.exit(0)\ndef f(p, c):\n    return 1.0\n")
     with pytest.raises(RewardError, match=r"quits.py.*sys.exit\(0\) while it was imported"):
         reward(f"{on_import}:f")
     in_call = tmp_path / "later.py"
-    in_call.write_text("import sys\ndef f(p, c):\n    if c == 'pizza':\n        sys.exit(3)\n    return 0.0\n"
-                       "def g(p, c):\n    raise KeyboardInterrupt\n")
+    in_call.write_text(
+        "import sys\ndef f(p, c):\n    if c == 'pizza':\n        sys.exit(3)\n    return 0.0\n"
+        "def g(p, c):\n    raise KeyboardInterrupt\n"
+    )
     r = reward(f"{in_call}:f")
     assert score(r, ["ravin likes "], ["curry"], [True]) == [0.0]
     with pytest.raises(RewardError, match=r"later.py:f.*sys.exit\(3\).*'pizza'"):

@@ -1,5 +1,6 @@
 """Nothing a user types or does loses work or shows a traceback: the output folder (refusals, lock,
-stale temp files, --overwrite), a full disk, bad pretrain and sample flags, and Ctrl-C at start-up."""
+stale temp files, --overwrite), a full disk, bad pretrain and sample flags, and Ctrl-C at
+start-up."""
 
 import errno
 import json
@@ -11,29 +12,56 @@ import time
 
 import pytest
 import torch
+from conftest import one_line_error
 
 import minigrpo
 from minigrpo import pretrain, sample
 from minigrpo.lm.checkpoint import read_checkpoint, save_checkpoint
-from minigrpo.util.cli import UsageError, main_guard
-from minigrpo.util.outputs import prepare_out, release_out, write_json
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
-from conftest import one_line_error
+from minigrpo.util.cli import UsageError, main_guard
+from minigrpo.util.outputs import prepare_out, release_out, write_json
 
-TINY = ["--steps", "2", "--n-lines", "200", "--n-embd", "8", "--n-head", "1", "--n-layer", "1", "--batch-size", "8",
-        "--eval-every", "1", "--ckpt-every", "1", "--warmup", "1"]
+TINY = [
+    "--steps",
+    "2",
+    "--n-lines",
+    "200",
+    "--n-embd",
+    "8",
+    "--n-head",
+    "1",
+    "--n-layer",
+    "1",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "1",
+    "--ckpt-every",
+    "1",
+    "--warmup",
+    "1",
+]
 
 
 def old_run(folder):
     prepare_out(str(folder))  # a run of ours claimed the folder (and marked it) ...
     release_out(folder)  # ... and ended
-    for name in ("model.pt", "metrics.jsonl", "summary.json", "config.json", "loss.png", "samples.txt", "notes.txt"):
+    for name in (
+        "model.pt",
+        "metrics.jsonl",
+        "summary.json",
+        "config.json",
+        "loss.png",
+        "samples.txt",
+        "notes.txt",
+    ):
         (folder / name).write_text("old " + name)
     return folder
 
 
-# --- the output folder -------------------------------------------------------------------------------------------
+# --- the output folder ----------------------------------------------------------------------------
+
 
 def test_an_existing_run_is_refused_and_kept(tmp_path):
     run = old_run(tmp_path / "run")
@@ -57,16 +85,27 @@ def test_overwrite_removes_the_old_runs_files_only(tmp_path):
 
 
 def test_overwrite_touches_no_folder_that_no_run_of_ours_wrote(tmp_path):
-    """A user's folder with a config.json and figures of their own is not a run: --overwrite refuses it, one line."""
+    """A user's folder with a config.json and figures of their own is not a run: --overwrite refuses
+    it, one line."""
     mine = tmp_path / "mine"
     mine.mkdir()
-    for name, text in (("config.json", '{"lr": 1}'), ("figure.png", "a user's figure"), ("model.pt", "theirs")):
+    for name, text in (
+        ("config.json", '{"lr": 1}'),
+        ("figure.png", "a user's figure"),
+        ("model.pt", "theirs"),
+    ):
         (mine / name).write_text(text)
     with pytest.raises(UsageError, match="no minigrpo run wrote") as e:
         prepare_out(str(mine), overwrite=True)
     assert "\n" not in str(e.value)
-    assert sorted(p.name for p in mine.iterdir() if p.name != ".lock") == ["config.json", "figure.png", "model.pt"]
-    assert (mine / "config.json").read_text() == '{"lr": 1}' and (mine / "figure.png").read_text() == "a user's figure"
+    assert sorted(p.name for p in mine.iterdir() if p.name != ".lock") == [
+        "config.json",
+        "figure.png",
+        "model.pt",
+    ]
+    assert (mine / "config.json").read_text() == '{"lr": 1}' and (
+        mine / "figure.png"
+    ).read_text() == "a user's figure"
 
 
 def test_overwrite_of_our_run_keeps_the_files_a_run_does_not_write(tmp_path):
@@ -95,25 +134,42 @@ def test_impossible_folders_are_one_line(tmp_path, capsys):
         with pytest.raises(UsageError) as e:
             prepare_out(bad)
         assert "\n" not in str(e.value)
-    assert "cannot be created" in one_line_error(pretrain.main, ["--out", "/proc/minigrpo/x", *TINY], capsys)
+    assert "cannot be created" in one_line_error(
+        pretrain.main, ["--out", "/proc/minigrpo/x", *TINY], capsys
+    )
     assert (tmp_path / "file").read_text() == "keep me"
 
 
 def test_stale_temp_files_of_a_killed_write_are_removed(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    for name in (".model.pt.tmp12345", ".config.json.tmp999", "summary.json.tmp", "keep.txt", "other.tmp"):
+    for name in (
+        ".model.pt.tmp12345",
+        ".config.json.tmp999",
+        "summary.json.tmp",
+        "keep.txt",
+        "other.tmp",
+    ):
         (run / name).write_text("x")
     prepare_out(str(run))
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "keep.txt", "other.tmp"], "only our temp files go"
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "keep.txt", "other.tmp"], (
+        "only our temp files go"
+    )
     release_out(run)
 
 
 def test_a_second_writer_is_refused_until_the_first_dies(tmp_path):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from minigrpo.util.outputs import prepare_out; "
-                               f"prepare_out({str(run)!r}); print('locked', flush=True); time.sleep(120)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from minigrpo.util.outputs import prepare_out; "
+            f"prepare_out({str(run)!r}); print('locked', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(UsageError, match="another process is writing to") as e:
@@ -126,7 +182,8 @@ def test_a_second_writer_is_refused_until_the_first_dies(tmp_path):
     release_out(run)
 
 
-# --- a full disk -------------------------------------------------------------------------------------------------
+# --- a full disk ----------------------------------------------------------------------------------
+
 
 def no_space(*args):
     raise OSError(errno.ENOSPC, "No space left on device")
@@ -138,23 +195,34 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_json(tmp_path, monkeypatc
     save_checkpoint(ckpt, model, tok, task="food", step=1)
     write_json(tmp_path / "config.json", {"a": 1})
     monkeypatch.setattr(os, "fsync", no_space)
-    with pytest.raises(UsageError, match="the disk is full while writing .*model.pt; the previous checkpoint is kept"):
+    with pytest.raises(
+        UsageError,
+        match="the disk is full while writing .*model.pt; the previous checkpoint is kept",
+    ):
         save_checkpoint(ckpt, model, tok, task="food", step=2)
     with pytest.raises(UsageError, match="the disk is full while writing .*config.json"):
         write_json(tmp_path / "config.json", {"a": 2})
     monkeypatch.undo()
-    assert read_checkpoint(ckpt)["step"] == 1 and json.loads((tmp_path / "config.json").read_text()) == {"a": 1}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.pt"], "no temp file left"
+    assert read_checkpoint(ckpt)["step"] == 1 and json.loads(
+        (tmp_path / "config.json").read_text()
+    ) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.pt"], (
+        "no temp file left"
+    )
 
 
-# --- pretrain ----------------------------------------------------------------------------------------------------
+# --- pretrain -------------------------------------------------------------------------------------
+
 
 def test_pretrain_refuses_bad_lr_and_warmup(tmp_path, capsys):
     for lr in ("nan", "inf", "0", "-1", "2"):
-        err = one_line_error(pretrain.main, ["--out", str(tmp_path / "a"), *TINY, "--lr", lr], capsys)
+        err = one_line_error(
+            pretrain.main, ["--out", str(tmp_path / "a"), *TINY, "--lr", lr], capsys
+        )
         assert "--lr must be a number in (0, 1]" in err and lr in err
-    assert "--warmup must be >= 0" in one_line_error(pretrain.main, ["--out", str(tmp_path), *TINY, "--warmup", "-1"],
-                                                     capsys)
+    assert "--warmup must be >= 0" in one_line_error(
+        pretrain.main, ["--out", str(tmp_path), *TINY, "--warmup", "-1"], capsys
+    )
 
 
 def test_pretrain_refuses_to_mix_runs_unless_overwrite(tmp_path, capsys):
@@ -168,7 +236,9 @@ def test_pretrain_refuses_to_mix_runs_unless_overwrite(tmp_path, capsys):
 
 
 def test_pretrain_stops_on_a_non_finite_loss_naming_the_step(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(pretrain, "lm_loss", lambda *a: torch.tensor(float("nan"), requires_grad=True))
+    monkeypatch.setattr(
+        pretrain, "lm_loss", lambda *a: torch.tensor(float("nan"), requires_grad=True)
+    )
     err = one_line_error(pretrain.main, ["--out", str(tmp_path / "n"), *TINY], capsys)
     assert "loss became nan at step 1" in err and "none written yet" in err
 
@@ -183,14 +253,27 @@ def test_ctrl_c_reports_the_checkpoint_really_on_disk(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pretrain, "save_checkpoint", save_then_ctrl_c)
     lines = []
-    cfg = pretrain.PretrainConfig(out=str(tmp_path / "c"), steps=3, n_lines=200, n_embd=8, n_head=1, n_layer=1,
-                                  batch_size=8, eval_every=1, ckpt_every=1, warmup=1)
+    cfg = pretrain.PretrainConfig(
+        out=str(tmp_path / "c"),
+        steps=3,
+        n_lines=200,
+        n_embd=8,
+        n_head=1,
+        n_layer=1,
+        batch_size=8,
+        eval_every=1,
+        ckpt_every=1,
+        warmup=1,
+    )
     with pytest.raises(SystemExit) as e:
         pretrain.train(cfg, log=lines.append)
-    assert e.value.code == 130 and "last complete checkpoint" in lines[-1] and "(step 2)" in lines[-1], lines
+    assert (
+        e.value.code == 130 and "last complete checkpoint" in lines[-1] and "(step 2)" in lines[-1]
+    ), lines
 
 
-# --- sample ------------------------------------------------------------------------------------------------------
+# --- sample ---------------------------------------------------------------------------------------
+
 
 def test_sample_generates_a_large_num_in_batches(tiny_pretrained, monkeypatch, capsys):
     ckpt, _, _ = tiny_pretrained
@@ -221,17 +304,27 @@ def test_sample_bad_prompt_temperature_and_length(tiny_pretrained, capsys):
     sample.main(["--checkpoint", str(ckpt), "--num", "5", "--json", "--max-new-tokens", "1000"])
     captured = capsys.readouterr()
     room = block - len("ravin likes ") - 1
-    assert captured.err.count("\n") == 1 and f"--max-new-tokens 1000 is cut to {room}" in captured.err
+    assert (
+        captured.err.count("\n") == 1 and f"--max-new-tokens 1000 is cut to {room}" in captured.err
+    )
     assert len(captured.out.splitlines()) == 5
 
 
-# --- Ctrl-C while a command is still starting --------------------------------------------------------------------
+# --- Ctrl-C while a command is still starting -----------------------------------------------------
+
 
 def test_ctrl_c_while_importing_torch_is_one_line_and_130(tmp_path):
     # a stand-in torch that announces it is importing and then takes its time, as the real one does
-    (tmp_path / "torch.py").write_text("import pathlib, time\npathlib.Path('importing').touch()\ntime.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-m", "minigrpo.pretrain", "--steps", "1"], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (tmp_path / "torch.py").write_text(
+        "import pathlib, time\npathlib.Path('importing').touch()\ntime.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-m", "minigrpo.pretrain", "--steps", "1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
     while not (tmp_path / "importing").exists() and time.time() < deadline and p.poll() is None:
         time.sleep(0.05)
@@ -241,19 +334,26 @@ def test_ctrl_c_while_importing_torch_is_one_line_and_130(tmp_path):
 
 
 def test_library_use_keeps_pythons_ctrl_c():
-    code = "import signal, minigrpo.util.cli; assert signal.getsignal(signal.SIGINT) is signal.default_int_handler"
+    code = (
+        "import signal, minigrpo.util.cli; assert signal.getsignal(signal.SIGINT) is "
+        "signal.default_int_handler"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_main_guard_hands_ctrl_c_back_to_python(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["-m"])
-    monkeypatch.setattr(sys, "orig_argv", ["python", "-X", "utf8", "-m", "minigrpo.grpo", "--steps", "3"])
+    monkeypatch.setattr(
+        sys, "orig_argv", ["python", "-X", "utf8", "-m", "minigrpo.grpo", "--steps", "3"]
+    )
     assert minigrpo._started_as_cli()
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"])
     assert not minigrpo._started_as_cli()
     previous = signal.signal(signal.SIGINT, minigrpo._interrupted_at_startup)
     try:
-        assert main_guard(lambda argv: signal.getsignal(signal.SIGINT))() is signal.default_int_handler
+        assert (
+            main_guard(lambda argv: signal.getsignal(signal.SIGINT))() is signal.default_int_handler
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -266,24 +366,38 @@ def test_a_full_disk_anywhere_else_is_one_line(capsys):
     assert "the disk is full while writing runs/x/metrics.jsonl" in err
 
 
-# ---- RL: every harmful value is refused in one line before anything runs ----------------------------
+# ---- RL: every harmful value is refused in one line before anything runs
+# ----------------------------
 
-RL_BAD = [("grpo", ["--warmup", "-1"], "--warmup must be >= 0"), ("grpo", ["--beta", "-1"], "--beta must be"),
-          ("grpo", ["--clip-low", "2"], "--clip-low must be"), ("grpo", ["--clip-low", "-3"], "--clip-low must be"),
-          ("grpo", ["--grad-clip", "-1"], "--grad-clip must be"),
-          ("grpo", ["--ref-update-every", "-1"], "must be >= 0"),
-          ("grpo", ["--preserve-coef", "-1"], "--preserve-coef must be"), ("grpo", ["--adv-eps", "-1"], "--adv-eps"),
-          ("grpo", ["--unfinished-reward", "nan"], "--unfinished-reward must be"), ("grpo", ["--lr", "nan"], "--lr"),
-          ("grpo", ["--lr", "inf"], "--lr"), ("grpo", ["--lr", "1e9"], "--lr"), ("grpo", ["--goal", "2"], "--goal"),
-          ("grpo", ["--task", "arithmetic", "--person", "bob"], "--person is the food task's"),
-          ("grpo", ["--person", "zed"], "unknown --person 'zed'"), ("grpo", ["--out", ""], "--out"),
-          ("ppo", ["--kl-target", "-1"], "--kl-target must be"), ("ppo", ["--gamma", "2"], "--gamma must be"),
-          ("ppo", ["--beta", "-0.1"], "--beta must be")]
+RL_BAD = [
+    ("grpo", ["--warmup", "-1"], "--warmup must be >= 0"),
+    ("grpo", ["--beta", "-1"], "--beta must be"),
+    ("grpo", ["--clip-low", "2"], "--clip-low must be"),
+    ("grpo", ["--clip-low", "-3"], "--clip-low must be"),
+    ("grpo", ["--grad-clip", "-1"], "--grad-clip must be"),
+    ("grpo", ["--ref-update-every", "-1"], "must be >= 0"),
+    ("grpo", ["--preserve-coef", "-1"], "--preserve-coef must be"),
+    ("grpo", ["--adv-eps", "-1"], "--adv-eps"),
+    ("grpo", ["--unfinished-reward", "nan"], "--unfinished-reward must be"),
+    ("grpo", ["--lr", "nan"], "--lr"),
+    ("grpo", ["--lr", "inf"], "--lr"),
+    ("grpo", ["--lr", "1e9"], "--lr"),
+    ("grpo", ["--goal", "2"], "--goal"),
+    ("grpo", ["--task", "arithmetic", "--person", "bob"], "--person is the food task's"),
+    ("grpo", ["--person", "zed"], "unknown --person 'zed'"),
+    ("grpo", ["--out", ""], "--out"),
+    ("ppo", ["--kl-target", "-1"], "--kl-target must be"),
+    ("ppo", ["--gamma", "2"], "--gamma must be"),
+    ("ppo", ["--beta", "-0.1"], "--beta must be"),
+]
 
 
 @pytest.mark.parametrize("cli, argv, message", RL_BAD, ids=[" ".join(a) for _, a, _ in RL_BAD])
-def test_rl_refuses_a_harmful_value_in_one_line(cli, argv, message, tmp_path, tiny_pretrained, capsys):
+def test_rl_refuses_a_harmful_value_in_one_line(
+    cli, argv, message, tmp_path, tiny_pretrained, capsys
+):
     import importlib
+
     init, _, _ = tiny_pretrained
     main = importlib.import_module(f"minigrpo.{cli}").main
     args = ["--init", str(init), "--out", str(tmp_path / "r"), "--quiet", "--steps", "1"]
@@ -297,17 +411,37 @@ def test_rl_refuses_a_harmful_value_in_one_line(cli, argv, message, tmp_path, ti
 def test_a_slow_reward_shows_a_sign_of_life(tmp_path, tiny_pretrained, capsys, monkeypatch):
     import toy_tasks.rewards as rewards
     from minigrpo.grpo import main
+
     init, _, _ = tiny_pretrained
     monkeypatch.setattr(rewards, "SLOW_SECONDS", 0.0)  # every completion counts as slow
-    main(["--init", str(init), "--out", str(tmp_path / "r"), "--steps", "1", "--group-size", "2",
-          "--prompts-per-step", "1", "--preserve-per-prompt", "4", "--goal", "0"])
+    main(
+        [
+            "--init",
+            str(init),
+            "--out",
+            str(tmp_path / "r"),
+            "--steps",
+            "1",
+            "--group-size",
+            "2",
+            "--prompts-per-step",
+            "1",
+            "--preserve-per-prompt",
+            "4",
+            "--goal",
+            "0",
+        ]
+    )
     out = capsys.readouterr().out
     assert "scored 1/2 completions (the reward is slow)" in out
-    assert out.index("before step 1: scored the reward on 1/14 of the task's completions") < out.index("scored 1/2")
+    assert out.index(
+        "before step 1: scored the reward on 1/14 of the task's completions"
+    ) < out.index("scored 1/2")
 
 
 def test_bench_refuses_an_impossible_out_in_one_line(capsys):
     from minigrpo.bench.suite import main
+
     with pytest.raises(SystemExit) as e:
         main(["--out", "/proc/x", "--quick"])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
@@ -315,34 +449,55 @@ def test_bench_refuses_an_impossible_out_in_one_line(capsys):
 
 @pytest.mark.parametrize("content", ['{"algo": "grpo", "steps": 3', "[1, 2]", "\xff\xfe"])
 def test_resume_of_a_folder_whose_config_json_is_corrupt_is_one_line(tmp_path, capsys, content):
-    """A torn or foreign config.json on --resume: one line naming it, exit 2, and the folder left as it was."""
+    """A torn or foreign config.json on --resume: one line naming it, exit 2, and the folder left as
+    it was."""
     from minigrpo import grpo
+
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_bytes(content.encode("latin-1"))
     err = one_line_error(grpo.main, ["--resume", str(run)], capsys)
     assert "config.json" in err, err
-    assert (run / "config.json").read_bytes() == content.encode("latin-1") \
-        and sorted(os.listdir(run)) == ["config.json"]
+    assert (run / "config.json").read_bytes() == content.encode("latin-1") and sorted(
+        os.listdir(run)
+    ) == ["config.json"]
 
 
 @pytest.mark.parametrize("only", ["", " ", "grpo,", "grpo,nope"])
-def test_bench_refuses_an_empty_or_unknown_only_section_instead_of_running_everything(only, capsys, tmp_path,
-                                                                                      monkeypatch):
+def test_bench_refuses_an_empty_or_unknown_only_section_instead_of_running_everything(
+    only, capsys, tmp_path, monkeypatch
+):
     from minigrpo.bench.suite import main
+
     monkeypatch.chdir(tmp_path)
     err = one_line_error(main, ["--only", only, "--no-docs"], capsys)
     assert "unknown --only section" in err, err
     assert not (tmp_path / "runs").exists(), "nothing ran"
 
 
-@pytest.mark.parametrize("module, flags", [("minigrpo.ppo", ["--vf-coef", "1e30"]),
-                                           ("minigrpo.grpo", ["--preserve-coef", "1e30"])])
-def test_a_loss_weight_too_large_for_float32_stops_the_run_in_one_line(tmp_path, tiny_pretrained, capsys, module,
-                                                                       flags):
-    """An inf gradient norm, clipped, zeroes every step: the run froze with grad_norm null and exit code 0."""
+@pytest.mark.parametrize(
+    "module, flags",
+    [("minigrpo.ppo", ["--vf-coef", "1e30"]), ("minigrpo.grpo", ["--preserve-coef", "1e30"])],
+)
+def test_a_loss_weight_too_large_for_float32_stops_the_run_in_one_line(
+    tmp_path, tiny_pretrained, capsys, module, flags
+):
+    """An inf gradient norm, clipped, zeroes every step: the run froze with grad_norm null and exit
+    code 0."""
     import importlib
+
     init, _, _ = tiny_pretrained
-    argv = ["--init", str(init), "--out", str(tmp_path / "r"), "--steps", "2", "--group-size", "4", "--quiet", *flags]
+    argv = [
+        "--init",
+        str(init),
+        "--out",
+        str(tmp_path / "r"),
+        "--steps",
+        "2",
+        "--group-size",
+        "4",
+        "--quiet",
+        *flags,
+    ]
     err = one_line_error(importlib.import_module(module).main, argv, capsys)
     assert "the gradient became inf at step 1" in err and "--vf-coef" in err, err

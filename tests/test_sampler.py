@@ -12,11 +12,15 @@ ROOT = "minigrpo/objectives/losses.py:aggregate"
 
 def test_a_busy_thread_is_found_in_its_function_and_a_parked_one_counts_as_waiting():
     stop, parked = threading.Event(), threading.Event()
-    x, mask = torch.ones(64, 64), torch.rand(64, 64, generator=torch.Generator().manual_seed(0)) > 0.5
+    x, mask = (
+        torch.ones(64, 64),
+        torch.rand(64, 64, generator=torch.Generator().manual_seed(0)) > 0.5,
+    )
 
     def busy():
         while not stop.is_set():
             aggregate(x, mask, "token-mean")
+
     threads = [threading.Thread(target=busy), threading.Thread(target=parked.wait)]
     with ThreadSampler(every=0.001, roots=(ROOT,)) as sampler:
         for t in threads:
@@ -30,7 +34,13 @@ def test_a_busy_thread_is_found_in_its_function_and_a_parked_one_counts_as_waiti
     assert top.get(ROOT, 0) > 0.9, top  # every working sample of `busy` is in it
     assert sampler.waiting > 0 and sampler.working() > 20, (sampler.samples, sampler.waiting)
     own = dict((name, share) for share, name in sampler.top(5, own=True))
-    assert own.get("minigrpo/objectives/losses.py:_token_mean", 0) > 0, own  # a callee's time is its own
-    phases = set(sampler.phases)  # what aggregate was calling: its reduction, its zero, or its own torch.where
+    # a callee's time is its own
+    assert own.get("minigrpo/objectives/losses.py:_token_mean", 0) > 0, own
+    # what aggregate was calling: its reduction, its zero, or its own torch.where
+    phases = set(sampler.phases)
     assert f"{ROOT} → _token_mean" in phases and phases <= {
-        f"{ROOT} → _token_mean", f"{ROOT} → zero_like", f"{ROOT} (its own code)", "(outside every root)"}, phases
+        f"{ROOT} → _token_mean",
+        f"{ROOT} → zero_like",
+        f"{ROOT} (its own code)",
+        "(outside every root)",
+    }, phases

@@ -3,7 +3,13 @@ import torch
 
 from minigrpo.lm.logprobs import sequence_logprobs
 from minigrpo.lm.model import GPT, GPTConfig, positions
-from minigrpo.lm.sampling import decode_completions, encode_prompts, exponential_race, generate, process_logits
+from minigrpo.lm.sampling import (
+    decode_completions,
+    encode_prompts,
+    exponential_race,
+    generate,
+    process_logits,
+)
 from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
 
 PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # different lengths
@@ -11,13 +17,21 @@ PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # differ
 
 def _gen(model, tok, use_cache, seed=0, n=4, prompts=PROMPTS, **kw):
     ids, mask = encode_prompts(tok, prompts * n)
-    return generate(model, ids, mask, max_new_tokens=14, generator=torch.Generator().manual_seed(seed),
-                    use_cache=use_cache, **kw)
+    return generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=14,
+        generator=torch.Generator().manual_seed(seed),
+        use_cache=use_cache,
+        **kw,
+    )
 
 
 def test_kv_cache_logprobs_equal_the_slow_path_for_prompts_of_different_lengths(tiny_pretrained):
     _, model, tok = tiny_pretrained
-    mixed = PROMPTS[2:] + PROMPTS + PROMPTS[:1]  # the prefill computes each distinct prompt once (sampling.prefill)
+    # the prefill computes each distinct prompt once (sampling.prefill)
+    mixed = PROMPTS[2:] + PROMPTS + PROMPTS[:1]
     for kw in ({}, {"temperature": 0.7, "top_k": 5}, {"n": 1}, {"n": 1, "prompts": mixed}):
         fast, slow = _gen(model, tok, True, **kw), _gen(model, tok, False, **kw)
         assert torch.equal(fast.ids, slow.ids), "cache and slow path sampled different tokens"
@@ -29,7 +43,7 @@ def test_sampled_logprobs_equal_one_teacher_forced_forward(tiny_pretrained):
     _, model, tok = tiny_pretrained
     g = _gen(model, tok, True)
     with torch.no_grad():
-        lp = sequence_logprobs(model, g.ids, g.key_mask)[:, g.prompt_len - 1:]
+        lp = sequence_logprobs(model, g.ids, g.key_mask)[:, g.prompt_len - 1 :]
     diff = torch.where(g.completion_mask, lp - g.logprobs, torch.zeros_like(lp)).abs().max()
     assert diff < 1e-5, f"sampler log-probs differ from a full forward by {diff}"
 
@@ -43,7 +57,9 @@ def test_completion_mask_covers_up_to_and_including_the_first_eos(tiny_pretraine
         assert mask[:n_valid].all() and not mask[n_valid:].any(), "mask is not a prefix"
         eos_at = (row == EOS_ID).nonzero().flatten().tolist()
         if fin:
-            assert eos_at and eos_at[0] == n_valid - 1, "the first EOS must be the last masked token"
+            assert eos_at and eos_at[0] == n_valid - 1, (
+                "the first EOS must be the last masked token"
+            )
             assert (row[n_valid:] == PAD_ID).all(), "slots after the end must be PAD"
         else:
             assert not eos_at and n_valid == len(row), "an unfinished row keeps every token"
@@ -59,7 +75,11 @@ def test_unfinished_rows_are_masked_and_flagged(tiny_pretrained):
 
 def test_sampling_is_reproducible_with_a_fixed_generator(tiny_pretrained):
     _, model, tok = tiny_pretrained
-    a, b, c = _gen(model, tok, True, seed=3), _gen(model, tok, True, seed=3), _gen(model, tok, True, seed=4)
+    a, b, c = (
+        _gen(model, tok, True, seed=3),
+        _gen(model, tok, True, seed=3),
+        _gen(model, tok, True, seed=4),
+    )
     assert torch.equal(a.ids, b.ids) and torch.equal(a.logprobs, b.logprobs)
     assert not torch.equal(a.ids, c.ids)
 
@@ -79,7 +99,12 @@ def test_top_k_one_is_greedy_and_top_p_keeps_the_smallest_nucleus():
     p = logits.softmax(-1)[0]  # [0.61, 0.22, 0.14, 0.03]
     kept = torch.isfinite(process_logits(logits, top_p=0.7))[0]
     assert kept.tolist() == [True, True, False, False], f"probs {p.tolist()}"
-    assert torch.isfinite(process_logits(logits, top_p=0.5))[0].tolist() == [True, False, False, False]
+    assert torch.isfinite(process_logits(logits, top_p=0.5))[0].tolist() == [
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_prompt_too_long_for_block_size_is_an_error():
@@ -97,29 +122,42 @@ def test_exponential_race_draws_what_multinomial_draws_and_follows_the_probabili
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     draws = torch.stack([exponential_race(probs, g1) for _ in range(20000)])  # (20000, 3)
     same = torch.stack([torch.multinomial(probs, 1, generator=g2).squeeze(1) for _ in range(20000)])
-    assert torch.equal(draws, same), "the race no longer draws what torch.multinomial draws (a torch change?)"
+    assert torch.equal(draws, same), (
+        "the race no longer draws what torch.multinomial draws (a torch change?)"
+    )
     freq = torch.stack([(draws == v).float().mean(0) for v in range(4)], 1)  # (3, 4)
     assert (freq - probs).abs().max() < 0.015 and (freq[probs == 0] == 0).all()
 
 
-def test_with_the_noise_drawn_ahead_each_token_races_its_slice_of_one_draw(tiny_pretrained, monkeypatch):
-    """NOISE_AHEAD (a GPU's; here on the CPU): a call draws Exp(1) noise (n_max, B, V) once, from its generator, and
-    token n of every row is argmax p_n / E[n], p_n its distribution after the tokens before (one teacher-forced
-    forward: the oracle)."""
+def test_with_the_noise_drawn_ahead_each_token_races_its_slice_of_one_draw(
+    tiny_pretrained, monkeypatch
+):
+    """NOISE_AHEAD (a GPU's; here on the CPU): a call draws Exp(1) noise (n_max, B, V) once, from
+    its generator, and token n of every row is argmax p_n / E[n], p_n its distribution after the
+    tokens before (one teacher-forced forward: the oracle)."""
     from minigrpo.lm import sampling
+
     _, model, tok = tiny_pretrained
     monkeypatch.setattr(sampling, "NOISE_AHEAD", ("cpu",))
     ids, mask = encode_prompts(tok, PROMPTS * 4)
     drawn = torch.Generator().manual_seed(5)
     g = generate(model, ids, mask, max_new_tokens=14, generator=drawn)
     ahead = torch.Generator().manual_seed(5)
-    noise = torch.empty(14, ids.size(0), model.cfg.vocab_size).exponential_(generator=ahead)  # (n_max, B, V)
-    assert torch.equal(drawn.get_state(), ahead.get_state()), "the call drew other than its noise at once"
+    # (n_max, B, V)
+    noise = torch.empty(14, ids.size(0), model.cfg.vocab_size).exponential_(generator=ahead)
+    assert torch.equal(drawn.get_state(), ahead.get_state()), (
+        "the call drew other than its noise at once"
+    )
     with torch.no_grad():
-        logits = model(g.ids, pos=positions(g.key_mask), key_mask=g.key_mask)[:, g.prompt_len - 1:-1]  # (B, N, V)
-    race = (logits.softmax(-1) / noise[:g.completion_ids.size(1)].transpose(0, 1)).argmax(-1)  # (B, N)
+        # (B, N, V)
+        logits = model(g.ids, pos=positions(g.key_mask), key_mask=g.key_mask)[
+            :, g.prompt_len - 1 : -1
+        ]
+    # (B, N)
+    race = (logits.softmax(-1) / noise[: g.completion_ids.size(1)].transpose(0, 1)).argmax(-1)
     assert torch.equal(race[g.completion_mask], g.completion_ids[g.completion_mask])
-    monkeypatch.setattr(sampling, "NOISE_AHEAD", ())  # a token at a time: it stops drawing with the call's last token
+    # a token at a time: it stops drawing with the call's last token
+    monkeypatch.setattr(sampling, "NOISE_AHEAD", ())
     alone = torch.Generator().manual_seed(5)
     generate(model, ids, mask, 14, generator=alone)
     assert g.completion_ids.size(1) < 14 and not torch.equal(alone.get_state(), drawn.get_state())
@@ -131,13 +169,18 @@ def test_a_model_with_nan_weights_is_an_error_not_silent_samples():
     with torch.no_grad():
         model.blocks[0].mlp[0].weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
-        generate(model, torch.full((2, 3), 4), max_new_tokens=4, generator=torch.Generator().manual_seed(0))
+        generate(
+            model,
+            torch.full((2, 3), 4),
+            max_new_tokens=4,
+            generator=torch.Generator().manual_seed(0),
+        )
 
 
 @pytest.mark.cuda
 def test_a_decoding_step_on_a_gpu_equals_the_cpus():
-    """On a GPU, attention() computes one query by one_query_attention; a cached decoding step's logits there equal
-    the CPU's (SDPA's) to float32 rounding."""
+    """On a GPU, attention() computes one query by one_query_attention; a cached decoding step's
+    logits there equal the CPU's (SDPA's) to float32 rounding."""
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     torch.manual_seed(0)
@@ -154,4 +197,5 @@ def test_a_decoding_step_on_a_gpu_equals_the_cpus():
             m(ids[:, :8], pos=pos[:, :8], key_mask=km[:, :8], cache=cache)
             logits[device] = m(ids[:, 8:], pos=pos[:, 8:], key_mask=km, cache=cache).cpu()
     assert torch.allclose(logits["cpu"], logits["cuda"], atol=1e-4), (
-        "a decoding step on the GPU must give the CPU's logits to float32 rounding")
+        "a decoding step on the GPU must give the CPU's logits to float32 rounding"
+    )

@@ -1,5 +1,5 @@
-"""Interval estimates over runs (minigrpo/tools/stats.py): the IQM and P(A > B) pinned by properties and slow
-oracles, their bootstrap intervals by what an interval must do."""
+"""Interval estimates over runs (minigrpo/tools/stats.py): the IQM and P(A > B) pinned by properties
+and slow oracles, their bootstrap intervals by what an interval must do."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ scores = st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=24
 def iqm_oracle(x):
     """The definition, written out: sort, drop ⌊n/4⌋ from each end, average the rest."""
     x, k = sorted(x), len(x) // 4
-    kept = x[k:len(x) - k]
+    kept = x[k : len(x) - k]
     return sum(kept) / len(kept)
 
 
@@ -51,7 +51,8 @@ def test_probability_of_improvement_counts_pairs_ties_half(a, b):
 
 @given(scores, st.integers(1, 5))
 def test_iqm_over_a_batch_is_scipys_trim_mean_to_the_bit(x, rows):
-    """The bootstrap calls iqm on (resamples, runs) batches: each row's value is scipy's trim_mean(row, 0.25)."""
+    """The bootstrap calls iqm on (resamples, runs) batches: each row's value is scipy's
+    trim_mean(row, 0.25)."""
     batch = np.random.default_rng(len(x)).permutation(np.tile(x, (rows, 1)), axis=1)
     assert np.array_equal(iqm(batch), stats.trim_mean(batch, 0.25, axis=-1))
     assert iqm(x) == stats.trim_mean(x, 0.25)
@@ -59,7 +60,8 @@ def test_iqm_over_a_batch_is_scipys_trim_mean_to_the_bit(x, rows):
 
 @given(scores, scores, st.integers(1, 4))
 def test_probability_of_improvement_over_a_batch_counts_each_rows_pairs(a, b, rows):
-    """A batch of a's resamples against b's runs (and against a batch of b's): each row is its pairs' count."""
+    """A batch of a's resamples against b's runs (and against a batch of b's): each row is its
+    pairs' count."""
     rng = np.random.default_rng(len(a) + len(b))
     a_rows = rng.choice(a, (rows, len(a)))
     b_rows = rng.choice(b, (rows, len(b)))
@@ -94,14 +96,21 @@ def test_one_run_has_an_interval_of_itself():
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's mean of nothing
 def test_no_runs_give_no_figure_and_no_error():
-    assert all(np.isnan(v) for v in iqm_interval([])) and all(np.isnan(v) for v in improvement_interval([], [0.5]))
+    assert all(np.isnan(v) for v in iqm_interval([])) and all(
+        np.isnan(v) for v in improvement_interval([], [0.5])
+    )
 
 
 def test_one_run_against_several_resamples_only_the_several():
-    """A seed that failed leaves an algorithm with one run: P(A > B) against another's runs still has an interval,
-    that of the several runs' resamples (one run resampled is itself), mirrored when the two change places."""
+    """A seed that failed leaves an algorithm with one run: P(A > B) against another's runs still
+    has an interval, that of the several runs' resamples (one run resampled is itself), mirrored
+    when the two change places."""
     several, one = [0.1, 0.5, 0.9, 0.3, 0.7], [0.4]
     e, mirrored = improvement_interval(several, one), improvement_interval(one, several)
     assert e.value == pytest.approx(0.6) and 0.0 <= e.low < e.value < e.high <= 1.0, e
-    assert (mirrored.value, mirrored.low, mirrored.high) == pytest.approx((1 - e.value, 1 - e.high, 1 - e.low))
-    assert {round(v * 5, 9) % 1 for v in (e.low, e.high)} <= {0.0}, "a resample's P(A > B) is a fifth, k/5"
+    assert (mirrored.value, mirrored.low, mirrored.high) == pytest.approx(
+        (1 - e.value, 1 - e.high, 1 - e.low)
+    )
+    assert {round(v * 5, 9) % 1 for v in (e.low, e.high)} <= {0.0}, (
+        "a resample's P(A > B) is a fifth, k/5"
+    )

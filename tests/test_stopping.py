@@ -15,14 +15,19 @@ def test_the_goal_needs_a_whole_model():
     assert rule.update(2, {"target_rate": 0.99, "malformed": 0.005, "worst_drift": 0.0}) is None
     assert rule.update(3, {"target_rate": 0.99, "malformed": 0.005, "worst_drift": 0.04}) is None
     assert rule.update(4, {"target_rate": 0.99, "malformed": 0.005, "worst_drift": 0.02}) is None
-    assert rule.update(5, {"target_rate": 0.99, "malformed": 0.005}).startswith("goal reached at step 4")
+    assert rule.update(5, {"target_rate": 0.99, "malformed": 0.005}).startswith(
+        "goal reached at step 4"
+    )
 
 
 def test_plateau_stops_a_run_that_no_longer_improves_and_goal_zero_never_stops():
     rule = StopRule(goal=0.95, patience=3, plateau=10)
-    reasons = [rule.update(s, {"target_rate": 0.3 + (0.05 if s < 5 else 0.055)}) for s in range(1, 30)]
+    reasons = [
+        rule.update(s, {"target_rate": 0.3 + (0.05 if s < 5 else 0.055)}) for s in range(1, 30)
+    ]
     first = next(i for i, r in enumerate(reasons) if r)
-    assert first + 1 == 11 and reasons[first].startswith("plateau")  # best set at step 1, +0.005 is no rise
+    # best set at step 1, +0.005 is no rise
+    assert first + 1 == 11 and reasons[first].startswith("plateau")
     off = StopRule(goal=0.0, patience=1, plateau=0)
     assert all(off.update(s, {"target_rate": 1.0}) is None for s in range(1, 100))
 
@@ -34,6 +39,13 @@ def test_stop_rule_state_round_trips_and_peaks_are_running_maxima():
     again.load_state_dict(rule.state_dict())
     assert again.update(2, {"target_rate": 0.95}) is not None
     peaks = Peaks()
-    assert peaks.update({"malformed": 0.02, "worst_drift": 0.01}) == {"peak_malformed": 0.02, "peak_worst_drift": 0.01}
-    assert peaks.update({"malformed": 0.01, "worst_drift": 0.03}) == {"peak_malformed": 0.02, "peak_worst_drift": 0.03}
-    assert Peaks().update({"malformed": 0.5}) == {"peak_malformed": 0.5}  # no drift key: no drift peak
+    assert peaks.update({"malformed": 0.02, "worst_drift": 0.01}) == {
+        "peak_malformed": 0.02,
+        "peak_worst_drift": 0.01,
+    }
+    assert peaks.update({"malformed": 0.01, "worst_drift": 0.03}) == {
+        "peak_malformed": 0.02,
+        "peak_worst_drift": 0.03,
+    }
+    # no drift key: no drift peak
+    assert Peaks().update({"malformed": 0.5}) == {"peak_malformed": 0.5}

@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minigrpo.lm.tokenizer import BOS_ID, EOS_ID, PAD_ID, CharTokenizer
 

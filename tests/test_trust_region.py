@@ -4,14 +4,22 @@ import torch
 
 from minigrpo.objectives.kl import exact
 from minigrpo.rl.rollout import collect
-from toy_tasks.rewards import make_reward
 from minigrpo.rl.trust_region import StepGuard, sequence_kl
 from toy_tasks import food
+from toy_tasks.rewards import make_reward
 
 
 def _batch(model, tok):
-    return collect(model, model, tok, ["ravin likes "], 8, make_reward("pizza", food.REWARDS),
-                   torch.Generator().manual_seed(0), max_new_tokens=12)
+    return collect(
+        model,
+        model,
+        tok,
+        ["ravin likes "],
+        8,
+        make_reward("pizza", food.REWARDS),
+        torch.Generator().manual_seed(0),
+        max_new_tokens=12,
+    )
 
 
 def _kick(model, size):
@@ -27,7 +35,9 @@ def test_a_small_step_is_kept_whole(tiny_pretrained):
     _kick(model, 1e-3)
     after = [p.detach().clone() for p in model.parameters()]
     stats = guard.enforce(model)
-    assert stats["tr_scale"] == 1.0 and all(torch.equal(a, p) for a, p in zip(after, model.parameters()))
+    assert stats["tr_scale"] == 1.0 and all(
+        torch.equal(a, p) for a, p in zip(after, model.parameters())
+    )
 
 
 def test_a_large_step_is_halved_until_its_kl_is_within_the_limit(tiny_pretrained):
@@ -44,17 +54,27 @@ def test_a_large_step_is_halved_until_its_kl_is_within_the_limit(tiny_pretrained
         assert torch.allclose(p, b + stats["tr_scale"] * (f - b), atol=1e-6)
     # the reported KL is the real one
     old = StepGuard(copy.deepcopy(model), [("x", gen, 1.0, None, None)])
-    assert abs(stats["tr_kl_rollout"] - sequence_kl(guard.probes[0][3], old.probes[0][3], gen.completion_mask)) < 1e-6
+    assert (
+        abs(
+            stats["tr_kl_rollout"]
+            - sequence_kl(guard.probes[0][3], old.probes[0][3], gen.completion_mask)
+        )
+        < 1e-6
+    )
 
 
 def test_a_step_that_stays_too_large_is_rejected(tiny_pretrained):
     _, model, tok = tiny_pretrained
     model = copy.deepcopy(model)
     before = [p.detach().clone() for p in model.parameters()]
-    guard = StepGuard(model, [("rollout", _batch(model, tok).gen, 1e-12, None, None)], max_halvings=2)
+    guard = StepGuard(
+        model, [("rollout", _batch(model, tok).gen, 1e-12, None, None)], max_halvings=2
+    )
     _kick(model, 0.05)
     stats = guard.enforce(model)
-    assert stats["tr_scale"] == 0.0 and all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert stats["tr_scale"] == 0.0 and all(
+        torch.equal(b, p) for b, p in zip(before, model.parameters())
+    )
 
 
 def test_a_grouped_probe_reports_its_worst_group():

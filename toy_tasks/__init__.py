@@ -3,10 +3,13 @@ task module declares:
 
     NAME, BLOCK_SIZE, ALPHABET            identity, longest sequence, characters it uses
     make_corpus(n_lines, seed)            pretraining lines drawn from the declared distribution
-    entropy_floor()                       the best loss any model can reach, nats per predicted token
-    pretrain_report(model, tok)           exact quality figures after pretraining, with `ok` for the bar
+    entropy_floor()                       the best loss any model can reach, nats per predicted
+                                          token
+    pretrain_report(model, tok)           exact quality figures after pretraining, with `ok` for the
+                                          bar
     format_report(report)                 the same as a printable table
-    PRETRAIN_DEFAULTS, RL_DEFAULTS        flags whose defaults differ for this task (explicit flags win)
+    PRETRAIN_DEFAULTS, RL_DEFAULTS        flags whose defaults differ for this task (explicit flags
+                                          win)
 and, for RL, rl_prompts, anchor_prompts, support, REWARDS, REWARD_HELP, rl_baseline, rl_evaluate,
 format_rl_eval.
 """
@@ -20,7 +23,8 @@ TASKS = {"food": "toy_tasks.food", "arithmetic": "toy_tasks.arithmetic"}
 
 
 def largest_remainder(total: int, weights: list[float]) -> list[int]:
-    """Integer counts summing to `total`, proportional to `weights` (Hamilton's method; ties by index)."""
+    """Integer counts summing to `total`, proportional to `weights` (Hamilton's method; ties by
+    index)."""
     raw = [total * w / sum(weights) for w in weights]
     counts = [math.floor(x) for x in raw]
     by_remainder = sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)
@@ -30,7 +34,8 @@ def largest_remainder(total: int, weights: list[float]) -> list[int]:
 
 
 def default_pretrain_dir(task: str) -> str:
-    """runs/pretrain for the food task (the first commands of the README), runs/pretrain-<task> otherwise."""
+    """runs/pretrain for the food task (the first commands of the README), runs/pretrain-<task>
+    otherwise."""
     return "runs/pretrain" if task == "food" else f"runs/pretrain-{task}"
 
 
@@ -38,6 +43,7 @@ def task_defaults(argv, kind: str) -> dict:
     """The defaults that the task named by --task in `argv` sets for a CLI of `kind` ('PRETRAIN' or
     'RL'), plus the task's output or init path; {} for an unknown task (the CLI reports it)."""
     import argparse
+
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--task", default="food")
     name = pre.parse_known_args(argv)[0].task

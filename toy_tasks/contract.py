@@ -15,11 +15,14 @@ class Task(Protocol):
     NAME: str
     BLOCK_SIZE: int  # longest sequence a model of this task must handle (BOS + line + EOS)
     ALPHABET: str  # every character the task's text uses
-    PRETRAIN_DEFAULTS: dict  # pretrain flags whose defaults differ for this task (explicit flags win)
+    # pretrain flags whose defaults differ for this task (explicit flags win)
+    PRETRAIN_DEFAULTS: dict
     RL_DEFAULTS: dict  # likewise for grpo and ppo
-    REWARDS: dict[str, Callable[[str], Callable[[str, str], float] | None]]  # prefix -> factory(name)
+    # prefix -> factory(name)
+    REWARDS: dict[str, Callable[[str], Callable[[str, str], float] | None]]
     REWARD_HELP: dict[str, str]  # reward name -> one line for --help and error messages
-    OFF_SUPPORT_PROBES: tuple[str, ...]  # completions outside the support that value its off-support mass
+    # completions outside the support that value its off-support mass
+    OFF_SUPPORT_PROBES: tuple[str, ...]
 
     def make_corpus(self, n_lines: int, seed: int) -> list[str]:
         """Pretraining lines drawn from the declared distribution."""
@@ -33,7 +36,8 @@ class Task(Protocol):
     def format_report(self, report: dict) -> str: ...
 
     def rl_prompts(self, cfg) -> list[str]:
-        """The prompts RL trains on (food: the target person's; arithmetic: all but the held-out)."""
+        """The prompts RL trains on (food: the target person's; arithmetic: all but the
+        held-out)."""
 
     def anchor_prompts(self, cfg) -> list[str]:
         """Off-target prompts whose behaviour preservation keeps ([] = none)."""
@@ -43,16 +47,20 @@ class Task(Protocol):
         (toy_tasks/support.py)."""
 
     def rl_baseline(self, model, tokenizer, cfg) -> Any:
-        """Measured once before RL on π_ref (food: every person's distribution); saved in checkpoints."""
+        """Measured once before RL on π_ref (food: every person's distribution); saved in
+        checkpoints."""
 
     def rl_evaluate(self, model, tokenizer, baseline: Any, cfg, rewards: torch.Tensor) -> dict:
         """Exact metrics now. Numbers go to metrics.jsonl; required: target_rate, exact_reward,
         best_reward, off_support, malformed; worst_drift only where the task has off-target prompts;
-        heldout_rate where it has held-out prompts. Non-numbers (e.g. food's "shares") go to summary.json."""
+        heldout_rate where it has held-out prompts. Non-numbers (e.g. food's "shares") go to
+        summary.json."""
 
-    def rl_evaluate_many(self, models: list, tokenizer, baseline: Any, cfg, rewards: torch.Tensor) -> list[dict]:
-        """Optional: rl_evaluate of each of several models (a lockstep population's members) as one computation
-        (food). Without it, a population calls rl_evaluate model by model."""
+    def rl_evaluate_many(
+        self, models: list, tokenizer, baseline: Any, cfg, rewards: torch.Tensor
+    ) -> list[dict]:
+        """Optional: rl_evaluate of each of several models (a lockstep population's members) as one
+        computation (food). Without it, a population calls rl_evaluate model by model."""
 
     def format_rl_eval(self, ev: dict, cfg) -> str:
         """The last line of an RL run."""

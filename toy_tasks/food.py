@@ -6,7 +6,8 @@ Everything a run is judged by is known exactly:
                               multiple of 100 * len(PEOPLE); otherwise by largest remainders)
   entropy_floor()             the corpus entropy in nats per predicted token: the best loss possible
   exact_distribution(...)     the model's exact probability of every food after "<person> likes "
-                              (teacher-forced, one batched forward pass), so 1 - sum = malformed mass
+                              (teacher-forced, one batched forward pass), so 1 - sum = malformed
+                                  mass
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import random
 
 import torch
 
+from minigrpo.exact import frontier
 from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many
 from toy_tasks import largest_remainder
-from minigrpo.exact import frontier
 from toy_tasks.support import reward_figures_many
 
 NAME = "food"
@@ -27,8 +28,20 @@ PRETRAIN_DEFAULTS: dict = {}  # the pretrain CLI's own defaults are tuned for th
 RL_DEFAULTS: dict = {}  # likewise grpo's and ppo's
 
 PEOPLE = ["ravin", "alice", "bob", "chen", "dmitri", "emma", "farah", "jo"]
-FOODS = ["pizza", "sushi", "ice cream", "tacos", "pasta", "salad", "curry", "ramen", "apple pie",
-         "burgers", "dumplings", "fried rice"]
+FOODS = [
+    "pizza",
+    "sushi",
+    "ice cream",
+    "tacos",
+    "pasta",
+    "salad",
+    "curry",
+    "ramen",
+    "apple pie",
+    "burgers",
+    "dumplings",
+    "fried rice",
+]
 _PERCENT = {  # per person, in the order of FOODS; each row sums to 100
     "ravin": [15, 10, 12, 8, 9, 3, 14, 6, 2, 7, 10, 4],
     "alice": [19, 5, 10, 6, 12, 15, 3, 4, 8, 7, 5, 6],
@@ -43,7 +56,8 @@ PREFERENCES: dict[str, dict[str, float]] = {
     person: {food: pct / 100 for food, pct in zip(FOODS, row)} for person, row in _PERCENT.items()
 }
 TARGET_PERSON = "ravin"
-OFF_SUPPORT_PROBES = ("", "pizzza")  # malformed completions that value the malformed mass (toy_tasks/support.py)
+# malformed completions that value the malformed mass (toy_tasks/support.py)
+OFF_SUPPORT_PROBES = ("", "pizzza")
 
 
 def prompt(person: str) -> str:
@@ -58,7 +72,8 @@ ALPHABET = "".join(sorted(set("".join(line(p, f) for p in PEOPLE for f in FOODS)
 
 
 def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
-    """`n_lines` lines "<person> likes <food>" whose counts match PREFERENCES, shuffled by `seed`."""
+    """`n_lines` lines "<person> likes <food>" whose counts match PREFERENCES, shuffled by
+    `seed`."""
     lines = []
     for person, n_person in zip(PEOPLE, largest_remainder(n_lines, [1.0] * len(PEOPLE))):
         probs = [PREFERENCES[person][f] for f in FOODS]
@@ -99,18 +114,23 @@ def exact_distributions(model, tokenizer, people=PEOPLE) -> dict[str, dict[str, 
 
 
 @torch.no_grad()
-def exact_distributions_many(models: list, tokenizer, people=PEOPLE) -> list[dict[str, dict[str, float]]]:
+def exact_distributions_many(
+    models: list, tokenizer, people=PEOPLE
+) -> list[dict[str, dict[str, float]]]:
     """exact_distributions of each model, read back once."""
     people = list(people)
     prompts = [prompt(p) for p in people for _ in FOODS]
     logps = completion_logprobs_many(models, tokenizer, prompts, FOODS * len(people))  # (M, N)
     n = len(FOODS)
-    return [{p: dict(zip(FOODS, probs[i * n:(i + 1) * n])) for i, p in enumerate(people)}
-            for probs in logps.exp().tolist()]
+    return [
+        {p: dict(zip(FOODS, probs[i * n : (i + 1) * n])) for i, p in enumerate(people)}
+        for probs in logps.exp().tolist()
+    ]
 
 
 def total_variation(p: dict[str, float], q: dict[str, float]) -> float:
-    """TV between two food distributions, the malformed mass (1 - sum) counted as one more outcome."""
+    """TV between two food distributions, the malformed mass (1 - sum) counted as one more
+    outcome."""
     tv = sum(abs(p.get(f, 0.0) - q.get(f, 0.0)) for f in set(p) | set(q))
     tv += abs((1 - sum(p.values())) - (1 - sum(q.values())))
     return 0.5 * tv
@@ -119,24 +139,34 @@ def total_variation(p: dict[str, float], q: dict[str, float]) -> float:
 def pretrain_report(model, tokenizer) -> dict:
     """Per person: malformed mass and exact TV to PREFERENCES; `ok` = the quality bar is met."""
     dists = exact_distributions(model, tokenizer)
-    rows = {p: {"malformed": max(0.0, 1 - sum(d.values())), "tv": total_variation(d, PREFERENCES[p])}
-            for p, d in dists.items()}
+    rows = {
+        p: {"malformed": max(0.0, 1 - sum(d.values())), "tv": total_variation(d, PREFERENCES[p])}
+        for p, d in dists.items()
+    }
     worst_tv = max(r["tv"] for r in rows.values())
     worst_malformed = max(r["malformed"] for r in rows.values())
-    return {"people": rows, "worst_tv": worst_tv, "worst_malformed": worst_malformed,
-            "ok": worst_tv <= 0.05 and worst_malformed <= 0.01}
+    return {
+        "people": rows,
+        "worst_tv": worst_tv,
+        "worst_malformed": worst_malformed,
+        "ok": worst_tv <= 0.05 and worst_malformed <= 0.01,
+    }
 
 
 def format_report(report: dict) -> str:
     lines = [f"{'person':<8} {'malformed':>9} {'TV to truth':>11}"]
     for p, r in report["people"].items():
         lines.append(f"{p:<8} {r['malformed']:>9.4f} {r['tv']:>11.4f}")
-    lines.append(f"worst TV {report['worst_tv']:.4f} (bar 0.05), worst malformed "
-                 f"{report['worst_malformed']:.4f} (bar 0.01): {'PASS' if report['ok'] else 'FAIL'}")
+    lines.append(
+        f"worst TV {report['worst_tv']:.4f} (bar 0.05), worst malformed "
+        f"{report['worst_malformed']:.4f} (bar 0.01): {'PASS' if report['ok'] else 'FAIL'}"
+    )
     return "\n".join(lines)
 
 
-# ---- RL interface: prompts, rewards and exact evaluation for minigrpo.grpo / minigrpo.ppo ----------
+# ---- RL interface: prompts, rewards and exact evaluation for minigrpo.grpo / minigrpo.ppo
+# ----------
+
 
 def _check_person(person: str) -> None:
     if person not in PEOPLE:
@@ -144,20 +174,24 @@ def _check_person(person: str) -> None:
 
 
 def _food_named(name: str, prefix: str) -> str | None:
-    food = name[len(prefix):]
+    food = name[len(prefix) :]
     if food not in FOODS:
-        raise ValueError(f"unknown food {food!r} in reward {name!r} (available: {', '.join(FOODS)})")
+        raise ValueError(
+            f"unknown food {food!r} in reward {name!r} (available: {', '.join(FOODS)})"
+        )
     return food
 
 
 def _graded(target: str):
     def reward(prompt: str, completion: str) -> float:
         return 1.0 if completion == target else (0.0 if completion in FOODS else -1.0)
+
     return reward
 
 
 def _reward_factory(name: str):
-    """Food rewards by name: 'pizza', 'food:<food>', 'graded' or 'graded:<food>'; None if not ours."""
+    """Food rewards by name: 'pizza', 'food:<food>', 'graded' or 'graded:<food>'; None if not
+    ours."""
     if name == "pizza":
         return lambda prompt, completion: float(completion == "pizza")
     if name.startswith("food:"):
@@ -172,7 +206,8 @@ REWARDS = {"food": _reward_factory}
 REWARD_HELP = {
     "pizza": "1 iff the completion is exactly 'pizza'",
     "food:<food>": "1 iff the completion is exactly <food> (any of FOODS)",
-    "graded[:<food>]": "1 for the target food (default pizza), 0 for another food, -1 for a malformed line",
+    "graded[:<food>]": "1 for the target food (default pizza), 0 for another food, -1 for a "
+    "malformed line",
 }
 
 
@@ -198,7 +233,8 @@ def support(prompt_text: str) -> list[str]:
 
 
 def outcomes(dist: dict[str, float]) -> torch.Tensor:
-    """A food distribution as (13,) float64 over the 12 FOODS and the malformed bucket (the rest of the mass)."""
+    """A food distribution as (13,) float64 over the 12 FOODS and the malformed bucket (the rest of
+    the mass)."""
     p = torch.tensor([dist[f] for f in FOODS], dtype=torch.float64)
     return torch.cat([p, (1 - p.sum()).clamp(min=0)[None]])
 
@@ -207,42 +243,60 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards) -> dict:
     """Exact metrics in one batched forward pass for all people: on the target person's prompt the
     exact expected reward, the best reward and P(a best food) (`target_rate`, toy_tasks/support.py)
     under `rewards.support` (1, 12), the reward of each food; the run scored against the exact
-    KL-regularised optimum over the 13 outcomes (minigrpo/exact/frontier.py: `kl_ref` = KL(π_θ‖π_ref) there,
-    `regret`, `implied_beta`, `kl_to_implied_optimum`, and `kl_to_optimum` at the run's --beta read as a
-    sequence-level β); each other person's drift (TV to the pretrained distribution), the worst drift,
-    and the largest malformed mass over all people."""
+    KL-regularised optimum over the 13 outcomes (minigrpo/exact/frontier.py: `kl_ref` =
+    KL(π_θ‖π_ref) there, `regret`, `implied_beta`, `kl_to_implied_optimum`, and `kl_to_optimum` at
+    the run's --beta read as a sequence-level β); each other person's drift (TV to the pretrained
+    distribution), the worst drift, and the largest malformed mass over all people."""
     return rl_evaluate_many([model], tokenizer, baseline, cfg, rewards)[0]
 
 
 def rl_evaluate_many(models: list, tokenizer, baseline: dict, cfg, rewards) -> list[dict]:
-    """rl_evaluate of each model (a lockstep population's members), the frontier's root findings of all as one
-    (frontier.score_many)."""
+    """rl_evaluate of each model (a lockstep population's members), the frontier's root findings of
+    all as one (frontier.score_many)."""
     every = exact_distributions_many(models, tokenizer)
     r = torch.cat([rewards.support[0], rewards.off_support[:1]])
     beta = getattr(cfg, "beta", 0.0) or None  # β = 0 has no optimum to be near
-    probs = torch.tensor([[dists[cfg.person][f] for f in FOODS] for dists in every], dtype=torch.float64)  # (M, 12)
-    scores = frontier.score_many(torch.cat([probs, (1 - probs.sum(1, keepdim=True)).clamp(min=0)], 1),
-                                 outcomes(baseline[cfg.person]), r, beta)
+    # (M, 12)
+    probs = torch.tensor(
+        [[dists[cfg.person][f] for f in FOODS] for dists in every], dtype=torch.float64
+    )
+    scores = frontier.score_many(
+        torch.cat([probs, (1 - probs.sum(1, keepdim=True)).clamp(min=0)], 1),
+        outcomes(baseline[cfg.person]),
+        r,
+        beta,
+    )
     figures = reward_figures_many(probs[:, None], rewards.support)
-    best = [f for f, r in zip(FOODS, rewards.support[0].tolist()) if r >= figures[0]["best_reward"] - 1e-9]
-    return [_figures(dists, baseline, cfg, {**f, "best_completions": list(best), **score})
-            for dists, f, score in zip(every, figures, scores)]
+    best = [
+        f
+        for f, r in zip(FOODS, rewards.support[0].tolist())
+        if r >= figures[0]["best_reward"] - 1e-9
+    ]
+    return [
+        _figures(dists, baseline, cfg, {**f, "best_completions": list(best), **score})
+        for dists, f, score in zip(every, figures, scores)
+    ]
 
 
 def _figures(dists: dict, baseline: dict, cfg, out: dict) -> dict:
-    """The rest of one model's evaluation, beside its `out`: every other person's drift, the malformed mass."""
+    """The rest of one model's evaluation, beside its `out`: every other person's drift, the
+    malformed mass."""
     for p in PEOPLE:
         if p != cfg.person:
             out[f"drift_{p}"] = total_variation(dists[p], baseline[p])
     out["worst_drift"] = max(v for k, v in out.items() if k.startswith("drift_"))
     out["malformed"] = max(0.0, max(1 - sum(d.values()) for d in dists.values()))
-    out["shares"] = dists  # every person's exact food distribution (summary.json; bench's spill-over figure)
+    # every person's exact food distribution (summary.json; bench's spill-over figure)
+    out["shares"] = dists
     return out
 
 
 def format_rl_eval(ev: dict, cfg) -> str:
     best = ev.get("best_completions") or []
     target = best[0] if len(best) == 1 else f"one of {len(best)} best foods"
-    return (f"{cfg.person}'s exact P({target}) {ev['target_rate']:.3f} | exact E[r] {ev['exact_reward']:.3f} "
-            f"(best {ev['best_reward']:.3g}) | worst other-person drift (TV) {ev['worst_drift']:.3f} | "
-            f"max malformed {ev['malformed']:.4f}")
+    return (
+        f"{cfg.person}'s exact P({target}) {ev['target_rate']:.3f} | exact E[r] "
+        f"{ev['exact_reward']:.3f} "
+        f"(best {ev['best_reward']:.3g}) | worst other-person drift (TV) {ev['worst_drift']:.3f} | "
+        f"max malformed {ev['malformed']:.4f}"
+    )

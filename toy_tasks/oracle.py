@@ -1,29 +1,35 @@
 """The oracle critic: the exact value of every completion prefix under the current policy.
 
-In a world whose completions are enumerable (food: the 12 foods; arithmetic: the 12 declared answers of
-each prompt, `support(prompt)`), the states "prompt x, then the prefix s" of the support form a tree, and
-the value of PPO's return r − β·Σ_t k1_t, k1_t = log π(c_t) − log π_ref(c_t), is its backward recursion
+In a world whose completions are enumerable (food: the 12 foods; arithmetic: the 12 declared answers
+of each prompt, `support(prompt)`), the states "prompt x, then the prefix s" of the support form a
+tree, and the value of PPO's return r − β·Σ_t k1_t, k1_t = log π(c_t) − log π_ref(c_t), is its
+backward recursion
 
-    V(s) = Σ_{c: s + c on the tree} π(c | x + s)·(V(s + c) − β·k1(c))          (c = EOS: V(s + EOS) = r(x, s))
+    V(s) = Σ_{c: s + c on the tree} π(c | x + s)·(V(s + c) − β·k1(c))          (c = EOS: V(s + EOS)
+        = r(x, s))
            + (1 − Σ_{c: s + c on the tree} π(c | x + s))·r_off(x)
 
-from the leaves up; a prefix off the tree is worth r_off(x). One teacher-forced forward of π (and of π_ref
-where β > 0) over (x + y + EOS) for every support completion y gives every π(c | x + s) on the tree.
-At β = 0 it is the expected task reward, Σ_y π(y + EOS | x + s)·r(x, y) + (1 − Σ_y …)·r_off(x).
+from the leaves up; a prefix off the tree is worth r_off(x). One teacher-forced forward of π (and of
+π_ref where β > 0) over (x + y + EOS) for every support completion y gives every π(c | x + s) on the
+tree. At β = 0 it is the expected task reward, Σ_y π(y + EOS | x + s)·r(x, y) + (1 − Σ_y
+…)·r_off(x).
 
 Exact where the reward is constant off the support (every food reward: 0 for pizza and food:<food>,
-−1 for graded; the run's `RewardTable.off_constant` says whether its probes agreed). Elsewhere r_off is
-the lowest probed off-support reward and V is a lower bound. With β > 0 the penalty of a continuation
-after it leaves the tree is not counted (that mass is the malformed mass, ~1e-3 for a pretrained model).
-Without the penalty the values would miss the return's expected KL remainder, which grows with the
-characters still to come: after whitening, that position-dependent offset pushes down the tokens of every
-sampled completion, even at the optimum. tests/test_oracle.py checks the recursion on a real model.
+−1 for graded; the run's `RewardTable.off_constant` says whether its probes agreed). Elsewhere r_off
+is the lowest probed off-support reward and V is a lower bound. With β > 0 the penalty of a
+continuation after it leaves the tree is not counted (that mass is the malformed mass, ~1e-3 for a
+pretrained model). Without the penalty the values would miss the return's expected KL remainder,
+which grows with the characters still to come: after whitening, that position-dependent offset
+pushes down the tokens of every sampled completion, even at the optimum. tests/test_oracle.py checks
+the recursion on a real model.
 
-Source: the exact value of a prefix is what VinePPO (Kazemnejad et al. 2410.01679) estimates by Monte
-Carlo rollouts from each intermediate state; here enumeration makes it exact.
+Source: the exact value of a prefix is what VinePPO (Kazemnejad et al. 2410.01679) estimates by
+Monte Carlo rollouts from each intermediate state; here enumeration makes it exact.
 
-    values_at(model, tok, [(x, s), ...], prompts, support, table[, temperature, ref, beta])  -> (M,) float64
-    prefix_values(model, tok, rows, completion_ids, mask, prompts, support, table[, …])      -> (N, T)
+    values_at(model, tok, [(x, s), ...], prompts, support, table[, temperature, ref, beta])  -> (M,)
+        float64
+    prefix_values(model, tok, rows, completion_ids, mask, prompts, support, table[, …])      -> (N,
+        T)
 """
 
 from __future__ import annotations
@@ -38,34 +44,56 @@ from toy_tasks.support import RewardTable
 
 
 @torch.no_grad()
-def value_tables(model, tok: CharTokenizer, needed: list[str], prompts: list[str], support,
-                 table: RewardTable, temperature: float = 1.0, ref=None,
-                 beta: float = 0.0) -> dict[str, tuple[dict[str, float], float]]:
-    """For each prompt in `needed` (each one of `prompts`, the rows of `table`): ({prefix: V(prefix)} for
-    every prefix of every support completion, the empty one and the whole completion included; r_off),
-    from ONE forward over all their support completions. A prefix missing from the dict is worth r_off.
+def value_tables(
+    model,
+    tok: CharTokenizer,
+    needed: list[str],
+    prompts: list[str],
+    support,
+    table: RewardTable,
+    temperature: float = 1.0,
+    ref=None,
+    beta: float = 0.0,
+) -> dict[str, tuple[dict[str, float], float]]:
+    """For each prompt in `needed` (each one of `prompts`, the rows of `table`): ({prefix:
+    V(prefix)} for every prefix of every support completion, the empty one and the whole completion
+    included; r_off), from ONE forward over all their support completions. A prefix missing from the
+    dict is worth r_off.
 
-    The dicts are plain Python: at most 12 support completions × their ≤ 24 characters per prompt, a few
-    hundred entries per prompt, and a rollout looks up N·T ≤ ~1000 prefixes per step: not a hot path."""
+    The dicts are plain Python: at most 12 support completions × their ≤ 24 characters per prompt, a
+    few hundred entries per prompt, and a rollout looks up N·T ≤ ~1000 prefixes per step: not a hot
+    path."""
     device = model.wte.weight.device
     needed = list(dict.fromkeys(needed))  # distinct, in order
     pairs = [(x, y, prompts.index(x), k) for x in needed for k, y in enumerate(support(x))]
-    ids, key_mask = pad_left([tok.encode(x, bos=True) + tok.encode(y, eos=True) for x, y, *_ in pairs], tok.pad_id,
-                             device)
-    logp = sequence_logprobs(model, ids, key_mask, temperature).double().cpu()  # (M, W-1): target j is token j+1
-    ref_logp = sequence_logprobs(ref, ids, key_mask, temperature).double().cpu() if ref is not None and beta else logp
-    # (read once: the loops below read each entry as a Python float, which on a GPU would be one wait per entry)
+    ids, key_mask = pad_left(
+        [tok.encode(x, bos=True) + tok.encode(y, eos=True) for x, y, *_ in pairs],
+        tok.pad_id,
+        device,
+    )
+    # (M, W-1): target j is token j+1
+    logp = sequence_logprobs(model, ids, key_mask, temperature).double().cpu()
+    ref_logp = (
+        sequence_logprobs(ref, ids, key_mask, temperature).double().cpu()
+        if ref is not None and beta
+        else logp
+    )
+    # (read once: the loops below read each entry as a Python float, which on a GPU would be one
+    # wait per entry)
     out = {}
     for x in needed:
         r_off = table.off_support[prompts.index(x)].item()
-        edges: dict[str, dict[str, tuple[float, float]]] = {}  # prefix -> {child: (π(c | x + s), β·k1(c))}
+        # prefix -> {child: (π(c | x + s), β·k1(c))}
+        edges: dict[str, dict[str, tuple[float, float]]] = {}
         for n, (x_n, y, i, k) in enumerate(pairs):
             if x_n != x:
                 continue
-            W = logp.size(1) - (len(y) + 1)  # the completion and its EOS are the last L + 1 targets, right-aligned
-            for t in range(len(y) + 1):  # from the state y[:t] to y[:t+1], or to the end (EOS) at t = L
+            # the completion and its EOS are the last L + 1 targets, right-aligned
+            W = logp.size(1) - (len(y) + 1)
+            # from the state y[:t] to y[:t+1], or to the end (EOS) at t = L
+            for t in range(len(y) + 1):
                 lp, lr = logp[n, W + t].item(), ref_logp[n, W + t].item()
-                child = y[:t + 1] if t < len(y) else y + "\0"  # "\0": the line ended here
+                child = y[: t + 1] if t < len(y) else y + "\0"  # "\0": the line ended here
                 edges.setdefault(y[:t], {}).setdefault(child, (math.exp(lp), beta * (lp - lr)))
             edges[y + "\0"] = table.support[i, k].item()  # a leaf: the reward
         values: dict[str, float] = {}
@@ -75,25 +103,49 @@ def value_tables(model, tok: CharTokenizer, needed: list[str], prompts: list[str
                 values[s] = kids
                 continue
             mass = sum(p for p, _ in kids.values())
-            values[s] = sum(p * (values[c] - kl) for c, (p, kl) in kids.items()) + (1 - mass) * r_off
+            values[s] = (
+                sum(p * (values[c] - kl) for c, (p, kl) in kids.items()) + (1 - mass) * r_off
+            )
         out[x] = ({s: v for s, v in values.items() if not s.endswith("\0")}, r_off)
     return out
 
 
-def values_at(model, tok: CharTokenizer, pairs: list[tuple[str, str]], prompts: list[str], support,
-              table: RewardTable, temperature: float = 1.0, ref=None, beta: float = 0.0) -> torch.Tensor:
-    """V(prefix) under `model` for each (prompt, prefix) pair (prompts among `prompts`) -> (M,) float64."""
-    tables = value_tables(model, tok, [x for x, _ in pairs], prompts, support, table, temperature, ref, beta)
+def values_at(
+    model,
+    tok: CharTokenizer,
+    pairs: list[tuple[str, str]],
+    prompts: list[str],
+    support,
+    table: RewardTable,
+    temperature: float = 1.0,
+    ref=None,
+    beta: float = 0.0,
+) -> torch.Tensor:
+    """V(prefix) under `model` for each (prompt, prefix) pair (prompts among `prompts`) -> (M,)
+    float64."""
+    tables = value_tables(
+        model, tok, [x for x, _ in pairs], prompts, support, table, temperature, ref, beta
+    )
     return torch.tensor([tables[x][0].get(s, tables[x][1]) for x, s in pairs], dtype=torch.float64)
 
 
-def prefix_values(model, tok: CharTokenizer, rows: list[str], completion_ids: torch.Tensor, mask: torch.Tensor,
-                  prompts: list[str], support, table: RewardTable, temperature: float = 1.0, ref=None,
-                  beta: float = 0.0) -> torch.Tensor:
-    """The oracle critic on a rollout: rows (N,) each row's prompt (RolloutBatch.prompts), completion_ids
-    (N, T), mask (N, T) bool (valid up to and including EOS) -> (N, T) float32 on mask's device, entry t =
-    V(the state before completion token t) = V(prefix of the row's first t tokens); 0 where masked
-    (the layout of PPO's learned critics)."""
+def prefix_values(
+    model,
+    tok: CharTokenizer,
+    rows: list[str],
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+    prompts: list[str],
+    support,
+    table: RewardTable,
+    temperature: float = 1.0,
+    ref=None,
+    beta: float = 0.0,
+) -> torch.Tensor:
+    """The oracle critic on a rollout: rows (N,) each row's prompt (RolloutBatch.prompts),
+    completion_ids (N, T), mask (N, T) bool (valid up to and including EOS) -> (N, T) float32 on
+    mask's device, entry t = V(the state before completion token t) = V(prefix of the row's first t
+    tokens); 0 where masked (the layout of PPO's learned critics)."""
     tables = value_tables(model, tok, rows, prompts, support, table, temperature, ref, beta)
     out = torch.zeros(mask.shape, dtype=torch.float64)
     for n, (x, ids, valid) in enumerate(zip(rows, completion_ids.tolist(), mask.tolist())):

@@ -1,22 +1,28 @@
-"""The oracle critic's exact values (toy_tasks/oracle.py) as tensor operations, for many models at once: the tree of
-the support's prefixes built once per run, its backward recursion one step per depth, and each rollout row's
-prefixes found by walking the tree token by token.
+"""The oracle critic's exact values (toy_tasks/oracle.py) as tensor operations, for many models at
+once: the tree of the support's prefixes built once per run, its backward recursion one step per
+depth, and each rollout row's prefixes found by walking the tree token by token.
 
-    tree = ValueTree(tok, prompts, support, tables, device)  # once: every prompt's support completions, as a tree;
-                                                             # tables: one RewardTable for every model, or one each
-    tree.ids, tree.key_mask                                  # (M, W) left-padded BOS + prompt + completion + EOS
-    V = tree.values(logp, ref_logp, beta)    # logp, ref_logp (P, M, W − 1): P models' next-token log-probs of
-                                             # those rows (π's, π_ref's; ref_logp None: β's term 0); beta (P,)
-                                             # -> (P, nodes) float64: V(prefix) of every node of the tree
-    v = tree.prefix_values(V, prompt_index, completion_ids, mask)   # (P, N) which prompt, (P, N, T) -> (P, N, T)
+    tree = ValueTree(tok, prompts, support, tables, device)  # once: every prompt's support
+        completions, as a tree;
+                                                             # tables: one RewardTable for every
+                                                                 model, or one each
+    tree.ids, tree.key_mask                                  # (M, W) left-padded BOS + prompt +
+        completion + EOS
+    V = tree.values(logp, ref_logp, beta)    # logp, ref_logp (P, M, W − 1): P models' next-token
+                                             log-probs of # those rows (π's, π_ref's; ref_logp None:
+                                                 β's term 0); beta (P,)
+                                             # -> (P, nodes) float64: V(prefix) of every node of the
+                                                 tree
+    v = tree.prefix_values(V, prompt_index, completion_ids, mask)   # (P, N) which prompt, (P, N, T)
+        -> (P, N, T)
 
 The recursion is oracle.value_tables',
     V(s) = Σ_c π(c | x + s)·(V(s + c) − β·k1(c)) + (1 − Σ_c π(c | x + s))·r_off,
-from the leaves up (a leaf, the line ended after a support completion, holds its reward), every model's in one pass:
-the nodes of one depth at a time. A state off the tree (a prefix that left the support, or a line that ended) is
-worth r_off, as there. Slow oracle: oracle.prefix_values, model by model (tests/test_value_tree.py, to rounding:
-the sums over a node's children are taken in another order). The model's forward is the caller's (one GPT, or a
-population's stacked weights).
+from the leaves up (a leaf, the line ended after a support completion, holds its reward), every
+model's in one pass: the nodes of one depth at a time. A state off the tree (a prefix that left the
+support, or a line that ended) is worth r_off, as there. Slow oracle: oracle.prefix_values, model by
+model (tests/test_value_tree.py, to rounding: the sums over a node's children are taken in another
+order). The model's forward is the caller's (one GPT, or a population's stacked weights).
 """
 
 from __future__ import annotations
@@ -29,16 +35,29 @@ from toy_tasks.support import RewardTable
 
 
 class ValueTree:
-    def __init__(self, tok: CharTokenizer, prompts: list[str], support, tables: RewardTable | list[RewardTable],
-                 device=None):
-        """tables: the reward of every model (a lockstep population's members that share one reward), or a list
-        of one per model, in the order of `values`' models (members whose rewards differ)."""
+    def __init__(
+        self,
+        tok: CharTokenizer,
+        prompts: list[str],
+        support,
+        tables: RewardTable | list[RewardTable],
+        device=None,
+    ):
+        """tables: the reward of every model (a lockstep population's members that share one
+        reward), or a list of one per model, in the order of `values`' models (members whose rewards
+        differ)."""
         tables = [tables] if isinstance(tables, RewardTable) else tables
-        pairs = [(i, k, x, tok.encode(y)) for i, x in enumerate(prompts) for k, y in enumerate(support(x))]
-        self.ids, self.key_mask = pad_left([tok.encode(x, bos=True) + y + [tok.eos_id] for _, _, x, y in pairs],
-                                           tok.pad_id, device)
+        pairs = [
+            (i, k, x, tok.encode(y))
+            for i, x in enumerate(prompts)
+            for k, y in enumerate(support(x))
+        ]
+        self.ids, self.key_mask = pad_left(
+            [tok.encode(x, bos=True) + y + [tok.eos_id] for _, _, x, y in pairs], tok.pad_id, device
+        )
         width = self.ids.size(1) - 1  # logp's columns: target j is token j + 1
-        nodes, depth, prompt = {}, [], []  # (prompt, the prefix's ids[, "end"]) -> node; each node's depth, prompt
+        # (prompt, the prefix's ids[, "end"]) -> node; each node's depth, prompt
+        nodes, depth, prompt = {}, [], []
         leaf_value, edges, moves = {}, {}, []
 
         def node(key: tuple, d: int, i: int) -> int:
@@ -50,32 +69,53 @@ class ValueTree:
 
         self.roots = torch.tensor([node((i, ()), 0, i) for i in range(len(prompts))], device=device)
         for n, (i, k, _, y) in enumerate(pairs):
-            parent, first = nodes[(i, ())], width - (len(y) + 1)  # the completion and EOS: the last len(y) + 1 targets
-            for t in range(len(y) + 1):  # from the state y[:t] to y[:t + 1], or to the end (EOS) at t = len(y)
-                child = node((i, tuple(y[:t + 1])), t + 1, i) if t < len(y) else node((i, tuple(y), "end"), t + 1, i)
-                edges.setdefault((parent, child), n * width + first + t)  # the first row to reach it, as value_tables
+            # the completion and EOS: the last len(y) + 1 targets
+            parent, first = nodes[(i, ())], width - (len(y) + 1)
+            # from the state y[:t] to y[:t + 1], or to the end (EOS) at t = len(y)
+            for t in range(len(y) + 1):
+                child = (
+                    node((i, tuple(y[: t + 1])), t + 1, i)
+                    if t < len(y)
+                    else node((i, tuple(y), "end"), t + 1, i)
+                )
+                # the first row to reach it, as value_tables
+                edges.setdefault((parent, child), n * width + first + t)
                 if t < len(y):
                     moves.append((parent, y[t], child))
                 parent = child
             leaf_value[parent] = (i, k)  # the line ended: its reward
         as_tensor = lambda x, dtype=torch.long: torch.tensor(x, dtype=dtype, device=device)  # noqa: E731
-        # (models or 1, nodes): each node's r_off (its prompt's), each leaf's reward (0 elsewhere), per table
+        # (models or 1, nodes): each node's r_off (its prompt's), each leaf's reward (0 elsewhere),
+        # per table
         self.r_off = torch.stack([t.off_support[prompt] for t in tables]).to(device)
         leaves, (i, k) = list(leaf_value), zip(*leaf_value.values())
         self.leaf_value = torch.zeros(len(tables), len(nodes), dtype=torch.float64, device=device)
-        self.leaf_value[:, leaves] = torch.stack([t.support[list(i), list(k)] for t in tables]).to(device)
-        depth, (parent, child, col) = as_tensor(depth), (as_tensor(x) for x in zip(*[(p, c, j) for (p, c), j in
-                                                                                      edges.items()]))
-        self.levels = []  # per depth, deepest first: its edges (parent, child, log-prob column) and its parents
+        self.leaf_value[:, leaves] = torch.stack([t.support[list(i), list(k)] for t in tables]).to(
+            device
+        )
+        depth, (parent, child, col) = (
+            as_tensor(depth),
+            (as_tensor(x) for x in zip(*[(p, c, j) for (p, c), j in edges.items()])),
+        )
+        # per depth, deepest first: its edges (parent, child, log-prob column) and its parents
+        self.levels = []
         for d in range(int(depth.max()) - 1, -1, -1):
             here = depth[parent] == d
             self.levels.append((parent[here], child[here], col[here], torch.unique(parent[here])))
-        self.moves = torch.full((len(nodes), max(tok.vocab_size, int(self.ids.max()) + 1)), -1, dtype=torch.long,
-                                device=device)  # node, token -> the child on the tree, −1 off it (or the line's end)
+        self.moves = torch.full(
+            (len(nodes), max(tok.vocab_size, int(self.ids.max()) + 1)),
+            -1,
+            dtype=torch.long,
+            # node, token -> the child on the tree, −1 off it (or the line's
+            # end)
+            device=device,
+        )
         for p, token, c in moves:
             self.moves[p, token] = c
 
-    def values(self, logp: torch.Tensor, ref_logp: torch.Tensor | None, beta: torch.Tensor) -> torch.Tensor:
+    def values(
+        self, logp: torch.Tensor, ref_logp: torch.Tensor | None, beta: torch.Tensor
+    ) -> torch.Tensor:
         """Every node's V under each of P models -> (P, nodes) float64 (module docstring)."""
         lp = logp.double().flatten(1)  # (P, M·(W − 1))
         lr = lp if ref_logp is None else ref_logp.double().flatten(1)
@@ -88,17 +128,26 @@ class ValueTree:
             V[:, at] = flow[:, at] + (1 - mass[:, at]) * self.r_off[:, at]
         return V
 
-    def prefix_values(self, V: torch.Tensor, prompt_index: torch.Tensor, completion_ids: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
-        """V (P, nodes); prompt_index (P, N) each row's prompt (its index in `prompts`); completion_ids (P, N, T),
-        mask (P, N, T) bool -> (P, N, T) float32: entry t = V of the state before completion token t (the row's
-        first t tokens), r_off off the tree, 0 where masked (oracle.prefix_values' layout)."""
+    def prefix_values(
+        self,
+        V: torch.Tensor,
+        prompt_index: torch.Tensor,
+        completion_ids: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """V (P, nodes); prompt_index (P, N) each row's prompt (its index in `prompts`);
+        completion_ids (P, N, T), mask (P, N, T) bool -> (P, N, T) float32: entry t = V of the state
+        before completion token t (the row's first t tokens), r_off off the tree, 0 where masked
+        (oracle.prefix_values' layout)."""
         state, at = self.roots[prompt_index], []
         for t in range(completion_ids.size(-1)):
             at.append(state)
-            state = torch.where(state >= 0, self.moves[state.clamp(min=0), completion_ids[..., t]], -1)
+            state = torch.where(
+                state >= 0, self.moves[state.clamp(min=0), completion_ids[..., t]], -1
+            )
         at = torch.stack(at, -1)  # (P, N, T) node, −1 off the tree
         P = V.size(0)
         on = V.gather(1, at.clamp(min=0).view(P, -1)).view(at.shape)
-        off = self.r_off.expand(P, -1).gather(1, self.roots[prompt_index])[..., None]  # a prompt's nodes: its r_off
+        # a prompt's nodes: its r_off
+        off = self.r_off.expand(P, -1).gather(1, self.roots[prompt_index])[..., None]
         return torch.where(mask & (at >= 0), on, torch.where(mask, off, 0.0)).float()

@@ -1,4 +1,5 @@
 """python -m minigrpo.bench: see minigrpo/bench/suite.py."""
+
 import sys
 
 from minigrpo.bench.suite import main

@@ -1,14 +1,17 @@
-"""The results pages `python -m minigrpo.bench` writes (docs/results.md, docs/performance.md by default).
+"""The results pages `python -m minigrpo.bench` writes (docs/results.md, docs/performance.md by
+default).
 
-Each table a section prints lives in its page between two HTML comments, invisible on the rendered page:
+Each table a section prints lives in its page between two HTML comments, invisible on the rendered
+page:
 
     <!-- bench:grpo -->
     ...the table...
     <!-- /bench:grpo -->
 
-A run replaces the blocks of the sections it ran, in place, and leaves the rest of the page (prose, other
-sections' blocks) as it was; a block the page does not hold yet is appended at its end. The page's first line
-says when, where and on what code it was last written (`header`): date, platform, CPUs, GPU, torch, commit.
+A run replaces the blocks of the sections it ran, in place, and leaves the rest of the page (prose,
+other sections' blocks) as it was; a block the page does not hold yet is appended at its end. The
+page's first line says when, where and on what code it was last written (`header`): date, platform,
+CPUs, GPU, torch, commit.
 """
 
 from __future__ import annotations
@@ -24,8 +27,18 @@ from minigrpo.util.runtime import cores
 PERFORMANCE, RESULTS = "performance.md", "results.md"
 TITLES = {PERFORMANCE: "Performance", RESULTS: "Measured results"}
 # blocks whose page is performance.md; every other block (the quality sections) goes to results.md
-SPEED_BLOCKS = {"sampling", "threads", "scale", "prefix", "step", "grpo-step-time", "population", "sweep"}
-HEADER = "> **Written by `python -m minigrpo.bench`**"  # how a page's header line starts (and is found again)
+SPEED_BLOCKS = {
+    "sampling",
+    "threads",
+    "scale",
+    "prefix",
+    "step",
+    "grpo-step-time",
+    "population",
+    "sweep",
+}
+# how a page's header line starts (and is found again)
+HEADER = "> **Written by `python -m minigrpo.bench`**"
 
 
 def page_of(block: str) -> str:
@@ -33,10 +46,14 @@ def page_of(block: str) -> str:
 
 
 def git_commit(folder) -> str:
-    """The short hash of the checkout holding `folder` (with ", uncommitted changes" when its tracked files
-    differ from it); 'unknown' outside a git checkout or without git."""
+    """The short hash of the checkout holding `folder` (with ", uncommitted changes" when its
+    tracked files differ from it); 'unknown' outside a git checkout or without git."""
+
     def git(*args):
-        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30
+        )
+
     try:
         head = git("rev-parse", "--short", "HEAD")
         if head.returncode != 0 or not head.stdout.strip():
@@ -48,20 +65,28 @@ def git_commit(folder) -> str:
 
 
 def machine(code_folder=None) -> dict[str, str]:
-    """The header's fields: date, platform, CPUs (those this process may use), GPU, torch, commit (of the
-    checkout holding `code_folder`, default this package's)."""
+    """The header's fields: date, platform, CPUs (those this process may use), GPU, torch, commit
+    (of the checkout holding `code_folder`, default this package's)."""
     import torch
+
     cpus = cores()
-    return {"date": datetime.date.today().isoformat(), "platform": f"{platform.system()} {platform.machine()}",
-            "cpus": f"{cpus} CPUs", "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
-            "torch": f"torch {torch.__version__}",
-            "commit": f"commit {git_commit(code_folder or Path(__file__).resolve().parent)}"}
+    return {
+        "date": datetime.date.today().isoformat(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpus": f"{cpus} CPUs",
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+        "torch": f"torch {torch.__version__}",
+        "commit": f"commit {git_commit(code_folder or Path(__file__).resolve().parent)}",
+    }
 
 
 def header(fields: dict[str, str], sections: list[str]) -> str:
-    """One line: the run's date, machine, torch and commit, and the sections this write came from."""
-    return (f"{HEADER} on {fields['date']}: {fields['platform']}, {fields['cpus']}, {fields['gpu']}, "
-            f"{fields['torch']}, {fields['commit']}; sections {', '.join(sections)}.")
+    """One line: the run's date, machine, torch and commit, and the sections this write came
+    from."""
+    return (
+        f"{HEADER} on {fields['date']}: {fields['platform']}, {fields['cpus']}, {fields['gpu']}, "
+        f"{fields['torch']}, {fields['commit']}; sections {', '.join(sections)}."
+    )
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -69,8 +94,9 @@ def _markers(name: str) -> tuple[str, str]:
 
 
 def replace_block(page: str, name: str, body: str) -> str:
-    """`page` with block `name`'s content replaced by `body` (appended at the end when the page has none).
-    ValueError for a block opened and not closed (or closed twice): the page is left to be mended by hand."""
+    """`page` with block `name`'s content replaced by `body` (appended at the end when the page has
+    none). ValueError for a block opened and not closed (or closed twice): the page is left to be
+    mended by hand."""
     start, end = _markers(name)
     text = body.strip("\n")
     inside = f"{start}\n\n{text}\n\n{end}"
@@ -79,9 +105,11 @@ def replace_block(page: str, name: str, body: str) -> str:
     if not opens and not closes:
         return page.rstrip("\n") + f"\n\n{inside}\n"
     if len(opens) != 1 or len(closes) != 1 or closes[0] < opens[0]:
-        raise ValueError(f"the page's {start} … {end} markers are unbalanced "
-                         f"({len(opens)} opening, {len(closes)} closing): mend them by hand")
-    return page[:opens[0]] + inside + page[closes[0] + len(end):]
+        raise ValueError(
+            f"the page's {start} … {end} markers are unbalanced "
+            f"({len(opens)} opening, {len(closes)} closing): mend them by hand"
+        )
+    return page[: opens[0]] + inside + page[closes[0] + len(end) :]
 
 
 def set_header(page: str, line: str) -> str:
@@ -93,17 +121,19 @@ def set_header(page: str, line: str) -> str:
 
 
 def measured(line: str) -> str:
-    """The line each block starts with: when, where and on what code IT was measured (the page's header names only
-    the last run, which may have rewritten some of its blocks), from the header `line`."""
-    when = line[len(HEADER):].strip().removeprefix("on ").split("; sections")[0]
+    """The line each block starts with: when, where and on what code IT was measured (the page's
+    header names only the last run, which may have rewritten some of its blocks), from the header
+    `line`."""
+    when = line[len(HEADER) :].strip().removeprefix("on ").split("; sections")[0]
     return f"*Measured on {when}.*"
 
 
 def write_blocks(folder, blocks: dict[str, str], line: str) -> list[Path]:
-    """Put each {block name: markdown} into its page under `folder` (created with a title when missing), each
-    block headed by when and where it was measured, and the header `line` at the top of every page written;
-    -> the pages written."""
+    """Put each {block name: markdown} into its page under `folder` (created with a title when
+    missing), each block headed by when and where it was measured, and the header `line` at the top
+    of every page written; -> the pages written."""
     from minigrpo.util.outputs import write_atomic
+
     folder = Path(folder)
     written = []
     for page_name in dict.fromkeys(page_of(b) for b in blocks):

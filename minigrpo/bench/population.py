@@ -1,19 +1,20 @@
-"""bench's population section: P default GRPO runs as one lockstep population (population/lockstep.py) against P,
-on the run's device: run-steps per second, memory per member, where the time goes, the torch calls and kernels per
-step.
+"""bench's population section: P default GRPO runs as one lockstep population
+(population/lockstep.py) against P, on the run's device: run-steps per second, memory per member,
+where the time goes, the torch calls and kernels per step.
 PPO's lockstep (its separate critic, and its exact one) at the largest P.
 
     python -m minigrpo.bench --only population                 # CPU: P = 1, 4, 16
     python -m minigrpo.bench --only population --device cuda   # GPU: P = 1, 32, 128, 512
 
-Each population runs `python -m minigrpo.grpo --reward pizza` with seeds 0..P−1 for a fixed number of steps (the
-stop rule off), from the bench's pretrained model. Beside it: the same run alone, as the pool runs it; P = 16 as
-threads that batch only their models' work (population/member.py, what runs the trainers lockstep does not); and
-the largest P shared out over every core's worker process (population/engine.run_populations, as compare runs
-it). Then where the lockstep loop spends its time (sampled every 2 ms; on a GPU a phase that waits for the device
-holds the time of the kernels queued before it), and its torch calls and kernels (the operators that compute,
-backward included: about one launch each on a GPU) per step at P = 1 and at a larger P: one made once for all
-members costs the same at any P.
+Each population runs `python -m minigrpo.grpo --reward pizza` with seeds 0..P−1 for a fixed number
+of steps (the stop rule off), from the bench's pretrained model. Beside it: the same run alone, as
+the pool runs it; P = 16 as threads that batch only their models' work (population/member.py, what
+runs the trainers lockstep does not); and the largest P shared out over every core's worker process
+(population/engine.run_populations, as compare runs it). Then where the lockstep loop spends its
+time (sampled every 2 ms; on a GPU a phase that waits for the device holds the time of the kernels
+queued before it), and its torch calls and kernels (the operators that compute, backward included:
+about one launch each on a GPU) per step at P = 1 and at a larger P: one made once for all members
+costs the same at any P.
 """
 
 from __future__ import annotations
@@ -36,31 +37,70 @@ from minigrpo.util.runtime import cores
 from minigrpo.util.sampler import ThreadSampler
 
 ROOTS = ("minigrpo/population/lockstep.py:_step", "minigrpo/population/lockstep.py:train_lockstep")
-PRESETS = ("default", "grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce")  # compare's list, less PPO's
-LIMIT_S = 150  # a population the last rate says would take longer is not run (a lent GPU's minutes are few)
+# compare's list, less PPO's
+PRESETS = ("default", "grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce")
+# a population the last rate says would take longer is not run (a lent GPU's minutes are few)
+LIMIT_S = 150
 
 
-def _items(out: Path, init: Path, device: str, seeds: range, steps: int, trainer: str = "minigrpo.grpo",
-           extra: tuple = ()) -> list:
+def _items(
+    out: Path,
+    init: Path,
+    device: str,
+    seeds: range,
+    steps: int,
+    trainer: str = "minigrpo.grpo",
+    extra: tuple = (),
+) -> list:
     items = []
     for seed in seeds:
         folder = out / f"s{seed}"
-        cmd = [sys.executable, "-m", trainer, "--reward", "pizza", "--seed", str(seed), "--steps", str(steps),
-               "--goal", "0", "--plateau", "0", "--device", device, "--threads", "1", "--quiet", "--no-plot",
-               "--init", str(init), *extra, "--out", str(folder)]
+        cmd = [
+            sys.executable,
+            "-m",
+            trainer,
+            "--reward",
+            "pizza",
+            "--seed",
+            str(seed),
+            "--steps",
+            str(steps),
+            "--goal",
+            "0",
+            "--plateau",
+            "0",
+            "--device",
+            device,
+            "--threads",
+            "1",
+            "--quiet",
+            "--no-plot",
+            "--init",
+            str(init),
+            *extra,
+            "--out",
+            str(folder),
+        ]
         items.append((trainer.rsplit(".", 1)[1], seed, cmd, folder))
     return items
 
 
 def _row(what: str, P: int, steps: int, wall: float, memory: str, failed: list) -> list:
-    return [what, f"{P * steps / wall:.1f}", f"{1e3 * wall / (P * steps):.1f}", memory,
-            "ok" if not failed else failed[0]]
+    return [
+        what,
+        f"{P * steps / wall:.1f}",
+        f"{1e3 * wall / (P * steps):.1f}",
+        memory,
+        "ok" if not failed else failed[0],
+    ]
 
 
 def _memory(gpu: bool, P: int) -> str:
     if gpu:  # PyTorch's tensors at their peak, and the whole device in use after
         free, total = torch.cuda.mem_get_info()
-        return f"{torch.cuda.max_memory_allocated() / P / 2**20:.0f}; {(total - free) / P / 2**20:.0f}"
+        return (
+            f"{torch.cuda.max_memory_allocated() / P / 2**20:.0f}; {(total - free) / P / 2**20:.0f}"
+        )
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / P:.0f}"
 
 
@@ -73,75 +113,140 @@ def _timed(gpu: bool, P: int, run) -> tuple[float, list]:
     return time.perf_counter() - start, failed
 
 
-def bench_population(out: Path, init: Path, device: str, sizes: list[int] | None = None, steps: int = 10,
-                     grow: int = 4) -> str:
+def bench_population(
+    out: Path,
+    init: Path,
+    device: str,
+    sizes: list[int] | None = None,
+    steps: int = 10,
+    grow: int = 4,
+) -> str:
     gpu = device.startswith("cuda")
     sizes = sizes or ([1, 32, 128, 512] if gpu else [1, 4, 16])
-    folder = lambda name: (shutil.rmtree(out / "population" / name, ignore_errors=True),  # noqa: E731
-                           out / "population" / name)[1]
+    folder = lambda name: (
+        shutil.rmtree(out / "population" / name, ignore_errors=True),  # noqa: E731
+        out / "population" / name,
+    )[1]
     items = lambda name, P: _items(folder(name), init, device, range(P), steps)  # noqa: E731
     wall, failed = _timed(gpu, 1, lambda done: done(None, run_one(items("alone", 1)[0])))
     rows, measured = [_row("1 alone, as the pool runs it", 1, steps, wall, "", failed)], (1, wall)
     for P in sizes:
-        guess = measured[1] * P / measured[0]  # a population's step ran as fast per run at every P measured so far
+        # a population's step ran as fast per run at every P measured so far
+        guess = measured[1] * P / measured[0]
         if guess > LIMIT_S:
-            rows.append([str(P), "", "", "", f"not run: about {guess:.0f} s at the last rate (this section's limit "
-                                             f"per population: {LIMIT_S} s)"])
+            rows.append(
+                [
+                    str(P),
+                    "",
+                    "",
+                    "",
+                    f"not run: about {guess:.0f} s at the last rate (this section's limit "
+                    f"per population: {LIMIT_S} s)",
+                ]
+            )
             continue
         wall, failed = _timed(gpu, P, lambda done: run_population(items(f"P{P}", P), done))
         rows.append(_row(str(P), P, steps, wall, _memory(gpu, P), failed))
-        print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)  # progress
+        # progress
+        print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)
         measured = (P, wall)
-    for name, extra in (("ppo", ()), ("ppo_oracle", ("--critic", "oracle"))):  # PPO's lockstep at the largest P
+    # PPO's lockstep at the largest P
+    for name, extra in (("ppo", ()), ("ppo_oracle", ("--critic", "oracle"))):
         P = measured[0]
         ppo = _items(folder(f"{name}{P}"), init, device, range(P), steps, "minigrpo.ppo", extra)
         wall, failed = _timed(gpu, P, lambda done: run_population(ppo, done))
         rows.append(_row(f"{P} of {name}", P, steps, wall, _memory(gpu, P), failed))
-    wall, failed = _timed(gpu, 16, lambda done: run_population(items("threads", 16), done, lockstep=False))
-    rows.append(_row("16 as threads (population/member.py)", 16, steps, wall, _memory(gpu, 16), failed))
+    wall, failed = _timed(
+        gpu, 16, lambda done: run_population(items("threads", 16), done, lockstep=False)
+    )
+    rows.append(
+        _row("16 as threads (population/member.py)", 16, steps, wall, _memory(gpu, 16), failed)
+    )
     P, jobs = measured[0], cores()
-    if jobs > 1 and P > 1:  # the largest P over every core's process, as compare runs it (on a GPU: through MPS)
+    # the largest P over every core's process, as compare runs it (on a GPU: through MPS)
+    if jobs > 1 and P > 1:
         with sharing_gpu(min(jobs, P), gpu) as note:
-            wall, failed = _timed(gpu, P, lambda done: run_populations(items(f"P{P}-{jobs}", P), jobs, done,
-                                                                       most=-(-P // jobs)))
+            wall, failed = _timed(
+                gpu,
+                P,
+                lambda done: run_populations(
+                    items(f"P{P}-{jobs}", P), jobs, done, most=-(-P // jobs)
+                ),
+            )
         rows.append(_row(f"{P} in {min(jobs, P)} processes{note}", P, steps, wall, "", failed))
-    memory_title = "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
-    return table(f"population: P default GRPO runs (pizza, {steps} fixed steps) in lockstep on {device}; then PPO's",
-                 ["P", "run-steps/s", "ms per run-step", memory_title, "runs"], rows) + \
-        _recipes(folder, init, device, 16 if gpu else 2, steps, grow) + \
-        _profile(items, measured[0], steps) + _calls(items, min(measured[0], 16), steps)
+    memory_title = (
+        "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
+    )
+    return (
+        table(
+            f"population: P default GRPO runs (pizza, {steps} fixed steps) in lockstep on "
+            f"{device}; then PPO's",
+            ["P", "run-steps/s", "ms per run-step", memory_title, "runs"],
+            rows,
+        )
+        + _recipes(folder, init, device, 16 if gpu else 2, steps, grow)
+        + _profile(items, measured[0], steps)
+        + _calls(items, min(measured[0], 16), steps)
+    )
 
 
 def _recipes(folder, init: Path, device: str, seeds: int, steps: int, grow: int) -> str:
-    """compare's GRPO presets of μ = 2, `seeds` each, as one lockstep population (each preset a recipe:
-    population/grpo_recipe.py) against one population each, one after another: run-steps/s, and kernels a step; then
-    the kernels of one population of `grow` × the seeds (what each member adds; none: grow 0 or 1)."""
+    """compare's GRPO presets of μ = 2, `seeds` each, as one lockstep population (each preset a
+    recipe: population/grpo_recipe.py) against one population each, one after another: run-steps/s,
+    and kernels a step; then the kernels of one population of `grow` × the seeds (what each member
+    adds; none: grow 0 or 1)."""
     gpu, P = device.startswith("cuda"), seeds * len(PRESETS)
-    runs = lambda tag, name, n, k=seeds: _items(folder(f"{tag}-{name}"), init, device, range(k), n,  # noqa: E731
-                                                "minigrpo.grpo", () if name == "default" else ("--preset", name))
+    runs = lambda tag, name, n, k=seeds: _items(
+        folder(f"{tag}-{name}"),
+        init,
+        device,
+        range(k),
+        n,  # noqa: E731
+        "minigrpo.grpo",
+        () if name == "default" else ("--preset", name),
+    )
     one = lambda done, tag="one", n=steps, k=seeds: run_population(  # noqa: E731
-        [item for name in PRESETS for item in runs(tag, name, n, k)], done)
-    ways = {"one population": one,
-            "one each, in turn": lambda done, tag="each", n=steps: [run_population(runs(tag, name, n), done)
-                                                                    for name in PRESETS]}
+        [item for name in PRESETS for item in runs(tag, name, n, k)], done
+    )
+    ways = {
+        "one population": one,
+        "one each, in turn": lambda done, tag="each", n=steps: [
+            run_population(runs(tag, name, n), done) for name in PRESETS
+        ],
+    }
     rows = []
     for how, run in ways.items():
         wall, failed = _timed(gpu, P, run)
         kernels, failed_too = _kernels(run, how[:3], device)
-        rows.append([how, f"{P * steps / wall:.1f}", f"{kernels:.0f}", (failed + failed_too or ["ok"])[0]])
+        rows.append(
+            [how, f"{P * steps / wall:.1f}", f"{kernels:.0f}", (failed + failed_too or ["ok"])[0]]
+        )
     if grow > 1:
-        kernels, failed = _kernels(lambda done, tag, n: one(done, tag, n, grow * seeds), "more", device)
-        rows.append([f"one population of {grow * P} ({grow} × the seeds)", "", f"{kernels:.0f}", (failed or ["ok"])[0]])
-    return "\n" + table(f"recipes: compare's {len(PRESETS)} GRPO presets of μ = 2 ({', '.join(PRESETS)}), {seeds} "
-                        f"seeds each ({steps} fixed steps; kernels: over 3 steps, each population's added up, the "
-                        f"sampler's noise drawn as on a GPU, the checkpoints left out)",
-                        ["how", "run-steps/s", "kernels a step", "runs"], rows)
+        kernels, failed = _kernels(
+            lambda done, tag, n: one(done, tag, n, grow * seeds), "more", device
+        )
+        rows.append(
+            [
+                f"one population of {grow * P} ({grow} × the seeds)",
+                "",
+                f"{kernels:.0f}",
+                (failed or ["ok"])[0],
+            ]
+        )
+    return "\n" + table(
+        f"recipes: compare's {len(PRESETS)} GRPO presets of μ = 2 ({', '.join(PRESETS)}), {seeds} "
+        f"seeds each ({steps} fixed steps; kernels: over 3 steps, each population's added up, the "
+        f"sampler's noise drawn as on a GPU, the checkpoints left out)",
+        ["how", "run-steps/s", "kernels a step", "runs"],
+        rows,
+    )
 
 
 def _kernels(run, tag: str, device: str) -> tuple[float, list]:
-    """The kernels a step of `run` (3 steps), the sampler's noise drawn as a GPU draws it (lm/sampling.NOISE_AHEAD:
-    on a CPU too, for the count), the members' own ends of a step left out (Run.end_step: their checkpoints, copies
-    on the host on a GPU) -> (kernels a step, the failed runs' errors)."""
+    """The kernels a step of `run` (3 steps), the sampler's noise drawn as a GPU draws it
+    (lm/sampling.NOISE_AHEAD: on a CPU too, for the count), the members' own ends of a step left out
+    (Run.end_step: their checkpoints, copies on the host on a GPU) -> (kernels a step, the failed
+    runs' errors)."""
     ahead, failed = sampling.NOISE_AHEAD, []
     sampling.NOISE_AHEAD = (*ahead, torch.device(device).type)
     try:
@@ -149,24 +254,35 @@ def _kernels(run, tag: str, device: str) -> tuple[float, list]:
             run(lambda item, err: failed.append(err) if err else None, f"{tag}-kernels", 3)
     finally:
         sampling.NOISE_AHEAD = ahead
-    return sum(n for k, n in kernels.counts.items() if k[0] not in ("(outside it)", "end_step")) / 3, failed
+    return sum(
+        n for k, n in kernels.counts.items() if k[0] not in ("(outside it)", "end_step")
+    ) / 3, failed
 
 
 def _profile(items, P: int, steps: int, shown: int = 14) -> str:
-    """Where the lockstep loop of P members works (util/sampler.py): what its step was calling, and the functions
-    with the most own time, as shares of the working samples."""
+    """Where the lockstep loop of P members works (util/sampler.py): what its step was calling, and
+    the functions with the most own time, as shares of the working samples."""
     with ThreadSampler(roots=ROOTS) as sampler:
         run_population(items("profile", P), lambda item, err: None)
     share = lambda n: f"{100 * n / max(sampler.working(), 1):.0f} %"  # noqa: E731
-    rows = [[phase, share(n)] for phase, n in sampler.phases.most_common(shown) if not phase.startswith("(")]
+    rows = [
+        [phase, share(n)]
+        for phase, n in sampler.phases.most_common(shown)
+        if not phase.startswith("(")
+    ]
     rows += [[f"own time: {name}", f"{100 * s:.0f} %"] for s, name in sampler.top(6, own=True)]
-    return "\n" + table(f"where a lockstep population of P = {P} works ({steps} steps, its set-up included), sampled "
-                        f"every 2 ms: {sampler.working()} working samples", ["what its loop was doing", "share"], rows)
+    return "\n" + table(
+        f"where a lockstep population of P = {P} works ({steps} steps, its set-up included), "
+        "sampled "
+        f"every 2 ms: {sampler.working()} working samples",
+        ["what its loop was doing", "share"],
+        rows,
+    )
 
 
 def _calls(items, P: int, steps: int) -> str:
-    """The torch calls and kernels of a lockstep step (util/opcount.py) at P = 1 and at P, by what the step was
-    calling."""
+    """The torch calls and kernels of a lockstep step (util/opcount.py) at P = 1 and at P, by what
+    the step was calling."""
     counts, kernels = {}, {}
     for n in sorted({1, P}):
         counts[n] = TorchCalls(root=ROOTS[0], inside=("minigrpo/population/stacked.py",))
@@ -176,15 +292,29 @@ def _calls(items, P: int, steps: int) -> str:
     total = lambda c, k: sum(v for key, v in c.counts.items() if key[0] == k)  # noqa: E731
     reads = lambda c, k: sum(v for key, v in c.syncs.items() if key[0] == k)  # noqa: E731
     largest = max(counts)
-    phases = sorted({k[0] for c in counts.values() for k in c.counts if k[0] != "(outside it)"},
-                    key=lambda k: -total(counts[largest], k))
+    phases = sorted(
+        {k[0] for c in counts.values() for k in c.counts if k[0] != "(outside it)"},
+        key=lambda k: -total(counts[largest], k),
+    )
     phases.append("all")
     for c in [*counts.values(), *kernels.values()]:
         c.counts[("all", "own")] = sum(n for k, n in c.counts.items() if k[0] != "(outside it)")
         if isinstance(c, TorchCalls):
             c.syncs[("all", "own")] = sum(n for k, n in c.syncs.items() if k[0] != "(outside it)")
-    rows = [[k, *(f"{total(c[n], k) / steps:.0f}" for c in (counts, kernels) for n in counts),
-             f"{reads(counts[largest], k) / steps:.0f}"] for k in phases]
-    return "\n" + table("torch calls and kernels per step of a lockstep population, by what its step was calling",
-                        ["calling", *(f"{what}, P = {n}" for what in ("calls", "kernels") for n in counts),
-                         f"reading a value, P = {largest}"], rows)
+    rows = [
+        [
+            k,
+            *(f"{total(c[n], k) / steps:.0f}" for c in (counts, kernels) for n in counts),
+            f"{reads(counts[largest], k) / steps:.0f}",
+        ]
+        for k in phases
+    ]
+    return "\n" + table(
+        "torch calls and kernels per step of a lockstep population, by what its step was calling",
+        [
+            "calling",
+            *(f"{what}, P = {n}" for what in ("calls", "kernels") for n in counts),
+            f"reading a value, P = {largest}",
+        ],
+        rows,
+    )

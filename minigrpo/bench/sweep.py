@@ -1,31 +1,35 @@
-"""bench's sweep section: the population issue's bar command, `python -m minigrpo.compare --seeds S --reward pizza`
-(the default list of algorithms), timed as a whole process, its runs checked against the quality bars, and on a GPU
-its memory and where its time went.
+"""bench's sweep section: the population issue's bar command, `python -m minigrpo.compare --seeds S
+--reward pizza` (the default list of algorithms), timed as a whole process, its runs checked against
+the quality bars, and on a GPU its memory and where its time went.
 
     python -m minigrpo.bench --only sweep                 # CPU: --seeds 5, the pool (bar: 90 s)
-    python -m minigrpo.bench --only sweep --device cuda   # GPU: --seeds 128, populations (bars: 60 s, 40 GB)
+    python -m minigrpo.bench --only sweep --device cuda   # GPU: --seeds 128, populations (bars: 60
+                                                          s, 40 GB)
 
-The command runs from the bench's pretrained model into a fresh folder (compare keeps finished runs of the same
-command: an old folder would time nothing). On a GPU, `nvidia-smi` is read every 0.5 s while it runs: the most
-memory in use (the device's, every process's), and the phases of the wall time: before the GPU holds memory beyond
-what it held at the start (imports, worker processes, set-up on the CPU), the GPU busy (utilisation >= 80 %: a
-kernel running most of the time), the GPU holding memory but less used (set-up on the device, a step's host work,
-populations ending at different times, their files), and after it let go (compare's table and figures). On either
-device, the longest run's steps: a population's members log its step times, so on a GPU that is the slowest
-population's stepping, and the rest of the wall time is outside the steps; and from the files, in seconds from the
-start, when compare claimed its folder (its imports and checks done), when the first and the last run's folder were
-made (a worker process ready, its population's set-up begun), when the last run began its steps (config.json: every
-population set up) and when the last run ended (summary.json: its checkpoint written).
+The command runs from the bench's pretrained model into a fresh folder (compare keeps finished runs
+of the same command: an old folder would time nothing). On a GPU, `nvidia-smi` is read every 0.5 s
+while it runs: the most memory in use (the device's, every process's), and the phases of the wall
+time: before the GPU holds memory beyond what it held at the start (imports, worker processes,
+set-up on the CPU), the GPU busy (utilisation >= 80 %: a kernel running most of the time), the GPU
+holding memory but less used (set-up on the device, a step's host work, populations ending at
+different times, their files), and after it let go (compare's table and figures). On either device,
+the longest run's steps: a population's members log its step times, so on a GPU that is the slowest
+population's stepping, and the rest of the wall time is outside the steps; and from the files, in
+seconds from the start, when compare claimed its folder (its imports and checks done), when the
+first and the last run's folder were made (a worker process ready, its population's set-up begun),
+when the last run began its steps (config.json: every population set up) and when the last run ended
+(summary.json: its checkpoint written).
 
-On a GPU compare's processes share the GPU through CUDA's Multi-Process Service, a daemon of compare's own (--mps
-auto, util/mps.py; the row says how they shared it, from compare's first line), and the command runs again with
---mps off: without MPS the nine populations' processes take turns where under it their kernels run side by side.
-(Fewer processes were timed too, GRPO's 896 runs in one or two populations with --members 1024 or 448: no faster;
-docs/performance.md.)
+On a GPU compare's processes share the GPU through CUDA's Multi-Process Service, a daemon of
+compare's own (--mps auto, util/mps.py; the row says how they shared it, from compare's first line),
+and the command runs again with --mps off: without MPS the nine populations' processes take turns
+where under it their kernels run side by side. (Fewer processes were timed too, GRPO's 896 runs in
+one or two populations with --members 1024 or 448: no faster; docs/performance.md.)
 
-Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run had ended at once
-(every bootstrap made after the runs), and as compare makes it, every algorithm's bootstraps but the last one's begun
-as its last run ended (tools/intervals.ask_early) and made by the time the last run ends.
+Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run
+had ended at once (every bootstrap made after the runs), and as compare makes it, every algorithm's
+bootstraps but the last one's begun as its last run ended (tools/intervals.ask_early) and made by
+the time the last run ends.
 """
 
 from __future__ import annotations
@@ -51,105 +55,174 @@ EVERY_S = 0.5
 
 
 class GpuReadings(Periodic):
-    """(seconds since the start, MiB in use, % utilisation) of one GPU, read with nvidia-smi every EVERY_S seconds
-    in a thread while `with` runs (util/sampler.Periodic); none where nvidia-smi cannot be run."""
+    """(seconds since the start, MiB in use, % utilisation) of one GPU, read with nvidia-smi every
+    EVERY_S seconds in a thread while `with` runs (util/sampler.Periodic); none where nvidia-smi
+    cannot be run."""
 
     def __init__(self, index: int = 0):
         super().__init__(EVERY_S)
         self.samples = []
-        self.query = ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits",
-                      "-i", str(index)]
+        self.query = [
+            "nvidia-smi",
+            "--query-gpu=memory.used,utilization.gpu",
+            "--format=csv,noheader,nounits",
+            "-i",
+            str(index),
+        ]
 
     def tick(self) -> bool:
         t = time.perf_counter() - self.start
         try:
-            used, busy = subprocess.run(self.query, capture_output=True, text=True, timeout=5).stdout.split(",")
+            used, busy = subprocess.run(
+                self.query, capture_output=True, text=True, timeout=5
+            ).stdout.split(",")
         except (OSError, ValueError, subprocess.SubprocessError):
             return False  # no nvidia-smi, or an answer it cannot be read from: no readings
         self.samples.append((t, float(used), float(busy)))
         return True
 
 
-def phases(samples: list[tuple[float, float, float]], wall: float, busy: float = BUSY) -> tuple[float, ...]:
-    """The wall time split by GPU readings (seconds, MiB, % utilisation), in time order -> (before the GPU holds
-    more memory than at the first reading, busy (utilisation >= `busy`), holding memory but less used, after it let
-    go of it), summing to `wall`; each reading stands for the time until the next one (the last: until `wall`)."""
+def phases(
+    samples: list[tuple[float, float, float]], wall: float, busy: float = BUSY
+) -> tuple[float, ...]:
+    """The wall time split by GPU readings (seconds, MiB, % utilisation), in time order -> (before
+    the GPU holds more memory than at the first reading, busy (utilisation >= `busy`), holding
+    memory but less used, after it let go of it), summing to `wall`; each reading stands for the
+    time until the next one (the last: until `wall`)."""
     if not samples:
         return (wall, 0.0, 0.0, 0.0)
-    held = [i for i, s in enumerate(samples) if s[1] > samples[0][1] + 64]  # 64 MiB: more than noise
+    # 64 MiB: more than noise
+    held = [i for i, s in enumerate(samples) if s[1] > samples[0][1] + 64]
     if not held:
         return (wall, 0.0, 0.0, 0.0)
     first, last = held[0], held[-1]
     ends = [s[0] for s in samples[1:]] + [wall]
     spans = [end - s[0] for s, end in zip(samples, ends)]
     before = samples[first][0]
-    on = sum(d for s, d in zip(samples[first:last + 1], spans[first:last + 1]) if s[2] >= busy)
-    during = sum(spans[first:last + 1])
+    on = sum(d for s, d in zip(samples[first : last + 1], spans[first : last + 1]) if s[2] >= busy)
+    during = sum(spans[first : last + 1])
     return (before, on, during - on, wall - before - during)
 
 
 GPU_ALSO = [("--mps", "off")]
 
 
-def bench_sweep(out: Path, init: Path, device: str, seeds: int | None = None, extra: tuple = (),
-                also: list[tuple] | None = None) -> str:
-    """The table of the sweep's command (module docstring); `seeds` (default 128 on a GPU, 5 on a CPU) and `extra`
-    flags of compare: a shorter sweep (the tests'); `also`: the same again with each of these flags, a row each
-    (default: GPU_ALSO on a GPU, none on a CPU)."""
+def bench_sweep(
+    out: Path,
+    init: Path,
+    device: str,
+    seeds: int | None = None,
+    extra: tuple = (),
+    also: list[tuple] | None = None,
+) -> str:
+    """The table of the sweep's command (module docstring); `seeds` (default 128 on a GPU, 5 on a
+    CPU) and `extra` flags of compare: a shorter sweep (the tests'); `also`: the same again with
+    each of these flags, a row each (default: GPU_ALSO on a GPU, none on a CPU)."""
     gpu = device.startswith("cuda")
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
-    header = ["command (its runs from the bench's model)", "whole process, s", "runs within every bar",
-              "a run's steps, most: s (its algorithm)",
-              "s from the start: folder claimed · runs' folders made, first–last · the last run begun · ended (its "
-              "algorithm)", "exit"]
+    header = [
+        "command (its runs from the bench's model)",
+        "whole process, s",
+        "runs within every bar",
+        "a run's steps, most: s (its algorithm)",
+        "s from the start: folder claimed · runs' folders made, first–last · the last run begun "
+        "· ended (its "
+        "algorithm)",
+        "exit",
+    ]
     if gpu:
-        header[4:4] = ["GPU MiB in use, most", "s: before the GPU's memory · busy · held, less used · after"]
+        header[4:4] = [
+            "GPU MiB in use, most",
+            "s: before the GPU's memory · busy · held, less used · after",
+        ]
     rows, folder = [], out / "sweep"
     for more in [(), *(also if also is not None else GPU_ALSO if gpu else [])]:
         name = "sweep" + "".join(more).replace("--", "-")
         row, error, runs = _sweep(folder.with_name(name), init, device, seeds, (*extra, *more))
         rows.append(row)
         said = f"{row[1]} s, {row[2]} runs within every bar" if row[1] else row[-1]
-        print(f"sweep: {' '.join(more) or 'as it is'}: {said}", file=sys.stderr,
-              flush=True)  # progress: a row survives a limit that cuts the section short
+        print(
+            f"sweep: {' '.join(more) or 'as it is'}: {said}", file=sys.stderr, flush=True
+        )  # progress: a row survives a limit that cuts the section short
         if not more:
             first = (error, runs)
-    text = table(f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command (bar: {bar})",
-                 header, rows)
+    text = table(
+        f"sweep: the default list of algorithms over {seeds} seeds on {device}, one command "
+        f"(bar: {bar})",
+        header,
+        rows,
+    )
     if first[0] is not None or not first[1]:
         return text
     cold, warm, last = report_seconds(folder, init, cores())
-    return text + "\n" + table(
-        f"sweep: compare's report of its {len(first[1])} runs (table.md, 3 figures) in one process, {cores()} threads",
-        ["every bootstrap made after the runs, s", f"all but {last}'s made before its last run ended, s"],
-        [[f"{cold:.1f}", f"{warm:.1f}"]])
+    return (
+        text
+        + "\n"
+        + table(
+            f"sweep: compare's report of its {len(first[1])} runs (table.md, 3 figures) in one "
+            f"process, {cores()} threads",
+            [
+                "every bootstrap made after the runs, s",
+                f"all but {last}'s made before its last run ended, s",
+            ],
+            [[f"{cold:.1f}", f"{warm:.1f}"]],
+        )
+    )
 
 
-def _sweep(folder: Path, init: Path, device: str, seeds: int, extra: tuple) -> tuple[list, str | None, list]:
-    """compare over `seeds` from `init` into a fresh `folder`, timed -> its table row, its error (or None), its runs'
-    curves."""
+def _sweep(
+    folder: Path, init: Path, device: str, seeds: int, extra: tuple
+) -> tuple[list, str | None, list]:
+    """compare over `seeds` from `init` into a fresh `folder`, timed -> its table row, its error (or
+    None), its runs' curves."""
     gpu = device.startswith("cuda")
     shutil.rmtree(folder, ignore_errors=True)
-    args = ["minigrpo.compare", "--seeds", str(seeds), "--reward", "pizza", "--device", device, "--init", str(init),
-            *extra, "--out", str(folder)]
+    args = [
+        "minigrpo.compare",
+        "--seeds",
+        str(seeds),
+        "--reward",
+        "pizza",
+        "--device",
+        device,
+        "--init",
+        str(init),
+        *extra,
+        "--out",
+        str(folder),
+    ]
     command = f"`python -m {' '.join(args[:7] + list(extra))}`"
-    readings = GpuReadings(int(device.split(":")[1]) if ":" in device else 0) if gpu else contextlib.nullcontext()
+    readings = (
+        GpuReadings(int(device.split(":")[1]) if ":" in device else 0)
+        if gpu
+        else contextlib.nullcontext()
+    )
     started = time.time()  # the files' clock
     with readings:
         wall, error, said = run_module(args)
     folders = sorted(folder.glob("*-s*"))
     runs = [curves(f) for f in folders if (f / "summary.json").exists()]
     within = f"{sum(within_bars(r['final']) for r in runs)}/{len(runs)}"
-    # a population's members log its steps' time: the longest run's is its slowest population's stepping, the rest
+    # a population's members log its steps' time: the longest run's is its slowest population's
+    # stepping, the rest
     # of the wall time its start, set-up and files, and compare's report
     longest = max(runs, key=lambda r: r["secs"][-1] if r["secs"] else 0.0, default=None)
-    row = [command, f"{wall:.1f}", within,
-           f"{longest['secs'][-1]:.1f} ({_algorithm(longest['run'])})" if longest and longest["secs"] else "",
-           timeline(folder, folders, started), "ok" if error is None else f"failed, its last line: {error}"]
+    row = [
+        command,
+        f"{wall:.1f}",
+        within,
+        f"{longest['secs'][-1]:.1f} ({_algorithm(longest['run'])})"
+        if longest and longest["secs"]
+        else "",
+        timeline(folder, folders, started),
+        "ok" if error is None else f"failed, its last line: {error}",
+    ]
     if gpu:
         samples = readings.samples
-        row[4:4] = [f"{max((s[1] for s in samples), default=float('nan')):.0f}",
-                    " · ".join(f"{p:.0f}" for p in phases(samples, wall))]
+        row[4:4] = [
+            f"{max((s[1] for s in samples), default=float('nan')):.0f}",
+            " · ".join(f"{p:.0f}" for p in phases(samples, wall)),
+        ]
         row[0] += f": {sharing(said)}"
     return row, error, runs
 
@@ -162,14 +235,26 @@ def sharing(stdout: str) -> str:
 
 
 def timeline(folder: Path, runs: list[Path], started: float) -> str:
-    """In seconds after `started` (time.time()): compare's folder claimed (its .lock: its checks done, its worker
-    processes not yet started), the first and the last of the runs' folders made (the stamp: pool.start_folder, as a
-    population begins its set-up), the last run begun (config.json: rl/loop.Run.begin) and ended (summary.json), as
-    "claimed · made first–last · begun · ended (the algorithm of the run that ended last)"."""
+    """In seconds after `started` (time.time()): compare's folder claimed (its .lock: its checks
+    done, its worker processes not yet started), the first and the last of the runs' folders made
+    (the stamp: pool.start_folder, as a population begins its set-up), the last run begun
+    (config.json: rl/loop.Run.begin) and ended (summary.json), as "claimed · made first–last · begun
+    · ended (the algorithm of the run that ended last)"."""
     claimed = (folder / ".lock").stat().st_mtime - started if (folder / ".lock").exists() else None
-    first = min(((f / STAMP).stat().st_mtime - started for f in runs if (f / STAMP).exists()), default=None)
-    marks = [max((((f / name).stat().st_mtime - started, _algorithm(f.name)) for f in runs
-                  if (f / name).exists()), default=None) for name in (STAMP, "config.json", "summary.json")]
+    first = min(
+        ((f / STAMP).stat().st_mtime - started for f in runs if (f / STAMP).exists()), default=None
+    )
+    marks = [
+        max(
+            (
+                ((f / name).stat().st_mtime - started, _algorithm(f.name))
+                for f in runs
+                if (f / name).exists()
+            ),
+            default=None,
+        )
+        for name in (STAMP, "config.json", "summary.json")
+    ]
     s = lambda t: "–" if t is None else f"{t:.1f}"  # noqa: E731
     made = "–" if first is None else f"{s(first)}–{s(marks[0][0])}"
     text = f"{s(claimed)} · {made} · " + " · ".join(s(m and m[0]) for m in marks[1:])
@@ -182,21 +267,29 @@ def _algorithm(run: str) -> str:
 
 
 def report_seconds(folder: Path, init: Path, jobs: int) -> tuple[float, float, str]:
-    """compare's report (sweep_report.write_outputs, into a scratch folder) of the sweep's runs in `folder` (from
-    `init`), timed with every bootstrap made in it, then with every algorithm's but the last to end (its runs'
-    latest summary.json) made before it -> (seconds, seconds, that algorithm)."""
+    """compare's report (sweep_report.write_outputs, into a scratch folder) of the sweep's runs in
+    `folder` (from `init`), timed with every bootstrap made in it, then with every algorithm's but
+    the last to end (its runs' latest summary.json) made before it -> (seconds, seconds, that
+    algorithm)."""
     from minigrpo.compare import exact_frontier
     from minigrpo.tools.intervals import Bootstraps, ask_early
     from minigrpo.tools.sweep_report import write_outputs
+
     done = {}  # algorithm -> (its runs' folders, when its last run ended)
-    for f in sorted((f for f in folder.glob("*-s*") if (f / "summary.json").exists()),
-                    key=lambda f: run_of(f.name)[1]):
+    for f in sorted(
+        (f for f in folder.glob("*-s*") if (f / "summary.json").exists()),
+        key=lambda f: run_of(f.name)[1],
+    ):
         algo = _algorithm(f.name)
         runs, ended = done.get(algo, ([], 0.0))
         done[algo] = (runs + [f], max(ended, (f / "summary.json").stat().st_mtime))
     results = {a: [curves(f) for f in runs] for a, (runs, _) in done.items()}
     last = max(done, key=lambda a: done[a][1])
-    curve, scratch, seconds = exact_frontier(["--init", str(init)], "pizza"), folder.parent / "sweep-report", []
+    curve, scratch, seconds = (
+        exact_frontier(["--init", str(init)], "pizza"),
+        folder.parent / "sweep-report",
+        [],
+    )
     for early in ({}, {a: runs for a, runs in results.items() if a != last}):
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir()

@@ -1,1 +1,2 @@
-"""The exact KL-regularised optimum and the reward–KL frontier (pure math on enumerated distributions)."""
+"""The exact KL-regularised optimum and the reward–KL frontier (pure math on enumerated
+distributions)."""

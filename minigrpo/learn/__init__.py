@@ -1,6 +1,6 @@
-"""Learn by implementing (python -m minigrpo.learn): a numbered path of exercises, each one function of the
-library that the learner writes in a workspace of theirs; the library's own property tests grade it, and
-the capstone trains the model with the learner's pieces.
+"""Learn by implementing (python -m minigrpo.learn): a numbered path of exercises, each one function
+of the library that the learner writes in a workspace of theirs; the library's own property tests
+grade it, and the capstone trains the model with the learner's pieces.
 
     path.py       the exercises in order: function, lesson, tests, hints
     workspace.py  stubs from the library's functions; the learner's functions plugged into a process

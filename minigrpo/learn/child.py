@@ -1,10 +1,12 @@
-"""Running a learner's code safely: a time limit on it, and child processes that end with the command.
+"""Running a learner's code safely: a time limit on it, and child processes that end with the
+command.
 
-`run` starts a child (the grading pytest, the capstone's training run) that cannot outlive the command: the
-command's SIGTERM and SIGHUP become a SystemExit while it waits, its Ctrl-C a KeyboardInterrupt, and on every
-way out the child is terminated, then killed. Where the command itself is killed (SIGKILL), the child, having
-called `die_with_parent` first, is killed by Linux (PR_SET_PDEATHSIG). `time_limit` stops a learner's code in
-this process that has run too long, with `RanPastLimit`.
+`run` starts a child (the grading pytest, the capstone's training run) that cannot outlive the
+command: the command's SIGTERM and SIGHUP become a SystemExit while it waits, its Ctrl-C a
+KeyboardInterrupt, and on every way out the child is terminated, then killed. Where the command
+itself is killed (SIGKILL), the child, having called `die_with_parent` first, is killed by Linux
+(PR_SET_PDEATHSIG). `time_limit` stops a learner's code in this process that has run too long, with
+`RanPastLimit`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ POLL_S = 0.5  # how often `run` asks `watch` whether to go on
 
 
 class RanPastLimit(BaseException):
-    """A learner's code ran past its time limit. A BaseException, so that neither a learner's `except Exception`
-    nor Hypothesis (which shrinks on Exception) holds it up."""
+    """A learner's code ran past its time limit. A BaseException, so that neither a learner's
+    `except Exception` nor Hypothesis (which shrinks on Exception) holds it up."""
 
 
 def ran_past(test: str, limit: float) -> str:
@@ -40,8 +42,9 @@ def _main_thread() -> bool:
 
 @contextmanager
 def time_limit(seconds: float, message: str):
-    """Raise RanPastLimit(message) in the block when it runs past `seconds` (SIGALRM: the main thread only;
-    elsewhere, without SIGALRM, or with seconds <= 0, no limit). Code stuck in one C call is stopped when it returns."""
+    """Raise RanPastLimit(message) in the block when it runs past `seconds` (SIGALRM: the main
+    thread only; elsewhere, without SIGALRM, or with seconds <= 0, no limit). Code stuck in one C
+    call is stopped when it returns."""
     if seconds <= 0 or not _main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
@@ -59,12 +62,13 @@ def time_limit(seconds: float, message: str):
 
 
 def die_with_parent() -> None:
-    """In a child started by `run`: be killed when the command that started it dies, however it dies (Linux);
-    exit now if it has died already."""
+    """In a child started by `run`: be killed when the command that started it dies, however it dies
+    (Linux); exit now if it has died already."""
     parent = os.environ.get(PARENT_ENV)
     if not parent or not signal_on_parent_death(signal.SIGKILL):
         return
-    if os.getppid() != int(parent):  # the command died before the prctl: nobody waits for this child
+    # the command died before the prctl: nobody waits for this child
+    if os.getppid() != int(parent):
         os._exit(1)
 
 
@@ -75,7 +79,11 @@ def _raise_exit(signum, frame):
 @contextmanager
 def _signals_end_the_wait():
     """SIGTERM and SIGHUP raise SystemExit in the block (so that the caller's `finally` runs)."""
-    names = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
+    names = [
+        s
+        for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
+        if s is not None
+    ]
     old = {s: signal.signal(s, _raise_exit) for s in names} if _main_thread() else {}
     try:
         yield
@@ -96,12 +104,18 @@ def stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
             proc.wait()
 
 
-def run(cmd: list[str], watch: Callable[[float], bool] | None = None, env: dict | None = None,
-        **popen) -> tuple[int | None, str, str]:
-    """Run cmd to its end, its output captured; `watch(seconds since the start)` is called every POLL_S seconds
-    and stops the child when it returns True. -> (exit code, None when watch stopped it; stdout; stderr)."""
+def run(
+    cmd: list[str], watch: Callable[[float], bool] | None = None, env: dict | None = None, **popen
+) -> tuple[int | None, str, str]:
+    """Run cmd to its end, its output captured; `watch(seconds since the start)` is called every
+    POLL_S seconds and stops the child when it returns True. -> (exit code, None when watch stopped
+    it; stdout; stderr)."""
     env = {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, _signals_end_the_wait():
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+        _signals_end_the_wait(),
+    ):
         start = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True, **popen)
         try:

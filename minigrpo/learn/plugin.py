@@ -1,18 +1,21 @@
-"""A pytest plugin (pytest -p minigrpo.learn.plugin) that grades a learner's function with the library's
-own tests: before any test module is imported it plugs the learner's functions in (workspace.install),
-so `from minigrpo.objectives.advantages import group_advantages` in a test file gets the learner's; it then writes
-each test's outcome, assertion message and Hypothesis' smallest failing example to a JSON report, with the
-messages of the catalogued mistakes (mistakes.py) the function shows, or why the learner's file did not load.
+"""A pytest plugin (pytest -p minigrpo.learn.plugin) that grades a learner's function with the
+library's own tests: before any test module is imported it plugs the learner's functions in
+(workspace.install), so `from minigrpo.objectives.advantages import group_advantages` in a test file
+gets the learner's; it then writes each test's outcome, assertion message and Hypothesis' smallest
+failing example to a JSON report, with the messages of the catalogued mistakes (mistakes.py) the
+function shows, or why the learner's file did not load.
 
-Hypothesis runs every example the tests ask for, without its `explain` phase (which re-runs a failing test
-many times only to annotate the example) and with one failure per property, its smallest (check_profile).
-Once MINIGRPO_LEARN_MAX_BROKEN properties (test functions) have failed, the session stops before the first
-test of any other property. A test that runs past its time limit (setup, call and teardown together) fails
-with "<test> ran past N s" and ends the session: the remaining tests would most likely loop as well.
+Hypothesis runs every example the tests ask for, without its `explain` phase (which re-runs a
+failing test many times only to annotate the example) and with one failure per property, its
+smallest (check_profile). Once MINIGRPO_LEARN_MAX_BROKEN properties (test functions) have failed,
+the session stops before the first test of any other property. A test that runs past its time limit
+(setup, call and teardown together) fails with "<test> ran past N s" and ends the session: the
+remaining tests would most likely loop as well.
 
-Environment: MINIGRPO_LEARN_DIR (the workspace), MINIGRPO_LEARN_ONLY (comma-separated function names),
-MINIGRPO_LEARN_REPORT (where the JSON goes), MINIGRPO_LEARN_LIMIT (seconds per test; none when absent),
-MINIGRPO_LEARN_RUNNING (a file that holds the node id of the test running now), MINIGRPO_LEARN_MAX_BROKEN.
+Environment: MINIGRPO_LEARN_DIR (the workspace), MINIGRPO_LEARN_ONLY (comma-separated function
+names), MINIGRPO_LEARN_REPORT (where the JSON goes), MINIGRPO_LEARN_LIMIT (seconds per test; none
+when absent), MINIGRPO_LEARN_RUNNING (a file that holds the node id of the test running now),
+MINIGRPO_LEARN_MAX_BROKEN.
 """
 
 from __future__ import annotations
@@ -37,13 +40,17 @@ _session = None
 
 
 def check_profile() -> settings:
-    """The Hypothesis settings of a check: every phase but `explain`, one failure (the smallest) per property."""
-    settings.register_profile(PROFILE, phases=[p for p in Phase if p != Phase.explain], report_multiple_bugs=False)
+    """The Hypothesis settings of a check: every phase but `explain`, one failure (the smallest) per
+    property."""
+    settings.register_profile(
+        PROFILE, phases=[p for p in Phase if p != Phase.explain], report_multiple_bugs=False
+    )
     return settings.get_profile(PROFILE)
 
 
 def use_check_settings() -> None:
-    """The check's profile as Hypothesis' default, and its limit on shrinking: a learner waits for the answer."""
+    """The check's profile as Hypothesis' default, and its limit on shrinking: a learner waits for
+    the answer."""
     from hypothesis.internal.conjecture import engine
 
     check_profile()
@@ -75,7 +82,8 @@ def pytest_configure(config):
     die_with_parent()
     folder = os.environ.get("MINIGRPO_LEARN_DIR")
     if folder:
-        install(folder, _only())  # a file that does not load leaves the library's function in place: say so
+        # a file that does not load leaves the library's function in place: say so
+        install(folder, _only())
         for ex in _graded():
             try:
                 learner_function(ex, folder)
@@ -108,7 +116,8 @@ def _property(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Stop before the first test of a new property once MINIGRPO_LEARN_MAX_BROKEN properties have failed."""
+    """Stop before the first test of a new property once MINIGRPO_LEARN_MAX_BROKEN properties have
+    failed."""
     most = int(os.environ.get("MINIGRPO_LEARN_MAX_BROKEN", 0))
     if most and len(_broken) >= most and _property(item.nodeid) not in _broken:
         item.session.shouldstop = f"{len(_broken)} broken properties"
@@ -153,17 +162,23 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def falsifying_example(text: str) -> str:
-    """Hypothesis' 'Falsifying example: test(arg=..., ...)' from a failure's text, on one line ('' if none); newer
-    Hypothesis versions head it 'Failing test case:'."""
+    """Hypothesis' 'Falsifying example: test(arg=..., ...)' from a failure's text, on one line (''
+    if none); newer Hypothesis versions head it 'Failing test case:'."""
     lines = [re.sub(r"^E\s?", "", line).strip() for line in text.splitlines()]
     for i, line in enumerate(lines):
         if line.startswith(("Falsifying example:", "Failing test case:")):
             call = []
-            for part in lines[i + 1:]:
-                call.append(re.sub(r"\s*#.*$", "", part))  # Hypothesis' comments ("# or any other ...")
+            for part in lines[i + 1 :]:
+                # Hypothesis' comments ("# or any other ...")
+                call.append(re.sub(r"\s*#.*$", "", part))
                 if part == ")":
                     break
-            text = re.sub(r"\s+", " ", " ".join(call)).replace("( ", "(").replace(", )", ")").replace(",)", ")")
+            text = (
+                re.sub(r"\s+", " ", " ".join(call))
+                .replace("( ", "(")
+                .replace(", )", ")")
+                .replace(",)", ")")
+            )
             return text.removesuffix(")")
     return ""
 
@@ -171,8 +186,10 @@ def falsifying_example(text: str) -> str:
 def _message(report) -> str:
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    text = re.sub(r"^[\w.]*RanPastLimit: ", "", text)  # the line that names the test and its limit, alone
-    return text.split("\nassert ")[0].strip()  # the author's message, not pytest's rewritten expression
+    # the line that names the test and its limit, alone
+    text = re.sub(r"^[\w.]*RanPastLimit: ", "", text)
+    # the author's message, not pytest's rewritten expression
+    return text.split("\nassert ")[0].strip()
 
 
 def pytest_runtest_logreport(report):
@@ -181,19 +198,23 @@ def pytest_runtest_logreport(report):
         outcome = "passed" if report.passed else ("skipped" if report.skipped else "failed")
         entry = {"test": report.nodeid, "outcome": outcome}
         if report.failed:
-            entry.update(message=_message(report), example=falsifying_example(report.longreprtext),
-                         timeout="RanPastLimit: " in report.longreprtext)
+            entry.update(
+                message=_message(report),
+                example=falsifying_example(report.longreprtext),
+                timeout="RanPastLimit: " in report.longreprtext,
+            )
             if _property(report.nodeid) not in _broken:
                 _broken.append(_property(report.nodeid))
-            if entry["timeout"]:  # the next tests would most likely loop too; its teardown runs to its end
+            # the next tests would most likely loop too; its teardown runs to its end
+            if entry["timeout"]:
                 _deadline = None
                 _session.shouldstop = "a test ran past its time limit"
         _results.append(entry)
 
 
 def _mistakes() -> list[str]:
-    """The messages of the catalogued mistakes the learner's functions show; none after a test ran out of time
-    (the function may not return), and none past the time limit of one test."""
+    """The messages of the catalogued mistakes the learner's functions show; none after a test ran
+    out of time (the function may not return), and none past the time limit of one test."""
     from minigrpo.learn import mistakes, workspace
 
     folder = os.environ.get("MINIGRPO_LEARN_DIR")
@@ -205,7 +226,9 @@ def _mistakes() -> list[str]:
         with time_limit(_limit(), "the probes ran past their limit"):
             for ex in _graded():
                 fn = workspace.learner_function(ex, folder)
-                found += [m.message for m in mistakes.diagnose(ex.name, fn)] if fn is not None else []
+                found += (
+                    [m.message for m in mistakes.diagnose(ex.name, fn)] if fn is not None else []
+                )
     except RanPastLimit:
         pass
     return found

@@ -1,2 +1,2 @@
-"""The language model layer: tokenizer, GPT, KV-cache sampling, decoding, prefix tree, log-probs, AdamW, checkpoints.
-Imports nothing of ours but util."""
+"""The language model layer: tokenizer, GPT, KV-cache sampling, decoding, prefix tree, log-probs,
+AdamW, checkpoints. Imports nothing of ours but util."""

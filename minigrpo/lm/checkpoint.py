@@ -8,8 +8,9 @@ The file is a dict {"format": "minigrpo-checkpoint", "version", "model" (state_d
 It is written to a temporary file and renamed over the target, so an interrupted save never damages
 the last complete checkpoint, and a full disk is a one-line UsageError that keeps the previous one.
 Loading uses `torch.load(weights_only=True)`: no pickled code runs. A missing, truncated or foreign
-file raises CheckpointError with one line naming the file and what it is instead (text, a pickle that
-would run code, random bytes ...); PyTorch's own multi-line messages and warnings never reach the user.
+file raises CheckpointError with one line naming the file and what it is instead (text, a pickle
+that would run code, random bytes ...); PyTorch's own multi-line messages and warnings never reach
+the user.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.util.outputs import write_atomic
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
+from minigrpo.util.outputs import write_atomic
 
 FORMAT = "minigrpo-checkpoint"
 VERSION = 1
@@ -36,8 +37,9 @@ class CheckpointError(ValueError):
 
 
 def atomic_save(obj, path) -> None:
-    """torch.save into memory, then `outputs.write_atomic`: a temp file `.<name>.tmp<pid>` in the same folder,
-    renamed over `path`. A full disk is a one-line UsageError and the previous checkpoint is kept."""
+    """torch.save into memory, then `outputs.write_atomic`: a temp file `.<name>.tmp<pid>` in the
+    same folder, renamed over `path`. A full disk is a one-line UsageError and the previous
+    checkpoint is kept."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     write_atomic(path, buf.getbuffer(), what="checkpoint")
@@ -49,9 +51,9 @@ def host_state(model: GPT) -> dict:
 
 
 def to_host(tree):
-    """Every tensor of nested dicts and lists copied to the host (a host tensor is itself), the rest as it is (a
-    module's state_dict stays an OrderedDict with its _metadata): what a checkpoint holds, so that a file written on a
-    GPU holds no device tensors."""
+    """Every tensor of nested dicts and lists copied to the host (a host tensor is itself), the rest
+    as it is (a module's state_dict stays an OrderedDict with its _metadata): what a checkpoint
+    holds, so that a file written on a GPU holds no device tensors."""
     if isinstance(tree, dict):
         out = type(tree)((k, to_host(v)) for k, v in tree.items())
         if hasattr(tree, "_metadata"):
@@ -62,16 +64,25 @@ def to_host(tree):
     return tree.detach().cpu() if isinstance(tree, torch.Tensor) else tree
 
 
-def save_checkpoint(path, model: GPT, tokenizer: CharTokenizer, task: str, step: int,
-                    optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None,
-                    weights: dict | None = None) -> None:
+def save_checkpoint(
+    path,
+    model: GPT,
+    tokenizer: CharTokenizer,
+    task: str,
+    step: int,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: dict | None = None,
+    weights: dict | None = None,
+) -> None:
     """`weights`: the model's state_dict already on the host (else copied here)."""
     state = {
-        "format": FORMAT, "version": VERSION,
+        "format": FORMAT,
+        "version": VERSION,
         "model": weights if weights is not None else host_state(model),
         "config": dataclasses.asdict(model.cfg),
         "tokenizer": tokenizer.to_dict(),
-        "task": task, "step": step,
+        "task": task,
+        "step": step,
     }
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
@@ -81,25 +92,31 @@ def save_checkpoint(path, model: GPT, tokenizer: CharTokenizer, task: str, step:
 
 
 def read_checkpoint(path) -> dict:
-    """The raw checkpoint dict, validated; CheckpointError (one line) if missing, truncated or foreign."""
+    """The raw checkpoint dict, validated; CheckpointError (one line) if missing, truncated or
+    foreign."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} is a folder, not a checkpoint file")
     try:
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": several lines, no use to anyone
+        # e.g. "Detected pickle protocol 4": several lines, no use to anyone
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {e.strerror or e}") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read: {e.strerror or e}"
+        ) from None
     except Exception as e:  # truncated zip, random bytes, pickled code ... (messages of many lines)
         raise CheckpointError(f"checkpoint {str(path)!r} {what_it_is(path, str(e))}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a minigrpo checkpoint")
     if state.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {str(path)!r} has version {state.get('version')}, "
-                              f"this minigrpo reads version {VERSION}")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has version {state.get('version')}, "
+            f"this minigrpo reads version {VERSION}"
+        )
     return state
 
 
@@ -108,21 +125,30 @@ CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NE
 
 
 def what_it_is(path: Path, error: str) -> str:
-    """Why torch.load(weights_only=True) refused `path`, as the end of one sentence about the file."""
-    if "GLOBAL" in error:  # torch's weights-only unpickler met a class or function to import and call
+    """Why torch.load(weights_only=True) refused `path`, as the end of one sentence about the
+    file."""
+    # torch's weights-only unpickler met a class or function to import and call
+    if "GLOBAL" in error:
         return "is not a weights-only checkpoint (it would run code); refused"
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     if not head:
         return "is an empty file, not a checkpoint"
     if head.startswith(ZIP_MAGIC):
-        return "is unreadable: a torch file that is truncated or damaged (was its writing interrupted?)"
-    if head.startswith(b"\x80"):  # a pickle that is not torch's: see whether loading it would call code
+        return (
+            "is unreadable: a torch file that is truncated or damaged (was its writing "
+            "interrupted?)"
+        )
+    # a pickle that is not torch's: see whether loading it would call code
+    if head.startswith(b"\x80"):
         if pickle_calls_code(path):
             return "is not a weights-only checkpoint (it would run code); refused"
         return "is unreadable: a plain Python pickle, not a torch checkpoint"
     try:  # text: valid UTF-8 without NUL bytes (the last character may be cut at the end of `head`)
-        if b"\0" not in head and codecs.getincrementaldecoder("utf-8")().decode(head, final=False) is not None:
+        if (
+            b"\0" not in head
+            and codecs.getincrementaldecoder("utf-8")().decode(head, final=False) is not None
+        ):
             return "is unreadable: a text file, not a checkpoint"
     except UnicodeDecodeError:
         pass
@@ -130,7 +156,8 @@ def what_it_is(path: Path, error: str) -> str:
 
 
 def pickle_calls_code(path: Path) -> bool:
-    """Whether a pickle would import or call anything when loaded (read by opcode only, never run)."""
+    """Whether a pickle would import or call anything when loaded (read by opcode only, never
+    run)."""
     try:
         with open(path, "rb") as f:
             return any(op.name in CODE_OPCODES for op, _, _ in pickletools.genops(f))

@@ -1,13 +1,16 @@
-"""Log-probabilities of given tokens: one module, one forward, so no caller can disagree about masks or positions.
+"""Log-probabilities of given tokens: one module, one forward, so no caller can disagree about masks
+or positions.
 
-    shifted_forward            the one forward pass over ids[:, :-1] (once per distinct prefix) -> logits, hidden
-    completion_token_logprobs  the shift by one: the log-probs of a completion's tokens from those logits
-    generation_logprobs        a sampled Generation's completion tokens (N, T): what GRPO, PPO, DPO, the anchor
-                               and the trust region use
-    sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
-    sequence_logp              per-token log-probs (B, T) summed over a mask: log π(y) of each completion
-    completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact evaluation
-    completion_logprobs_many   the same for several models, as one where their forwards are one (a population's)
+shifted_forward            the one forward pass over ids[:, :-1] (once per distinct prefix) ->
+logits, hidden completion_token_logprobs  the shift by one: the log-probs of a completion's tokens
+from those logits generation_logprobs        a sampled Generation's completion tokens (N, T): what
+GRPO, PPO, DPO, the anchor
+                           and the trust region use
+sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
+sequence_logp              per-token log-probs (B, T) summed over a mask: log π(y) of each
+completion completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each:
+exact evaluation completion_logprobs_many   the same for several models, as one where their forwards
+are one (a population's)
 """
 
 from __future__ import annotations
@@ -27,54 +30,77 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def completion_token_logprobs(logits: torch.Tensor, ids: torch.Tensor, prompt_len: int,
-                              completion_mask: torch.Tensor) -> torch.Tensor:
+def completion_token_logprobs(
+    logits: torch.Tensor, ids: torch.Tensor, prompt_len: int, completion_mask: torch.Tensor
+) -> torch.Tensor:
     """log π(o_j | prompt, o_<j) of each completion token, 0 where the completion has ended.
 
     ids (B, P+N): the left-padded prompt in slots [0, P) (P = prompt_len), then N completion slots.
     logits (B, P+N−1, V): the model's output over ids[:, :-1], so logits[:, t] predicts ids[:, t+1]:
     completion token j (slot P+j) is predicted by logits[:, P−1+j].
-    completion_mask (B, N) bool: tokens up to and including the first EOS; after it, PAD fills the row.
-    -> (B, N) log-softmax of the logits gathered at each completion token; masked slots exactly 0.
+    completion_mask (B, N) bool: tokens up to and including the first EOS; after it, PAD fills the
+    row. -> (B, N) log-softmax of the logits gathered at each completion token; masked slots exactly
+    0.
     """
-    logp = gather_logprobs(logits[:, prompt_len - 1:], ids[:, prompt_len:])  # (B, N)
+    logp = gather_logprobs(logits[:, prompt_len - 1 :], ids[:, prompt_len:])  # (B, N)
     return torch.where(completion_mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
 
 
-def shifted_forward(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None, temperature: float = 1.0,
-                    tree: PrefixTree | None = None, shared_prefixes: bool = True):
+def shifted_forward(
+    model: GPT,
+    ids: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    tree: PrefixTree | None = None,
+    shared_prefixes: bool = True,
+):
     """The one forward pass over ids[:, :-1] (left-padded; key_mask (B, T) bool or None = all real):
     -> (logits (B, T-1, V) at the given temperature, final hidden states (B, T-1, C)); logits[:, t]
-    predicts ids[:, t+1]; entries whose target is padding are meaningless (callers mask them). It runs once per
-    distinct prefix (prefix_tree.py; `tree`: next_token_tree(ids, key_mask) if the caller keeps one);
-    shared_prefixes=False runs every slot of every row: the plain forward, kept as the tests' oracle (the two
-    agree to float rounding, about 1e-6 on the logits, wherever the target is real)."""
+    predicts ids[:, t+1]; entries whose target is padding are meaningless (callers mask them). It
+    runs once per distinct prefix (prefix_tree.py; `tree`: next_token_tree(ids, key_mask) if the
+    caller keeps one); shared_prefixes=False runs every slot of every row: the plain forward, kept
+    as the tests' oracle (the two agree to float rounding, about 1e-6 on the logits, wherever the
+    target is real)."""
     km = key_mask[:, :-1] if key_mask is not None else None
     if not shared_prefixes or ids.size(1) < 2:
-        hidden = model.hidden(ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km)
+        hidden = model.hidden(
+            ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km
+        )
         return model.head(hidden) / temperature, hidden
     tree = tree if tree is not None else next_token_tree(ids, key_mask)
-    hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)  # (G, N, C): each node once
+    # (G, N, C): each node once
+    hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)
     logits = model.head(hidden)
-    return tree.gather(logits if temperature == 1.0 else logits / temperature), tree.gather(hidden)  # x / 1 is x
+    # x / 1 is x
+    return tree.gather(logits if temperature == 1.0 else logits / temperature), tree.gather(hidden)
 
 
-def generation_logprobs(model: GPT, gen, temperature: float = 1.0, return_logits: bool = False,
-                        return_hidden: bool = False):
-    """Per-token log-probs (N, T) of the completion tokens of a Generation (lm/sampling.py) under `model` in one
-    forward pass, and optionally the (N, T, V) logits that produced them and the (N, T, C) hidden states of the
-    states before each completion token (for a value head). Differentiable: use no_grad for π_old/π_ref.
-    (completion_logprobs is its text-level sibling: prompt and completion strings in, one summed
-    log-prob per pair out, for exact evaluation; both run shifted_forward.)"""
+def generation_logprobs(
+    model: GPT,
+    gen,
+    temperature: float = 1.0,
+    return_logits: bool = False,
+    return_hidden: bool = False,
+):
+    """Per-token log-probs (N, T) of the completion tokens of a Generation (lm/sampling.py) under
+    `model` in one forward pass, and optionally the (N, T, V) logits that produced them and the (N,
+    T, C) hidden states of the states before each completion token (for a value head).
+    Differentiable: use no_grad for π_old/π_ref. (completion_logprobs is its text-level sibling:
+    prompt and completion strings in, one summed log-prob per pair out, for exact evaluation; both
+    run shifted_forward.)"""
     P = gen.prompt_len
-    logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature, gen.prefix_tree())  # (N, P+T−1, ·)
+    # (N, P+T−1, ·)
+    logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature, gen.prefix_tree())
     logp = completion_token_logprobs(logits, gen.ids, P, gen.completion_mask)  # (N, T)
-    extra = ([logits[:, P - 1:]] if return_logits else []) + ([hidden[:, P - 1:]] if return_hidden else [])
+    extra = ([logits[:, P - 1 :]] if return_logits else []) + (
+        [hidden[:, P - 1 :]] if return_hidden else []
+    )
     return (logp, *extra) if extra else logp
 
 
-def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None,
-                      temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None, temperature: float = 1.0
+) -> torch.Tensor:
     """Next-token log-probs of a batch of (left-padded) sequences in one forward pass.
 
     ids (B, T), key_mask (B, T) bool (real tokens; None = all real)
@@ -88,54 +114,76 @@ def sequence_logprobs(model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | No
 def pad_left(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to one tensor: -> ids (B, T) long, key_mask (B, T) bool."""
     width, shape = max(len(r) for r in rows), (len(rows), -1)  # -1: a width of 0 too
-    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long).view(shape)
-    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=torch.bool).view(shape)
+    ids = torch.tensor(
+        [[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long
+    ).view(shape)
+    mask = torch.tensor(
+        [[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=torch.bool
+    ).view(shape)
     return ids.to(device), mask.to(device)
 
 
 def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log π(y) = Σ_t log π(o_t | o_<t) over the valid tokens,  logp (..., B, T), mask (B, T) bool -> (..., B).
+    """log π(y) = Σ_t log π(o_t | o_<t) over the valid tokens,  logp (..., B, T), mask (B, T) bool
+    -> (..., B).
 
-    Masked slots contribute nothing (torch.where, so NaN or ±1e4 there reach neither value nor gradient);
-    an empty row gives 0 (log of the empty product).
+    Masked slots contribute nothing (torch.where, so NaN or ±1e4 there reach neither value nor
+    gradient); an empty row gives 0 (log of the empty product).
     """
-    return torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(dim=-1)
+    return torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(
+        dim=-1
+    )
 
 
 @torch.no_grad()
-def completion_logprobs(model: GPT, tok: CharTokenizer, prompts: list[str], completions: list[str],
-                        end: bool = True) -> torch.Tensor:
-    """log π(completion [+ EOS] | BOS + prompt) for each (prompt, completion) pair, one forward pass.
+def completion_logprobs(
+    model: GPT, tok: CharTokenizer, prompts: list[str], completions: list[str], end: bool = True
+) -> torch.Tensor:
+    """log π(completion [+ EOS] | BOS + prompt) for each (prompt, completion) pair, one forward
+    pass.
 
-    Teacher-forced scoring: the exact probability that sampling (temperature 1) produces exactly this
-    completion and then stops. -> (N,) float tensor of summed log-probs.
+    Teacher-forced scoring: the exact probability that sampling (temperature 1) produces exactly
+    this completion and then stops. -> (N,) float tensor of summed log-probs.
     """
-    ids, mask, is_completion, tree = scoring_batch(tok, tuple(prompts), tuple(completions), end,
-                                                   model.wte.weight.device)
+    ids, mask, is_completion, tree = scoring_batch(
+        tok, tuple(prompts), tuple(completions), end, model.wte.weight.device
+    )
     logits, _ = shifted_forward(model, ids, mask, tree=tree)
-    return sequence_logp(gather_logprobs(logits, ids[:, 1:]), is_completion)  # (N, width-1) summed per row
+    # (N, width-1) summed per row
+    return sequence_logp(gather_logprobs(logits, ids[:, 1:]), is_completion)
 
 
 @torch.no_grad()
-def completion_logprobs_many(models: list[GPT], tok: CharTokenizer, prompts: list[str], completions: list[str],
-                             end: bool = True) -> torch.Tensor:
-    """completion_logprobs of each model -> (M, N). Models whose forwards are one computation (a lockstep
-    population's members: population/evaluation.EvalGPT.logits_of_all) are scored from their stacked logits, one
-    log-softmax and one gather for all; any others one by one."""
-    ids, mask, is_completion, tree = scoring_batch(tok, tuple(prompts), tuple(completions), end,
-                                                   models[0].wte.weight.device)
-    stacked = getattr(models[0], "logits_of_all", lambda *_: None)(models, tree)  # (M, G, n, V): the tree's nodes
+def completion_logprobs_many(
+    models: list[GPT],
+    tok: CharTokenizer,
+    prompts: list[str],
+    completions: list[str],
+    end: bool = True,
+) -> torch.Tensor:
+    """completion_logprobs of each model -> (M, N). Models whose forwards are one computation (a
+    lockstep population's members: population/evaluation.EvalGPT.logits_of_all) are scored from
+    their stacked logits, one log-softmax and one gather for all; any others one by one."""
+    ids, mask, is_completion, tree = scoring_batch(
+        tok, tuple(prompts), tuple(completions), end, models[0].wte.weight.device
+    )
+    # (M, G, n, V): the tree's nodes
+    stacked = getattr(models[0], "logits_of_all", lambda *_: None)(models, tree)
     if stacked is None:
         return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in models])
     logits = stacked.flatten(1, 2)[:, tree.index]  # each model's tree.gather: (M, N, width-1, V)
-    return sequence_logp(gather_logprobs(logits, ids[:, 1:].expand(len(models), -1, -1)), is_completion)
+    return sequence_logp(
+        gather_logprobs(logits, ids[:, 1:].expand(len(models), -1, -1)), is_completion
+    )
 
 
 @functools.lru_cache(maxsize=16)
-def scoring_batch(tok: CharTokenizer, prompts: tuple[str, ...], completions: tuple[str, ...], end: bool, device):
+def scoring_batch(
+    tok: CharTokenizer, prompts: tuple[str, ...], completions: tuple[str, ...], end: bool, device
+):
     """completion_logprobs' rows, kept: an exact evaluation scores the same pairs at every step.
-    -> ids, key_mask (N, width), is_completion (N, width-1) bool (the targets that are completion tokens), and
-    the prefix tree of ids[:, :-1]."""
+    -> ids, key_mask (N, width), is_completion (N, width-1) bool (the targets that are completion
+    tokens), and the prefix tree of ids[:, :-1]."""
     rows, n_prompt = [], []
     for p, c in zip(prompts, completions):
         head = tok.encode(p, bos=True)

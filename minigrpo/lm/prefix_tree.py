@@ -1,11 +1,12 @@
 """The shared-prefix forward: every distinct prefix of a batch computed once (tree attention).
 
-A causal transformer's state at a token depends only on the tokens up to it, so rows that begin alike
-(the 16 completions of one prompt; the anchor's 12 completions of each person; a sampled `pizza` drawn
-40 times) compute the same states for their common beginning. This module lays the batch's distinct
-prefixes out as the nodes of a tree and runs the model ONCE per node:
+A causal transformer's state at a token depends only on the tokens up to it, so rows that begin
+alike (the 16 completions of one prompt; the anchor's 12 completions of each person; a sampled
+`pizza` drawn 40 times) compute the same states for their common beginning. This module lays the
+batch's distinct prefixes out as the nodes of a tree and runs the model ONCE per node:
 
-    ravin likes p─izza<EOS>          rows: 64 × 23 slots (most of them the same 12-token prompt, and many
+    ravin likes p─izza<EOS>          rows: 64 × 23 slots (most of them the same 12-token prompt, and
+                                     many
                  └asta<EOS>          rows identical)  ->  nodes: ~90, one per distinct prefix
                  └ie<EOS>
 
@@ -14,19 +15,21 @@ prefixes out as the nodes of a tree and runs the model ONCE per node:
     h_rows = tree.gather(h)                      # (B, T, C): each row's state at each of its slots
     # logprobs.shifted_forward does this (with next_token_tree); sampling.Generation keeps its tree
 
-Tree attention. The nodes are packed into G sequences of N slots (about GROUP_SIZE nodes each, cut between
-rows in sorted order; unused slots are padding). Node i attends to node j iff j is an ancestor of i or i itself
-(`mask`), at position id = its depth: exactly the keys and positions it has in its own row, so in exact
-arithmetic every row's logits and every gradient are those of the plain forward (floats round
-differently: about 1e-6 on the logits; tests/test_prefix_tree.py checks both against the plain forward).
-Gradients flow back through `gather`, which sums the gradients of the rows that share a node.
+Tree attention. The nodes are packed into G sequences of N slots (about GROUP_SIZE nodes each, cut
+between rows in sorted order; unused slots are padding). Node i attends to node j iff j is an
+ancestor of i or i itself (`mask`), at position id = its depth: exactly the keys and positions it
+has in its own row, so in exact arithmetic every row's logits and every gradient are those of the
+plain forward (floats round differently: about 1e-6 on the logits; tests/test_prefix_tree.py checks
+both against the plain forward). Gradients flow back through `gather`, which sums the gradients of
+the rows that share a node.
 
-Sources: tree attention as in SpecInfer (Miao et al. 2023, arXiv 2305.09781) and Medusa (Cai et al. 2024,
-2401.10774), which verify a tree of drafts in one pass; Prefix Grouper (Liu et al. 2025, 2506.05433) shares
-a GRPO group's prompt in training. Here every shared prefix is shared, completions included.
+Sources: tree attention as in SpecInfer (Miao et al. 2023, arXiv 2305.09781) and Medusa (Cai et al.
+2024, 2401.10774), which verify a tree of drafts in one pass; Prefix Grouper (Liu et al. 2025,
+2506.05433) shares a GRPO group's prompt in training. Here every shared prefix is shared,
+completions included.
 
-What it buys: the anchor's and a rollout's rows share most of their prefixes, so the nodes are a fraction of the
-slots (`python -m minigrpo.bench --only prefix`; docs/performance.md).
+What it buys: the anchor's and a rollout's rows share most of their prefixes, so the nodes are a
+fraction of the slots (`python -m minigrpo.bench --only prefix`; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -45,29 +48,41 @@ class PrefixTree:
     tokens: torch.Tensor  # (G, N) long: each node's token (PAD in unused slots)
     pos: torch.Tensor  # (G, N) long: each node's position id, its depth (0 = the first real token)
     mask: torch.Tensor  # (G, 1, N, N) bool: node i may attend to node j (its ancestors and itself)
-    index: torch.Tensor  # (B, T) long: the flat slot (g·N + k) of the node at each real (row, slot); 0 elsewhere
-    num_nodes: int  # the positions one forward computes: each distinct prefix once per sequence holding it
-    segment: torch.Tensor | None = None  # (G,) long: each sequence's segment (build_prefix_tree's `segment`)
+    # (B, T) long: the flat slot (g·N + k) of the node at each real (row, slot); 0 elsewhere
+    index: torch.Tensor
+    # the positions one forward computes: each distinct prefix once per sequence holding it
+    num_nodes: int
+    # (G,) long: each sequence's segment (build_prefix_tree's `segment`)
+    segment: torch.Tensor | None = None
 
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
-        """(G, N, ...) per-node values -> (B, T, ...) per-row values (padding slots: some node's value)."""
+        """(G, N, ...) per-node values -> (B, T, ...) per-row values (padding slots: some node's
+        value)."""
         return node_values.flatten(0, 1)[self.index]
 
 
-def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, group_size: int = GROUP_SIZE,
-                      segment: torch.Tensor | None = None) -> PrefixTree:
-    """The tree of the distinct prefixes of rows `ids` (B, T) whose real tokens (key_mask (B, T) bool, None =
-    all real) are contiguous: left padding, the tokens, right padding. segment (B,) long, None = one: rows of other
-    segments share no node and no sequence, each segment a tree of its own (the members of a lockstep population,
-    each through its own weights). Vectorised, no loop over rows, tokens or segments:
+def build_prefix_tree(
+    ids: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    group_size: int = GROUP_SIZE,
+    segment: torch.Tensor | None = None,
+) -> PrefixTree:
+    """The tree of the distinct prefixes of rows `ids` (B, T) whose real tokens (key_mask (B, T)
+    bool, None = all real) are contiguous: left padding, the tokens, right padding. segment (B,)
+    long, None = one: rows of other segments share no node and no sequence, each segment a tree of
+    its own (the members of a lockstep population, each through its own weights). Vectorised, no
+    loop over rows, tokens or segments:
 
     1. left-align each row's real tokens: L (B, T), −1 after the row's end;
-    2. sort the distinct rows: a row's new nodes are its slots past the longest common prefix (lcp) with the row
-       sorted before it, so numbering the new (row, slot) pairs in row-major order numbers the nodes depth-first,
+    2. sort the distinct rows: a row's new nodes are its slots past the longest common prefix (lcp)
+       with the row sorted before it, so numbering the new (row, slot) pairs in row-major order
+           numbers the nodes depth-first,
        and each slot's node is the last one created in its column (a cumulative max down the rows);
-    3. cut each segment's sorted rows into sequences of about `group_size` nodes (attention costs Σ N², every
-       other layer Σ N): a sequence's first row brings its own copy of its ancestors (lcp 0), so a sequence holds
-       fewer than group_size + 2T nodes, and a prefix shared across a cut is computed once in each sequence;
+    3. cut each segment's sorted rows into sequences of about `group_size` nodes (attention costs Σ
+       N², every other layer Σ N): a sequence's first row brings its own copy of its ancestors (lcp
+           0), so a sequence holds
+       fewer than group_size + 2T nodes, and a prefix shared across a cut is computed once in each
+           sequence;
     4. node i sees node j iff j is on i's path, at position id = its depth.
     """
     B, T = ids.shape
@@ -75,25 +90,35 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, g
     key_mask = torch.ones_like(ids, dtype=torch.bool) if key_mask is None else key_mask
     if not key_mask.any():  # nothing real: one padding node that every slot points at
         one = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev)
-        return PrefixTree(torch.full((1, 1), PAD_ID, dtype=ids.dtype, device=dev), torch.zeros(1, 1, dtype=torch.long,
-                          device=dev), one, torch.zeros(B, T, dtype=torch.long, device=dev), 0,
-                          None if segment is None else segment[:1])
+        return PrefixTree(
+            torch.full((1, 1), PAD_ID, dtype=ids.dtype, device=dev),
+            torch.zeros(1, 1, dtype=torch.long, device=dev),
+            one,
+            torch.zeros(B, T, dtype=torch.long, device=dev),
+            0,
+            None if segment is None else segment[:1],
+        )
     length = key_mask.sum(1)  # (B,)
     j = torch.arange(T, device=dev)
     real = j[None] < length[:, None]  # (B, T): slot j of the left-aligned row is real
     start = key_mask.int().argmax(1)  # each row's first real slot
     L = torch.where(real, ids.gather(1, (start[:, None] + j[None]).clamp(max=T - 1)), -1)  # (B, T)
     seg = torch.zeros(B, dtype=ids.dtype, device=dev) if segment is None else segment.to(ids.dtype)
-    rows, row_of = torch.unique(torch.cat([seg[:, None], L], 1), dim=0, return_inverse=True)  # sorted by segment
+    # sorted by segment
+    rows, row_of = torch.unique(torch.cat([seg[:, None], L], 1), dim=0, return_inverse=True)
     seg, rows = rows[:, 0], rows[:, 1:]  # the distinct rows (U, T) and their segments
     U = rows.size(0)
-    opens = torch.cat([seg.new_ones(1, dtype=torch.bool), seg[1:] != seg[:-1]])  # (U,): a segment's first row
-    same = torch.cat([torch.zeros(1, T, dtype=torch.bool, device=dev), rows[1:] == rows[:-1]])  # vs the row above
-    lcp = torch.where(opens, 0, same.int().cumprod(1).sum(1))  # (U,) slots in common with the row above
+    # (U,): a segment's first row
+    opens = torch.cat([seg.new_ones(1, dtype=torch.bool), seg[1:] != seg[:-1]])
+    # vs the row above
+    same = torch.cat([torch.zeros(1, T, dtype=torch.bool, device=dev), rows[1:] == rows[:-1]])
+    # (U,) slots in common with the row above
+    lcp = torch.where(opens, 0, same.int().cumprod(1).sum(1))
     real_u = rows >= 0  # (U, T)
     made = (real_u & (j[None] >= lcp[:, None])).sum(1)  # the nodes each row adds to the tree so far
     before = made.cumsum(0) - made
-    before = before - before[opens].repeat_interleave(torch.bincount(opens.cumsum(0) - 1))  # within its segment
+    # within its segment
+    before = before - before[opens].repeat_interleave(torch.bincount(opens.cumsum(0) - 1))
     group = torch.div(before, group_size, rounding_mode="floor")  # (U,) rows -> sequences
     cut = opens | torch.cat([opens[:1], group[1:] != group[:-1]])
     lcp = torch.where(cut, 0, lcp)
@@ -101,7 +126,8 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, g
     new = real_u & (j[None] >= lcp[:, None])  # (U, T): the (row, slot) pairs that create a node
     node_id = new.flatten().long().cumsum(0).view(U, T) - 1  # depth-first numbering of the nodes
     node = torch.where(new, node_id, -1).cummax(0).values  # (U, T): the node at each real slot
-    tok, depth, node_group = rows[new], j.expand(U, T)[new], group[:, None].expand(U, T)[new]  # per node
+    # per node
+    tok, depth, node_group = rows[new], j.expand(U, T)[new], group[:, None].expand(U, T)[new]
     _, g_of, count = torch.unique_consecutive(node_group, return_inverse=True, return_counts=True)
     G, N = count.numel(), int(count.max())
     first = count.cumsum(0) - count
@@ -109,21 +135,30 @@ def build_prefix_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None, g
     tokens = torch.full((G * N,), PAD_ID, dtype=ids.dtype, device=dev).index_put_((slot,), tok)
     pos = torch.zeros(G * N, dtype=torch.long, device=dev).index_put_((slot,), depth)
     node_slot = torch.where(real_u, slot[node.clamp(min=0)], -1)  # (U, T)
-    pair = real_u[:, :, None] & real_u[:, None, :] & (j[None, None, :] <= j[None, :, None])  # (U, t, t' ≤ t)
-    query, key = node_slot[:, :, None].expand(U, T, T)[pair], node_slot[:, None, :].expand(U, T, T)[pair]
+    # (U, t, t' ≤ t)
+    pair = real_u[:, :, None] & real_u[:, None, :] & (j[None, None, :] <= j[None, :, None])
+    query, key = (
+        node_slot[:, :, None].expand(U, T, T)[pair],
+        node_slot[:, None, :].expand(U, T, T)[pair],
+    )
     mask = torch.zeros(G * N, N, dtype=torch.bool, device=dev)
     mask[query, key % N] = True
     every = torch.arange(G * N, device=dev)
     mask[every, every % N] = True  # an unused slot sees itself: no empty softmax row
     index = torch.zeros(B, T, dtype=torch.long, device=dev)
-    index[key_mask] = node_slot[row_of][real]  # row b's real slots in order are L's slots 0..length−1
-    segments = None if segment is None else seg[:, None].expand(U, T)[new][first]  # each sequence's, in order
-    return PrefixTree(tokens.view(G, N), pos.view(G, N), mask.view(G, 1, N, N), index, tok.numel(), segments)
+    # row b's real slots in order are L's slots 0..length−1
+    index[key_mask] = node_slot[row_of][real]
+    # each sequence's, in order
+    segments = None if segment is None else seg[:, None].expand(U, T)[new][first]
+    return PrefixTree(
+        tokens.view(G, N), pos.view(G, N), mask.view(G, 1, N, N), index, tok.numel(), segments
+    )
 
 
 def next_token_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None) -> PrefixTree:
-    """The tree a next-token forward over ids (B, T) needs: the input slots ids[:, :-1] whose target ids[:, t+1] is
-    a real token (a row's last real token predicts padding: nobody reads it; its slot maps to some node)."""
+    """The tree a next-token forward over ids (B, T) needs: the input slots ids[:, :-1] whose target
+    ids[:, t+1] is a real token (a row's last real token predicts padding: nobody reads it; its slot
+    maps to some node)."""
     if key_mask is None:
         return build_prefix_tree(ids[:, :-1])
     return build_prefix_tree(ids[:, :-1], key_mask[:, :-1] & key_mask[:, 1:])

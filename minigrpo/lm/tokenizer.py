@@ -1,10 +1,10 @@
 """A character-level tokenizer.
 
-Ids 0, 1, 2 are the special tokens BOS (begin), EOS (end) and PAD (padding). They are not characters,
-so no text can ever produce them: "<eos>" in a string is five ordinary characters. Text characters
-get ids 3.. in sorted order. PAD is distinct from EOS on purpose: a padding id equal to the end id
-silently drops the end token from completion masks (a known pitfall of TRL-style trainers that pad
-with EOS: the mask stops at the first pad, which is the end token itself).
+Ids 0, 1, 2 are the special tokens BOS (begin), EOS (end) and PAD (padding). They are not
+characters, so no text can ever produce them: "<eos>" in a string is five ordinary characters. Text
+characters get ids 3.. in sorted order. PAD is distinct from EOS on purpose: a padding id equal to
+the end id silently drops the end token from completion masks (a known pitfall of TRL-style trainers
+that pad with EOS: the mask stops at the first pad, which is the end token itself).
 
 The tokenizer is saved inside checkpoints as plain data: {"chars": "..."}.
 """
@@ -75,5 +75,6 @@ class CharTokenizer:
     def __eq__(self, other) -> bool:
         return isinstance(other, CharTokenizer) and other.chars == self.chars
 
-    def __hash__(self) -> int:  # equal alphabets, equal tokenizers (logprobs.scoring_batch keys on it)
+    # equal alphabets, equal tokenizers (logprobs.scoring_batch keys on it)
+    def __hash__(self) -> int:
         return hash(self.chars)

@@ -1,2 +1,3 @@
 """The math: advantages, KL estimators, surrogate and aggregation, policy losses, entropy control,
-importance corrections, the DPO loss. Pure functions on tensors; imports nothing of ours above it."""
+importance corrections, the DPO loss. Pure functions on tensors; imports nothing of ours above
+it."""

@@ -5,14 +5,17 @@ with the log-ratio Δ = log π_ref(x) − log π_θ(x):
 
     k1 = −Δ              unbiased, high variance, can be negative
     k2 = ½ Δ²            biased, low variance, ≥ 0
-    k3 = e^Δ − Δ − 1     unbiased, low variance, ≥ 0     (GRPO's choice, DeepSeekMath 2402.03300 eq. 4)
+    k3 = e^Δ − Δ − 1     unbiased, low variance, ≥ 0     (GRPO's choice, DeepSeekMath 2402.03300 eq.
+                         4)
 
 and `exact`, the KL summed over the whole vocabulary (cheap at character level: the best yardstick).
 Two corrections of k3 as a loss term (the table that names them all: variants/kl.py):
 
-    k3_plus   value k3, gradient k2's (straight-through; verl's "k3+")     E[∇] = ∇KL(π_θ ‖ π_ref) on-policy
-    k3_iw     ρ·k3 with ρ = π_θ/π_old, x ~ π_old, ρ NOT detached            E_{π_old}[∇] = ∇KL(π_θ ‖ π_ref)
-              (DeepSeek-V3.2 2512.02556, TRL use_bias_correction_kl)     (detaching ρ gives ∇KL(π_ref ‖ π_θ))
+    k3_plus   value k3, gradient k2's (straight-through; verl's "k3+")     E[∇] = ∇KL(π_θ ‖ π_ref)
+              on-policy
+    k3_iw     ρ·k3 with ρ = π_θ/π_old, x ~ π_old, ρ NOT detached            E_{π_old}[∇] = ∇KL(π_θ ‖
+              π_ref) (DeepSeek-V3.2 2512.02556, TRL use_bias_correction_kl)     (detaching ρ gives
+                  ∇KL(π_ref ‖ π_θ))
 
 Used as a LOSS term (the sampled token held fixed, gradient only through log π_θ(x)), their expected
 on-policy gradients are not the gradient of the KL they estimate:
@@ -65,7 +68,6 @@ def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.expm1(delta) - delta
 
 
-
 def exact(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(logits) ‖ softmax(ref_logits)) = Σ_v p_v·(log p_v − log q_v) per position.
 
@@ -77,31 +79,35 @@ def exact(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     return (logp.exp() * (logp - ref_logp)).sum(dim=-1).clamp(min=0.0)
 
 
-# ---- k3 with the reverse-KL gradient (verl's "k3+") and importance-weighted k3 (DeepSeek-V3.2) ----
+# ---- k3 with the reverse-KL gradient (verl's "k3+") and importance-weighted k3 (DeepSeek-V3.2)
+# ----
+
 
 def k3_plus(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3's VALUE with k2's GRADIENT:  sg(k3) + k2 − sg(k2),  any shape -> same shape.
 
-    Straight-through (verl's "+" suffix, e.g. "low_var_kl+"): logged and added to the loss as k3 (unbiased,
-    ≥ 0), differentiated as k2, so its expected on-policy gradient is ∇KL(π_θ‖π_ref), the reverse KL it
-    estimates, where plain k3's is the forward KL's (tests/test_kl.py, by exact enumeration).
+    Straight-through (verl's "+" suffix, e.g. "low_var_kl+"): logged and added to the loss as k3
+    (unbiased, ≥ 0), differentiated as k2, so its expected on-policy gradient is ∇KL(π_θ‖π_ref), the
+    reverse KL it estimates, where plain k3's is the forward KL's (tests/test_kl.py, by exact
+    enumeration).
     """
     value, grad_carrier = k3(logp, ref_logp), k2(logp, ref_logp)
     return value.detach() + (grad_carrier - grad_carrier.detach())  # + exactly 0 in value
 
 
-
 def k3_iw(logp: torch.Tensor, ref_logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
-    """Importance-weighted k3 for tokens sampled by π_old:  ρ·k3,  ρ = exp(log π_θ − log π_old),  any shape.
+    """Importance-weighted k3 for tokens sampled by π_old:  ρ·k3,  ρ = exp(log π_θ − log π_old),
+    any shape.
 
-    DeepSeek-V3.2 (arXiv 2512.02556, its "unbiased KL estimate"): with x ~ π_old and μ > 1 updates per
-    batch, π_θ ≠ π_old and plain k3 estimates the KL of the wrong sampler; weighting by ρ restores it:
+    DeepSeek-V3.2 (arXiv 2512.02556, its "unbiased KL estimate"): with x ~ π_old and μ > 1 updates
+    per batch, π_θ ≠ π_old and plain k3 estimates the KL of the wrong sampler; weighting by ρ
+    restores it:
         E_{x~π_old}[ρ·k3] = E_{x~π_θ}[k3] = KL(π_θ‖π_ref).
-    ρ carries its gradient, as in TRL's use_bias_correction_kl (per_token_kl * coef_1, coef_1 not detached).
-    Then ∇(ρ·k3) = ρ·(k3 + 1 − π_ref/π_θ)·∇log π_θ = ρ·(log π_θ − log π_ref)·∇log π_θ, so
+    ρ carries its gradient, as in TRL's use_bias_correction_kl (per_token_kl * coef_1, coef_1 not
+    detached). Then ∇(ρ·k3) = ρ·(k3 + 1 − π_ref/π_θ)·∇log π_θ = ρ·(log π_θ − log π_ref)·∇log π_θ, so
         E_{x~π_old}[∇(ρ·k3)] = ∇KL(π_θ‖π_ref)   (the reverse KL, exactly, for any π_old),
-    and at ρ = 1 the per-sample gradient is k2's. With ρ detached the expectation is ∇KL(π_ref‖π_θ), plain
-    k3's forward-KL gradient. log ρ is clamped to ±LOG_RATIO_CLAMP before exp, as everywhere.
+    and at ρ = 1 the per-sample gradient is k2's. With ρ detached the expectation is ∇KL(π_ref‖π_θ),
+    plain k3's forward-KL gradient. log ρ is clamped to ±LOG_RATIO_CLAMP before exp, as everywhere.
     """
     ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     return ratio * k3(logp, ref_logp)

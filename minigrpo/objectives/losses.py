@@ -1,20 +1,24 @@
-"""Loss terms: the clipped surrogate and its diagnostics, the aggregation over tokens, entropy, value loss.
+"""Loss terms: the clipped surrogate and its diagnostics, the aggregation over tokens, entropy,
+value loss.
 
-    clipped_surrogate  PPO's clipped objective per token (Schulman et al. 2017, 1707.06347 eq. 7), with
-                       DAPO's clip-higher (2503.14476 §3.1), verl's dual clip (Ye et al. 2019, 1912.09729,
-                       "Mastering complex control in MOBA games") and GSPO's sequence-level ratio (2507.18071 §4.1)
+    clipped_surrogate  PPO's clipped objective per token (Schulman et al. 2017, 1707.06347 eq. 7),
+                       with DAPO's clip-higher (2503.14476 §3.1), verl's dual clip (Ye et al. 2019,
+                           1912.09729,
+                       "Mastering complex control in MOBA games") and GSPO's sequence-level ratio
+                           (2507.18071 §4.1)
     surrogate_stats    clip fractions, ratio statistics and the KL(π_old‖π_θ) estimate, for logging
     aggregate          the four reductions seen in practice (GRPO paper, DAPO, seq-sum, Dr. GRPO)
     entropy            per-position entropy of the next-token distribution
     value_loss         PPO's (optionally clipped) value loss
 
-Masks: every masked quantity goes through torch.where, never a multiplication by the mask (0·NaN = NaN,
-and a NaN in the unused branch of a product poisons the gradient): NaN or ±1e4 in a masked slot reaches
-neither a value nor a gradient.
+Masks: every masked quantity goes through torch.where, never a multiplication by the mask (0·NaN =
+NaN, and a NaN in the unused branch of a product poisons the gradient): NaN or ±1e4 in a masked slot
+reaches neither a value nor a gradient.
 
-Departures: the log-ratio log π_θ − log π_old is clamped to ±kl.LOG_RATIO_CLAMP = 20 before exp so ρ stays
-finite (set it to math.inf to remove; beyond ±20 the gradient is 0). eps_high defaults to eps_low (the
-symmetric PPO/GRPO clip; DAPO uses 0.28). dual_clip is off by default (verl uses c = 3).
+Departures: the log-ratio log π_θ − log π_old is clamped to ±kl.LOG_RATIO_CLAMP = 20 before exp so ρ
+stays finite (set it to math.inf to remove; beyond ±20 the gradient is 0). eps_high defaults to
+eps_low (the symmetric PPO/GRPO clip; DAPO uses 0.28). dual_clip is off by default (verl uses c =
+3).
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ def zero_like(x: torch.Tensor) -> torch.Tensor:
 def masked_inputs(logp, old_logp, advantages, mask, level="token"):
     """The inputs every ratio-based loss shares: (mask, A, log ρ), each (B, T) with masked slots 0.
 
-    mask None = all valid; advantages (B,), (B, 1) or (B, T). log ρ is log π_θ − log π_old per token, or with
-    level="sequence" GSPO's per-row mean of it over the valid tokens, broadcast to each valid token (the
-    gradient reaches every token through the mean); clamped to ±LOG_RATIO_CLAMP so exp stays finite.
+    mask None = all valid; advantages (B,), (B, 1) or (B, T). log ρ is log π_θ − log π_old per
+    token, or with level="sequence" GSPO's per-row mean of it over the valid tokens, broadcast to
+    each valid token (the gradient reaches every token through the mean); clamped to
+    ±LOG_RATIO_CLAMP so exp stays finite.
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -59,17 +64,18 @@ def _bounds(eps_low, eps_high):
     return 1 - eps_low, 1 + (eps_low if eps_high is None else eps_high)
 
 
-def clipped_surrogate(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None, dual_clip=None,
-                      level="token") -> torch.Tensor:
+def clipped_surrogate(
+    logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None, dual_clip=None, level="token"
+) -> torch.Tensor:
     """Per-token loss to MINIMISE  L = −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A),  (B, T).
 
-    logp, old_logp: (B, T) log-probs of the sampled tokens under π_θ and π_old; advantages (B,), (B, 1)
-    or (B, T); mask (B, T) bool, None = all valid.
+    logp, old_logp: (B, T) log-probs of the sampled tokens under π_θ and π_old; advantages (B,), (B,
+    1) or (B, T); mask (B, T) bool, None = all valid.
     ρ = exp(log π_θ − log π_old) per token (PPO eq. 7, GRPO eq. 3), or with level="sequence" GSPO's
     s_i = exp((1/|o_i|) Σ_t log ρ_i,t), the same for every token of row i (GSPO §4.1).
     eps_high: upper clip, defaults to eps_low; larger = DAPO's clip-higher.
-    dual_clip = c > 1: for A < 0 the objective becomes max(min(ρA, clip(ρ)A), c·A), so the loss is at most
-    c·|A| however large ρ grows (verl's dual-clip PPO).
+    dual_clip = c > 1: for A < 0 the objective becomes max(min(ρA, clip(ρ)A), c·A), so the loss is
+    at most c·|A| however large ρ grows (verl's dual-clip PPO).
     The gradient is exactly 0 where the clip acts: A > 0 and ρ > 1+ε_high, or A < 0 and ρ < 1−ε_low.
     At ρ = 1 it is −A per token. Masked positions: loss 0 and no gradient.
     """
@@ -87,8 +93,9 @@ def clipped_surrogate(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_hi
 
 
 @torch.no_grad()
-def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None,
-                    level="token") -> dict[str, torch.Tensor]:
+def surrogate_stats(
+    logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high=None, level="token"
+) -> dict[str, torch.Tensor]:
     """Diagnostics of clipped_surrogate over the valid tokens, as 0-dim tensors (no grad).
 
     clip_frac_low   share of valid tokens with A < 0 and ρ < 1−ε_low  (clipped from below)
@@ -96,7 +103,8 @@ def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high
                     together: exactly the tokens whose gradient the clip sets to 0
     ratio_mean, ratio_max   of ρ (the sequence ratio s_i with level="sequence")
     approx_kl       mean of k3 with π_old as the sampler: (ρ − 1) − log ρ, an unbiased, non-negative
-                    estimate of KL(π_old‖π_θ) (cleanrl's approx_kl); always per token, whatever level.
+                    estimate of KL(π_old‖π_θ) (cleanrl's approx_kl); always per token, whatever
+                        level.
     A batch with no valid token gives 0 everywhere.
     """
     mask, adv, log_ratio = masked_inputs(logp, old_logp, advantages, mask, level)
@@ -108,14 +116,17 @@ def surrogate_stats(logp, old_logp, advantages, mask=None, eps_low=0.2, eps_high
     valid_ratio = torch.where(mask, ratio, zero_like(ratio))
     old_v = torch.where(mask, old_logp, zero_like(ratio))
     new_v = torch.where(mask, logp, zero_like(ratio))
-    return {"clip_frac_low": clipped_low.sum() / n_valid,
-            "clip_frac_high": clipped_high.sum() / n_valid,
-            "ratio_mean": valid_ratio.sum() / n_valid,
-            "ratio_max": valid_ratio.max(),
-            "approx_kl": k3(old_v, new_v).sum() / n_valid}  # k3(sampler=π_old, reference=π_θ)
+    return {
+        "clip_frac_low": clipped_low.sum() / n_valid,
+        "clip_frac_high": clipped_high.sum() / n_valid,
+        "ratio_mean": valid_ratio.sum() / n_valid,
+        "ratio_max": valid_ratio.max(),
+        "approx_kl": k3(old_v, new_v).sum() / n_valid,
+    }  # k3(sampler=π_old, reference=π_θ)
 
 
 # ---- aggregation: per-token (B, T) -> scalar. x arrives with masked slots already 0. ----
+
 
 def _seq_mean_token_mean(x, mask, max_len):  # GRPO paper eq. 3: (1/B) Σ_i (1/|o_i|) Σ_t x_it
     return (x.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
@@ -142,7 +153,9 @@ _AGGREGATORS = {
 AGG_MODES = tuple(_AGGREGATORS)
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss (B, T) over its valid tokens (mask (B, T) bool) to a scalar.
 
     mode                       formula                      source; per-token gradient weight
@@ -155,7 +168,9 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: i
     gives no 0/0); in "token-mean" it adds no tokens, and an all-masked batch gives 0.
     """
     if mode not in _AGGREGATORS:
-        raise ValueError(f"unknown aggregation mode {mode!r}; choose one of: {', '.join(AGG_MODES)}")
+        raise ValueError(
+            f"unknown aggregation mode {mode!r}; choose one of: {', '.join(AGG_MODES)}"
+        )
     x = torch.where(mask, per_token, zero_like(per_token))
     return _AGGREGATORS[mode](x, mask, per_token.size(1) if max_len is None else max_len)
 
@@ -174,7 +189,8 @@ def value_loss(values, old_values, returns, mask, clip=None) -> torch.Tensor:
 
     clip=None:  ½ (V − R)²
     clip=c:     ½ max((V − R)², (clip(V, V_old − c, V_old + c) − R)²)   (PPO2 baselines, cleanrl)
-    The max makes it pessimistic: clipping only ever increases the loss. Masked positions: 0, no grad.
+    The max makes it pessimistic: clipping only ever increases the loss. Masked positions: 0, no
+    grad.
     """
     zero = zero_like(values)
     v = torch.where(mask, values, zero)

@@ -1,9 +1,10 @@
-"""What a lockstep population's steps use besides its weights, optimiser and update (population/lockstep.py): the
-members' evaluation forward, their prompts, the trust region's anchor rows, a stale sampler's weights, the last
-step's trust region.
+"""What a lockstep population's steps use besides its weights, optimiser and update
+(population/lockstep.py): the members' evaluation forward, their prompts, the trust region's anchor
+rows, a stale sampler's weights, the last step's trust region.
 
     aids = Aids(SharedForward(), PromptTable(tok, prompts, device), anchor_probe, stale)
-    aids.adopt(members)       # at the start and whenever members leave: their slots, forwards and anchor rows
+    aids.adopt(members)       # at the start and whenever members leave: their slots, forwards and
+                              anchor rows
 """
 
 from __future__ import annotations
@@ -21,21 +22,26 @@ from minigrpo.population.stale import StaleWeights
 @dataclass
 class Aids:
     """What a population's steps use besides its weights, optimiser and update."""
+
     evaluation: SharedForward  # the members' exact evaluations: one forward for all
-    prompts: PromptTable  # every member's step prompts encoded at once (from every member's prompts)
-    anchor_probe: bool  # whether the trust region measures the anchor's rows (Run.anchor_probe_rows)
+    # every member's step prompts encoded at once (from every member's prompts)
+    prompts: PromptTable
+    # whether the trust region measures the anchor's rows (Run.anchor_probe_rows)
+    anchor_probe: bool
     stale: StaleWeights | None  # --sample-stale's recorded weights
-    anchor_rows: tuple | None = None  # the anchor probe's (Rows, weights, group) for these members, the same objects
+    # the anchor probe's (Rows, weights, group) for these members, the same objects
+    anchor_rows: tuple | None = None
     # every step: one --person's rows shared, else each member's own (anchor.own_rows)
     guard: Guard | None = None  # the last step's trust region (its final logits of the anchor rows)
 
     def adopt(self, members: list) -> None:
-        """Member j's GPT evaluates through the population's forward (and samples from its recorded weights); the
-        anchor probe's rows for these members."""
+        """Member j's GPT evaluates through the population's forward (and samples from its recorded
+        weights); the anchor probe's rows for these members."""
         self.guard = None
         if self.anchor_probe:
             runs, probes = [m.run for _, m in members], {}
-            for r in runs:  # one anchor's rows chosen once (Run.anchor_probe_rows), for its person's members
+            # one anchor's rows chosen once (Run.anchor_probe_rows), for its person's members
+            for r in runs:
                 if id(r.anchor) not in probes:
                     probes[id(r.anchor)] = r.anchor_probe_rows()
             gens, weights, groups = zip(*[probes[id(r.anchor)] for r in runs])

@@ -1,30 +1,37 @@
-"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders), learning rates,
-rewards, β's and people apart (OWN), GRPO's recipes too (RECIPES), as one computation.
+"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders),
+learning rates, rewards, β's and people apart (OWN), GRPO's recipes too (RECIPES), as one
+computation.
 
-    results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or minigrpo.ppo; cfgs[p]:
-                                                   # member p's config -> per member its summary, or its error line
+    results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or
+                                                   minigrpo.ppo; cfgs[p]: # member p's config -> per
+                                                       member its summary, or its error line
 
-Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop rule, files), and each step does
-what rl/loop.run does, for all members at once:
+Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop rule, files), and
+each step does what rl/loop.run does, for all members at once:
 
     sample        every member's prompts and completions from its own generators, one KV-cache batch
                   (population/sampling.generate_all), scored by its reward
-    π_ref         one no-grad forward of every member's rows through their prefix trees (population/rows.Rows)
-    update        the trainer's update over a leading member dim (population/grpo_update.py, ppo_update.py): one
-                  backward, one AdamW step on the stacked weights (population/optim.py)
-    trust region  every member's step halved until its own probes allow it (population/guard.py; the anchor rows'
-                  logits carried from one step to the next, as a single run's)
+    π_ref         one no-grad forward of every member's rows through their prefix trees
+                  (population/rows.Rows)
+    update        the trainer's update over a leading member dim (population/grpo_update.py,
+                  ppo_update.py): one backward, one AdamW step on the stacked weights
+                      (population/optim.py)
+    trust region  every member's step halved until its own probes allow it (population/guard.py; the
+                  anchor rows' logits carried from one step to the next, as a single run's)
     the rest      each member's own: Run.end_step (exact evaluation, whose forward is one for all:
-                  population/evaluation.py; stop rule, metrics, checkpoints, copied to the host once for all:
+                  population/evaluation.py; stop rule, metrics, checkpoints, copied to the host once
+                      for all:
                   population/checkpoint.py) and, once it stops, Run.finish (summary.json, ...)
 
-A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack; the others go on,
-untouched: every computation is per member. Each member's metrics are its single run's to float rounding
-(tests/test_lockstep.py), and its folder is the one its single run writes (`grpo --resume` or `ppo --resume`
-continues it); its step_time and tokens_per_s are the population's step's. `unsupported(trainer, cfgs)` says what it
-cannot run (a population then runs its members as threads: population/member.py). Departures: set-up is each
---person's first member's, taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the
-exact evaluation of step 0 of the members of one reward, β and person (every member starts from the same weights).
+A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack;
+the others go on, untouched: every computation is per member. Each member's metrics are its single
+run's to float rounding (tests/test_lockstep.py), and its folder is the one its single run writes
+(`grpo --resume` or `ppo --resume` continues it); its step_time and tokens_per_s are the
+population's step's. `unsupported(trainer, cfgs)` says what it cannot run (a population then runs
+its members as threads: population/member.py). Departures: set-up is each --person's first member's,
+taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the exact
+evaluation of step 0 of the members of one reward, β and person (every member starts from the same
+weights).
 """
 
 from __future__ import annotations
@@ -47,20 +54,27 @@ from minigrpo.population.optim import MembersAdamW, keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import PromptTable, Request, generate_all, read_completions
-from minigrpo.population.stale import StaleWeights
 from minigrpo.population.stacked import Stack
+from minigrpo.population.stale import StaleWeights
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, batch_figures, interrupted_line
 from minigrpo.rl.rollout import RolloutBatch
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
 
-# what members may differ in, each a flag with a value (lr: optim.py; reward: each member's scores, evaluation and
-# PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each member's already, adapted on its
-# own; person: each member's prompts, anchor (anchor.py) and trust region's anchor rows), and settings that change no
+# what members may differ in, each a flag with a value (lr: optim.py; reward: each member's scores,
+# evaluation and
+# PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each member's
+# already, adapted on its
+# own; person: each member's prompts, anchor (anchor.py) and trust region's anchor rows), and
+# settings that change no
 # result
-OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("minigrpo.grpo", "minigrpo.ppo")}
-# and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update (grpo_update.py)
+OWN = {
+    trainer: ("seed", "out", "lr", "reward", "beta", "person")
+    for trainer in ("minigrpo.grpo", "minigrpo.ppo")
+}
+# and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update
+# (grpo_update.py)
 RECIPES = {"minigrpo.grpo": RECIPE, "minigrpo.ppo": ()}
 QUIET = ("overwrite", "quiet", "verbose")
 
@@ -68,6 +82,7 @@ QUIET = ("overwrite", "quiet", "verbose")
 @dataclass
 class Kind:
     """What a lockstep population takes of a trainer (a command module, a layer above this one)."""
+
     name: str  # the run's algorithm name (config.json, checkpoints)
     check: Callable  # its flags' check: cfg -> None, or a UsageError
     algorithm: Callable  # run -> a member's algorithm object (its state: its checkpoint's)
@@ -76,10 +91,18 @@ class Kind:
 
 
 KINDS = {
-    "minigrpo.grpo": lambda t: Kind("grpo", t.check_config, t.GRPO, lambda cfg, anchor, algos:
-                                    grpo_update.LockstepGRPO(cfg, anchor, t.grpo_loss, [a.cfg for a in algos]),
-                                    grpo_update.unsupported),
-    "minigrpo.ppo": lambda t: Kind("ppo", t.check_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported),
+    "minigrpo.grpo": lambda t: Kind(
+        "grpo",
+        t.check_config,
+        t.GRPO,
+        lambda cfg, anchor, algos: grpo_update.LockstepGRPO(
+            cfg, anchor, t.grpo_loss, [a.cfg for a in algos]
+        ),
+        grpo_update.unsupported,
+    ),
+    "minigrpo.ppo": lambda t: Kind(
+        "ppo", t.check_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported
+    ),
 }
 
 
@@ -90,8 +113,9 @@ def unsupported(trainer, cfgs: list) -> str | None:
     own = (*OWN[trainer.__name__], *QUIET, *RECIPES[trainer.__name__])
     first = {k: v for k, v in asdict(cfgs[0]).items() if k not in own}
     if any({k: v for k, v in asdict(c).items() if k not in own} != first for c in cfgs):
-        return f"members differ in more than their {', '.join(OWN[trainer.__name__])}" + \
-            (" and recipe" if RECIPES[trainer.__name__] else "")
+        return f"members differ in more than their {', '.join(OWN[trainer.__name__])}" + (
+            " and recipe" if RECIPES[trainer.__name__] else ""
+        )
     if cfgs[0].resume is not None:
         return "--resume"
     return KINDS[trainer.__name__](trainer).unsupported(cfgs)
@@ -108,13 +132,15 @@ class Member:
 
 
 def train_lockstep(trainer, cfgs: list, logs: list) -> list:
-    """Every member's run (module docstring) -> per member its summary (dict) or its error (str). `trainer`: the
-    module minigrpo.grpo or minigrpo.ppo, whose checks, algorithm state, loss and panels the members use."""
+    """Every member's run (module docstring) -> per member its summary (dict) or its error (str).
+    `trainer`: the module minigrpo.grpo or minigrpo.ppo, whose checks, algorithm state, loss and
+    panels the members use."""
     kind, members, results, likes = KINDS[trainer.__name__](trainer), [], [None] * len(cfgs), {}
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
         try:
             members.append((k, Member(kind, cfg, log, likes.get(cfg.person))))
-            likes.setdefault(cfg.person, members[-1][1].run)  # each --person's first: its anchor, the others'
+            # each --person's first: its anchor, the others'
+            likes.setdefault(cfg.person, members[-1][1].run)
         except UsageError as e:
             results[k] = str(e)
     if not members:
@@ -122,17 +148,29 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     ref = Stack([m.run.ref for _, m in members])
-    update = kind.update(cfg, MembersAnchor(cfg) if first.anchor is not None else None,
-                         [m.algo for _, m in members])
-    opt = MembersAdamW(stack.parameters() + [w for s in update.stacks for w in s.parameters()], lr=cfg.lr)
+    update = kind.update(
+        cfg, MembersAnchor(cfg) if first.anchor is not None else None, [m.algo for _, m in members]
+    )
+    opt = MembersAdamW(
+        stack.parameters() + [w for s in update.stacks for w in s.parameters()], lr=cfg.lr
+    )
     sampler = members[0][1].algo.sampler  # GRPO's --sample-*: alike for all members
-    aids = Aids(SharedForward(), PromptTable(first.tok, list(dict.fromkeys(x for _, m in members
-                                                                            for x in m.run.prompts)), first.device),
-                first.anchor is not None and cfg.trust_region_anchor > 0,
-                StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None)
+    aids = Aids(
+        SharedForward(),
+        PromptTable(
+            first.tok,
+            list(dict.fromkeys(x for _, m in members for x in m.run.prompts)),
+            first.device,
+        ),
+        first.anchor is not None and cfg.trust_region_anchor > 0,
+        StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None,
+    )
     aids.adopt(members)
-    start = {}  # step 0: every member's weights are the first's, evaluated by its own forward once for each reward,
-    for _, m in members:  # β and person (alike) as its single run (figures that compare π_θ with π_ref see them equal)
+    # step 0: every member's weights are the first's, evaluated by its own forward once for each
+    # reward,
+    start = {}
+    # β and person (alike) as its single run (figures that compare π_θ with π_ref see them equal)
+    for _, m in members:
         if alike(m.run.cfg) not in start:
             start[alike(m.run.cfg)] = m.run.exact_evaluation()
     for _, m in members:
@@ -140,9 +178,14 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     progress = Progress([m.run for _, m in members])
     try:
         with StopOnCtrlC() as stop:
-            while members and not (stop.requested or STOP_ALL.is_set()):  # STOP_ALL: a pool's Ctrl-C
+            # STOP_ALL: a pool's Ctrl-C
+            while members and not (stop.requested or STOP_ALL.is_set()):
                 _step(members, stack, ref, opt, update, cfg, aids)
-                ended = [j for j, (_, m) in enumerate(members) if m.error or m.run.stop_reason is not None]
+                ended = [
+                    j
+                    for j, (_, m) in enumerate(members)
+                    if m.error or m.run.stop_reason is not None
+                ]
                 for j in ended:
                     k, m = members[j]
                     results[k] = _end(m, trainer.PANELS)
@@ -166,44 +209,86 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     return results
 
 
-def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cfg, aids: Aids) -> None:
-    """One step of every member (the module docstring's table); a member that fails gets its error and its row
-    no update that counts."""
+def _step(
+    members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cfg, aids: Aids
+) -> None:
+    """One step of every member (the module docstring's table); a member that fails gets its error
+    and its row no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
-    opt.set_rates([r.lr_now() for r in runs])  # each member's --lr, at the same step of the same schedule
-    batches = _collect(members, aids.stale.pick(stack) if aids.stale is not None else stack, cfg, aids.prompts)
+    # each member's --lr, at the same step of the same schedule
+    opt.set_rates([r.lr_now() for r in runs])
+    batches = _collect(
+        members, aids.stale.pick(stack) if aids.stale is not None else stack, cfg, aids.prompts
+    )
     some = next((b for b in batches if b is not None), None)
     if some is None:  # every member failed
         return
-    rows = Rows.of([(b or some).gen for b in batches])  # a failed member's slot: any rows, its update not kept
-    rewards, completion_mask = torch.stack([(b or some).rewards for b in batches]), rows.completion_mask
+    # a failed member's slot: any rows, its update not kept
+    rows = Rows.of([(b or some).gen for b in batches])
+    rewards, completion_mask = (
+        torch.stack([(b or some).rewards for b in batches]),
+        rows.completion_mask,
+    )
     with torch.no_grad():
-        ref_logp, ref_logits = rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
+        ref_logp, ref_logits = (
+            rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
+        )
         old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
     probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
     if aids.anchor_rows is not None:
         anchor_rows, weights, group = aids.anchor_rows
         probes.append(("anchor", anchor_rows, cfg.trust_region_anchor, weights, group))
     guard = aids.guard = Guard(stack, probes, aids.guard) if probes else None
-    figures = update(stack, ref, opt, Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs,
-                                               [m.algo for _, m in members]))
+    figures = update(
+        stack,
+        ref,
+        opt,
+        Rollouts(
+            rows,
+            rewards,
+            ref_logp,
+            ref_logits,
+            old_logp,
+            batches,
+            runs,
+            [m.algo for _, m in members],
+        ),
+    )
     trust = guard.enforce(stack) if guard is not None else {}
     aids.evaluation.fresh(stack)  # the members' evaluation, one forward for all
     step_time, rows = time.perf_counter() - t0, _rows(members, update, figures, trust)
-    finite = [members[j][1] for j, row in rows.items() if all(math.isfinite(v) for k, v in row.items()
-                                                               if k.endswith("loss"))]  # else end_step says so
+    finite = [
+        members[j][1]
+        for j, row in rows.items()
+        if all(
+            math.isfinite(v)
+            for k, v in row.items()
+            # else end_step says so
+            if k.endswith("loss")
+        )
+    ]
     evaluations = evaluate_members([m for m in finite if m.run.evaluating()])
     figures = _figures(rewards, completion_mask, list(rows))
-    if cfg.ref_update_every and (runs[0].step + 1) % cfg.ref_update_every == 0:  # π_ref ← π_θ, as each end_step's
+    # π_ref ← π_θ, as each end_step's
+    if cfg.ref_update_every and (runs[0].step + 1) % cfg.ref_update_every == 0:
         with torch.no_grad():
             for name, w in ref.w.items():
                 w.copy_(stack.w[name])
-    share_copies(stack, ref, opt, runs, *update.stacks)  # the checkpoints' host copies: made on the first, once for all
+    # the checkpoints' host copies: made on the first, once for all
+    share_copies(stack, ref, opt, runs, *update.stacks)
     for j, row in rows.items():
         m = members[j][1]
         try:
-            m.run.end_step(MemberAlgorithm(m.algo, update, m.run), MemberOptimizer(opt, m.run), batches[j], row,
-                           step_time, m.logger, evaluations.get(id(m)), figures[j])
+            m.run.end_step(
+                MemberAlgorithm(m.algo, update, m.run),
+                MemberOptimizer(opt, m.run),
+                batches[j],
+                row,
+                step_time,
+                m.logger,
+                evaluations.get(id(m)),
+                figures[j],
+            )
         except UsageError as e:
             m.error = str(e)
         except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)
@@ -212,64 +297,100 @@ def _step(members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cf
 
 
 def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
-    """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) from the weights
-    `stack` (the policy's, or a stale sampler's) -> its RolloutBatch, or None where it failed (its error set: a
-    sampling that met NaN, a reward that raised)."""
-    runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler  # GRPO's --sample-*: alike for all
-    temperature = cfg.temperature if sampler is None or sampler.temperature is None else sampler.temperature
+    """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) from
+    the weights `stack` (the policy's, or a stale sampler's) -> its RolloutBatch, or None where it
+    failed (its error set: a sampling that met NaN, a reward that raised)."""
+    # GRPO's --sample-*: alike for all
+    runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler
+    temperature = (
+        cfg.temperature if sampler is None or sampler.temperature is None else sampler.temperature
+    )
     prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
-    requests = [Request(ids, mask, cfg.max_new_tokens, temperature, None, sampler and sampler.top_p, r.gens["rollout"],
-                        ids.size(1)) for r, (ids, mask) in zip(runs, table.encode(prompts))]
+    requests = [
+        Request(
+            ids,
+            mask,
+            cfg.max_new_tokens,
+            temperature,
+            None,
+            sampler and sampler.top_p,
+            r.gens["rollout"],
+            ids.size(1),
+        )
+        for r, (ids, mask) in zip(runs, table.encode(prompts))
+    ]
     gens = generate_all(None, requests, stack)
     batches, scored = [], []
-    for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):  # one read
+    # one read
+    for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):
         try:
             if isinstance(gen, Exception):
-                raise UsageError(f"{gen} (stopped at step {m.run.step}; checkpoints already written are intact)")
+                raise UsageError(
+                    f"{gen} (stopped at step {m.run.step}; checkpoints already written are intact)"
+                )
             completions, finished = read
             rewards = score(m.run.reward, rows, completions, finished, cfg.unfinished_reward)
         except RewardError as e:
             m.error = f"{e} (stopped at step {m.run.step}; checkpoints already written are intact)"
         except UsageError as e:
             m.error = str(e)
-        if m.error:  # it leaves after this step; its rows still fill the batch (its update is never kept)
+        # it leaves after this step; its rows still fill the batch (its update is never kept)
+        if m.error:
             batches.append(None)
             scored.append([0.0] * len(rows))
             continue
         batches.append((rows, completions, gen))
         scored.append(rewards)
-    values = torch.tensor(scored, device=table.ids.device)  # every member's rewards, one copy to the device
-    return [None if b is None else RolloutBatch(*b, values[p], cfg.group_size, None, None)
-            for p, b in enumerate(batches)]
+    # every member's rewards, one copy to the device
+    values = torch.tensor(scored, device=table.ids.device)
+    return [
+        None if b is None else RolloutBatch(*b, values[p], cfg.group_size, None, None)
+        for p, b in enumerate(batches)
+    ]
 
 
 def _rows(members: list, update, figures: dict, trust: dict) -> dict:
-    """Each live member's metrics row {j: row}, every member's figures read back in one go: the update's (its
-    `row`), then the trust region's, as the single run logs them; a member whose gradient was not finite gets its
-    single run's error instead."""
+    """Each live member's metrics row {j: row}, every member's figures read back in one go: the
+    update's (its `row`), then the trust region's, as the single run logs them; a member whose
+    gradient was not finite gets its single run's error instead."""
     values = torch.stack([*figures.values(), *trust.values()]).tolist()  # one read
-    own, region = dict(zip(figures, values)), dict(zip(trust, values[len(figures):]))
+    own, region = dict(zip(figures, values)), dict(zip(trust, values[len(figures) :]))
     rows = {}
     for j, (_, m) in enumerate(members):
         if m.error:
             continue
-        bad = next((v[j] for k, v in own.items() if isinstance(k, tuple) and k[-1] == "grad_norm"
-                    and not math.isfinite(v[j])), None)
+        bad = next(
+            (
+                v[j]
+                for k, v in own.items()
+                if isinstance(k, tuple) and k[-1] == "grad_norm" and not math.isfinite(v[j])
+            ),
+            None,
+        )
         if bad is not None:
-            m.error = (f"the gradient became {bad} at step {m.run.step + 1}: a loss weight (e.g. --vf-coef, "
-                       f"--preserve-coef) or --lr too large for float32; the run stopped, checkpoints intact")
+            m.error = (
+                f"the gradient became {bad} at step {m.run.step + 1}: a loss weight (e.g. "
+                "--vf-coef, "
+                "--preserve-coef) or --lr too large for float32; the run stopped, checkpoints "
+                "intact"
+            )
             continue
-        rows[j] = {**update.row({k: v[j] for k, v in own.items()}, m.algo), **{k: v[j] for k, v in region.items()}}
+        rows[j] = {
+            **update.row({k: v[j] for k, v in own.items()}, m.algo),
+            **{k: v[j] for k, v in region.items()},
+        }
     return rows
 
 
 def _figures(rewards: torch.Tensor, completion_mask: torch.Tensor, live: list[int]) -> dict:
-    """Each live member's logged reward and length figures (rl/report.batch_figures) from the step's rewards (P, N)
-    and completion mask (P, N, T), every member's read at once."""
+    """Each live member's logged reward and length figures (rl/report.batch_figures) from the step's
+    rewards (P, N) and completion mask (P, N, T), every member's read at once."""
     if not live:
         return {}
     at = torch.tensor(live, device=rewards.device)
-    values = batch_figures(rewards.index_select(0, at), completion_mask.index_select(0, at).sum(-1).float())
+    values = batch_figures(
+        rewards.index_select(0, at), completion_mask.index_select(0, at).sum(-1).float()
+    )
     return dict(zip(live, values.tolist()))
 
 

@@ -1,16 +1,21 @@
-"""PPO's update (ppo.py, `PPO.update`) for P members at once: the KL-shaped rewards, the critic's values, GAE and
-whitening, then epochs × minibatches of clipped policy and value updates, every tensor with a leading member dim.
+"""PPO's update (ppo.py, `PPO.update`) for P members at once: the KL-shaped rewards, the critic's
+values, GAE and whitening, then epochs × minibatches of clipped policy and value updates, every
+tensor with a leading member dim.
 
-    update = LockstepPPO(cfg, anchor, algos)       # algos: each member's ppo.PPO (its critic, its β)
-    figures = update(stack, ref, opt, step)        # step: the members' rollouts (population/rows.Rollouts)
-    row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics row's part
+    update = LockstepPPO(cfg, anchor, algos)       # algos: each member's ppo.PPO (its critic, its
+                                                   β)
+    figures = update(stack, ref, opt, step)        # step: the members' rollouts
+                                                   (population/rows.Rollouts)
+    row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics
+                                                   row's part
 
-The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by the
-population's optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`:
-toy_tasks/value_tree.py over every member at once; the learned critics' explained_variance_oracle reads them too).
-Each member shuffles its minibatches with its own generator, so they are its single run's rows, gathered
-(Rows.select: every minibatch of the step at once, their prefix trees built as one). Each member's figures are its
-single run's to float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled anchor.
+The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by
+the population's optimiser after the policy (`stacks`); `oracle` is each member's exact values
+(`ExactValues`: toy_tasks/value_tree.py over every member at once; the learned critics'
+explained_variance_oracle reads them too). Each member shuffles its minibatches with its own
+generator, so they are its single run's rows, gathered (Rows.select: every minibatch of the step at
+once, their prefix trees built as one). Each member's figures are its single run's to float rounding
+(tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled anchor.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from torch.func import vmap
 
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.kl import exact
-from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats, value_loss
+from minigrpo.objectives.losses import (
+    aggregate,
+    clipped_surrogate,
+    entropy,
+    surrogate_stats,
+    value_loss,
+)
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
@@ -38,9 +49,11 @@ def unsupported(cfgs: list) -> str | None:
 
 
 class Critics(Stack):
-    """The members' learned critics (rl/critics.py), their heads' weights (P, 1, C) and biases (P, 1) stacked,
-    trainable, first, then (the separate critic) their trunks: the single run's order of parameters. The head critic
-    has no trunk: its values come from the policy's hidden states, and their gradient reaches the policy."""
+    """The members' learned critics (rl/critics.py), their heads' weights (P, 1, C) and biases (P,
+    1) stacked, trainable, first, then (the separate critic) their trunks: the single run's order of
+       parameters. The head critic
+    has no trunk: its values come from the policy's hidden states, and their gradient reaches the
+    policy."""
 
     def __init__(self, critics: list):
         trunks = [c.trunk for c in critics if c.trunk is not None]
@@ -48,22 +61,29 @@ class Critics(Stack):
             super().__init__(trunks, trainable=True)
         else:
             self.w = {}
-        head = {f"head.{k}": torch.stack([getattr(c.head.linear, k) for c in critics]) for k in ("weight", "bias")}
+        head = {
+            f"head.{k}": torch.stack([getattr(c.head.linear, k) for c in critics])
+            for k in ("weight", "bias")
+        }
         self.w = {**{k: v.detach().requires_grad_() for k, v in head.items()}, **self.w}
         self.separate = bool(trunks)
 
     def values(self, rows: Rows, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked. hidden: the
-        policy's states there (P, N, T, C), the head critic's input; the separate critic's trunks make their own."""
+        """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked.
+        hidden: the policy's states there (P, N, T, C), the head critic's input; the separate
+        critic's trunks make their own."""
         if self.separate:
-            hidden = rows.states(self)[:, :, rows.prompt_len - 1:]
+            hidden = rows.states(self)[:, :, rows.prompt_len - 1 :]
         P, N, T, C = hidden.shape
-        v = linear(hidden.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(P, N, T)
+        v = linear(hidden.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(
+            P, N, T
+        )
         return torch.where(rows.completion_mask, v, 0.0)
 
     def host_state(self, critic, copies, p: int) -> dict:
-        """Member p's critic.state_dict() (rl/critics.Critic's keys) from the host copies of the step's stacks (their
-        group "critic": this stack's), in the layout of its own critic's tensors."""
+        """Member p's critic.state_dict() (rl/critics.Critic's keys) from the host copies of the
+        step's stacks (their group "critic": this stack's), in the layout of its own critic's
+        tensors."""
         head = {f"head.{k}": w for k, w in critic.head.linear.named_parameters()}
         trunk = dict(critic.trunk.named_parameters()) if critic.trunk is not None else {}
         host = copies.member("critic", p, {**head, **trunk})
@@ -76,40 +96,65 @@ class Critics(Stack):
 
 
 class ExactValues:
-    """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once: every member's log-probs
-    of the support's rows in one forward through the stack (and π_ref's), then toy_tasks/value_tree.py, under each
-    member's reward (one tree for all where they share it), over every member's prompts (its --person's)."""
+    """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once: every
+    member's log-probs of the support's rows in one forward through the stack (and π_ref's), then
+    toy_tasks/value_tree.py, under each member's reward (one tree for all where they share it), over
+    every member's prompts (its --person's)."""
 
     def __init__(self, run):
         self.run, self.trees, self.temperature = run, {}, run.cfg.temperature
 
     def tree(self, runs: list) -> tuple[ValueTree, dict]:
-        """The value tree of these members' rewards and prompts, and each prompt's place in it (made once for each
-        set of members)."""
-        specs, prompts = [r.cfg.reward for r in runs], list(dict.fromkeys(x for r in runs for x in r.prompts))
+        """The value tree of these members' rewards and prompts, and each prompt's place in it (made
+        once for each set of members)."""
+        specs, prompts = (
+            [r.cfg.reward for r in runs],
+            list(dict.fromkeys(x for r in runs for x in r.prompts)),
+        )
         key = (specs[0] if len(set(specs)) == 1 else tuple(specs), tuple(prompts))
         if key not in self.trees:
             r = self.run
             alone = prompts == r.prompts  # else each member's reward on every member's prompts
-            table = lambda x: x.rewards if alone else reward_table(x.reward, prompts, x.task.support,  # noqa: E731
-                                                                   x.task.OFF_SUPPORT_PROBES)
+            table = lambda x: (
+                x.rewards
+                if alone
+                else reward_table(
+                    x.reward,
+                    prompts,
+                    x.task.support,  # noqa: E731
+                    x.task.OFF_SUPPORT_PROBES,
+                )
+            )
             tables = [table(x) for x in runs] if isinstance(key[0], tuple) else table(runs[0])
-            self.trees[key] = (ValueTree(r.tok, prompts, r.task.support, tables, r.device),
-                               {x: i for i, x in enumerate(prompts)})
+            self.trees[key] = (
+                ValueTree(r.tok, prompts, r.task.support, tables, r.device),
+                {x: i for i, x in enumerate(prompts)},
+            )
         return self.trees[key]
 
     @torch.no_grad()
-    def __call__(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]) -> torch.Tensor:
+    def __call__(
+        self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]
+    ) -> torch.Tensor:
         """-> (P, N, T), 0 where masked (any value in a failed member's slot)."""
         rows, (tree, place) = step.rows, self.tree(step.runs)
         P, device = rows.ids.size(0), rows.ids.device
         grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
-        support = Rows(grow(tree.ids), grow(tree.key_mask), 1, grow(tree.key_mask[:, 1:]))  # every token a target
-        V = tree.values(support.logprobs(stack, self.temperature)[0], support.logprobs(ref, self.temperature)[0],
-                        torch.tensor(betas, device=device))
-        index = torch.tensor([[place[x] for x in b.prompts] if b is not None else [0] * rows.ids.size(1)
-                              for b in step.batches], device=device)
-        return tree.prefix_values(V, index, rows.ids[..., rows.prompt_len:], rows.completion_mask)
+        # every token a target
+        support = Rows(grow(tree.ids), grow(tree.key_mask), 1, grow(tree.key_mask[:, 1:]))
+        V = tree.values(
+            support.logprobs(stack, self.temperature)[0],
+            support.logprobs(ref, self.temperature)[0],
+            torch.tensor(betas, device=device),
+        )
+        index = torch.tensor(
+            [
+                [place[x] for x in b.prompts] if b is not None else [0] * rows.ids.size(1)
+                for b in step.batches
+            ],
+            device=device,
+        )
+        return tree.prefix_values(V, index, rows.ids[..., rows.prompt_len :], rows.completion_mask)
 
 
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -118,7 +163,8 @@ def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 class LockstepPPO:
-    needs_ref = True  # as PPO: the KL penalty in the reward, and π_old's log-probs before any update
+    # as PPO: the KL penalty in the reward, and π_old's log-probs before any update
+    needs_ref = True
     needs_old_logp = True
 
     def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
@@ -137,38 +183,56 @@ class LockstepPPO:
         return [self.critics] if self.critics is not None else []
 
     def host_state(self, algo, copies, p: int) -> dict:
-        """Member p's PPO.state_dict() for its checkpoint: its learned critic's weights from the host copies."""
+        """Member p's PPO.state_dict() for its checkpoint: its learned critic's weights from the
+        host copies."""
         if self.critics is None:
             return algo.state_dict()
         return {**self.critics.host_state(algo.critic, copies, p), "beta": algo.beta}
 
     @torch.no_grad()
     def advantages(self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]):
-        """PPO.advantages of every member -> V_old, the whitened advantages, returns (P, N, T); the (P, N) KL per
-        sequence; the exact values (None with the oracle critic: they are V_old)."""
+        """PPO.advantages of every member -> V_old, the whitened advantages, returns (P, N, T); the
+        (P, N) KL per sequence; the exact values (None with the oracle critic: they are V_old)."""
         cfg, mask = self.cfg, step.rows.completion_mask
         exact_values = self.exact(stack, ref, step, betas)
         if not self.learned:
             old_values = exact_values
-        else:  # the head critic reads the policy's states: a forward of its own, as HeadCritic.values
-            hidden = None if self.critics.separate else step.rows.logprobs(stack, cfg.temperature, states=True)[2]
+        # the head critic reads the policy's states: a forward of its own, as HeadCritic.values
+        else:
+            hidden = (
+                None
+                if self.critics.separate
+                else step.rows.logprobs(stack, cfg.temperature, states=True)[2]
+            )
             old_values = self.critics.values(step.rows, hidden)
         beta = torch.tensor(betas, device=mask.device)[:, None, None]  # each member's
         r, kl_seq = kl_shaped_rewards(step.rewards, step.old_logp, step.ref_logp, mask, beta)
-        adv, returns = (x.view(mask.shape) for x in gae(r.flatten(0, 1), old_values.flatten(0, 1),
-                                                         mask.flatten(0, 1), cfg.gamma, cfg.lam))
+        adv, returns = (
+            x.view(mask.shape)
+            for x in gae(
+                r.flatten(0, 1), old_values.flatten(0, 1), mask.flatten(0, 1), cfg.gamma, cfg.lam
+            )
+        )
         return old_values, adv, returns, kl_seq, exact_values if self.learned else None
 
     def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
         cfg, mask = self.cfg, step.rows.completion_mask
-        old_values, raw, returns, kl_seq, exact_values = self.advantages(stack, ref, step, [a.beta for a in step.algos])
+        old_values, raw, returns, kl_seq, exact_values = self.advantages(
+            stack, ref, step, [a.beta for a in step.algos]
+        )
         adv = self.whiten(raw, mask)
         P, N = mask.shape[:2]
         per_update = []
-        passes = [torch.stack([torch.randperm(N, generator=r.gens["shuffle"]) for r in step.runs]).to(mask.device)
-                  for _ in range(cfg.epochs)]  # each member's shuffles, drawn in its single run's order
+        passes = [
+            torch.stack([torch.randperm(N, generator=r.gens["shuffle"]) for r in step.runs]).to(
+                mask.device
+            )
+            # each member's shuffles, drawn in its single run's order
+            for _ in range(cfg.epochs)
+        ]
         chunks = [rows for order in passes for rows in order.chunk(cfg.minibatches, dim=1)]
-        for rows, sub in zip(chunks, step.rows.select(chunks)):  # the minibatches' prefix trees, built as one
+        # the minibatches' prefix trees, built as one
+        for rows, sub in zip(chunks, step.rows.select(chunks)):
             m, old, a = sub.completion_mask, _take(step.old_logp, rows), _take(adv, rows)
             logp, logits, hidden = sub.logprobs(stack, cfg.temperature, states=True)
             pg_loss = self.mean(clipped_surrogate(logp, old, a, m, cfg.clip), m)
@@ -176,44 +240,69 @@ class LockstepPPO:
             loss = pg_loss - cfg.entropy_coef * ent
             if self.learned:
                 values, v_old = self.critics.values(sub, hidden), _take(old_values, rows)
-                vf_loss = self.mean(value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m)
+                vf_loss = self.mean(
+                    value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m
+                )
                 loss = loss + cfg.vf_coef * vf_loss
-            anchor = None if self.anchor is None else self.anchor.term(stack, ref, [r.anchor for r in step.runs])
+            anchor = (
+                None
+                if self.anchor is None
+                else self.anchor.term(stack, ref, [r.anchor for r in step.runs])
+            )
             if anchor is not None:
                 loss = loss + anchor
             with torch.no_grad():
-                s = {"policy_loss": pg_loss, "loss": loss, "entropy": ent,
-                     "kl_exact": self.mean(exact(logits, _take(step.ref_logits, rows)), m),
-                     **({"preserve_loss": anchor} if anchor is not None else {}), **self.surrogate(logp, old, a, m)}
+                s = {
+                    "policy_loss": pg_loss,
+                    "loss": loss,
+                    "entropy": ent,
+                    "kl_exact": self.mean(exact(logits, _take(step.ref_logits, rows)), m),
+                    **({"preserve_loss": anchor} if anchor is not None else {}),
+                    **self.surrogate(logp, old, a, m),
+                }
                 if self.learned:
                     limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
                     clipped = ((values - v_old).abs() > limit) & m
-                    s.update(value_loss=vf_loss, value_clip_frac=clipped.sum((1, 2)) / m.sum((1, 2)).clamp(min=1))
+                    s.update(
+                        value_loss=vf_loss,
+                        value_clip_frac=clipped.sum((1, 2)) / m.sum((1, 2)).clamp(min=1),
+                    )
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slices of the weights
-            s["grad_norm"] = clip_grad_norms(opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            s["grad_norm"] = clip_grad_norms(
+                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            )
             opt.step()
             per_update.append({k: v.detach() for k, v in s.items()})
         self.updates = len(per_update)
         n = mask.sum((1, 2))
         adv_mean = torch.where(mask, adv, 0.0).sum((1, 2)) / n
-        adv_var = torch.where(mask, (adv - adv_mean[:, None, None]) ** 2, 0.0).sum((1, 2)) / (n - 1).clamp(min=1)
-        out = {"kl_k1_seq": kl_seq.mean(-1), "value_mean": old_values.sum((1, 2)) / n.clamp(min=1),
-               "explained_variance": self.explained(old_values, returns, mask), "adv_mean": adv_mean,
-               "adv_std": torch.where(n > 1, adv_var.sqrt(), 0.0)}
+        adv_var = torch.where(mask, (adv - adv_mean[:, None, None]) ** 2, 0.0).sum((1, 2)) / (
+            n - 1
+        ).clamp(min=1)
+        out = {
+            "kl_k1_seq": kl_seq.mean(-1),
+            "value_mean": old_values.sum((1, 2)) / n.clamp(min=1),
+            "explained_variance": self.explained(old_values, returns, mask),
+            "adv_mean": adv_mean,
+            "adv_std": torch.where(n > 1, adv_var.sqrt(), 0.0),
+        }
         if exact_values is not None:
             out["explained_variance_oracle"] = self.explained(old_values, exact_values, mask)
         return {**out, **packed(per_update)}
 
     def row(self, mine: dict, algo) -> dict:
-        """Member p's figures -> its row as PPO.update returns it (its minibatch updates combined, then the step's);
-        its β adapted towards --kl-target as PPO.update adapts it."""
+        """Member p's figures -> its row as PPO.update returns it (its minibatch updates combined,
+        then the step's); its β adapted towards --kl-target as PPO.update adapts it."""
         N = self.cfg.group_size * self.cfg.prompts_per_step
         out = combine_stats(unpacked(mine, self.updates))
         kl_mean = mine["kl_k1_seq"]
         algo.adapt_beta(kl_mean, N)  # its own β, as its PPO.update adapts it
-        out.update(kl_k1_seq=kl_mean, beta=algo.beta, **{k: mine[k] for k in ("value_mean", "explained_variance",
-                                                                              "adv_mean", "adv_std")})
+        out.update(
+            kl_k1_seq=kl_mean,
+            beta=algo.beta,
+            **{k: mine[k] for k in ("value_mean", "explained_variance", "adv_mean", "adv_std")},
+        )
         if "explained_variance_oracle" in mine:
             out["explained_variance_oracle"] = mine["explained_variance_oracle"]
         return out

@@ -1,1 +1,2 @@
-"""The RL run every algorithm shares: its config, rollout, preservation, trust region, stop rule, report, loop."""
+"""The RL run every algorithm shares: its config, rollout, preservation, trust region, stop rule,
+report, loop."""

@@ -2,15 +2,17 @@
 
     CRITICS[name](run) -> Critic        name: PPOConfig's --critic (ppo.py)
 
-separate  a copy of the pretrained trunk with a scalar head (InstructGPT 2203.02155: the value model is a
+separate  a copy of the pretrained trunk with a scalar head (InstructGPT 2203.02155: the value model
+is a
           network of its own, there initialised from the reward model; here from the policy's start)
-head      a scalar head on the policy's own trunk (shared trunk: the value loss also moves the policy's weights)
-oracle    no critic: the exact values of PPO's return (task reward and KL penalty at the current β) under π_old
+head      a scalar head on the policy's own trunk (shared trunk: the value loss also moves the
+policy's weights) oracle    no critic: the exact values of PPO's return (task reward and KL penalty
+at the current β) under π_old
           over the enumerable support (toy_tasks/oracle.py); the ideal-critic bound
 
-Shapes: a rollout of N completions, T completion slots, C the model width; values are (N, T), 0 where masked.
-`run` is the shared RL run (rl/loop.py's Run): the critics read its policy, device, tokenizer, prompts, task
-support, reward table and temperature.
+Shapes: a rollout of N completions, T completion slots, C the model width; values are (N, T), 0
+where masked. `run` is the shared RL run (rl/loop.py's Run): the critics read its policy, device,
+tokenizer, prompts, task support, reward table and temperature.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from toy_tasks.oracle import prefix_values
 
 
 def completion_hidden(model, gen) -> torch.Tensor:
-    """(N, T, C) final hidden states of `model` at the states before each completion token of a Generation
-    (the input of a value head); one forward over the rollout's distinct prefixes."""
-    _, hidden = shifted_forward(model, gen.ids, gen.key_mask, tree=gen.prefix_tree())  # (N, P+T−1, C)
-    return hidden[:, gen.prompt_len - 1:]
+    """(N, T, C) final hidden states of `model` at the states before each completion token of a
+    Generation (the input of a value head); one forward over the rollout's distinct prefixes."""
+    # (N, P+T−1, C)
+    _, hidden = shifted_forward(model, gen.ids, gen.key_mask, tree=gen.prefix_tree())
+    return hidden[:, gen.prompt_len - 1 :]
 
 
 class ValueHead(nn.Module):
@@ -52,7 +55,9 @@ class Critic(ABC):
     {"value_head": state_dict | None, "critic_trunk": state_dict | None}."""
 
     learned = True  # False: exact values, nothing to fit or to score them against
-    beta = 0.0  # the return's KL penalty coefficient, set by PPO before each rollout's values (the oracle's input)
+    # the return's KL penalty coefficient, set by PPO before each rollout's values (the oracle's
+    # input)
+    beta = 0.0
     head: ValueHead | None = None
     trunk: nn.Module | None = None
 
@@ -62,16 +67,19 @@ class Critic(ABC):
 
     @abstractmethod
     def values(self, batch, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        """(N, T) V(s_t) for a rollout (rl.rollout.RolloutBatch), 0 where masked; differentiable unless run under
-        no_grad. hidden: the policy's (N, T, C) completion_hidden if the caller has it (else recomputed)."""
+        """(N, T) V(s_t) for a rollout (rl.rollout.RolloutBatch), 0 where masked; differentiable
+        unless run under no_grad. hidden: the policy's (N, T, C) completion_hidden if the caller has
+        it (else recomputed)."""
 
     def loss(self, batch, hidden, old_values, returns, clip):
-        """-> (the value loss term, the (N, T) values it fitted), or None when there is nothing to fit.
-        Loss: token-mean of ½ max((V − R)², (clip(V, V_old ± clip) − R)²) (losses.value_loss; unclipped
-        for clip None), R = the GAE returns A + V_old."""
+        """-> (the value loss term, the (N, T) values it fitted), or None when there is nothing to
+        fit. Loss: token-mean of ½ max((V − R)², (clip(V, V_old ± clip) − R)²) (losses.value_loss;
+        unclipped for clip None), R = the GAE returns A + V_old."""
         values = self.values(batch, hidden)
         mask = batch.mask
-        return aggregate(value_loss(values, old_values, returns, mask, clip), mask, "token-mean"), values
+        return aggregate(
+            value_loss(values, old_values, returns, mask, clip), mask, "token-mean"
+        ), values
 
     def state_dict(self) -> dict:
         own = lambda m: m.state_dict() if m is not None else None
@@ -84,7 +92,8 @@ class Critic(ABC):
 
 
 class HeadCritic(Critic):
-    """A scalar head on the policy's own trunk: V = head(h_policy); its gradient reaches the policy."""
+    """A scalar head on the policy's own trunk: V = head(h_policy); its gradient reaches the
+    policy."""
 
     def __init__(self, run):
         self.policy = run.policy
@@ -96,21 +105,23 @@ class HeadCritic(Critic):
 
 
 class SeparateCritic(Critic):
-    """A copy of the policy's trunk at the start of the run with its own scalar head: V = head(h_copy). The
-    policy's hidden states are not used; nothing of the policy is touched."""
+    """A copy of the policy's trunk at the start of the run with its own scalar head: V =
+    head(h_copy). The policy's hidden states are not used; nothing of the policy is touched."""
 
     def __init__(self, run):
         self.head = ValueHead(run.policy.cfg.n_embd).to(run.device)
         self.trunk = copy.deepcopy(run.policy)
 
     def values(self, batch, hidden=None):
-        return torch.where(batch.mask, self.head(completion_hidden(self.trunk, batch.gen), self.trunk), 0.0)
+        return torch.where(
+            batch.mask, self.head(completion_hidden(self.trunk, batch.gen), self.trunk), 0.0
+        )
 
 
 class OracleCritic(Critic):
-    """The exact V(s_t) = E_π[r − β·Σ_{j≥t} k1_j | prefix] of PPO's return under the policy now (π_old before
-    the first update): teacher-forced forwards of the policy and π_ref over the task's support
-    (toy_tasks.oracle.prefix_values). No parameters, no value loss."""
+    """The exact V(s_t) = E_π[r − β·Σ_{j≥t} k1_j | prefix] of PPO's return under the policy now
+    (π_old before the first update): teacher-forced forwards of the policy and π_ref over the task's
+    support (toy_tasks.oracle.prefix_values). No parameters, no value loss."""
 
     learned = False
 
@@ -119,12 +130,27 @@ class OracleCritic(Critic):
 
     def values(self, batch, hidden=None):
         r = self.run
-        v = prefix_values(r.policy, r.tok, batch.prompts, batch.gen.completion_ids, batch.mask, r.prompts,
-                          r.task.support, r.rewards, r.cfg.temperature, r.ref, self.beta)
+        v = prefix_values(
+            r.policy,
+            r.tok,
+            batch.prompts,
+            batch.gen.completion_ids,
+            batch.mask,
+            r.prompts,
+            r.task.support,
+            r.rewards,
+            r.cfg.temperature,
+            r.ref,
+            self.beta,
+        )
         return torch.where(batch.mask, v, 0.0)
 
     def loss(self, batch, hidden, old_values, returns, clip):
         return None
 
 
-CRITICS: dict[str, type[Critic]] = {"separate": SeparateCritic, "head": HeadCritic, "oracle": OracleCritic}
+CRITICS: dict[str, type[Critic]] = {
+    "separate": SeparateCritic,
+    "head": HeadCritic,
+    "oracle": OracleCritic,
+}

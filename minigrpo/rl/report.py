@@ -1,5 +1,6 @@
-"""What an RL run shows the person watching it: the progress line and the figures of a step it shows, the last
-rollout's samples, its metrics.png, and a Ctrl-C that stops cleanly at the end of the step in flight."""
+"""What an RL run shows the person watching it: the progress line and the figures of a step it
+shows, the last rollout's samples, its metrics.png, and a Ctrl-C that stops cleanly at the end of
+the step in flight."""
 
 from __future__ import annotations
 
@@ -14,15 +15,23 @@ from minigrpo.rl.stopping import BARS
 from minigrpo.util.jsonl import read_jsonl
 from minigrpo.util.plotting import plot_panels
 
-
-# Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost (last). A third
-# element names the quality bars (rl/stopping.py) the panel draws as dashed lines: a run within them at a glance.
+# Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost
+# (last). A third
+# element names the quality bars (rl/stopping.py) the panel draws as dashed lines: a run within them
+# at a glance.
 OUTCOME_PANELS = [
     ("reward (higher is better)", ["reward_mean", "reward_rolling", "exact_reward"]),
     ("exact target rate (higher is better)", ["target_rate", "heldout_rate"], ["final"]),
-    ("worst other-person drift, TV (lower is better)", ["worst_drift", "peak_worst_drift"],
-     ["peak_worst_drift", "worst_drift"]),
-    ("malformed mass (lower is better)", ["malformed", "peak_malformed"], ["peak_malformed", "malformed"]),
+    (
+        "worst other-person drift, TV (lower is better)",
+        ["worst_drift", "peak_worst_drift"],
+        ["peak_worst_drift", "worst_drift"],
+    ),
+    (
+        "malformed mass (lower is better)",
+        ["malformed", "peak_malformed"],
+        ["peak_malformed", "malformed"],
+    ),
     ("policy loss", ["policy_loss"]),
 ]
 COST_PANELS = [
@@ -30,21 +39,27 @@ COST_PANELS = [
     ("preservation loss", ["preserve_loss"]),
     ("trust region: share of the step kept", ["tr_scale"]),
 ]
-BAR_LABELS = {"final": "bar: final >= {:g}", "peak_malformed": "bar: every step <= {:g}",
-              "malformed": "bar: end <= {:g}", "peak_worst_drift": "bar: every step <= {:g}",
-              "worst_drift": "bar: end <= {:g}"}
-GOAL_FLAGS = {"final": "goal", "malformed": "goal_malformed", "worst_drift": "goal_drift"}  # the run's own stop rule
+BAR_LABELS = {
+    "final": "bar: final >= {:g}",
+    "peak_malformed": "bar: every step <= {:g}",
+    "malformed": "bar: end <= {:g}",
+    "peak_worst_drift": "bar: every step <= {:g}",
+    "worst_drift": "bar: end <= {:g}",
+}
+# the run's own stop rule
+GOAL_FLAGS = {"final": "goal", "malformed": "goal_malformed", "worst_drift": "goal_drift"}
 
 
 def batch_figures(rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """A step's reward mean and std, mean completion length and token count over its rows (the last dim) -> (..., 4):
-    rewards and lengths (..., N), float."""
+    """A step's reward mean and std, mean completion length and token count over its rows (the last
+    dim) -> (..., 4): rewards and lengths (..., N), float."""
     return torch.stack([rewards.mean(-1), rewards.std(-1), lengths.mean(-1), lengths.sum(-1)], -1)
 
 
 def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
-    """A panel's dashed lines [(y, label)]: each named bar, and the run's own goal flag (its config.json) where it
-    is set and differs from the bar (--goal 0.9; --goal 0, compare's runs, draws none)."""
+    """A panel's dashed lines [(y, label)]: each named bar, and the run's own goal flag (its
+    config.json) where it is set and differs from the bar (--goal 0.9; --goal 0, compare's runs,
+    draws none)."""
     lines = []
     for name in names:
         lines.append((BARS[name], BAR_LABELS[name].format(BARS[name])))
@@ -55,14 +70,15 @@ def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
     return lines
 
 
-# set by a population (minigrpo/population/engine.py) on Ctrl-C: each member, a run in a thread that receives no
+# set by a population (minigrpo/population/engine.py) on Ctrl-C: each member, a run in a thread that
+# receives no
 # signal, stops at the end of its step as a run of its own would
 STOP_ALL = threading.Event()
 
 
 class StopOnCtrlC:
-    """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one stops
-    at once), so the checkpoint written on the way out never holds a half-applied update."""
+    """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one
+    stops at once), so the checkpoint written on the way out never holds a half-applied update."""
 
     def __enter__(self):
         self._requested, self.previous = False, None
@@ -79,14 +95,17 @@ class StopOnCtrlC:
         if self._requested:
             raise KeyboardInterrupt
         self._requested = True
-        print("\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True)
+        print(
+            "\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True
+        )
 
     def __exit__(self, *exc):
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
 
 
-INTERRUPTED = "interrupted"  # how the line of a run that Ctrl-C ended starts (compare and a population look for it)
+# how the line of a run that Ctrl-C ended starts (compare and a population look for it)
+INTERRUPTED = "interrupted"
 
 
 def interrupted_line(step: int, out: Path) -> str:
@@ -103,14 +122,18 @@ def combine_stats(per_update: list[dict]) -> dict:
 
 
 def packed(per_update: list[dict], tag: str = "update") -> dict:
-    """Inner updates' figures as one flat dict, update i's `name` under (tag, i, name) (a lockstep step's figures
-    are read back in one go); `unpacked` gives the list back."""
+    """Inner updates' figures as one flat dict, update i's `name` under (tag, i, name) (a lockstep
+    step's figures are read back in one go); `unpacked` gives the list back."""
     return {(tag, i, k): v for i, d in enumerate(per_update) for k, v in d.items()}
 
 
 def unpacked(figures: dict, n: int, tag: str = "update") -> list[dict]:
-    """The first n inner updates' figures tagged `tag` in figures (see `packed`), as the list of dicts."""
-    return [{k[2]: v for k, v in figures.items() if isinstance(k, tuple) and k[:2] == (tag, i)} for i in range(n)]
+    """The first n inner updates' figures tagged `tag` in figures (see `packed`), as the list of
+    dicts."""
+    return [
+        {k[2]: v for k, v in figures.items() if isinstance(k, tuple) and k[:2] == (tag, i)}
+        for i in range(n)
+    ]
 
 
 def flat(ev: dict) -> dict:
@@ -119,9 +142,10 @@ def flat(ev: dict) -> dict:
 
 
 def progress_line(step: int, steps: int, row: dict, evaluated: bool, verbose: bool = False) -> str:
-    """One line per step, the exact figures only on the steps that evaluated them. By default what a person watches,
-    in at most 120 characters: the reward, the exact target rate, the drift and malformed mass with their running
-    maxima (the bars judge those), the time; `verbose` adds everything else (metrics.jsonl always holds it all)."""
+    """One line per step, the exact figures only on the steps that evaluated them. By default what a
+    person watches, in at most 120 characters: the reward, the exact target rate, the drift and
+    malformed mass with their running maxima (the bars judge those), the time; `verbose` adds
+    everything else (metrics.jsonl always holds it all)."""
     if verbose:
         return full_progress_line(step, steps, row, evaluated)
     parts = [f"step {step:{len(str(steps))}d}/{steps}", f"reward {row['reward_mean']:.3f}"]
@@ -139,7 +163,10 @@ def progress_line(step: int, steps: int, row: dict, evaluated: bool, verbose: bo
 
 def full_progress_line(step: int, steps: int, row: dict, evaluated: bool) -> str:
     """--verbose's progress line: every figure a step reports."""
-    line = f"step {step:4d}/{steps} | reward {row['reward_mean']:.3f} (avg10 {row['reward_rolling']:.3f})"
+    line = (
+        f"step {step:4d}/{steps} | reward {row['reward_mean']:.3f} (avg10 "
+        f"{row['reward_rolling']:.3f})"
+    )
     if evaluated:
         line += f" | exact target {row['target_rate']:.3f} E[r] {row['exact_reward']:.3f}"
         if "worst_drift" in row:  # tasks with off-target prompts (food: the other people)
@@ -161,33 +188,56 @@ def full_progress_line(step: int, steps: int, row: dict, evaluated: bool) -> str
 
 
 def write_samples(path: Path, batch) -> None:
-    lines = [f"{r:+.3f}\t{p!r} -> {c!r}{'' if f else ' (unfinished)'}"
-             for p, c, r, f in zip(batch.prompts, batch.completions, batch.rewards.tolist(),
-                                   batch.gen.finished.tolist())]
-    path.write_text("reward\tprompt -> completion (last step's rollout)\n" + "\n".join(lines) + "\n")
+    lines = [
+        f"{r:+.3f}\t{p!r} -> {c!r}{'' if f else ' (unfinished)'}"
+        for p, c, r, f in zip(
+            batch.prompts, batch.completions, batch.rewards.tolist(), batch.gen.finished.tolist()
+        )
+    ]
+    path.write_text(
+        "reward\tprompt -> completion (last step's rollout)\n" + "\n".join(lines) + "\n"
+    )
 
 
 def run_title(config: dict) -> str:
-    """metrics.png's title from a run's config.json: the preset or algorithm, the task, the reward, ..."""
+    """metrics.png's title from a run's config.json: the preset or algorithm, the task, the reward,
+    ..."""
     food = config["task"] == "food"
-    return f"{config.get('preset') or config['algo']}: {config['task']}, reward {config['reward']}" + \
-        ("" if config["preserve"] else ", --no-preserve") + (f", {config['person']}" if food else "")
+    return (
+        f"{config.get('preset') or config['algo']}: {config['task']}, reward {config['reward']}"
+        + ("" if config["preserve"] else ", --no-preserve")
+        + (f", {config['person']}" if food else "")
+    )
 
 
 def draw_figure(folder: Path, panels: list) -> Path:
-    """Draw the RL run in `folder` (its metrics.jsonl and config.json) as folder/metrics.png with `panels`
-    ([(title, [metric keys][, [bar names]])], the algorithm's PANELS); -> the figure's path."""
+    """Draw the RL run in `folder` (its metrics.jsonl and config.json) as folder/metrics.png with
+    `panels` ([(title, [metric keys][, [bar names]])], the algorithm's PANELS); -> the figure's
+    path."""
     config = json.loads((folder / "config.json").read_text())
     panels = [(p[0], p[1], bar_lines(p[2], config)) if len(p) > 2 else p for p in panels]
-    plot_panels(read_jsonl(folder / "metrics.jsonl"), panels, folder / "metrics.png", title=run_title(config))
+    plot_panels(
+        read_jsonl(folder / "metrics.jsonl"),
+        panels,
+        folder / "metrics.png",
+        title=run_title(config),
+    )
     return folder / "metrics.png"
 
 
 def closing_hint(out: Path, prompt: str, others: list[str], plot: bool, preserve: bool) -> str:
-    """The run's last lines: what it wrote and the command that looks at it: sampling its prompt, or after
-    --no-preserve another person's (`others`: the task's off-target prompts), where the spill-over shows."""
-    files = f"wrote {out}/ (metrics.jsonl, {'metrics.png, ' * plot}summary.json, samples.txt, model.pt)"
-    look = lambda p: f"  python -m minigrpo.sample --checkpoint {out / 'model.pt'} --prompt {p!r} --num 1000"
+    """The run's last lines: what it wrote and the command that looks at it: sampling its prompt, or
+    after --no-preserve another person's (`others`: the task's off-target prompts), where the
+    spill-over shows."""
+    files = (
+        f"wrote {out}/ (metrics.jsonl, {'metrics.png, ' * plot}summary.json, samples.txt, model.pt)"
+    )
+    look = lambda p: (
+        f"  python -m minigrpo.sample --checkpoint {out / 'model.pt'} --prompt {p!r} --num 1000"
+    )
     if preserve or not others:
         return f"{files}; look at it with:\n{look(prompt)}"
-    return f"{files}\nwithout preservation the other people drift too; see one of them with:\n{look(others[0])}"
+    return (
+        f"{files}\nwithout preservation the other people drift too; see one of them "
+        f"with:\n{look(others[0])}"
+    )

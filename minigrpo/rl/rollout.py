@@ -4,11 +4,12 @@ log-probs of π_old and π_ref in one batched no-grad forward pass each.
     batch = collect(policy, ref, tok, prompts, group_size=8, reward=r, generator=g)
 
 By default the completions come from π_old itself (the policy at --temperature). A `Sampler` (GRPO's
---sample-temperature, --sample-top-p, --sample-stale) makes them come from another distribution π_sampler:
-the policy at another temperature, nucleus-truncated, or as it was N steps earlier (asynchronous RL). π_old
-stays the current policy at --temperature; `batch.sampler_logp` holds π_sampler's own log-probs of the
-tokens (the sampling engine's, KV cache included: sampling.Generation.logprobs), which is what the
-importance weights of is_correction.py compare π_old with.
+--sample-temperature, --sample-top-p, --sample-stale) makes them come from another distribution
+π_sampler: the policy at another temperature, nucleus-truncated, or as it was N steps earlier
+(asynchronous RL). π_old stays the current policy at --temperature; `batch.sampler_logp` holds
+π_sampler's own log-probs of the tokens (the sampling engine's, KV cache included:
+sampling.Generation.logprobs), which is what the importance weights of is_correction.py compare
+π_old with.
 
 Layout: rows are grouped prompt by prompt, so `batch.rewards.view(-1, G)` is (prompts, G). Every
 per-token tensor is (N, T) over COMPLETION tokens only (T = longest completion), with `batch.mask`
@@ -24,9 +25,9 @@ import torch
 
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.model import GPT
-from toy_tasks.rewards import Reward, score
 from minigrpo.lm.sampling import Generation, decode_completions, encode_prompts, generate
 from minigrpo.lm.tokenizer import CharTokenizer
+from toy_tasks.rewards import Reward, score
 
 
 @dataclass
@@ -36,9 +37,11 @@ class RolloutBatch:
     gen: Generation  # ids (N, P+T), key_mask, completion_mask (N, T), finished (N,)
     rewards: torch.Tensor  # (N,) float
     group_size: int
-    old_logp: torch.Tensor | None  # (N, T) log π_old of each completion token (0 where masked); None = not
+    # (N, T) log π_old of each completion token (0 where masked); None = not
+    old_logp: torch.Tensor | None
     # computed here: the algorithm takes it from its first update's forward pass (π_θ = π_old there)
-    ref_logp: torch.Tensor | None  # (N, T) log π_ref of each completion token; None: not computed (collect's ref_logp)
+    # (N, T) log π_ref of each completion token; None: not computed (collect's ref_logp)
+    ref_logp: torch.Tensor | None
     ref_logits: torch.Tensor | None = None  # (N, T, V) π_ref's logits, kept only for the exact KL
 
     @property
@@ -46,27 +49,36 @@ class RolloutBatch:
         return self.gen.completion_mask
 
     @property
-    def sampler_logp(self) -> torch.Tensor:  # (N, T) log π_sampler of each completion token (0 where masked)
+    # (N, T) log π_sampler of each completion token (0 where masked)
+    def sampler_logp(self) -> torch.Tensor:
         return self.gen.logprobs
 
     def select(self, rows: torch.Tensor) -> "RolloutBatch":
         """The sub-batch of the given row indices (used to drop equal-reward groups)."""
         pick = rows.tolist()
-        return RolloutBatch([self.prompts[i] for i in pick], [self.completions[i] for i in pick], self.gen.select(rows),
-                            self.rewards[rows], self.group_size,
-                            None if self.old_logp is None else self.old_logp[rows],
-                            None if self.ref_logp is None else self.ref_logp[rows],
-                            None if self.ref_logits is None else self.ref_logits[rows])
+        return RolloutBatch(
+            [self.prompts[i] for i in pick],
+            [self.completions[i] for i in pick],
+            self.gen.select(rows),
+            self.rewards[rows],
+            self.group_size,
+            None if self.old_logp is None else self.old_logp[rows],
+            None if self.ref_logp is None else self.ref_logp[rows],
+            None if self.ref_logits is None else self.ref_logits[rows],
+        )
 
 
 class Sampler:
-    """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the run's),
-    truncated to its top-p nucleus (None: no truncation), and, with stale = N > 0, the policy as it was N
-    steps earlier (the first N steps sample from the initial policy). `pick(policy)`, called once per step
-    before sampling, records the live policy and returns the model to sample from; the last N + 1 policies'
-    weights are kept (state_dict: they go into the checkpoint, so --resume samples exactly as before)."""
+    """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the
+    run's), truncated to its top-p nucleus (None: no truncation), and, with stale = N > 0, the
+    policy as it was N steps earlier (the first N steps sample from the initial policy).
+    `pick(policy)`, called once per step before sampling, records the live policy and returns the
+    model to sample from; the last N + 1 policies' weights are kept (state_dict: they go into the
+    checkpoint, so --resume samples exactly as before)."""
 
-    def __init__(self, temperature: float | None = None, top_p: float | None = None, stale: int = 0):
+    def __init__(
+        self, temperature: float | None = None, top_p: float | None = None, stale: int = 0
+    ):
         self.temperature, self.top_p, self.stale = temperature, top_p, stale
         self.states: list[dict] = []  # oldest first: the weights of the last stale + 1 policies
         self.frozen: GPT | None = None  # a copy of the policy holding the stale weights
@@ -74,8 +86,10 @@ class Sampler:
     def pick(self, policy: GPT) -> GPT:
         if self.stale == 0:
             return policy
-        self.states = (self.states + [{k: v.detach().clone() for k, v in policy.state_dict().items()}])
-        self.states = self.states[-(self.stale + 1):]
+        self.states = self.states + [
+            {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        ]
+        self.states = self.states[-(self.stale + 1) :]
         if self.frozen is None:
             self.frozen = copy.deepcopy(policy).eval().requires_grad_(False)
         self.frozen.load_state_dict(self.states[0])
@@ -89,16 +103,29 @@ class Sampler:
 
 
 @torch.no_grad()
-def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group_size: int, reward: Reward,
-            generator: torch.Generator, max_new_tokens: int = 16, temperature: float = 1.0,
-            unfinished_reward: float | None = None, keep_ref_logits: bool = False,
-            old_logp: bool = True, progress=None, sampler: Sampler | None = None,
-            ref_logp: bool = True) -> RolloutBatch:
+def collect(
+    policy: GPT,
+    ref: GPT,
+    tok: CharTokenizer,
+    prompts: list[str],
+    group_size: int,
+    reward: Reward,
+    generator: torch.Generator,
+    max_new_tokens: int = 16,
+    temperature: float = 1.0,
+    unfinished_reward: float | None = None,
+    keep_ref_logits: bool = False,
+    old_logp: bool = True,
+    progress=None,
+    sampler: Sampler | None = None,
+    ref_logp: bool = True,
+) -> RolloutBatch:
     """Sample `group_size` completions for each prompt from the policy (π_old), or from `sampler`'s
-    distribution, score them, and compute π_ref's (with ref_logp; else None) and, with old_logp, π_old's
-    log-probs of every completion token at `temperature`."""
+    distribution, score them, and compute π_ref's (with ref_logp; else None) and, with old_logp,
+    π_old's log-probs of every completion token at `temperature`."""
     device = policy.wte.weight.device
-    rows = [p for p in prompts for _ in range(group_size)]  # grouped: prompt 0 x G, prompt 1 x G, ...
+    # grouped: prompt 0 x G, prompt 1 x G, ...
+    rows = [p for p in prompts for _ in range(group_size)]
     ids, mask = encode_prompts(tok, rows, device)
     was_training = policy.training
     policy.eval()
@@ -106,27 +133,59 @@ def collect(policy: GPT, ref: GPT, tok: CharTokenizer, prompts: list[str], group
         gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
     else:
         t = temperature if sampler.temperature is None else sampler.temperature
-        gen = generate(sampler.pick(policy), ids, mask, max_new_tokens, t, top_p=sampler.top_p, generator=generator)
+        gen = generate(
+            sampler.pick(policy),
+            ids,
+            mask,
+            max_new_tokens,
+            t,
+            top_p=sampler.top_p,
+            generator=generator,
+        )
     completions = decode_completions(tok, gen)
     rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward, progress)
     old = generation_logprobs(policy, gen, temperature) if old_logp else None
-    ref_lp, ref_logits = generation_logprobs(ref, gen, temperature, return_logits=True) if ref_logp else (None, None)
+    ref_lp, ref_logits = (
+        generation_logprobs(ref, gen, temperature, return_logits=True) if ref_logp else (None, None)
+    )
     policy.train(was_training)
-    return RolloutBatch(rows, completions, gen, torch.tensor(rewards, device=device), group_size, old,
-                        ref_lp, ref_logits if keep_ref_logits else None)
+    return RolloutBatch(
+        rows,
+        completions,
+        gen,
+        torch.tensor(rewards, device=device),
+        group_size,
+        old,
+        ref_lp,
+        ref_logits if keep_ref_logits else None,
+    )
 
 
 @torch.no_grad()
-def greedy_rewards(policy: GPT, tok: CharTokenizer, reward: Reward, prompts: list[str], max_new_tokens: int,
-                   unfinished_reward: float | None = None) -> torch.Tensor:
-    """ReMax's baseline (2310.10505; GRPO's --baseline remax): the reward of the policy's greedy completion of
-    each prompt -> (prompts,)."""
+def greedy_rewards(
+    policy: GPT,
+    tok: CharTokenizer,
+    reward: Reward,
+    prompts: list[str],
+    max_new_tokens: int,
+    unfinished_reward: float | None = None,
+) -> torch.Tensor:
+    """ReMax's baseline (2310.10505; GRPO's --baseline remax): the reward of the policy's greedy
+    completion of each prompt -> (prompts,)."""
     device = policy.wte.weight.device
     ids, key_mask = encode_prompts(tok, prompts, device)
     was_training = policy.training
     policy.eval()
-    gen = generate(policy, ids, key_mask, max_new_tokens, top_k=1,  # top-1: the draw is the argmax
-                   generator=torch.Generator(device).manual_seed(0))
+    gen = generate(
+        policy,
+        ids,
+        key_mask,
+        max_new_tokens,
+        top_k=1,  # top-1: the draw is the argmax
+        generator=torch.Generator(device).manual_seed(0),
+    )
     policy.train(was_training)
-    rewards = score(reward, prompts, decode_completions(tok, gen), gen.finished.tolist(), unfinished_reward)
+    rewards = score(
+        reward, prompts, decode_completions(tok, gen), gen.finished.tolist(), unfinished_reward
+    )
     return torch.tensor(rewards, device=device)

@@ -1,19 +1,22 @@
 """Many runs in a few long-lived worker processes: compare's pool.
 
-A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's import, its exit and its metrics.png
-around a few seconds of steps: a large share of a sweep (docs/performance.md). Here `jobs` worker processes (one per
-core, one thread each) import once and run their share of the runs one after another IN PROCESS, each through the very
-`main(argv)` its command line would run (`run_in_process`). Nothing of a run outlives it: every random generator it
-draws from is seeded from its own --seed when it starts (rl.Run: torch's global generator and one per purpose), and its
-model, π_ref, anchor and optimiser are its own (loading them again costs a run little: not worth a cache), so a pooled
-run writes the same metrics.jsonl as the separate process `python -m <module> <argv>` (tests/test_compare.py checks it).
-One thing is shared by design: a reward given as `package.module:function` is imported once per worker, so a reward that
-keeps state in its module sees the earlier runs' calls (a `file.py:function` is loaded afresh for every run).
+A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's import, its exit and
+its metrics.png around a few seconds of steps: a large share of a sweep (docs/performance.md). Here
+`jobs` worker processes (one per core, one thread each) import once and run their share of the runs
+one after another IN PROCESS, each through the very `main(argv)` its command line would run
+(`run_in_process`). Nothing of a run outlives it: every random generator it draws from is seeded
+from its own --seed when it starts (rl.Run: torch's global generator and one per purpose), and its
+model, π_ref, anchor and optimiser are its own (loading them again costs a run little: not worth a
+cache), so a pooled run writes the same metrics.jsonl as the separate process `python -m <module>
+<argv>` (tests/test_compare.py checks it). One thing is shared by design: a reward given as
+`package.module:function` is imported once per worker, so a reward that keeps state in its module
+sees the earlier runs' calls (a `file.py:function` is loaded afresh for every run).
 
-Ctrl-C reaches the workers too (the terminal signals the whole process group): a run in flight finishes
-its step, writes its checkpoint and ends as interrupted, as a separate process would; no further run
-starts, and `run_pool` raises KeyboardInterrupt once the runs in flight have ended and been reported (a
-second Ctrl-C: at once). A worker that dies (killed, out of memory) fails its run only; a fresh worker takes its place.
+Ctrl-C reaches the workers too (the terminal signals the whole process group): a run in flight
+finishes its step, writes its checkpoint and ends as interrupted, as a separate process would; no
+further run starts, and `run_pool` raises KeyboardInterrupt once the runs in flight have ended and
+been reported (a second Ctrl-C: at once). A worker that dies (killed, out of memory) fails its run
+only; a fresh worker takes its place.
 """
 
 from __future__ import annotations
@@ -30,16 +33,17 @@ import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from multiprocessing.connection import wait
 
+from minigrpo.tools.stamps import STAMP, stamp_of
 from minigrpo.util.outputs import release_out
 from minigrpo.util.parent import signal_on_parent_death
-from minigrpo.tools.stamps import STAMP, stamp_of
 
 
 def run_in_process(module: str, argv: list[str]) -> str | None:
-    """Run `python -m <module> <argv>`'s main here, its output captured; -> None if it succeeded, else the
-    last line its process would have printed (its error)."""
+    """Run `python -m <module> <argv>`'s main here, its output captured; -> None if it succeeded,
+    else the last line its process would have printed (its error)."""
     out, err = io.StringIO(), io.StringIO()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a run stops on Ctrl-C as a process does
+    # a run stops on Ctrl-C as a process does
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with redirect_stdout(out), redirect_stderr(err):
             return run_main(module, argv, out, err)
@@ -48,7 +52,8 @@ def run_in_process(module: str, argv: list[str]) -> str | None:
 
 
 def run_main(module: str, argv: list[str], out: io.StringIO, err: io.StringIO) -> str | None:
-    """`module`'s main(argv), whose output goes to out and err -> None if it succeeded, else its error line."""
+    """`module`'s main(argv), whose output goes to out and err -> None if it succeeded, else its
+    error line."""
     try:
         importlib.import_module(module).main(argv)
         return None
@@ -64,22 +69,24 @@ def run_main(module: str, argv: list[str], out: io.StringIO, err: io.StringIO) -
 
 
 def brief(error: str, most: int = 200) -> str:
-    """An error's first line, cut to `most` characters, for a terminal (CUDA's out-of-memory line runs past 1,000)."""
+    """An error's first line, cut to `most` characters, for a terminal (CUDA's out-of-memory line
+    runs past 1,000)."""
     line = error.splitlines()[0] if error.strip() else error
-    return line if len(line) <= most else line[:most - 1] + "…"
+    return line if len(line) <= most else line[: most - 1] + "…"
 
 
 def run_one(task, runner=run_in_process) -> str | None:
-    """One run, in a worker of the pool: its folder made afresh (a run of another command, or an unfinished
-    one, is replaced), the command stamped, then run in process (`runner`: a population's in its thread);
-    -> its error, or None."""
+    """One run, in a worker of the pool: its folder made afresh (a run of another command, or an
+    unfinished one, is replaced), the command stamped, then run in process (`runner`: a population's
+    in its thread); -> its error, or None."""
     _, _, cmd, folder = task  # cmd is [python, "-m", module, ...]
     start_folder(task)
     return end_folder(task, runner(cmd[2], cmd[3:]))
 
 
 def start_folder(task) -> None:
-    """A run's folder made afresh (a run of another command, or an unfinished one, is replaced), its command stamped."""
+    """A run's folder made afresh (a run of another command, or an unfinished one, is replaced), its
+    command stamped."""
     _, _, cmd, folder = task
     if folder.exists():
         shutil.rmtree(folder)
@@ -88,8 +95,8 @@ def start_folder(task) -> None:
 
 
 def end_folder(task, error: str | None) -> str | None:
-    """After a run: its folder's lock released (this worker goes on to other runs); it counts as done only with its
-    summary, which a failed run's folder loses -> its error, or None."""
+    """After a run: its folder's lock released (this worker goes on to other runs); it counts as
+    done only with its summary, which a failed run's folder loses -> its error, or None."""
     folder = task[3]
     release_out(folder)
     if error is None and not (folder / "summary.json").exists():
@@ -100,28 +107,37 @@ def end_folder(task, error: str | None) -> str | None:
 
 
 def _stop_with_parent() -> None:
-    """Linux: when this worker's parent dies (killed, out of memory), its run in flight gets one Ctrl-C, so it ends
-    at its step with its checkpoint instead of running on alone. The parent-death signal (util/parent.py) is SIGUSR1,
-    turned into one SIGINT: it can come more than once, and a second Ctrl-C would stop the run at once, without its
-    checkpoint. Elsewhere than Linux the worker ends when it next reads the closed pipe."""
+    """Linux: when this worker's parent dies (killed, out of memory), its run in flight gets one
+    Ctrl-C, so it ends at its step with its checkpoint instead of running on alone. The parent-death
+    signal (util/parent.py) is SIGUSR1, turned into one SIGINT: it can come more than once, and a
+    second Ctrl-C would stop the run at once, without its checkpoint. Elsewhere than Linux the
+    worker ends when it next reads the closed pipe."""
+
     def once(signum, frame):
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         handler = signal.getsignal(signal.SIGINT)  # ignored between two runs
         if callable(handler):
             handler(signal.SIGINT, frame)
+
     signal.signal(signal.SIGUSR1, once)
-    if signal_on_parent_death(signal.SIGUSR1) and os.getppid() != multiprocessing.parent_process().pid:
-        os.kill(os.getpid(), signal.SIGUSR1)  # the parent died before the request: nobody will send it
+    if (
+        signal_on_parent_death(signal.SIGUSR1)
+        and os.getppid() != multiprocessing.parent_process().pid
+    ):
+        # the parent died before the request: nobody will send it
+        os.kill(os.getpid(), signal.SIGUSR1)
 
 
 STOPPING_LINE = "Ctrl-C: every run stops at the end of its step (Ctrl-C again to stop at once)"
-STOPPING = []  # in a worker process: the pool's stop event, set on the parent's Ctrl-C (what fn may watch)
+# in a worker process: the pool's stop event, set on the parent's Ctrl-C (what fn may watch)
+STOPPING = []
 
 
 def _worker(conn, fn, stop) -> None:
-    """A worker's life: fn(item) for each item the parent sends, until the parent closes the pipe. It starts
-    with Ctrl-C ignored (inherited, see _Worker: an import cut short would print a traceback), which
-    `run_in_process` turns back on for the length of a run; after a Ctrl-C (`stop`), no new item starts."""
+    """A worker's life: fn(item) for each item the parent sends, until the parent closes the pipe.
+    It starts with Ctrl-C ignored (inherited, see _Worker: an import cut short would print a
+    traceback), which `run_in_process` turns back on for the length of a run; after a Ctrl-C
+    (`stop`), no new item starts."""
     STOPPING.append(stop)
     _stop_with_parent()
     while True:
@@ -141,7 +157,8 @@ class _Worker:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, fn, stop), daemon=True)
         main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # the new process inherits it
+        # the new process inherits it
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
             self.proc.start()
         finally:
@@ -152,10 +169,11 @@ class _Worker:
 
 
 def run_pool(fn, items: list, jobs: int, done) -> None:
-    """fn(item) for every item in `jobs` worker processes (started fresh with 'spawn': each imports what fn
-    needs once; fn must be a module-level function), calling done(item, result) here as each finishes. A
-    worker that dies gives its item the result "the worker process died (exit code N)". A worker with nothing left
-    to do exits while the others still run, so what it holds (a GPU's memory and context) goes early."""
+    """fn(item) for every item in `jobs` worker processes (started fresh with 'spawn': each imports
+    what fn needs once; fn must be a module-level function), calling done(item, result) here as each
+    finishes. A worker that dies gives its item the result "the worker process died (exit code N)".
+    A worker with nothing left to do exits while the others still run, so what it holds (a GPU's
+    memory and context) goes early."""
     ctx = multiprocessing.get_context("spawn")  # never fork a parent that holds torch's threads
     todo, workers, stop = list(items), [], ctx.Event()
     try:
@@ -173,11 +191,13 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
                 if w.conn.poll() or not w.proc.is_alive():
                     try:
                         result = w.conn.recv()
-                    except EOFError:  # it died in this run: the run failed; the next item gets a fresh worker
+                    # it died in this run: the run failed; the next item gets a fresh worker
+                    except EOFError:
                         w.proc.join()
                         result = f"the worker process died (exit code {w.proc.exitcode})"
                     item, w.item = w.item, None
-                    if not todo:  # nothing left for it: it exits now, its memory (a GPU's too) freed for the rest
+                    # nothing left for it: it exits now, its memory (a GPU's too) freed for the rest
+                    if not todo:
                         w.conn.close()
                     done(item, result)
     except KeyboardInterrupt:  # the runs in flight got the Ctrl-C too: let them checkpoint and end
@@ -186,7 +206,8 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
         for w in workers:
             if w.item is not None:
                 try:
-                    result = w.conn.recv()  # an interrupted run's error says where it left its checkpoint
+                    # an interrupted run's error says where it left its checkpoint
+                    result = w.conn.recv()
                 except (EOFError, OSError):
                     result = None
                 item, w.item = w.item, None
@@ -194,9 +215,11 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
                     done(item, result)
         raise
     finally:
-        for w in workers:  # every idle worker told first, so they end side by side (a GPU's context takes a while)
+        # every idle worker told first, so they end side by side (a GPU's context takes a while)
+        for w in workers:
             w.conn.close()
-        for w in workers:  # an idle worker exits at once; one still in a run (an error, a 2nd Ctrl-C) is stopped
+        # an idle worker exits at once; one still in a run (an error, a 2nd Ctrl-C) is stopped
+        for w in workers:
             w.proc.join(timeout=10 if w.item is None else 0)
             if w.proc.is_alive():
                 w.proc.terminate()

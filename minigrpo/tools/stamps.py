@@ -1,6 +1,7 @@
-"""Which runs of a sweep are kept: each run folder holds a stamp (compare_command.json) of the command, the code
-and the input files that made it. A finished run is reused only while all three match; a sweep folder holding
-finished runs of another command is refused rather than mixed or silently replaced.
+"""Which runs of a sweep are kept: each run folder holds a stamp (compare_command.json) of the
+command, the code and the input files that made it. A finished run is reused only while all three
+match; a sweep folder holding finished runs of another command is refused rather than mixed or
+silently replaced.
 """
 
 from __future__ import annotations
@@ -20,23 +21,29 @@ STAMP = "compare_command.json"
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """What made a run besides its command and the files it names (stamp_of): a hash of the source of minigrpo/ and
-    toy_tasks/ (every .py file) and torch's version. After an edit or an upgrade compare makes its runs again."""
+    """What made a run besides its command and the files it names (stamp_of): a hash of the source
+    of minigrpo/ and toy_tasks/ (every .py file) and torch's version. After an edit or an upgrade
+    compare makes its runs again."""
+    import torch
+
     import minigrpo
     import toy_tasks
-    import torch
+
     digest = hashlib.sha256(torch.__version__.encode())
     for package in (minigrpo, toy_tasks):
         root = Path(package.__file__).parent
         for f in sorted(root.rglob("*.py")):
-            digest.update(f"{package.__name__}/{f.relative_to(root)}".encode() + b"\0" + f.read_bytes())
+            digest.update(
+                f"{package.__name__}/{f.relative_to(root)}".encode() + b"\0" + f.read_bytes()
+            )
     return digest.hexdigest()[:16]
 
 
 def named_files(cmd: list[str]) -> dict[str, str]:
-    """Every existing file the command line names, an argument itself or the part before a ':' (the --init
-    checkpoint, a reward's path/to/file.py:function), the source file of a --reward package.module:function, and
-    the modules of the user's own folders that a reward's source imports (local_imports) -> its content hash."""
+    """Every existing file the command line names, an argument itself or the part before a ':' (the
+    --init checkpoint, a reward's path/to/file.py:function), the source file of a --reward
+    package.module:function, and the modules of the user's own folders that a reward's source
+    imports (local_imports) -> its content hash."""
     paths = {p for arg in cmd[3:] for p in (arg, arg.rpartition(":")[0]) if p and Path(p).is_file()}
     rewards = (cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i] == "--reward")
     paths |= {f for f in map(module_file, rewards) if f}
@@ -45,9 +52,10 @@ def named_files(cmd: list[str]) -> dict[str, str]:
 
 
 def local_imports(source: Path) -> set[Path]:
-    """The .py files beside `source` (in its folder and below) that it imports, and those they import in turn,
-    found by reading the imports (nothing is run): `import helpers`, `from helpers import w`, `from . import w`,
-    `from pkg.sub import w` -> helpers.py, w.py, pkg/sub.py or pkg/sub/w.py, pkg/__init__.py's. Without `source`."""
+    """The .py files beside `source` (in its folder and below) that it imports, and those they
+    import in turn, found by reading the imports (nothing is run): `import helpers`, `from helpers
+    import w`, `from . import w`, `from pkg.sub import w` -> helpers.py, w.py, pkg/sub.py or
+    pkg/sub/w.py, pkg/__init__.py's. Without `source`."""
     seen, todo = set(), [source.resolve()]
     while todo:
         f = todo.pop()
@@ -67,30 +75,42 @@ def local_imports(source: Path) -> set[Path]:
             else:
                 continue
             for parts in (name.split(".") for name in names):
-                for stem in (source.parent.joinpath(*parts[:i]) for i in range(1, len(parts) + 1)):  # pkg, pkg.sub
-                    todo += [p.resolve() for p in (stem.with_suffix(".py"), stem / "__init__.py") if p.is_file()]
+                # pkg, pkg.sub
+                for stem in (source.parent.joinpath(*parts[:i]) for i in range(1, len(parts) + 1)):
+                    todo += [
+                        p.resolve()
+                        for p in (stem.with_suffix(".py"), stem / "__init__.py")
+                        if p.is_file()
+                    ]
     return seen - {source.resolve()}
 
 
 def stamp_of(cmd: list[str]) -> dict:
-    """What compare_command.json holds: the run's command line (after the interpreter), the code that ran it and the
-    content of the files it names. A finished run is kept only if all three match: a re-pretrained --init
-    checkpoint, an edited reward file or reward module makes the run again."""
+    """What compare_command.json holds: the run's command line (after the interpreter), the code
+    that ran it and the content of the files it names. A finished run is kept only if all three
+    match: a re-pretrained --init checkpoint, an edited reward file or reward module makes the run
+    again."""
     return {"command": cmd[1:], "code": code_version(), "files": named_files(cmd)}
 
 
 def finished_by(folder: Path, cmd: list[str]) -> bool:
-    """Whether `folder` holds a finished run made by exactly this command and this code (code_version)."""
+    """Whether `folder` holds a finished run made by exactly this command and this code
+    (code_version)."""
     stamp = folder / STAMP
-    return (folder / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == stamp_of(cmd)
+    return (
+        (folder / "summary.json").exists()
+        and stamp.exists()
+        and json.loads(stamp.read_text()) == stamp_of(cmd)
+    )
 
 
 def claim_runs(out: Path, command_of, overwrite: bool) -> None:
-    """Refuse a sweep folder whose finished runs another command made (other trainer flags, reward, budget): one
-    line, nothing touched; with overwrite, remove those runs (folders a stamp marks as runs of ours, nothing else).
-    Runs of the same command are kept (finished) or made again (unfinished, or made by other code or files: stale).
-    command_of(folder name) -> this invocation's command for that run folder (also for runs it does not make now),
-    or None for a name it would never use."""
+    """Refuse a sweep folder whose finished runs another command made (other trainer flags, reward,
+    budget): one line, nothing touched; with overwrite, remove those runs (folders a stamp marks as
+    runs of ours, nothing else). Runs of the same command are kept (finished) or made again
+    (unfinished, or made by other code or files: stale). command_of(folder name) -> this
+    invocation's command for that run folder (also for runs it does not make now), or None for a
+    name it would never use."""
     other = []
     for folder in sorted(p for p in out.iterdir() if (p / STAMP).is_file()):
         try:
@@ -103,9 +123,9 @@ def claim_runs(out: Path, command_of, overwrite: bool) -> None:
             other.append(folder)
     if other and not overwrite:
         names = ", ".join(f.name for f in other[:3]) + (", …" if len(other) > 3 else "")
-        raise UsageError(f"--out {str(out)!r} holds {len(other)} finished run(s) of another compare command "
-                         f"({names}); pass --overwrite to replace them, or another --out")
+        raise UsageError(
+            f"--out {str(out)!r} holds {len(other)} finished run(s) of another compare command "
+            f"({names}); pass --overwrite to replace them, or another --out"
+        )
     for folder in other:
         shutil.rmtree(folder)
-
-

@@ -1,1 +1,2 @@
-"""Plumbing every command shares: flag parsing and one-line errors (cli), threads and device (runtime)."""
+"""Plumbing every command shares: flag parsing and one-line errors (cli), threads and device
+(runtime)."""

@@ -1,5 +1,6 @@
-"""Run records as files: one JSON object per line (metrics.jsonl) and JSON files, strict JSON (non-finite numbers
-as null), read back so that a line torn by a crash or a full disk costs that line only."""
+"""Run records as files: one JSON object per line (metrics.jsonl) and JSON files, strict JSON
+(non-finite numbers as null), read back so that a line torn by a crash or a full disk costs that
+line only."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from minigrpo.util.cli import UsageError
 
 
 class JsonlLogger:
-    """Appends one JSON object per call to `path`, each line in one write, flushed at once (a crash loses nothing
-    written). On resume (truncate_after_step), the rows past the checkpoint and a torn last line are dropped."""
+    """Appends one JSON object per call to `path`, each line in one write, flushed at once (a crash
+    loses nothing written). On resume (truncate_after_step), the rows past the checkpoint and a torn
+    last line are dropped."""
 
     def __init__(self, path, truncate_after_step: int | None = None):
         self.path = Path(path)
-        if truncate_after_step is not None and self.path.exists():  # resume: drop rows past the checkpoint
+        # resume: drop rows past the checkpoint
+        if truncate_after_step is not None and self.path.exists():
             rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= truncate_after_step]
             self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         elif truncate_after_step is None:
@@ -33,8 +36,8 @@ class JsonlLogger:
 
 
 def strict_json(obj):
-    """NaN and ±inf are not JSON: the same object with every non-finite float (in dicts and lists, at any depth) as
-    None, so that what we write parses with a strict parser."""
+    """NaN and ±inf are not JSON: the same object with every non-finite float (in dicts and lists,
+    at any depth) as None, so that what we write parses with a strict parser."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -49,9 +52,12 @@ def read_json(path) -> dict:
 
 
 def read_jsonl(path) -> list[dict]:
-    """The rows of a JSONL file. A torn LAST line (a write cut short by a crash or a full disk) is skipped with one
-    warning on stderr; a bad line anywhere else is a UsageError (one line) naming it."""
-    lines = [(i, line) for i, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
+    """The rows of a JSONL file. A torn LAST line (a write cut short by a crash or a full disk) is
+    skipped with one warning on stderr; a bad line anywhere else is a UsageError (one line) naming
+    it."""
+    lines = [
+        (i, line) for i, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()
+    ]
     rows = []
     for i, line in lines:
         try:
@@ -59,5 +65,8 @@ def read_jsonl(path) -> list[dict]:
         except json.JSONDecodeError:
             if i != lines[-1][0]:
                 raise UsageError(f"{path}: line {i} is not JSON ({line[:40]!r}...)") from None
-            print(f"warning: {path}: its last line is torn (a write cut short); skipped it", file=sys.stderr)
+            print(
+                f"warning: {path}: its last line is torn (a write cut short); skipped it",
+                file=sys.stderr,
+            )
     return rows

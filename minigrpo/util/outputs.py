@@ -1,8 +1,9 @@
 """The output folder of a run and the files in it, written so that nothing already written is lost.
 
-`prepare_out(out, overwrite=..., resume=...)` claims the output folder: it refuses to mix a new run into
-an old one, locks the folder against a second writer, and sweeps temp files a killed process left.
-`write_json` and `write_atomic` never leave half a file, and a full disk keeps the previous version.
+`prepare_out(out, overwrite=..., resume=...)` claims the output folder: it refuses to mix a new run
+into an old one, locks the folder against a second writer, and sweeps temp files a killed process
+left. `write_json` and `write_atomic` never leave half a file, and a full disk keeps the previous
+version.
 """
 
 from __future__ import annotations
@@ -17,21 +18,29 @@ from pathlib import Path
 from minigrpo.util.cli import UsageError
 from minigrpo.util.jsonl import strict_json
 
-RUN_FILES = ("model.pt", "metrics.jsonl", "summary.json", "config.json")  # any of these: a run lives here
-RUN_OUTPUTS = (*RUN_FILES, "metrics.png", "loss.png", "samples.txt")  # what a run writes: all --overwrite removes
-MARK = "minigrpo run folder: this file is its lock and its mark (--overwrite replaces only runs of ours)\n"
-STALE_TEMP_GLOBS = (".*.pt.tmp[0-9]*", ".*.json.tmp[0-9]*", "*.json.tmp")  # write_atomic's (and older) temp names
-_LOCKS: dict[str, typing.IO] = {}  # folder -> its open, flock-ed .lock file, held for the life of the process
+# any of these: a run lives here
+RUN_FILES = ("model.pt", "metrics.jsonl", "summary.json", "config.json")
+# what a run writes: all --overwrite removes
+RUN_OUTPUTS = (*RUN_FILES, "metrics.png", "loss.png", "samples.txt")
+MARK = (
+    "minigrpo run folder: this file is its lock and its mark (--overwrite replaces only runs "
+    "of ours)\n"
+)
+# write_atomic's (and older) temp names
+STALE_TEMP_GLOBS = (".*.pt.tmp[0-9]*", ".*.json.tmp[0-9]*", "*.json.tmp")
+# folder -> its open, flock-ed .lock file, held for the life of the process
+_LOCKS: dict[str, typing.IO] = {}
 
 
 def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path:
     """Claim the output folder `out` for this process and return it as a Path.
 
-    Creates it; refuses '' and paths that cannot be folders; takes an exclusive lock on `<out>/.lock`
-    (held until the process ends, so a killed process never leaves it stuck); refuses a folder that
-    already holds a run unless `overwrite` (the files a run writes, RUN_OUTPUTS, are then removed first, and only
-    in a folder a run of ours wrote: `ours`) or `resume` (kept); deletes temp files a killed write left behind;
-    marks the folder as ours (in its .lock). Every refusal is a one-line UsageError."""
+    Creates it; refuses '' and paths that cannot be folders; takes an exclusive lock on
+    `<out>/.lock` (held until the process ends, so a killed process never leaves it stuck); refuses
+    a folder that already holds a run unless `overwrite` (the files a run writes, RUN_OUTPUTS, are
+    then removed first, and only in a folder a run of ours wrote: `ours`) or `resume` (kept);
+    deletes temp files a killed write left behind; marks the folder as ours (in its .lock). Every
+    refusal is a one-line UsageError."""
     out = str(out)
     if not out.strip():
         raise UsageError("--out is empty; give a folder path such as runs/my-run")
@@ -41,17 +50,24 @@ def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path
             raise UsageError(f"--out {out!r} is an existing file; give a folder path")
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"--out {out!r} cannot be created: {e.strerror or e}; give a writable folder") from None
+        raise UsageError(
+            f"--out {out!r} cannot be created: {e.strerror or e}; give a writable folder"
+        ) from None
     lock_out(path)
     old = [name for name in RUN_FILES if (path / name).exists()]
     if old and not (overwrite or resume):
         release_out(path)
-        raise UsageError(f"--out {out!r} already holds a run ({', '.join(old)}); pass --overwrite to replace it "
-                         f"(or --resume to continue it, in the RL commands), or another --out")
+        raise UsageError(
+            f"--out {out!r} already holds a run ({', '.join(old)}); pass --overwrite to replace it "
+            f"(or --resume to continue it, in the RL commands), or another --out"
+        )
     if old and overwrite and not resume and not ours(path):
         release_out(path)
-        raise UsageError(f"--out {out!r} holds {', '.join(old)} that no minigrpo run wrote; --overwrite replaces "
-                         f"only runs of ours: give another --out (nothing there was touched)")
+        raise UsageError(
+            f"--out {out!r} holds {', '.join(old)} that no minigrpo run wrote; --overwrite "
+            "replaces "
+            f"only runs of ours: give another --out (nothing there was touched)"
+        )
     remove_matching(path, STALE_TEMP_GLOBS)  # we hold the lock: no live writer owns these
     if old and overwrite and not resume:
         remove_matching(path, RUN_OUTPUTS)
@@ -62,8 +78,9 @@ def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path
 
 
 def ours(path: Path) -> bool:
-    """Did a run of ours write this folder? Its .lock holds our mark, or (a run of a minigrpo from before the mark)
-    its config.json is a settings object with a task and a metrics.jsonl lies beside it."""
+    """Did a run of ours write this folder? Its .lock holds our mark, or (a run of a minigrpo from
+    before the mark) its config.json is a settings object with a task and a metrics.jsonl lies
+    beside it."""
     lock = path / ".lock"
     if lock.is_file() and lock.read_text(errors="replace").startswith(MARK.split(":")[0]):
         return True
@@ -86,17 +103,22 @@ def lock_out(path: Path) -> None:
     try:
         f = open(lock_path, "a")
     except OSError as e:
-        raise UsageError(f"--out {str(path)!r} is not writable: {e.strerror or e}; give a writable folder") from None
+        raise UsageError(
+            f"--out {str(path)!r} is not writable: {e.strerror or e}; give a writable folder"
+        ) from None
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         f.close()
-        raise UsageError(f"another process is writing to {path}; wait for it, stop it, or give another --out") from None
+        raise UsageError(
+            f"another process is writing to {path}; wait for it, stop it, or give another --out"
+        ) from None
     _LOCKS[key] = f
 
 
 def release_out(path) -> None:
-    """Give up this process's lock on the folder `path` (it is also released when the process ends)."""
+    """Give up this process's lock on the folder `path` (it is also released when the process
+    ends)."""
     f = _LOCKS.pop(os.path.realpath(path), None)
     if f is not None:
         f.close()
@@ -110,10 +132,11 @@ def remove_matching(folder: Path, patterns) -> None:
 
 
 def write_atomic(path, data: bytes, what: str = "file") -> None:
-    """Write `data` to a temp file beside `path`, fsync it, and rename it over `path` (atomic on POSIX).
+    """Write `data` to a temp file beside `path`, fsync it, and rename it over `path` (atomic on
+    POSIX).
 
-    An OSError (a full disk, a read-only folder) becomes a one-line UsageError; the temp file is removed
-    and the previous `path`, if any, is left as it was."""
+    An OSError (a full disk, a read-only folder) becomes a one-line UsageError; the temp file is
+    removed and the previous `path`, if any, is left as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -133,7 +156,10 @@ def write_atomic(path, data: bytes, what: str = "file") -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (temp file + rename), so a crash never leaves half a file; strict JSON: non-finite
-    numbers as null."""
-    write_atomic(path, (json.dumps(strict_json(obj), indent=2, default=str, allow_nan=False) + "\n").encode(),
-                 what="file")
+    """Write JSON atomically (temp file + rename), so a crash never leaves half a file; strict JSON:
+    non-finite numbers as null."""
+    write_atomic(
+        path,
+        (json.dumps(strict_json(obj), indent=2, default=str, allow_nan=False) + "\n").encode(),
+        what="file",
+    )

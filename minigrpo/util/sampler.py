@@ -3,16 +3,18 @@
     with ThreadSampler() as s:
         run_population(...)              # its members are threads
     s.top(10)                            # [(share, "minigrpo/grpo.py:update"), ...]
-    ThreadSampler(roots=["minigrpo/rl/loop.py:run"]).phases   # what run() was calling: {"...:evaluate": n, ...}
+    ThreadSampler(roots=["minigrpo/rl/loop.py:run"]).phases   # what run() was calling:
+        {"...:evaluate": n, ...}
 
-Why not cProfile: it sees the thread that enabled it only, and from Python 3.12 it holds sys.monitoring, which
-one tool per process may hold. A sample takes every thread's innermost frame (sys._current_frames): a thread
-blocked in a wait (Condition.wait, a lock's acquire, join) is counted as waiting; for the others each function of
-this project on its stack counts once (its cumulative share), and the innermost one also as its own time. A thread
-waiting for the interpreter lock is counted where it stands, so shares are of the threads' time, not of the wall
-time.
+Why not cProfile: it sees the thread that enabled it only, and from Python 3.12 it holds
+sys.monitoring, which one tool per process may hold. A sample takes every thread's innermost frame
+(sys._current_frames): a thread blocked in a wait (Condition.wait, a lock's acquire, join) is
+counted as waiting; for the others each function of this project on its stack counts once (its
+cumulative share), and the innermost one also as its own time. A thread waiting for the interpreter
+lock is counted where it stands, so shares are of the threads' time, not of the wall time.
 
-Periodic, its base: a thread that does something every few seconds while `with` runs (bench's GPU readings too).
+Periodic, its base: a thread that does something every few seconds while `with` runs (bench's GPU
+readings too).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import sys
 import threading
 import time
 
-WAITS = {"wait", "acquire", "_wait_for_tstate_lock", "join"}  # a thread parked here is waiting, not working
+# a thread parked here is waiting, not working
+WAITS = {"wait", "acquire", "_wait_for_tstate_lock", "join"}
 
 
 def function_name(code) -> str:
@@ -35,7 +38,8 @@ def function_name(code) -> str:
 
 
 def project_stack(frame) -> list[str]:
-    """The functions of this project on a stack from `frame` outwards, innermost first (function_name)."""
+    """The functions of this project on a stack from `frame` outwards, innermost first
+    (function_name)."""
     names = []
     while frame is not None:
         names.append(function_name(frame.f_code))
@@ -44,8 +48,8 @@ def project_stack(frame) -> list[str]:
 
 
 class Periodic:
-    """A daemon thread that calls `tick()` every `every` seconds while `with` runs, until it returns False; `start`:
-    when the `with` began (time.perf_counter)."""
+    """A daemon thread that calls `tick()` every `every` seconds while `with` runs, until it returns
+    False; `start`: when the `with` began (time.perf_counter)."""
 
     def __init__(self, every: float):
         self.every = every
@@ -73,9 +77,12 @@ class ThreadSampler(Periodic):
     def __init__(self, every: float = 0.002, roots: tuple = ()):
         super().__init__(every)
         self.roots = set(roots)
-        self.phases: collections.Counter = collections.Counter()  # "root → what it was calling" -> samples
-        self.cumulative: collections.Counter = collections.Counter()  # function -> samples with it on the stack
-        self.own: collections.Counter = collections.Counter()  # function -> samples with it innermost (of ours)
+        # "root → what it was calling" -> samples
+        self.phases: collections.Counter = collections.Counter()
+        # function -> samples with it on the stack
+        self.cumulative: collections.Counter = collections.Counter()
+        # function -> samples with it innermost (of ours)
+        self.own: collections.Counter = collections.Counter()
         self.samples = self.waiting = 0
 
     def tick(self) -> None:
@@ -95,13 +102,19 @@ class ThreadSampler(Periodic):
             self.own[names[0]] += 1
         if self.roots:  # the innermost root, and what it was calling (the function just inside it)
             k = next((k for k, name in enumerate(names) if name in self.roots), None)
-            self.phases["(outside every root)" if k is None else f"{names[k]} (its own code)" if k == 0 else
-                        f"{names[k]} → {names[k - 1].rsplit(':', 1)[1]}"] += 1
+            self.phases[
+                "(outside every root)"
+                if k is None
+                else f"{names[k]} (its own code)"
+                if k == 0
+                else f"{names[k]} → {names[k - 1].rsplit(':', 1)[1]}"
+            ] += 1
 
     def working(self) -> int:
         return self.samples - self.waiting
 
     def top(self, n: int, own: bool = False) -> list[tuple[float, str]]:
-        """The n functions with the largest share of the working samples: cumulative, or their own time."""
+        """The n functions with the largest share of the working samples: cumulative, or their own
+        time."""
         counts = self.own if own else self.cumulative
         return [(c / max(self.working(), 1), name) for name, c in counts.most_common(n)]

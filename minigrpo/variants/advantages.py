@@ -1,14 +1,16 @@
 """Advantage baselines and scales, one table each: what GRPO's update compares each reward with.
 
-    A = scale(r − baseline)      --baseline group | rloo | batch | remax      --adv-scale group | batch | none | gpg
+    A = scale(r − baseline)      --baseline group | rloo | batch | remax      --adv-scale group |
+                                 batch | none | gpg
 
-Baselines (the math: objectives/advantages.py): the group mean (GRPO), leave-one-out (RLOO 2402.14740), the
-batch mean (REINFORCE++ 2501.03262), the reward of π_old's greedy completion (ReMax 2310.10505). Scales: the
-group std (GRPO; the group baseline only), one batch std, none (Dr. GRPO 2503.20783), or GPG's α = N/#(A ≠ 0)
-on the unscaled advantages (2504.02546). With the group baseline, "batch" divides by the std of the RAW
-rewards (TRL scale_rewards="batch"); with the others, by the std of the centred values (REINFORCE++).
-Also here: what the update does with the rewards before the baseline (the random-reward control of
-2506.10947) and after it (DAPO's and REINFORCE-Rej's filter of groups whose rewards are all equal).
+Baselines (the math: objectives/advantages.py): the group mean (GRPO), leave-one-out (RLOO
+2402.14740), the batch mean (REINFORCE++ 2501.03262), the reward of π_old's greedy completion (ReMax
+2310.10505). Scales: the group std (GRPO; the group baseline only), one batch std, none (Dr. GRPO
+2503.20783), or GPG's α = N/#(A ≠ 0) on the unscaled advantages (2504.02546). With the group
+baseline, "batch" divides by the std of the RAW rewards (TRL scale_rewards="batch"); with the
+others, by the std of the centred values (REINFORCE++). Also here: what the update does with the
+rewards before the baseline (the random-reward control of 2506.10947) and after it (DAPO's and
+REINFORCE-Rej's filter of groups whose rewards are all equal).
 """
 
 from __future__ import annotations
@@ -18,62 +20,112 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.objectives.advantages import (batch_scaled, gpg_scale, group_advantages, remax_advantages,
-                                            rloo_advantages)
+from minigrpo.objectives.advantages import (
+    batch_scaled,
+    gpg_scale,
+    group_advantages,
+    remax_advantages,
+    rloo_advantages,
+)
 from minigrpo.util.cli import UsageError, meta
 
 
 def _then_batch_std(centre: Callable) -> Callable:
-    """A baseline's (rewards, scale, cfg, greedy) -> advantages, from its centring: then none or the batch std."""
+    """A baseline's (rewards, scale, cfg, greedy) -> advantages, from its centring: then none or the
+    batch std."""
+
     def advantages(r, scale, cfg, greedy):
         adv = centre(r, greedy)
         return adv if scale == "none" else batch_scaled(adv, cfg.adv_std == "unbiased", cfg.adv_eps)
+
     return advantages
 
 
 @dataclass(frozen=True)
 class Baseline:
-    advantages: Callable  # (rewards (P, G), scale, cfg, greedy (P,) or None) -> (P, G), for scale group|batch|none
+    # (rewards (P, G), scale, cfg, greedy (P,) or None) -> (P, G), for scale group|batch|none
+    advantages: Callable
     scales: tuple[str, ...]  # the --adv-scale values it takes besides gpg
-    needs_greedy: bool = False  # the reward of π_old's greedy completion of each prompt (one decode a prompt)
+    # the reward of π_old's greedy completion of each prompt (one decode a prompt)
+    needs_greedy: bool = False
 
 
 BASELINES = {
-    "group": Baseline(lambda r, scale, cfg, greedy: group_advantages(r, scale, cfg.adv_std == "unbiased", cfg.adv_eps),
-                      ("group", "batch", "none")),
+    "group": Baseline(
+        lambda r, scale, cfg, greedy: group_advantages(
+            r, scale, cfg.adv_std == "unbiased", cfg.adv_eps
+        ),
+        ("group", "batch", "none"),
+    ),
     "rloo": Baseline(_then_batch_std(lambda r, greedy: rloo_advantages(r)), ("batch", "none")),
-    "batch": Baseline(_then_batch_std(lambda r, greedy: (r.flatten() - r.flatten().mean()).view_as(r)),
-                      ("batch", "none")),
+    "batch": Baseline(
+        _then_batch_std(lambda r, greedy: (r.flatten() - r.flatten().mean()).view_as(r)),
+        ("batch", "none"),
+    ),
     "remax": Baseline(_then_batch_std(remax_advantages), ("batch", "none"), needs_greedy=True),
 }
 SCALES = ("group", "batch", "none", "gpg")
-PANELS = [("advantage mean / std", ["adv_mean", "adv_std"]),
-          ("rewards in the update: random control, greedy baseline", ["random_reward_mean", "greedy_reward_mean"]),
-          ("share of equal-reward groups (lower = more signal)", ["equal_groups"])]
+PANELS = [
+    ("advantage mean / std", ["adv_mean", "adv_std"]),
+    (
+        "rewards in the update: random control, greedy baseline",
+        ["random_reward_mean", "greedy_reward_mean"],
+    ),
+    ("share of equal-reward groups (lower = more signal)", ["equal_groups"]),
+]
 
 
 @dataclass
 class AdvantageFlags:
     """advantages: baselines, scales, group filters"""
-    baseline: str = field(default="group", metadata=meta(
-        "reward baseline: group mean, leave-one-out (rloo), batch mean, or the reward of π_old's greedy "
-        "completion (remax)", choices=list(BASELINES)))
-    adv_scale: str = field(default="group", metadata=meta(
-        "divide advantages by the group std, the batch std, or nothing; gpg: nothing, times N/#(Â ≠ 0)",
-        choices=list(SCALES)))
-    adv_std: str = field(default="unbiased", metadata=meta(
-        "std with Bessel's correction (paper, TRL) or the population std", choices=["unbiased", "population"]))
+
+    baseline: str = field(
+        default="group",
+        metadata=meta(
+            "reward baseline: group mean, leave-one-out (rloo), batch mean, or the reward of "
+            "π_old's greedy "
+            "completion (remax)",
+            choices=list(BASELINES),
+        ),
+    )
+    adv_scale: str = field(
+        default="group",
+        metadata=meta(
+            "divide advantages by the group std, the batch std, or nothing; gpg: nothing, times "
+            "N/#(Â ≠ 0)",
+            choices=list(SCALES),
+        ),
+    )
+    adv_std: str = field(
+        default="unbiased",
+        metadata=meta(
+            "std with Bessel's correction (paper, TRL) or the population std",
+            choices=["unbiased", "population"],
+        ),
+    )
     adv_eps: float = field(default=1e-4, metadata={"help": "ε added to the std"})
-    skip_equal_groups: bool = field(default=False, metadata=meta(
-        "drop groups whose rewards are all equal (they carry no signal; DAPO's and REINFORCE-Rej's filter); a step "
-        "with none left takes its updates on the preservation anchor alone"))
-    random_reward: bool = field(default=False, metadata=meta(
-        "a control: replace every reward by a seeded Bernoulli(0.5) draw, blind to the completion (2506.10947)"))
+    skip_equal_groups: bool = field(
+        default=False,
+        metadata=meta(
+            "drop groups whose rewards are all equal (they carry no signal; DAPO's and "
+            "REINFORCE-Rej's filter); a step "
+            "with none left takes its updates on the preservation anchor alone"
+        ),
+    )
+    random_reward: bool = field(
+        default=False,
+        metadata=meta(
+            "a control: replace every reward by a seeded Bernoulli(0.5) draw, blind to the "
+            "completion (2506.10947)"
+        ),
+    )
 
 
-def advantages(rewards: torch.Tensor, cfg, greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
-    """(N,) rewards grouped G by G -> (N,) advantages by --baseline and --adv-scale; greedy_rewards (prompts,):
-    ReMax's baseline."""
+def advantages(
+    rewards: torch.Tensor, cfg, greedy_rewards: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(N,) rewards grouped G by G -> (N,) advantages by --baseline and --adv-scale; greedy_rewards
+    (prompts,): ReMax's baseline."""
     r, baseline = rewards.view(-1, cfg.group_size), BASELINES[cfg.baseline]  # (prompts, G)
     if cfg.adv_scale == "gpg":  # GPG: the unscaled advantages times α = N/#(Â ≠ 0) over the batch
         adv = baseline.advantages(r, "none", cfg, greedy_rewards)
@@ -81,9 +133,11 @@ def advantages(rewards: torch.Tensor, cfg, greedy_rewards: torch.Tensor | None =
     return baseline.advantages(r, cfg.adv_scale, cfg, greedy_rewards).flatten()
 
 
-def update_rewards(rewards: torch.Tensor, cfg, generator: torch.Generator, stats: dict) -> torch.Tensor:
-    """The rewards the update learns from: the sampled ones, or with --random-reward Bernoulli(0.5) draws from
-    their own stream, blind to the completions (the control of 2506.10947)."""
+def update_rewards(
+    rewards: torch.Tensor, cfg, generator: torch.Generator, stats: dict
+) -> torch.Tensor:
+    """The rewards the update learns from: the sampled ones, or with --random-reward Bernoulli(0.5)
+    draws from their own stream, blind to the completions (the control of 2506.10947)."""
     if not cfg.random_reward:
         return rewards
     drawn = torch.bernoulli(torch.full(rewards.shape, 0.5), generator=generator).to(rewards)
@@ -92,8 +146,8 @@ def update_rewards(rewards: torch.Tensor, cfg, generator: torch.Generator, stats
 
 
 def kept_rows(equal: torch.Tensor, cfg) -> torch.Tensor | None:
-    """--skip-equal-groups: the rows (indices into N) of the groups whose rewards differ, from equal (prompts,)
-    bool: the groups whose rewards are all equal; None without the flag (every row)."""
+    """--skip-equal-groups: the rows (indices into N) of the groups whose rewards differ, from equal
+    (prompts,) bool: the groups whose rewards are all equal; None without the flag (every row)."""
     if not cfg.skip_equal_groups:
         return None
     return (~equal).repeat_interleave(cfg.group_size).nonzero().flatten()
@@ -102,8 +156,13 @@ def kept_rows(equal: torch.Tensor, cfg) -> torch.Tensor | None:
 def check(cfg) -> None:
     scales = BASELINES[cfg.baseline].scales
     if cfg.adv_scale != "gpg" and cfg.adv_scale not in scales:
-        raise UsageError(f"--adv-scale {cfg.adv_scale} needs --baseline group (got {cfg.baseline}); "
-                         f"use --adv-scale {' or '.join(scales)}")
+        raise UsageError(
+            f"--adv-scale {cfg.adv_scale} needs --baseline group (got {cfg.baseline}); "
+            f"use --adv-scale {' or '.join(scales)}"
+        )
     if cfg.random_reward and BASELINES[cfg.baseline].needs_greedy:
-        raise UsageError("--random-reward replaces the sampled rewards; --baseline remax would compare them with "
-                         "a real greedy reward: use another baseline")
+        raise UsageError(
+            "--random-reward replaces the sampled rewards; --baseline remax would compare them "
+            "with "
+            "a real greedy reward: use another baseline"
+        )

@@ -1,9 +1,10 @@
-"""KL estimators, one table: the per-token KL(π_θ‖π_ref) that GRPO's --kl names, and where --kl-in puts it.
+"""KL estimators, one table: the per-token KL(π_θ‖π_ref) that GRPO's --kl names, and where --kl-in
+puts it.
 
-Each entry holds its function (the math: objectives/kl.py), the inputs it reads, and whether it is a value
-that can be folded into the reward (k1, k2, k3; k3+ and k3_iw differ from k3 only in their gradient). The
-CLI choices, the check and the logged metric names (kl_<name>) come from this table: adding an estimator
-is one entry here.
+Each entry holds its function (the math: objectives/kl.py), the inputs it reads, and whether it is a
+value that can be folded into the reward (k1, k2, k3; k3+ and k3_iw differ from k3 only in their
+gradient). The CLI choices, the check and the logged metric names (kl_<name>) come from this table:
+adding an estimator is one entry here.
 """
 
 from __future__ import annotations
@@ -38,21 +39,47 @@ KL_PANEL = ("KL to π_ref per token (lower = closer)", [f"kl_{name}" for name in
 @dataclass
 class KLFlags:
     """KL to the reference π_ref"""
-    beta: float = field(default=0.3, metadata=meta("β: KL(π‖π_ref) weight (the paper: 0.04; see grpo.py)"))
-    kl: str = field(default="exact", metadata=meta(
-        "KL estimator per token (exact: full vocabulary; the paper uses k3; k3+: k3's value, k2's gradient; "
-        "k3_iw: ρ·k3, DeepSeek-V3.2; objectives/kl.py)", choices=list(KL_ESTIMATORS)))
-    rollout_kl: bool = field(default=True, metadata=meta(
-        "log the per-token KL(π‖π_ref) on each rollout even when nothing else needs π_ref's log-probs (β = 0, no "
-        "--fork-entropy): one no-grad forward of π_ref a step, which --no-rollout-kl skips, as TRL does at β = 0 "
-        "(the exact evaluation's kl_ref is logged either way)"))
-    kl_in: str = field(default="loss", metadata=meta(
-        "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)", choices=["loss", "reward"]))
+
+    beta: float = field(
+        default=0.3, metadata=meta("β: KL(π‖π_ref) weight (the paper: 0.04; see grpo.py)")
+    )
+    kl: str = field(
+        default="exact",
+        metadata=meta(
+            "KL estimator per token (exact: full vocabulary; the paper uses k3; k3+: k3's value, "
+            "k2's gradient; "
+            "k3_iw: ρ·k3, DeepSeek-V3.2; objectives/kl.py)",
+            choices=list(KL_ESTIMATORS),
+        ),
+    )
+    rollout_kl: bool = field(
+        default=True,
+        metadata=meta(
+            "log the per-token KL(π‖π_ref) on each rollout even when nothing else needs π_ref's "
+            "log-probs (β = 0, no "
+            "--fork-entropy): one no-grad forward of π_ref a step, which --no-rollout-kl skips, "
+            "as TRL does at β = 0 "
+            "(the exact evaluation's kl_ref is logged either way)"
+        ),
+    )
+    kl_in: str = field(
+        default="loss",
+        metadata=meta(
+            "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)",
+            choices=["loss", "reward"],
+        ),
+    )
 
 
 def kl_per_token(logp, ref_logp, logits, ref_logits, kind: str, old_logp=None) -> torch.Tensor:
     """(N, T) per-token KL(π‖π_ref) by the estimator `kind` (KL_ESTIMATORS)."""
-    inputs = {"logp": logp, "ref_logp": ref_logp, "old_logp": old_logp, "logits": logits, "ref_logits": ref_logits}
+    inputs = {
+        "logp": logp,
+        "ref_logp": ref_logp,
+        "old_logp": old_logp,
+        "logits": logits,
+        "ref_logits": ref_logits,
+    }
     estimator = KL_ESTIMATORS[kind]
     return estimator.fn(*(inputs[name] for name in estimator.needs))
 
@@ -67,5 +94,7 @@ def check(cfg) -> None:
     if cfg.kl_in == "reward" and cfg.beta > 0 and not KL_ESTIMATORS[cfg.kl].reward_penalty:
         *names, last = [k for k, e in KL_ESTIMATORS.items() if e.reward_penalty]
         allowed = f"{', '.join(names)} or {last}"
-        raise UsageError(f"--kl {cfg.kl} works only with --kl-in loss (the reward penalty uses {allowed}; "
-                         f"k3+ and k3_iw differ from k3 only in their gradient)")
+        raise UsageError(
+            f"--kl {cfg.kl} works only with --kl-in loss (the reward penalty uses {allowed}; "
+            f"k3+ and k3_iw differ from k3 only in their gradient)"
+        )

@@ -1,14 +1,17 @@
 """Policy losses, one table: the per-token term L_t that GRPO's --policy-loss names.
 
-    ppo_clip  −min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â); --ratio sequence: GSPO's one ratio per sequence
-              (2507.18071); --dual-clip c: verl's bound for Â < 0                    (objectives/losses.py)
-    cispo     −sg(clip(ρ, 1−ε_low, 1+ε_high))·Â·log π (MiniMax-M1 2506.13585): --clip-low/--clip-high clamp
-              its weight
-    gmpo      −exp(mean_t clipped log ρ_t)·Â, a sequence loss (2507.20673): always reduced as the paper's
-              (1/B)·Σ_i −J_i, whatever --loss-agg (which still reduces the KL and entropy terms)
+    ppo_clip  −min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â); --ratio sequence: GSPO's one ratio per
+              sequence (2507.18071); --dual-clip c: verl's bound for Â < 0
+                  (objectives/losses.py)
+    cispo     −sg(clip(ρ, 1−ε_low, 1+ε_high))·Â·log π (MiniMax-M1 2506.13585):
+              --clip-low/--clip-high clamp its weight
+    gmpo      −exp(mean_t clipped log ρ_t)·Â, a sequence loss (2507.20673): always reduced as the
+              paper's (1/B)·Σ_i −J_i, whatever --loss-agg (which still reduces the KL and entropy
+                  terms)
     sapo      −(4/τ)·σ(τ(ρ − 1))·Â, a soft gate instead of the clip (2511.20347)
-The math: objectives/losses.py and objectives/policy_losses.py. Each entry reads its own hyper-parameters
-from the flags; the token filters and Clip-Cov / KL-Cov (variants/entropy.py) act on the chosen loss.
+The math: objectives/losses.py and objectives/policy_losses.py. Each entry reads its own
+hyper-parameters from the flags; the token filters and Clip-Cov / KL-Cov (variants/entropy.py) act
+on the chosen loss.
 """
 
 from __future__ import annotations
@@ -32,45 +35,94 @@ class PolicyLoss:
 
 
 POLICY_LOSSES = {
-    "ppo_clip": PolicyLoss(clipped_surrogate, lambda c: {"eps_low": c.clip_low, "eps_high": c.clip_high,
-                                                         "dual_clip": c.dual_clip, "level": c.ratio}),
-    "cispo": PolicyLoss(cispo, lambda c: {"eps_low": c.clip_low,
-                                          "eps_high": c.clip_low if c.clip_high is None else c.clip_high}),
+    "ppo_clip": PolicyLoss(
+        clipped_surrogate,
+        lambda c: {
+            "eps_low": c.clip_low,
+            "eps_high": c.clip_high,
+            "dual_clip": c.dual_clip,
+            "level": c.ratio,
+        },
+    ),
+    "cispo": PolicyLoss(
+        cispo,
+        lambda c: {
+            "eps_low": c.clip_low,
+            "eps_high": c.clip_low if c.clip_high is None else c.clip_high,
+        },
+    ),
     "gmpo": PolicyLoss(gmpo, lambda c: {"eps": c.gmpo_eps}, reduction="seq-mean-token-sum"),
     "sapo": PolicyLoss(sapo, lambda c: {"tau_pos": c.sapo_tau_pos, "tau_neg": c.sapo_tau_neg}),
 }
-PANELS = [("clip fractions", ["clip_frac_low", "clip_frac_high"]), ("ratio π/π_old", ["ratio_mean", "ratio_max"])]
+PANELS = [
+    ("clip fractions", ["clip_frac_low", "clip_frac_high"]),
+    ("ratio π/π_old", ["ratio_mean", "ratio_max"]),
+]
 
 
 @dataclass
 class PolicyLossFlags:
     """the policy loss and its clip"""
-    policy_loss: str = field(default="ppo_clip", metadata=meta(
-        "the per-token policy loss (variants/policy_losses.py): PPO's clip, CISPO, GMPO or SAPO",
-        choices=list(POLICY_LOSSES)))
-    clip_low: float = field(default=0.2, metadata=meta(
-        "ε_low: ratio clipped below at 1−ε_low (cispo: its weight's lower clamp, 1 = none)"))
-    clip_high: float | None = field(default=None, metadata=meta(
-        "ε_high: ratio clipped above at 1+ε_high (default ε_low; DAPO 0.28; cispo: its weight's cap, preset 4)"))
-    dual_clip: float | None = field(default=None, metadata=meta(
-        "dual-clip constant c > 1 bounding the loss for negative advantages (ppo_clip only)"))
-    ratio: str = field(default="token", metadata=meta(
-        "importance ratio per token, or one per sequence (GSPO; not GSPO-token; ppo_clip only)",
-        choices=["token", "sequence"]))
-    gmpo_eps: float = field(default=0.4, metadata=meta("GMPO: each log ρ_t clipped to (−ε, ε) (the paper's 0.4)"))
-    sapo_tau_pos: float = field(default=1.0, metadata=meta("SAPO: the gate's temperature τ where Â > 0"))
-    sapo_tau_neg: float = field(default=1.05, metadata=meta("SAPO: the gate's temperature τ where Â ≤ 0"))
+
+    policy_loss: str = field(
+        default="ppo_clip",
+        metadata=meta(
+            "the per-token policy loss (variants/policy_losses.py): PPO's clip, CISPO, GMPO or "
+            "SAPO",
+            choices=list(POLICY_LOSSES),
+        ),
+    )
+    clip_low: float = field(
+        default=0.2,
+        metadata=meta(
+            "ε_low: ratio clipped below at 1−ε_low (cispo: its weight's lower clamp, 1 = none)"
+        ),
+    )
+    clip_high: float | None = field(
+        default=None,
+        metadata=meta(
+            "ε_high: ratio clipped above at 1+ε_high (default ε_low; DAPO 0.28; cispo: its "
+            "weight's cap, preset 4)"
+        ),
+    )
+    dual_clip: float | None = field(
+        default=None,
+        metadata=meta(
+            "dual-clip constant c > 1 bounding the loss for negative advantages (ppo_clip only)"
+        ),
+    )
+    ratio: str = field(
+        default="token",
+        metadata=meta(
+            "importance ratio per token, or one per sequence (GSPO; not GSPO-token; ppo_clip only)",
+            choices=["token", "sequence"],
+        ),
+    )
+    gmpo_eps: float = field(
+        default=0.4, metadata=meta("GMPO: each log ρ_t clipped to (−ε, ε) (the paper's 0.4)")
+    )
+    sapo_tau_pos: float = field(
+        default=1.0, metadata=meta("SAPO: the gate's temperature τ where Â > 0")
+    )
+    sapo_tau_neg: float = field(
+        default=1.05, metadata=meta("SAPO: the gate's temperature τ where Â ≤ 0")
+    )
 
 
 def policy_loss_per_token(logp, old_logp, adv, mask, ent, cfg, generator=None) -> torch.Tensor:
-    """L_t of --policy-loss over the tokens that carry it, (N, T): `mask` narrowed by --top-entropy (from the
-    entropies `ent` (N, T)), then Clip-Cov or KL-Cov when --cov-control is on (drawing from `generator`)."""
+    """L_t of --policy-loss over the tokens that carry it, (N, T): `mask` narrowed by --top-entropy
+    (from the entropies `ent` (N, T)), then Clip-Cov or KL-Cov when --cov-control is on (drawing
+    from `generator`)."""
     mask = top_entropy(ent, mask, cfg)
     loss = POLICY_LOSSES[cfg.policy_loss]
     control = COV_CONTROLS.get(cfg.cov_control)
     hyper = {**loss.hyper(cfg), **(control.hyper if control else {})}
     per_token = loss.fn(logp, old_logp, adv[:, None], mask, **hyper)
-    return per_token if control is None else control.apply(per_token, logp, old_logp, adv, mask, cfg, generator)
+    return (
+        per_token
+        if control is None
+        else control.apply(per_token, logp, old_logp, adv, mask, cfg, generator)
+    )
 
 
 def reduction(cfg) -> str:
@@ -81,4 +133,7 @@ def reduction(cfg) -> str:
 def check(cfg) -> None:
     require(cfg, "dual_clip", cfg.dual_clip is None or cfg.dual_clip > 1, "> 1")
     if cfg.policy_loss != "ppo_clip" and (cfg.ratio != "token" or cfg.dual_clip is not None):
-        raise UsageError(f"--ratio sequence and --dual-clip belong to --policy-loss ppo_clip, not {cfg.policy_loss}")
+        raise UsageError(
+            "--ratio sequence and --dual-clip belong to --policy-loss ppo_clip, not "
+            f"{cfg.policy_loss}"
+        )

@@ -1,17 +1,21 @@
 """Sampler corrections: rollouts drawn from a π_sampler other than π_old, and the importance weights
-w = π_old/π_sampler that correct the policy loss (TRL's vllm_importance_sampling_correction, verl's rollout
-correction: per_token_loss *= w before the KL term is added; the KL, entropy and preservation terms are not
-weighted).
+w = π_old/π_sampler that correct the policy loss (TRL's vllm_importance_sampling_correction, verl's
+rollout correction: per_token_loss *= w before the KL term is added; the KL, entropy and
+preservation terms are not weighted).
 
-    --sample-temperature T, --sample-top-p P, --sample-stale N   where the rollouts come from (rl/rollout.Sampler;
-                           the truncated mass of top-p can never be sampled: no weight corrects that part)
-    --is-correction tis    min(w, C), --is-cap C (verl's 2)                      (objectives/importance.py)
+    --sample-temperature T, --sample-top-p P, --sample-stale N   where the rollouts come from
+        (rl/rollout.Sampler;
+                           the truncated mass of top-p can never be sampled: no weight corrects that
+                               part)
+    --is-correction tis    min(w, C), --is-cap C (verl's 2)
+                           (objectives/importance.py)
     --is-correction mis    w·1[LOW ≤ w ≤ HIGH], --is-band LOW,HIGH (verl's 0.5,2; IcePop)
     --is-level sequence    w = Π_t w_t over the completion, on each of its tokens
-Departures: MIS zeroes the weight and keeps the token in the aggregation's denominator (TRL's mask), where
-verl's rejection removes it; our band has a lower edge (TRL masks only above the cap). π_old's log-probs come
-from the first update's forward pass (TRL recomputes them with the trainer, as here). Without a --sample-*
-flag the sampler is π_old through the KV cache: a correction then only corrects its rounding.
+Departures: MIS zeroes the weight and keeps the token in the aggregation's denominator (TRL's mask),
+where verl's rejection removes it; our band has a lower edge (TRL masks only above the cap). π_old's
+log-probs come from the first update's forward pass (TRL recomputes them with the trainer, as here).
+Without a --sample-* flag the sampler is π_old through the KV cache: a correction then only corrects
+its rounding.
 """
 
 from __future__ import annotations
@@ -24,43 +28,89 @@ from minigrpo.objectives.importance import CORRECTIONS, correction
 from minigrpo.rl.rollout import Sampler
 from minigrpo.util.cli import UsageError, check_ranges, meta, require
 
-PANELS = [("sampler mismatch: mean IS weight, share capped / masked, KL(π_sampler‖π_old)",
-           ["is_weight_mean", "is_capped", "is_masked", "sampler_kl"])]
+PANELS = [
+    (
+        "sampler mismatch: mean IS weight, share capped / masked, KL(π_sampler‖π_old)",
+        ["is_weight_mean", "is_capped", "is_masked", "sampler_kl"],
+    )
+]
 
 
 @dataclass
 class SamplerFlags:
     """sampler ≠ trainer: where rollouts come from, and the importance correction"""
-    sample_temperature: float | None = field(default=None, metadata=meta(
-        "sample the rollouts at this temperature (default --temperature; π_old stays at --temperature)"))
-    sample_top_p: float | None = field(default=None, metadata=meta(
-        "sample the rollouts from the top-p nucleus of the sampler's distribution (default: no truncation)"))
-    sample_stale: int = field(default=0, metadata=meta(
-        "sample the rollouts from the policy as it was N steps earlier (asynchronous RL; 0 = the current one)"))
-    is_correction: str = field(default="none", metadata=meta(
-        "importance weights π_old/π_sampler on the per-token policy loss: truncated (tis) or masked (mis, "
-        "IcePop) (objectives/importance.py)", choices=["none", *CORRECTIONS]))
-    is_level: str = field(default="token", metadata=meta(
-        "the weight per token, or Π_t over the completion (sequence)", choices=["token", "sequence"]))
-    is_cap: float | None = field(default=None, metadata=meta("TIS: the cap C >= 1 of min(w, C) (default 2, verl's)"))
-    is_band: str | None = field(default=None, metadata=meta(
-        "MIS: LOW,HIGH, the band of weights kept, LOW <= 1 <= HIGH (default 0.5,2, verl's)"))
+
+    sample_temperature: float | None = field(
+        default=None,
+        metadata=meta(
+            "sample the rollouts at this temperature (default --temperature; π_old stays at "
+            "--temperature)"
+        ),
+    )
+    sample_top_p: float | None = field(
+        default=None,
+        metadata=meta(
+            "sample the rollouts from the top-p nucleus of the sampler's distribution (default: "
+            "no truncation)"
+        ),
+    )
+    sample_stale: int = field(
+        default=0,
+        metadata=meta(
+            "sample the rollouts from the policy as it was N steps earlier (asynchronous RL; 0 = "
+            "the current one)"
+        ),
+    )
+    is_correction: str = field(
+        default="none",
+        metadata=meta(
+            "importance weights π_old/π_sampler on the per-token policy loss: truncated (tis) or "
+            "masked (mis, "
+            "IcePop) (objectives/importance.py)",
+            choices=["none", *CORRECTIONS],
+        ),
+    )
+    is_level: str = field(
+        default="token",
+        metadata=meta(
+            "the weight per token, or Π_t over the completion (sequence)",
+            choices=["token", "sequence"],
+        ),
+    )
+    is_cap: float | None = field(
+        default=None, metadata=meta("TIS: the cap C >= 1 of min(w, C) (default 2, verl's)")
+    )
+    is_band: str | None = field(
+        default=None,
+        metadata=meta(
+            "MIS: LOW,HIGH, the band of weights kept, LOW <= 1 <= HIGH (default 0.5,2, verl's)"
+        ),
+    )
 
 
 def make_sampler(cfg) -> Sampler | None:
     """Where the rollouts come from when a --sample-* flag is set; None: from π_old itself."""
-    mismatch = cfg.sample_temperature is not None or cfg.sample_top_p is not None or cfg.sample_stale > 0
+    mismatch = (
+        cfg.sample_temperature is not None or cfg.sample_top_p is not None or cfg.sample_stale > 0
+    )
     return Sampler(cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) if mismatch else None
 
 
 def weights(cfg, sampler: Sampler | None, batch, mask: torch.Tensor, stats: dict) -> dict:
-    """-> {"is_weights": (N, T)} when --is-correction is on, else {} (a learner's grpo_loss takes none);
-    logs the sampler's KL (and the correction's figures) whenever the rollout's sampler is not π_old or a
-    correction is asked for."""
+    """-> {"is_weights": (N, T)} when --is-correction is on, else {} (a learner's grpo_loss takes
+    none); logs the sampler's KL (and the correction's figures) whenever the rollout's sampler is
+    not π_old or a correction is asked for."""
     if sampler is None and cfg.is_correction == "none":
         return {}
-    w, s = correction(cfg.is_correction, batch.old_logp, batch.sampler_logp, mask, cfg.is_level,
-                      cfg.is_cap or 2.0, band(cfg))
+    w, s = correction(
+        cfg.is_correction,
+        batch.old_logp,
+        batch.sampler_logp,
+        mask,
+        cfg.is_level,
+        cfg.is_cap or 2.0,
+        band(cfg),
+    )
     stats.update(s)
     return {} if w is None else {"is_weights": w}
 
@@ -74,17 +124,27 @@ def band(cfg) -> tuple[float, float]:
     except ValueError:
         raise UsageError(f"--is-band must be LOW,HIGH (two numbers), got {cfg.is_band!r}") from None
     if not (0 <= low <= 1 <= high < float("inf")):
-        raise UsageError(f"--is-band needs 0 <= LOW <= 1 <= HIGH (a weight of 1 must pass), got {cfg.is_band!r}")
+        raise UsageError(
+            f"--is-band needs 0 <= LOW <= 1 <= HIGH (a weight of 1 must pass), got {cfg.is_band!r}"
+        )
     return low, high
 
 
 def check(cfg) -> None:
     """Ranges, and no flag that the chosen correction would ignore."""
-    check_ranges(cfg, {"sample_temperature": (1e-3, None), "sample_top_p": (1e-6, 1), "is_cap": (1, None)})
+    check_ranges(
+        cfg, {"sample_temperature": (1e-3, None), "sample_top_p": (1e-6, 1), "is_cap": (1, None)}
+    )
     require(cfg, "sample_stale", cfg.sample_stale >= 0, ">= 0")
     band(cfg)
-    ignored = [(cfg.is_level != "token", "--is-level", "tis or mis"), (cfg.is_cap is not None, "--is-cap", "tis"),
-               (cfg.is_band is not None, "--is-band", "mis")]
+    ignored = [
+        (cfg.is_level != "token", "--is-level", "tis or mis"),
+        (cfg.is_cap is not None, "--is-cap", "tis"),
+        (cfg.is_band is not None, "--is-band", "mis"),
+    ]
     for given, flag, kinds in ignored:
         if given and cfg.is_correction not in kinds.split(" or "):
-            raise UsageError(f"{flag} belongs to --is-correction {kinds}, got --is-correction {cfg.is_correction}")
+            raise UsageError(
+                f"{flag} belongs to --is-correction {kinds}, got --is-correction "
+                f"{cfg.is_correction}"
+            )
