@@ -1,5 +1,5 @@
-"""GRPO (DeepSeekMath, arXiv 2402.03300), read top to bottom; its variants plug in from
-minigrpo/variants.
+"""GRPO (DeepSeekMath, arXiv 2402.03300) with its variants and a real run's machinery; the
+default recipe alone, in one file to read first: minigrpo/grpo_one_file.py.
 
     python -m minigrpo.grpo --reward pizza
     python -m minigrpo.grpo --preset dapo --reward "food:apple pie"
@@ -9,7 +9,7 @@ prompts from π_old and score them; one advantage per completion from its group'
 --updates inner updates of
 
     L = agg( −min(ρ_t·Â, clip(ρ_t, 1−ε_low, 1+ε_high)·Â) ) + β·agg(KL_t) − c_H·agg(H_t) +
-        preservation
+    preservation
 
 ρ_t = π_θ/π_old per token; KL_t per token against the frozen π_ref; agg the mean over each
 completion's tokens, then over completions (the paper's eq. 3). With μ = 1 the ratio is identically
@@ -20,7 +20,7 @@ Departures from the paper, each measured (docs/algorithms.md, docs/experiments.m
   μ = 2        the paper's one update per batch leaves the ratio at 1 and the clip dead
   --kl exact   the full-vocabulary KL(π‖π_ref) per position instead of the sampled k3: free at the
                character level, and its gradient is the reverse KL's (k3's is the forward KL's:
-                   objectives/kl.py)
+               objectives/kl.py)
   β 0.3        (paper 0.04) with lr 6e-4 and G = 16 × 4 prompts: held every every-step bar on hard
                targets
 The trust region (rl/trust_region.py) and the stop rule (rl/stopping.py) belong to the run, not the
@@ -163,7 +163,7 @@ def grpo_loss(
     KL_t, H_t).
 
         loss = agg(w_t·L_t) + β·agg(KL_t) − c_H·agg(H_t)      (DeepSeekMath eq. 3 with an entropy
-            bonus)
+        bonus)
 
     logp (N, T): log π_θ of the sampled completion tokens (with gradient); old_logp, ref_logp (N,
     T): π_old's and π_ref's (no gradient); logits, ref_logits (N, T, V): π_θ's and π_ref's
@@ -174,7 +174,7 @@ def grpo_loss(
     max_len --max-new-tokens. KL_t enters the loss only with β > 0 and --kl-in loss (None without
     π_ref's log-probs); H_t = the entropy of π_θ's next-token distribution.
     """
-    agg = lambda x: aggregate(x, mask, cfg.loss_agg, cfg.max_new_tokens)  # noqa: E731 (one reduction for all)
+    agg = lambda x: aggregate(x, mask, cfg.loss_agg, cfg.max_new_tokens)  # one reduction for all
     ent = entropy(logits)
     per_token = policy_loss_per_token(
         logp, old_logp, adv, mask if policy_mask is None else policy_mask, ent, cfg, generator
@@ -338,7 +338,7 @@ class GRPO:
 def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, anchor) -> dict:
     """What one inner update logs: its losses, the KL per token (the chosen estimator's and the
     exact one; not without π_ref) and the entropy, token-means over the completions."""
-    mean = lambda x: aggregate(x, mask, "token-mean").item()  # noqa: E731
+    mean = lambda x: aggregate(x, mask, "token-mean").item()
     kl = (
         {}
         if kl_tok is None

@@ -37,6 +37,7 @@ import math
 import sys
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -45,190 +46,184 @@ from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from minigrpo.objectives.advantages import equal_groups, group_advantages
-from minigrpo.objectives.kl import exact as exact_kl
+from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats
 from toy_tasks import food
-from toy_tasks.rewards import RewardError, make_reward
+from toy_tasks.rewards import RewardError, make_reward, score
 from toy_tasks.support import reward_table
 
+# ---- the recipe: minigrpo.grpo's defaults ----
+PERSON = "ravin"  # whose prompt RL trains on: "ravin likes "
+G, PROMPTS_PER_STEP = 16, 4  # completions per prompt, prompts per step: N = 64 rows
+MAX_NEW_TOKENS, TEMPERATURE = 14, 1.0
+UPDATES = 2  # μ: updates per rollout (the first has ρ ≡ 1; the second is a real clipped step)
+CLIP = 0.2  # ε: the ratio is clipped to [1 − ε, 1 + ε]
+BETA = 0.3  # β: the weight of the exact KL to π_ref in the loss
+ADV_EPS = 1e-4  # ε added to the group's std
+LR, WARMUP, WARMDOWN, GRAD_CLIP = 6e-4, 5, 0.2, 1.0  # warm-up steps; the share of --steps to fall
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--reward", default="pizza", help="pizza, food:<food>, graded[:<food>], ...")
-    p.add_argument("--person", default="ravin", choices=food.PEOPLE, help="whose prompt")
-    p.add_argument("--init", default="runs/pretrain/model.pt", help="pretrained model (π_ref)")
-    p.add_argument("--out", default=None, help="output folder (runs/grpo_one_file-<reward>)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=30, help="RL steps (no stop rule: all of them)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+def one_line_error(message: str):
+    """A bad value: one line on stderr, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        "python -m minigrpo.grpo_one_file", description=__doc__.split("\n")[0]
+    )
+    p.error = one_line_error  # argparse's own error prints the usage too
+    p.add_argument("--reward", default="pizza", help="pizza (default), food:<food>, graded, ...")
+    p.add_argument("--init", default="runs/pretrain/model.pt", help="pretrained model, π_ref too")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--steps", type=int, default=30, help="RL steps, all of them run (default 30)")
+    p.add_argument(
+        "--out", default=None, help="output folder (default runs/grpo_one_file-<reward>)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
-    args.out = args.out or f"runs/grpo_one_file-{args.reward.replace(':', '-').replace(' ', '-')}"
-    # the default recipe of minigrpo.grpo (its flags of the same names)
-    args.prompts_per_step, args.group_size, args.max_new_tokens = 4, 16, 14  # P, G, T
-    args.temperature, args.updates, args.clip, args.beta = 1.0, 2, 0.2, 0.3  # τ, μ, ε, β
-    args.lr, args.warmup, args.lr_warmdown, args.grad_clip = 6e-4, 5, 0.2, 1.0
+    try:
+        args.reward_fn = make_reward(args.reward, food.REWARDS, food.REWARD_HELP)
+    except RewardError as e:
+        p.error(str(e))
+    slug = "".join(c if c.isalnum() else "-" for c in args.reward).strip("-")
+    args.out = Path(args.out or f"runs/grpo_one_file-{slug}")
+    if (args.out / "metrics.jsonl").exists() and not args.overwrite:
+        p.error(f"--out {args.out} holds a run already: add --overwrite, or another --out")
     return args
 
 
-def seeded(seed: int, purpose: str, device="cpu") -> torch.Generator:
-    """One random stream per purpose (as rl/loop.py's purpose_seed): sampling and prompt draws
-    never share one, so changing one part of a run leaves the other's draws alone."""
-    return torch.Generator(device).manual_seed(
-        (seed * 1_000_003 + zlib.crc32(purpose.encode())) % 2**63
-    )
-
-
-def learning_rate(args, step: int) -> float:
-    """lr · min(1, (step+1)/warmup) · min(1, (steps − step)/n), n = round(warmdown · steps)."""
-    n = round(args.lr_warmdown * args.steps)
-    return (
-        args.lr
-        * min(1.0, (step + 1) / args.warmup)
-        * (min(1.0, (args.steps - step) / n) if n else 1.0)
-    )
-
-
-def train(args) -> list[dict]:
+def main(argv=None) -> None:
+    args = parse(argv)
+    # ---- set-up: seeds, models, generators (the order minigrpo.grpo's run uses) ----
     torch.set_num_threads(1)  # a model this small runs fastest on one thread
     torch.manual_seed(args.seed)
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(auto if args.device == "auto" else args.device)
-    policy, tok, _ = load_checkpoint(args.init, device)
-    reward = make_reward(args.reward, food.REWARDS, food.REWARD_HELP)  # reward(prompt, completion)
-    prompts = [food.prompt(args.person)]  # RL trains on this one prompt
-    table = reward_table(reward, prompts, food.support, food.OFF_SUPPORT_PROBES)  # exact E[r]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        policy, tok, meta = load_checkpoint(args.init, device)
+    except CheckpointError as e:
+        first = "" if Path(args.init).exists() else " (run `python -m minigrpo.pretrain` first)"
+        one_line_error(f"--init: {e}{first}")
+    if meta["task"] != "food":
+        one_line_error(f"--init {args.init!r} was pretrained on task {meta['task']!r}, not food")
     ref = copy.deepcopy(policy).eval().requires_grad_(False)  # π_ref: the pretrained model, frozen
-    baseline = food.rl_baseline(ref, tok, args)  # each person's exact food distribution, π_ref
+    prompts = [food.prompt(PERSON)]  # ["ravin likes "]
+    cfg = SimpleNamespace(person=PERSON, beta=BETA)  # what the exact evaluation reads
+    table = reward_table(args.reward_fn, prompts, food.support, food.OFF_SUPPORT_PROBES)
+    baseline = food.rl_baseline(ref, tok, cfg)  # every person's exact food distribution, at start
     policy.train()
+    # one generator per purpose, seeded with (seed·1_000_003 + crc32(purpose)) mod 2^63: the
+    # rollout's samples on the device, the prompt draws on the CPU
     gens = {
-        "rollout": seeded(args.seed, "rollout", device),
-        "prompts": seeded(args.seed, "prompts"),
-    }
-    opt = AdamW(policy.parameters(), lr=args.lr)
-    G, T = args.group_size, args.max_new_tokens
-    agg = lambda x, mask: aggregate(x, mask, "seq-mean-token-mean", T)  # mean per row, then rows
-    token_mean = lambda x, mask: aggregate(x, mask, "token-mean").item()  # for the log
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = (out / "metrics.jsonl").open("w")
-    ev = food.rl_evaluate(policy, tok, baseline, args, table)
-    rows = [{"step": 0, **numbers(ev)}]
-    log.write(json.dumps(rows[-1]) + "\n")
-    for step in range(args.steps):
-        opt.param_groups[0]["lr"] = learning_rate(args, step)
-
-        # 1. sample G completions of each of the step's prompts from π_old, and score them
-        draw = torch.randint(len(prompts), (args.prompts_per_step,), generator=gens["prompts"])
-        texts = [prompts[i] for i in draw.tolist() for _ in range(G)]  # grouped: G rows a prompt
-        ids, key_mask = encode_prompts(tok, texts, device)  # BOS + prompt, left-padded (N, P)
-        policy.eval()
-        gen = generate(policy, ids, key_mask, T, args.temperature, generator=gens["rollout"])
-        completions = decode_completions(tok, gen)
-        rewards = torch.tensor(
-            [float(reward(p, c)) for p, c in zip(texts, completions)], device=device
+        purpose: torch.Generator(where).manual_seed(
+            (args.seed * 1_000_003 + zlib.crc32(purpose.encode())) % 2**63
         )
-        with torch.no_grad():  # π_ref's next-token logits at every completion slot (N, T, V)
-            _, ref_logits = generation_logprobs(ref, gen, args.temperature, return_logits=True)
-        policy.train()
-        mask = gen.completion_mask  # (N, T) bool: the tokens up to and including the first EOS
+        for purpose, where in (("rollout", device), ("prompts", "cpu"))
+    }
+    opt = AdamW(policy.parameters(), lr=LR)
+    n_warmdown = round(WARMDOWN * args.steps)  # --steps sets the warm-down: 30 steps -> 6
+    # the GRPO paper's eq. 3: the mean over each completion's valid tokens, then over completions
+    agg = lambda x, m: aggregate(x, m, "seq-mean-token-mean")
+    token_mean = lambda x, m: aggregate(x, m, "token-mean").item()  # the figures the log shows
+    args.out.mkdir(parents=True, exist_ok=True)
+    metrics = open(args.out / "metrics.jsonl", "w")
 
-        # 2. group-normalised advantages: one per completion, 0 for a group of equal rewards
-        by_group = rewards.view(-1, G)  # (P, G)
-        adv = group_advantages(by_group, "group", unbiased=True, eps=1e-4).flatten()  # (N,)
-        stats = {
-            "equal_groups": equal_groups(by_group).float().mean().item(),
-            "adv_mean": adv.mean().item(),
-            "adv_std": adv.std().item(),
-        }
+    def log(row: dict) -> None:  # strict JSON: a non-finite number is null
+        row = {k: v if math.isfinite(v) else None for k, v in row.items()}
+        metrics.write(json.dumps(row) + "\n")
+        metrics.flush()
 
-        # 3. μ updates of the clipped surrogate against π_old, with the exact KL to π_ref
-        updates, clip_stats = [], []
-        for i in range(args.updates):
-            logp, logits = generation_logprobs(policy, gen, args.temperature, return_logits=True)
-            if i == 0:  # π_θ is π_old at the first update: its log-probs are π_old's
-                old_logp = logp.detach()  # (N, T)
-            policy_loss = agg(
-                clipped_surrogate(logp, old_logp, adv[:, None], mask, args.clip), mask
+    def evaluation() -> dict:  # exact: P(target), drift, malformed from teacher-forced forwards
+        ev = food.rl_evaluate(policy, tok, baseline, cfg, table)
+        return {k: v for k, v in ev.items() if type(v) in (int, float)}
+
+    print(
+        f"grpo_one_file | reward {args.reward} | G={G} x {PROMPTS_PER_STEP} prompts | "
+        f"{args.steps} steps | from {args.init}"
+    )
+    log({"step": 0, **evaluation()})
+    for step in range(args.steps):
+        # lr_t = LR·min(1, (t + 1)/WARMUP)·min(1, (steps − t)/n), n = round(WARMDOWN·steps): a
+        # linear warm-up, then a linear fall to 0 over the last n steps (n = 0: none)
+        lr = LR * min(1.0, (step + 1) / WARMUP)
+        opt.param_groups[0]["lr"] = (
+            lr * min(1.0, (args.steps - step) / n_warmdown) if n_warmdown else lr
+        )
+
+        # ---- 1. rollout: G completions of each drawn prompt from π_old, scored ----
+        idx = torch.randint(len(prompts), (PROMPTS_PER_STEP,), generator=gens["prompts"])
+        rows = [prompts[i] for i in idx.tolist() for _ in range(G)]  # (N,) grouped by prompt
+        ids, key_mask = encode_prompts(tok, rows, device)  # (N, P) BOS + prompt, left-padded
+        gen = generate(
+            policy, ids, key_mask, MAX_NEW_TOKENS, TEMPERATURE, generator=gens["rollout"]
+        )
+        completions = decode_completions(tok, gen)
+        finished = gen.finished.tolist()
+        r = torch.tensor(score(args.reward_fn, rows, completions, finished), device=device)  # (N,)
+        mask = gen.completion_mask  # (N, T) bool: tokens up to and including the first EOS
+        with torch.no_grad():  # π_ref's next-token logits at every completion slot: (N, T, V)
+            _, ref_logits = generation_logprobs(ref, gen, TEMPERATURE, return_logits=True)
+
+        # ---- 2. advantages: Â_i = (r_i − mean(r_group)) / (std(r_group) + ε), 0 for equal groups
+        by_group = r.view(-1, G)  # (prompts, G)
+        advantages = group_advantages(by_group, "group", unbiased=True, eps=ADV_EPS).flatten()
+
+        # ---- 3. μ updates: the clipped surrogate against π_old, plus β·KL(π_θ‖π_ref) ----
+        per_update, clipping = [], []
+        for update in range(UPDATES):
+            logprobs, logits = generation_logprobs(policy, gen, TEMPERATURE, return_logits=True)
+            if update == 0:  # π_θ is π_old at the first update: its log-probs are π_old's
+                old_logprobs = logprobs.detach()  # (N, T)
+            # −min(ρ·Â, clip(ρ, 1 − ε, 1 + ε)·Â) per token, ρ = π_θ/π_old: (N, T)
+            pg_loss = agg(
+                clipped_surrogate(logprobs, old_logprobs, advantages[:, None], mask, CLIP), mask
             )
-            kl = exact_kl(logits, ref_logits)  # KL(π_θ‖π_ref) at each position (N, T)
-            loss = policy_loss + args.beta * agg(kl, mask)
-            if i > 0:  # the first update has ρ ≡ 1: nothing to clip yet
-                s = surrogate_stats(logp, old_logp, adv[:, None], mask, args.clip)
-                clip_stats.append({k: v.item() for k, v in s.items()})
+            kl = exact(logits, ref_logits)  # KL(π_θ‖π_ref) over the whole vocabulary: (N, T)
+            loss = pg_loss + BETA * agg(kl, mask)
+            if update > 0:  # the first update has ρ ≡ 1: nothing to clip yet
+                s = surrogate_stats(logprobs, old_logprobs, advantages[:, None], mask, CLIP)
+                clipping.append({k: v.item() for k, v in s.items()})
             opt.zero_grad()
             loss.backward()
-            grad_norm = clip_grad_norm(opt.params, args.grad_clip)
+            grad_norm = clip_grad_norm(opt.params, GRAD_CLIP)  # ‖g‖ before the clip
             opt.step()
-            updates.append(
-                {
-                    "policy_loss": policy_loss.item(),
-                    "loss": loss.item(),
-                    "kl_exact": token_mean(kl.detach(), mask),
-                    "entropy": token_mean(entropy(logits.detach()), mask),
-                    "grad_norm": grad_norm.item(),
-                }
-            )
-        stats |= mean_of(updates) | mean_of(clip_stats)
+            per_update.append({
+                "policy_loss": pg_loss.item(),
+                "loss": loss.item(),
+                "kl_exact": token_mean(kl.detach(), mask),  # per token
+                "entropy": token_mean(entropy(logits.detach()), mask),
+                "grad_norm": grad_norm.item(),
+            })  # fmt: skip
 
-        # 4. exact evaluation: every figure from the world's declared distribution, no sampling
-        ev = food.rl_evaluate(policy, tok, baseline, args, table)
-        rows.append(
-            {
-                "step": step + 1,
-                "reward_mean": rewards.mean().item(),
-                "reward_std": rewards.std().item(),
-                **stats,
-                "completion_len": mask.sum(1).float().mean().item(),
-                **numbers(ev),
-            }
-        )
+        # ---- 4. the step's row: the rollout's figures, means over the updates (the ratio's max:
+        # its max), and the exact evaluation: every figure from the world's declared truth
+        row = {"step": step + 1, "reward_mean": r.mean().item(), "reward_std": r.std().item()}
+        row |= {
+            "equal_groups": equal_groups(by_group).float().mean().item(),
+            "adv_mean": advantages.mean().item(),
+            "adv_std": advantages.std().item(),
+        }
+        for figures in (per_update, clipping):
+            for k in figures[0]:
+                v = [d[k] for d in figures]
+                row[k] = max(v) if k.endswith("_max") else sum(v) / len(v)
+        row |= {"completion_len": mask.sum(1).float().mean().item(), **evaluation()}
+        log(row)
         print(
-            f"step {step + 1:3d}/{args.steps} | reward {rows[-1]['reward_mean']:.3f} | target "
-            f"{ev['target_rate']:.3f} | drift {ev['worst_drift']:.3f} | malformed "
-            f"{ev['malformed']:.4f} | kl {stats['kl_exact']:.4f}",
-            flush=True,
+            f"step {step + 1:{len(str(args.steps))}d}/{args.steps} | reward "
+            f"{row['reward_mean']:.3f} | target {row['target_rate']:.3f} | drift "
+            f"{row['worst_drift']:.3f} | malformed {row['malformed']:.4f} | kl "
+            f"{row['kl_exact']:.4f}"
         )
-        log.write(json.dumps(rows[-1]) + "\n")
-        log.flush()
-    log.close()
-    save_checkpoint(out / "model.pt", policy, tok, "food", args.steps)
-    print(f"wrote {out}/ (metrics.jsonl, model.pt); compare the drift with python -m minigrpo.grpo")
-    return rows
-
-
-def numbers(ev: dict) -> dict:
-    """The numeric figures of an exact evaluation (its per-person tables aside); strict JSON has
-    no infinity: a figure that is not finite (an implied β of a run still at π_ref) is null."""
-    return {
-        k: v if math.isfinite(v) else None
-        for k, v in ev.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-
-
-def mean_of(per_update: list[dict]) -> dict:
-    """A step's figures from its updates': the mean of each, the max of the *_max ones."""
-    keys = dict.fromkeys(k for d in per_update for k in d)
-    return {
-        k: (max if k.endswith("_max") else lambda v: sum(v) / len(v))([d[k] for d in per_update])
-        for k in keys
-    }
-
-
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    try:
-        train(args)
-    except CheckpointError as e:
-        sys.exit(
-            print(f"error: --init: {e} (python -m minigrpo.pretrain makes one)", file=sys.stderr)
-            or 2
-        )
-    except (RewardError, ValueError) as e:  # a reward or a --person the world does not know
-        sys.exit(print(f"error: {e}", file=sys.stderr) or 2)
+    metrics.close()
+    save_checkpoint(args.out / "model.pt", policy, tok, task="food", step=args.steps)
+    print(
+        f"wrote {args.out}/ (metrics.jsonl, model.pt); other people drift: python -m "
+        f"minigrpo.sample --checkpoint {args.out}/model.pt --prompt 'alice likes ' --num 1000"
+    )
 
 
 if __name__ == "__main__":
