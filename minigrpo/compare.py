@@ -1,10 +1,9 @@
 """Run several algorithms × seeds side by side and compare them on the task's exact metrics.
 
     python -m minigrpo.compare --seeds 5 --reward pizza          # the default list of algorithms
-        (see --help)
-    python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
-    python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags
-        pass through
+    (see --help) python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by
+    name python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer
+    flags pass through
 
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the
 cores), one thread each, running their runs in process (pool.py: the same metrics as separate
@@ -31,21 +30,17 @@ runs/compare-<reward>):
                 over seeds)
   frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT
                 reward–KL frontier (frontier.py: no policy lies above it); and E[r] against the
-                    worst drift
+                worst drift
   table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and
                 0.95, final target rate and exact E[r], exact KL, worst drift and malformed mass at
-                    the end and at
-                their peak over every evaluated step; food: the regret to the frontier, the implied
-                    β, the
-                KL to the optimum of equal reward and to π*_β of the run's own --beta (DPO's is that
-                sequence-level β exactly; GRPO's per-token β only points near it); exact pass@8;
-                    then the
-                interquartile means of the final target rate, the steps to 0.95 and the regret with
-                    their 95 %
-                bootstrap intervals, and P(A > B) on the final target rate for every pair
-                    (tools/stats.py)
+                the end and at their peak over every evaluated step; food: the regret to the
+                frontier, the implied β, the KL to the optimum of equal reward and to π*_β of the
+                run's own --beta (DPO's is that sequence-level β exactly; GRPO's per-token β only
+                points near it); exact pass@8; then the interquartile means of the final target
+                rate, the steps to 0.95 and the regret with their 95 % bootstrap intervals, and P(A
+                > B) on the final target rate for every pair (tools/stats.py)
   intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a
-      band)
+  band)
 and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the
 medians of the steps to 0.95, the final target rate, the peak drift and malformed mass and (food)
 the regret; then IQMs, intervals.
@@ -57,7 +52,6 @@ import argparse
 import importlib
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.population.engine import run_populations, shares_of
@@ -73,148 +67,36 @@ from minigrpo.tools.algorithms import (
     run_of,
     variant_flags,
 )
+from minigrpo.tools.compare_config import CompareConfig, command, trainer_args
 from minigrpo.tools.intervals import Bootstraps, ask_early
 from minigrpo.tools.pool import brief, run_one, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.tools.sweep_report import curves, write_outputs
-from minigrpo.util.cli import UsageError, finish_unread, main_guard, meta, parse_config, require
+from minigrpo.util.cli import UsageError, finish_unread, main_guard, parse_config, require
 from minigrpo.util.mps import sharing_gpu
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import check_device, cores, on_gpu
+
+# what tests and other modules read from here (some of it defined in tools/)
+__all__ = [
+    "ALGOS",
+    "OWN_TRAINERS",
+    "CompareConfig",
+    "check_all",
+    "command",
+    "exact_frontier",
+    "main",
+    "module_of",
+    "on_gpu",
+    "trainer_args",
+]
 
 DESCRIPTION = (
     __doc__.split("\n\n")[0]
     + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
     "passes through to the trainers (see python -m minigrpo.grpo --help)."
 )
-
-
-@dataclass
-class CompareConfig:
-    algos: str = field(
-        default="default,grpo,dr_grpo,dapo,gspo,rloo,reinforce,ppo,ppo_oracle",
-        metadata=meta(
-            f"comma-separated, of {', '.join(ALGOS)} (default = minigrpo.grpo without "
-            f"a preset; ppo_oracle = ppo --critic oracle, the ideal-critic bound; dpo, "
-            f"online_dpo = minigrpo.dpo [--online]), each with flags of its own if you "
-            f"like: NAME@flag=value[@flag=value...], e.g. default@lr=0.003, a row of its "
-            f"own (minigrpo/tools/algorithms.py)"
-        ),
-    )
-    seeds: int = field(default=5, metadata=meta("seeds per algorithm (0, 1, ...)"))
-    budget: str = field(
-        default="fixed",
-        metadata=meta(
-            "fixed: every run takes --steps steps (equal work); goal: each run stops at its goal",
-            choices=["fixed", "goal"],
-        ),
-    )
-    steps: int | None = field(
-        default=None,
-        metadata=meta(
-            "steps per run (default: 60 on food with --budget fixed, else the trainers' own cap)"
-        ),
-    )
-    reward: str | None = field(
-        default=None,
-        metadata=meta("reward spec passed to every run (default: the task's, food: pizza)"),
-    )
-    out: str | None = field(
-        default=None,
-        metadata=meta("output folder (default runs/compare-<reward>, or runs/compare-<task>)"),
-    )
-    overwrite: bool = field(
-        default=False,
-        metadata=meta(
-            "replace the runs in --out that another compare command made (refused otherwise)"
-        ),
-    )
-    jobs: int = field(
-        default=0,
-        metadata={
-            "help": "worker processes: with --engine pool each runs one run at a "
-            "time, with population each one population; then the table's "
-            "bootstraps in as many threads (0 = the cores)"
-        },
-    )
-    members: int = field(
-        default=128,
-        metadata=meta(
-            "most runs in one population (--engine population; threads: at most 16): more runs "
-            "make more populations, "
-            "each worker process running one at a time (0 = no limit)"
-        ),
-    )
-    engine: str = field(
-        default="auto",
-        metadata=meta(
-            "pool: worker processes, a few runs at a time; population: populations of at most "
-            "--members runs, one per "
-            "worker process at a time, a GRPO or PPO algorithm's seeds in lockstep (GRPO's "
-            "presets of one μ together), "
-            "other runs as threads (minigrpo/population); "
-            "auto: population when the runs' device is a GPU, else pool",
-            choices=["auto", "pool", "population"],
-        ),
-    )
-    mps: str = field(
-        default="auto",
-        metadata=meta(
-            "auto: processes on one GPU share it through CUDA's Multi-Process Service, a control "
-            "daemon of compare's own "
-            "(where none serves, nvidia-cuda-mps-control is at hand and not under torchrun); "
-            "off: they take turns",
-            choices=["auto", "off"],
-        ),
-    )
-
-
-def trainer_args(
-    algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str
-) -> list[str]:
-    """The trainer's flags for one run (without the module and --out)."""
-    base = base_of(algo)
-    preset = (
-        OWN_TRAINERS[base][1]
-        if base in OWN_TRAINERS
-        else []
-        if base == "default"
-        else ["--preset", base]
-    )
-    reward = ["--reward", cfg.reward] if cfg.reward else []
-    steps = cfg.steps or (60 if cfg.budget == "fixed" and task == "food" else None)
-    budget = (["--goal", "0", "--plateau", "0"] if cfg.budget == "fixed" else []) + (
-        ["--steps", str(steps), "--ckpt-every", str(steps)] if steps else []
-    )  # its last checkpoint alone
-    return [
-        *preset,
-        *reward,
-        "--seed",
-        str(seed),
-        "--threads",
-        "1",
-        "--quiet",
-        "--no-plot",
-        *budget,
-        *passthrough,
-        *variant_flags(algo),
-    ]  # a variant's own flags last: they win
-
-
-def command(
-    algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path
-) -> list[str]:
-    """One run's whole command line: [python, "-m", its trainer, its flags, "--out",
-    <out>/<algo>-s<seed>]."""
-    return [
-        sys.executable,
-        "-m",
-        module_of(algo),
-        *trainer_args(algo, seed, cfg, passthrough, task),
-        "--out",
-        str(out / f"{algo}-s{seed}"),
-    ]
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -434,8 +316,7 @@ def main(argv=None):
         if shard.rank == 0:
             print(
                 f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to "
-                f"run{ranks}), {at_once} -> "
-                f"{out}",
+                f"run{ranks}), {at_once} -> {out}",
                 flush=True,
             )
         # rank 0 reads the runs kept
@@ -481,8 +362,7 @@ def main(argv=None):
         print(f"failed: {algo} seed {seed}: {brief(err)}")
     print(
         f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'intervals.png'}, "
-        f"{out / 'table.md'} (the "
-        f"full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)"
+        f"{out / 'table.md'} (the full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)"
     )
     if errors:
         raise SystemExit(1)

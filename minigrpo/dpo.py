@@ -36,15 +36,13 @@ land on it: docs/experiments.md.
 Departures from the papers:
   - none in the loss by default; --labels bt (above), --sft-coef α (RPO's NLL of y_w, Pang et al.
     2404.19733, TRL's rpo_alpha) and --kl-coef c (the exact per-token KL on the rollout, GRPO's
-        term) are flags, all off.
+    term) are flags, all off.
   - the run's per-step rollout (G x prompts samples of the current policy) is collected in offline
     mode too (rl/loop.py does so for every algorithm); offline DPO trains on none of it: it logs the
-        on-policy reward and
-    exact KL and is the trust region's probe.
+    on-policy reward and exact KL and is the trust region's probe.
   - preservation (rl/preserve.py: the other people, and the RL prompt's own forced states), the
     5-step warm-up, the gradient clip and the trust region apply as to every algorithm; lr 6e-4 (the
-        papers: ~5e-7 on
-    billion-parameter models).
+    papers: ~5e-7 on billion-parameter models).
 """
 
 from __future__ import annotations
@@ -121,26 +119,23 @@ class DPOConfig(RLConfig):
         default=0.0,
         metadata=meta(
             "α: + α·NLL of each chosen completion per token (RPO, Pang et al. 2404.19733, TRL's "
-            "rpo_alpha; the "
-            "paper's DPO: 0)"
+            "rpo_alpha; the paper's DPO: 0)"
         ),
     )
     labels: str = field(
         default="hard",
         metadata=meta(
             "hard: y_w preferred with probability 1 (the paper's DPO on ranked pairs; overshoots "
-            "π*_β, see dpo.py); "
-            "bt: the Bradley–Terry probability σ(r_w − r_l) as a soft label (cDPO's form), whose "
-            "minimiser is π*_β",
+            "π*_β, see dpo.py); bt: the Bradley–Terry probability σ(r_w − r_l) as a soft label "
+            "(cDPO's form), whose minimiser is π*_β",
             choices=["hard", "bt"],
         ),
     )
     kl_coef: float = field(
         default=0.0,
         metadata=meta(
-            "+ this x the exact KL(π‖π_ref) per token (full vocabulary) on the step's rollout, "
-            "as GRPO's β "
-            "(the paper's DPO: 0)"
+            "+ this x the exact KL(π‖π_ref) per token (full vocabulary) on the step's rollout, as "
+            "GRPO's β (the paper's DPO: 0)"
         ),
     )
 
@@ -169,8 +164,7 @@ def sample_pair_set(policy, tok, prompts: list[str], k: int, reward, cfg, genera
     if len(group) == 0:
         raise UsageError(
             f"the {k} π_ref samples per prompt hold no two with different rewards: no pair to "
-            "learn "
-            f"from; raise --offline-samples (or use --online)"
+            "learn from; raise --offline-samples (or use --online)"
         )
     return {
         **gen.to_dict(),
@@ -298,7 +292,7 @@ class DPO:
         A label p < 1 gives p·L(y_w, y_l) + (1 − p)·L(y_l, y_w) (cDPO; TRL's label_smoothing = 1 −
         p)."""
         cfg, out, loss = self.cfg, {}, None
-        add = lambda a, b: b if a is None else a + b  # noqa: E731
+        add = lambda a, b: b if a is None else a + b
         if pair is not None:
             pc, pr, rc, rr, chosen_len, label = pair
             loss = dpo_loss(pc, pr, rc, rr, cfg.beta)

@@ -1,10 +1,9 @@
 """The exact KL-regularised optimum and reward–KL frontier of one food-world prompt.
 
     python -m minigrpo.optimum --reward pizza                  # the frontier table ->
-        runs/optimum-pizza/frontier.png
-    python -m minigrpo.optimum --reward pizza --beta 0.1       # π_ref and π*_β outcome by outcome,
-        E*[r], KL*, log Z
-    python -m minigrpo.optimum --reward graded --beta 0.1 --json   # one JSON object on stdout
+    runs/optimum-pizza/frontier.png python -m minigrpo.optimum --reward pizza --beta 0.1       #
+    π_ref and π*_β outcome by outcome, E*[r], KL*, log Z python -m minigrpo.optimum --reward graded
+    --beta 0.1 --json   # one JSON object on stdout
 
 The outcome space of "<person> likes " is the 12 foods plus ONE malformed bucket "<malformed>":
 π_ref is the checkpoint's exact teacher-forced probability of each food + end token, and the bucket
@@ -128,8 +127,7 @@ def load_problem(cfg: OptimumConfig):
     if not math.isfinite(r.max().item() - r.min().item()):
         raise UsageError(
             f"reward {cfg.reward!r} spans {r.min().item():g} to {r.max().item():g} over the "
-            "outcomes: "
-            f"more than a float holds; rescale it (the optimum depends on r/β only)"
+            "outcomes: more than a float holds; rescale it (the optimum depends on r/β only)"
         )
     return p_ref, r, probes
 
@@ -143,10 +141,8 @@ def malformed_note(probes: dict) -> str:
         )
     return (
         f"malformed bucket: reward {min(probes.values()):g}, the lower of {shown}: the reward is "
-        "NOT constant "
-        "off the support, so the malformed figures are a bound (a lower bound on the frontier "
-        "if no "
-        f"malformed completion pays less)"
+        "NOT constant off the support, so the malformed figures are a bound (a lower bound on the "
+        "frontier if no malformed completion pays less)"
     )
 
 

@@ -6,18 +6,16 @@ The rollout, rewards, preservation anchor, trust region, metrics, checkpoints an
 shared RL run's (rl/loop.py); PPO adds, per rollout of N completions with T completion slots:
   reward      r_t = −β·(log π_old − log π_ref)_t, plus the scalar reward at each row's last token; β
               fixed or adapted towards --kl-target (Ziegler et al. 1909.08593): β ← β·(1 +
-                  clip(KL/target − 1, ±0.2)·N/1000)
+              clip(KL/target − 1, ±0.2)·N/1000)
   values      V(s_t) of the state before each completion token, from a critic (rl/critics.py): a
               copy of the pretrained trunk with a scalar head (separate, default), a head on the
-                  policy's trunk
-              (head), or the exact values of this return under π_old (oracle: no critic to learn,
-                  the
-              ideal-critic bound)
+              policy's trunk (head), or the exact values of this return under π_old (oracle: no
+              critic to learn, the ideal-critic bound)
   advantages  GAE(γ, λ) on r and V_old; returns R = A + V_old; A whitened over the batch's valid
               tokens
   loss        clipped surrogate − c_H·entropy + c_V·clipped value loss (token means), over --epochs
               passes of --minibatches shuffled minibatches per rollout (cleanrl's ppo.py, PPO2
-                  baselines)
+              baselines)
 Departures: β 0.1 by default (InstructGPT-style runs use 0.02–0.05): the k1 penalty summed over a
 completion is J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal
 (docs/experiments.md); lr 3e-4, half GRPO's: at 6e-4 its 4 Adam steps per rollout kept the other

@@ -298,8 +298,7 @@ def train(cfg: PretrainConfig, log=print) -> dict:
         eta = f" | ETA {elapsed / step * (cfg.steps - step):.0f}s" if step else ""
         log(
             f"step {step:5d}/{cfg.steps} | train {train_loss:.4f} | val {val:.4f} (floor "
-            f"{floor:.4f}, "
-            f"+{100 * (val / floor - 1):.1f}%)"
+            f"{floor:.4f}, +{100 * (val / floor - 1):.1f}%)"
             + (f" | {row['tokens_per_s']:,.0f} tok/s{eta}" if step else "")
         )
 

@@ -2,7 +2,7 @@
 
     python -m minigrpo.sample --checkpoint runs/pretrain/model.pt --prompt "ravin likes " --num 20
     python -m minigrpo.sample --checkpoint runs/grpo-pizza/model.pt --prompt "ravin likes " --num
-        1000 --json
+    1000 --json
 
 Without --json: each completion, then a table of distinct completions with counts and shares
 ("…" marks a completion cut off by --max-new-tokens before its end token). With --json: one object
@@ -102,8 +102,7 @@ def fit_to_block(cfg: SampleConfig, tok, block_size: int) -> int:
     if cfg.max_new_tokens > room:
         print(
             f"note: --max-new-tokens {cfg.max_new_tokens} is cut to {room} (block size "
-            f"{block_size} "
-            f"minus the prompt's {block_size - room} tokens)",
+            f"{block_size} minus the prompt's {block_size - room} tokens)",
             file=sys.stderr,
         )
     return min(cfg.max_new_tokens, room)

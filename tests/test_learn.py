@@ -192,7 +192,7 @@ def test_the_smallest_failing_example_is_read_from_either_heading_on_one_line(he
 def test_a_failing_check_stops_after_a_few_broken_properties_each_shown_with_its_smallest_example(
     tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(grade, "MAX_BROKEN", 2, raising=False)
+    monkeypatch.setattr("minigrpo.learn.runner.MAX_BROKEN", 2, raising=False)
     plant(tmp_path / "wrong", "clipped_surrogate", with_body("clipped_surrogate", NAIVE_SURROGATE))
     assert grade.check(find("clipped_surrogate"), tmp_path / "wrong") is False
     out = capsys.readouterr().out
@@ -348,7 +348,7 @@ def test_a_capstone_without_a_pretrained_model_says_pretrain_first_and_trains_no
     # a repository without runs/pretrain: the default --init is missing too
     bare = tmp_path / "bare"
     (bare / "tests").mkdir(parents=True)
-    monkeypatch.setattr(grade, "repo_root", lambda: bare)
+    monkeypatch.setattr("minigrpo.learn.capstone_run.repo_root", lambda: bare)
     assert grade.capstone(tmp_path) == (False, None)
     out = capsys.readouterr().out
     assert (

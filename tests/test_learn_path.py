@@ -113,7 +113,7 @@ def run(argv, capsys):
 
 def test_the_path_sends_the_learner_to_the_first_exercise_not_passing(tmp_path, capsys):
     d = str(tmp_path / "ws")
-    say = lambda words: workspace.command(words, d)  # noqa: E731
+    say = lambda words: workspace.command(words, d)
     assert f"start with: {say('start 1')}" in run(["list", "--dir", d], capsys)[1]
     record_passing(d, 1, 2, 3)
     assert f"next: {say('start 4')}" in run(["list", "--dir", d], capsys)[1]
@@ -200,7 +200,7 @@ def test_when_every_exercise_passes_the_path_points_at_the_whole_trainer(
         (out_dir / "summary.json").write_text(json.dumps({"target_rate": 0.97}))
         return 0, "done\n", ""
 
-    monkeypatch.setattr(grade.child, "run", trained)
+    monkeypatch.setattr("minigrpo.learn.child.run", trained)
     assert grade.capstone(d, init=init) == (True, 0.97)
     out = capsys.readouterr().out
     assert "capstone passed" in out and "minigrpo/grpo.py" in out and "the whole trainer" in out, (

@@ -54,10 +54,10 @@ def deadline(seconds):
 def test_check_of_a_function_that_loops_forever_ends_naming_the_test_and_says_what_it_waits_for(
     tmp_path, capsys, monkeypatch, loop
 ):
-    monkeypatch.setattr(grade, "TEST_LIMIT_S", 3, raising=False)
-    monkeypatch.setattr(grade, "STILL_AFTER_S", 1, raising=False)
+    monkeypatch.setattr("minigrpo.learn.runner.TEST_LIMIT_S", 3, raising=False)
+    monkeypatch.setattr("minigrpo.learn.runner.STILL_AFTER_S", 1, raising=False)
     # the command kills what the alarm cannot stop
-    monkeypatch.setattr(grade, "KILL_AFTER_S", 2, raising=False)
+    monkeypatch.setattr("minigrpo.learn.runner.KILL_AFTER_S", 2, raising=False)
     plant_loop(tmp_path, "k1", loop=loop)
     with deadline(90):
         assert grade.check(find("k1"), tmp_path) is False

@@ -7,7 +7,7 @@ Everything a run is judged by is known exactly:
   entropy_floor()             the corpus entropy in nats per predicted token: the best loss possible
   exact_distribution(...)     the model's exact probability of every food after "<person> likes "
                               (teacher-forced, one batched forward pass), so 1 - sum = malformed
-                                  mass
+                              mass
 """
 
 from __future__ import annotations
@@ -296,7 +296,6 @@ def format_rl_eval(ev: dict, cfg) -> str:
     target = best[0] if len(best) == 1 else f"one of {len(best)} best foods"
     return (
         f"{cfg.person}'s exact P({target}) {ev['target_rate']:.3f} | exact E[r] "
-        f"{ev['exact_reward']:.3f} "
-        f"(best {ev['best_reward']:.3g}) | worst other-person drift (TV) {ev['worst_drift']:.3f} | "
-        f"max malformed {ev['malformed']:.4f}"
+        f"{ev['exact_reward']:.3f} (best {ev['best_reward']:.3g}) | worst other-person drift (TV) "
+        f"{ev['worst_drift']:.3f} | max malformed {ev['malformed']:.4f}"
     )

@@ -6,7 +6,7 @@ tree, and the value of PPO's return r − β·Σ_t k1_t, k1_t = log π(c_t) − 
 backward recursion
 
     V(s) = Σ_{c: s + c on the tree} π(c | x + s)·(V(s + c) − β·k1(c))          (c = EOS: V(s + EOS)
-        = r(x, s))
+    = r(x, s))
            + (1 − Σ_{c: s + c on the tree} π(c | x + s))·r_off(x)
 
 from the leaves up; a prefix off the tree is worth r_off(x). One teacher-forced forward of π (and of
@@ -27,9 +27,8 @@ Source: the exact value of a prefix is what VinePPO (Kazemnejad et al. 2410.0167
 Monte Carlo rollouts from each intermediate state; here enumeration makes it exact.
 
     values_at(model, tok, [(x, s), ...], prompts, support, table[, temperature, ref, beta])  -> (M,)
-        float64
-    prefix_values(model, tok, rows, completion_ids, mask, prompts, support, table[, …])      -> (N,
-        T)
+    float64 prefix_values(model, tok, rows, completion_ids, mask, prompts, support, table[, …])
+    -> (N, T)
 """
 
 from __future__ import annotations

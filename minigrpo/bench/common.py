@@ -3,16 +3,16 @@ reported as medians with their min–max (a figure on one seed is an anecdote).
 
     grpo      the default command (pizza), the default command on a rare target (apple pie, p =
               0.02), --no-preserve, PPO (each critic: separate, head, oracle): --seeds N each, plus
-                  the spill-over figure
+              the spill-over figure
     presets   every --preset over --seeds N
     targets   the default command for EVERY (person, food) pair at seed 0: 96 runs, one sweep
     rarest    each person's rarest food over --seeds N
     custom    each person's rarest food through a user reward file that pays 1 for it and 0
               otherwise (the run is not told the food): must reproduce the `food:<food>` runs
-                  exactly
+              exactly
     optimum   --preset j_beta at β 0.1 and 0.3 on pizza, a fixed 300 steps, over --seeds N: how
               close it comes to the exact optimum π*_β of its own objective (bar: KL(π_θ‖π*_β) <=
-                  0.02)
+              0.02)
 
 Each run is checked against the bars of minigrpo/tools/bars.py (shared with compare's table). Runs
 go `--jobs` at a time (default: the cores), each on one thread.
@@ -220,7 +220,7 @@ def bench_optimum(out: Path, init: Path, seeds: int, jobs: int) -> str:
             for s in range(seeds)
         ]
         figs = [f for f in run_all(runs, jobs).values() if "error" not in f]
-        pick = lambda k: [f[k] for f in figs]  # noqa: E731
+        pick = lambda k: [f[k] for f in figs]
         rows.append(
             [
                 f"j_beta --beta {beta}",

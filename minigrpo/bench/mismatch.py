@@ -5,26 +5,23 @@ gradient, exactly, and to whole runs (issue 15's mismatch lab; the flags: varian
 
 1. The exact expected gradient. For a policy π, a sampler q and ravin's prompt, every completion y
    with π(y) >= 1e-6 or q(y) >= 1e-6 (a prefix tree grown under both: a prefix's probability bounds
-       its
-   completions', so none above the floor is missed), r = the pizza reward, b = E_π[r] over that set:
+   its completions', so none above the floor is missed), r = the pizza reward, b = E_π[r] over that
+   set:
        g_true = Σ_y π(y)·(r(y) − b)·∇log π(y)                  = ∇E_π[r] (up to the mass below the
-           floor)
+       floor)
        g_w    = Σ_y q(y)·(r(y) − b)·Σ_t w_t(y)·∇log π(y_t | y_<t)
    g_w is the expectation, under the sampler, of the per-token policy-gradient estimator with the
    correction's constant weights w (none: 1; tis / mis: is_correction.tis_weights / mis_weights with
    w = π/q per token or Π_t per sequence, cap 2, band [0.5, 2]). Sequence sums and one baseline, so
-       rows differ
-   only in the sampler and the correction; each g is one backward over the enumerated set. Reported:
-       cosine
-   to g_true, ‖g − g_true‖/‖g_true‖, KL(q‖π) over whole completions, and the mass of π that q cannot
-   reach (top-p's truncation: no weight can bring it back). Samplers: q = π (the control: exactly
-       g_true),
-   temperature 0.8 and 1.2, top-p 0.9 and 0.95 (π = the pretrained model), and stale: π = the policy
-       after 5
-   default GRPO pizza steps (seed 0), q = the pretrained model, 5 steps back.
+   rows differ only in the sampler and the correction; each g is one backward over the enumerated
+   set. Reported: cosine to g_true, ‖g − g_true‖/‖g_true‖, KL(q‖π) over whole completions, and the
+   mass of π that q cannot reach (top-p's truncation: no weight can bring it back). Samplers: q = π
+   (the control: exactly g_true), temperature 0.8 and 1.2, top-p 0.9 and 0.95 (π = the pretrained
+   model), and stale: π = the policy after 5 default GRPO pizza steps (seed 0), q = the pretrained
+   model, 5 steps back.
 2. Runs: pizza with each of RUN_MISMATCHES, with no correction, TIS and MIS, beside the on-policy
    default, seeds 0..n−1, --jobs at a time: bench's table (final exact target, steps to 0.95, peak
-       malformed, peak drift).
+   malformed, peak drift).
 """
 
 from __future__ import annotations
@@ -265,8 +262,7 @@ def bench_exact(out: Path, init: Path) -> str:
     )
     return table(
         f"mismatch, exact: E_q[Σ_t w_t·(r − E_π r)·∇log π] against ∇E_π[r], pizza, '{PROMPT}', "
-        "every "
-        f"completion with π or q >= {MIN_PROB:g} (cap 2, band [0.5, 2])",
+        f"every completion with π or q >= {MIN_PROB:g} (cap 2, band [0.5, 2])",
         [
             "sampler q",
             "correction",
@@ -311,8 +307,7 @@ def bench_runs(out: Path, init: Path, seeds: int, jobs: int) -> str:
     errors = [f"  {k}: {v['error']}" for k, v in res.items() if "error" in v]
     return table(
         "mismatch, runs: grpo --reward pizza with a mismatched sampler and each correction (cap "
-        "2, band "
-        f"[0.5, 2]), medians (min–max) over {seeds} seeds",
+        f"2, band [0.5, 2]), medians (min–max) over {seeds} seeds",
         ROW_HEADER,
         rows,
     ) + ("\nfailed:\n" + "\n".join(errors) if errors else "")

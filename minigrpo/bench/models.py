@@ -87,9 +87,8 @@ def bench_models(
         "steps the trust region shrank (GRPO)",
     ]
     return table(
-        f"models: default GRPO and PPO from each of {len(models)} pretrained models, {seeds} "
-        "seeds each; "
-        f"a cell: runs within every bar, steps to 0.95 (median (min–max))",
+        f"models: default GRPO and PPO from each of {len(models)} pretrained models, {seeds} seeds "
+        "each; a cell: runs within every bar, steps to 0.95 (median (min–max))",
         header,
         rows,
     )

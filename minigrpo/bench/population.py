@@ -124,10 +124,10 @@ def bench_population(
     gpu = device.startswith("cuda")
     sizes = sizes or ([1, 32, 128, 512] if gpu else [1, 4, 16])
     folder = lambda name: (
-        shutil.rmtree(out / "population" / name, ignore_errors=True),  # noqa: E731
+        shutil.rmtree(out / "population" / name, ignore_errors=True),
         out / "population" / name,
     )[1]
-    items = lambda name, P: _items(folder(name), init, device, range(P), steps)  # noqa: E731
+    items = lambda name, P: _items(folder(name), init, device, range(P), steps)
     wall, failed = _timed(gpu, 1, lambda done: done(None, run_one(items("alone", 1)[0])))
     rows, measured = [_row("1 alone, as the pool runs it", 1, steps, wall, "", failed)], (1, wall)
     for P in sizes:
@@ -201,11 +201,11 @@ def _recipes(folder, init: Path, device: str, seeds: int, steps: int, grow: int)
         init,
         device,
         range(k),
-        n,  # noqa: E731
+        n,
         "minigrpo.grpo",
         () if name == "default" else ("--preset", name),
     )
-    one = lambda done, tag="one", n=steps, k=seeds: run_population(  # noqa: E731
+    one = lambda done, tag="one", n=steps, k=seeds: run_population(
         [item for name in PRESETS for item in runs(tag, name, n, k)], done
     )
     ways = {
@@ -264,7 +264,7 @@ def _profile(items, P: int, steps: int, shown: int = 14) -> str:
     the functions with the most own time, as shares of the working samples."""
     with ThreadSampler(roots=ROOTS) as sampler:
         run_population(items("profile", P), lambda item, err: None)
-    share = lambda n: f"{100 * n / max(sampler.working(), 1):.0f} %"  # noqa: E731
+    share = lambda n: f"{100 * n / max(sampler.working(), 1):.0f} %"
     rows = [
         [phase, share(n)]
         for phase, n in sampler.phases.most_common(shown)
@@ -273,8 +273,7 @@ def _profile(items, P: int, steps: int, shown: int = 14) -> str:
     rows += [[f"own time: {name}", f"{100 * s:.0f} %"] for s, name in sampler.top(6, own=True)]
     return "\n" + table(
         f"where a lockstep population of P = {P} works ({steps} steps, its set-up included), "
-        "sampled "
-        f"every 2 ms: {sampler.working()} working samples",
+        f"sampled every 2 ms: {sampler.working()} working samples",
         ["what its loop was doing", "share"],
         rows,
     )
@@ -289,8 +288,8 @@ def _calls(items, P: int, steps: int) -> str:
         kernels[n] = TorchKernels(root=ROOTS[0])
         with counts[n], kernels[n]:
             run_population(items(f"calls{n}", n), lambda item, err: None)
-    total = lambda c, k: sum(v for key, v in c.counts.items() if key[0] == k)  # noqa: E731
-    reads = lambda c, k: sum(v for key, v in c.syncs.items() if key[0] == k)  # noqa: E731
+    total = lambda c, k: sum(v for key, v in c.counts.items() if key[0] == k)
+    reads = lambda c, k: sum(v for key, v in c.syncs.items() if key[0] == k)
     largest = max(counts)
     phases = sorted(
         {k[0] for c in counts.values() for k in c.counts if k[0] != "(outside it)"},

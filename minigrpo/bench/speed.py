@@ -1,19 +1,16 @@
 """bench's speed sections (`python -m minigrpo.bench --only sampling,threads,scale,prefix`), in
 process.
 
-sampling  the KV-cache sampler against the slow full-recompute path (batch 8, 64, 512; 16 new
-tokens)
-          and their log-prob agreement, on the default food model's shape
-threads   one pretraining step on 1 and 2 threads, as the machine is and beside a busy neighbour,
-and what
-          --threads 0 picks in each case
-scale     a 6-layer 384-wide model (10.6M parameters, 100x the default): one training step and
-          KV-cache sampling on --device; the size where a GPU wins (not in the default sections:
-          it takes about half a minute on one CPU thread)
-prefix    the shared-prefix forward (prefix_tree.py) against the plain one on the default food run:
-nodes,
-          one forward + backward of the anchor, a rollout and the exact evaluation, and whole GRPO
-              runs
+    sampling  the KV-cache sampler against the slow full-recompute path (batch 8, 64, 512; 16 new
+              tokens) and their log-prob agreement, on the default food model's shape
+    threads   one pretraining step on 1 and 2 threads, as the machine is and beside a busy
+              neighbour, and what --threads 0 picks in each case
+    scale     a 6-layer 384-wide model (10.6M parameters, 100x the default): one training step and
+              KV-cache sampling on --device; the size where a GPU wins (not in the default sections:
+              it takes about half a minute on one CPU thread)
+    prefix    the shared-prefix forward (prefix_tree.py) against the plain one on the default food
+              run: nodes, one forward + backward of the anchor, a rollout and the exact evaluation,
+              and whole GRPO runs
 """
 
 from __future__ import annotations
@@ -245,8 +242,7 @@ def bench_prefix(out, init, steps: int = 40, repeat: int = 20) -> str:
     parts = [
         table(
             "prefix: the shared-prefix forward against the plain one, default food run, one "
-            "forward + backward"
-            f" (median of {repeat})",
+            f"forward + backward (median of {repeat})",
             [
                 "rows",
                 "rows x input slots",

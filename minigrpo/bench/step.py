@@ -8,18 +8,14 @@ random weights (ours copied into GPT-2's layout, which is ours transposed; the t
 largest logit difference), so their completions share one length distribution (means printed).
   minigrpo  rollout.collect (KV-cache sampling, reward, and by default π_ref's log-probs for the
             rollout's KL) + GRPO.update (advantages, loss, backward, clip, AdamW) through
-                Run.clip_and_step: the library's code, with
-            no anchor, trust region or exact evaluation (TRL has none). Timed three ways: the
-                default; with
-            --no-rollout-kl (at β = 0 no π_ref forward: TRL's work, so the ratio the bar compares);
-                and with the
-            plain forward (shifted_forward(..., shared_prefixes=False), patched in for that timing
-                only).
+            Run.clip_and_step: the library's code, with no anchor, trust region or exact evaluation
+            (TRL has none). Timed three ways: the default; with --no-rollout-kl (at β = 0 no π_ref
+            forward: TRL's work, so the ratio the bar compares); and with the plain forward
+            (shifted_forward(..., shared_prefixes=False), patched in for that timing only).
   TRL       GRPOTrainer (only if `import trl` works: never a dependency) on a GPT2LMHeadModel,
             use_cpu, no vLLM, a character-level PreTrainedTokenizerFast; a step is on_step_begin to
-                on_step_end (generation, reward,
-            loss, backward, clip, optimizer step; data loading and the logging hook fall outside, as
-                ours do).
+            on_step_end (generation, reward, loss, backward, clip, optimizer step; data loading and
+            the logging hook fall outside, as ours do).
 They alternate in rounds (the order rotating), a warm-up step then the round's timed steps, so load
 on a shared machine falls on all alike; each round seeds TRL anew, so both sides time fresh
 completions (with one seed TRL repeated the same ones every round). Reported: median (min–max) ms
@@ -375,10 +371,8 @@ def bench_step(
     )
     return table(
         f"step: one GRPO step, {n_layer}x{n_embd} model ({n_head} heads), 1 prompt x {group}, "
-        f"{new_tokens} "
-        f"new tokens, μ=1, β={beta:g}, {torch.get_num_threads()} thread(s), {rounds} alternating "
-        "rounds; "
-        f"{how}",
+        f"{new_tokens} new tokens, μ=1, β={beta:g}, {torch.get_num_threads()} thread(s), {rounds} "
+        f"alternating rounds; {how}",
         [
             "implementation",
             "steps",

@@ -125,9 +125,8 @@ def bench_sweep(
         "whole process, s",
         "runs within every bar",
         "a run's steps, most: s (its algorithm)",
-        "s from the start: folder claimed · runs' folders made, first–last · the last run begun "
-        "· ended (its "
-        "algorithm)",
+        "s from the start: folder claimed · runs' folders made, first–last · the last run begun · "
+        "ended (its algorithm)",
         "exit",
     ]
     if gpu:
@@ -255,7 +254,7 @@ def timeline(folder: Path, runs: list[Path], started: float) -> str:
         )
         for name in (STAMP, "config.json", "summary.json")
     ]
-    s = lambda t: "–" if t is None else f"{t:.1f}"  # noqa: E731
+    s = lambda t: "–" if t is None else f"{t:.1f}"
     made = "–" if first is None else f"{s(first)}–{s(marks[0][0])}"
     text = f"{s(claimed)} · {made} · " + " · ".join(s(m and m[0]) for m in marks[1:])
     return text + (f" ({marks[2][1]})" if marks[2] else "")

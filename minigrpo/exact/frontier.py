@@ -314,8 +314,7 @@ def score_many(
         m = int(np.argmin(regret))
         raise ValueError(
             f"policy above the exact frontier by {-regret[m]:.3g} at KL {kl_ref[m]:.6g}: "
-            "impossible "
-            f"unless p_theta puts mass where p_ref is 0"
+            "impossible unless p_theta puts mass where p_ref is 0"
         )
     implied = _implied_betas(p_ref, r, reward)
     figures = {

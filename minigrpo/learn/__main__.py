@@ -85,9 +85,8 @@ def parse(argv):
         and not 1 <= args.k <= len(args.exercise.hints)
     ):
         raise UsageError(
-            f"exercise {args.exercise.number} has {len(args.exercise.hints)} hints: give K from "
-            "1 to "
-            f"{len(args.exercise.hints)}"
+            f"exercise {args.exercise.number} has {len(args.exercise.hints)} hints: give K from 1 "
+            f"to {len(args.exercise.hints)}"
         )
     return args
 
@@ -120,8 +119,7 @@ def show_list(folder) -> None:
     for ex in PATH:
         print(
             f"  {ex.number:2d}  {ex.name:<26} {grade.graded_status(ex, folder):<21} "
-            f"~{ex.minutes:2d} min  "
-            f"{ex.lesson}"
+            f"~{ex.minutes:2d} min  {ex.lesson}"
         )
     step = grade.next_step(folder)
     fresh = all(workspace.read(ex, folder)[0] == "not started" for ex in PATH)

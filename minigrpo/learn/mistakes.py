@@ -161,35 +161,31 @@ CATALOGUE = (
         "population_std",
         _population_std,
         "you divide by the POPULATION std (÷G): GRPO's code and TRL use Bessel's correction "
-        "(÷(G−1)), "
-        "torch.std's default; [1,1,1,1,0,0,0,0] must give ±0.935, not ±1 (and honour "
+        "(÷(G−1)), torch.std's default; [1,1,1,1,0,0,0,0] must give ±0.935, not ±1 (and honour "
         "unbiased=False)",
     ),
     Mistake(
         "group_advantages",
         "no_equal_group_guard",
         _no_equal_guard,
-        "a group whose rewards are all equal must get exactly 0: its std is 0 (or rounding "
-        "noise), so "
-        "(r − mean)/std is NaN or noise blown up by 1/ε. Guard it: advantages.equal_groups and "
+        "a group whose rewards are all equal must get exactly 0: its std is 0 (or rounding noise), "
+        "so (r − mean)/std is NaN or noise blown up by 1/ε. Guard it: advantages.equal_groups and "
         "torch.where",
     ),
     Mistake(
         "group_advantages",
         "std_underflows",
         _std_underflows,
-        "the tiny-std pitfall: deviations of 1e-200 square to 0, the std underflows and A "
-        "becomes ±inf. "
-        "Divide the deviations by the largest |deviation| before squaring (std(s·y) = s·std(y)): "
-        "advantages._std",
+        "the tiny-std pitfall: deviations of 1e-200 square to 0, the std underflows and A becomes "
+        "±inf. Divide the deviations by the largest |deviation| before squaring (std(s·y) = "
+        "s·std(y)): advantages._std",
     ),
     Mistake(
         "rloo_advantages",
         "mean_includes_self",
         _mean_includes_self,
         "your baseline includes the completion itself: RLOO's is the mean of the OTHER G−1 "
-        "rewards, "
-        "r_i − (Σ_j r_j − r_i)/(G−1) = G/(G−1)·(r_i − r̄)",
+        "rewards, r_i − (Σ_j r_j − r_i)/(G−1) = G/(G−1)·(r_i − r̄)",
     ),
     Mistake(
         "rloo_advantages",
@@ -204,8 +200,7 @@ CATALOGUE = (
         "sign",
         _surrogate_sign,
         "sign: the function returns a LOSS to minimise, −min(ρA, clip(ρ)A). With +, gradient "
-        "descent pushes "
-        "good completions DOWN",
+        "descent pushes good completions DOWN",
     ),
     Mistake(
         "clipped_surrogate",
@@ -220,17 +215,15 @@ CATALOGUE = (
         "sign",
         _sign_swapped(-math.log(2)),  # right: +log 2
         "the KL's sign: k1 = log π_θ(x) − log π_ref(x) (positive where the policy likes x more "
-        "than the "
-        "reference); swapping them estimates nothing useful",
+        "than the reference); swapping them estimates nothing useful",
     ),
     # Δ = +log 2; right: Δ = −log 2, 0.193
     Mistake(
         "k3",
         "sign",
         _sign_swapped(2 - math.log(2) - 1),
-        "the KL's sign: Δ = log π_ref(x) − log π_θ(x), then k3 = e^Δ − Δ − 1. With Δ the other "
-        "way round "
-        "it is still ≥ 0 but is not an unbiased estimate of KL(π_θ‖π_ref) under x ~ π_θ",
+        "the KL's sign: Δ = log π_ref(x) − log π_θ(x), then k3 = e^Δ − Δ − 1. With Δ the other way "
+        "round it is still ≥ 0 but is not an unbiased estimate of KL(π_θ‖π_ref) under x ~ π_θ",
     ),
     Mistake(
         "exact",
@@ -244,8 +237,7 @@ CATALOGUE = (
         "padded_length",
         _padded_length,
         "you divide by the padded width T: padding is no part of a completion. |o_i| = "
-        "mask.sum(dim=1) "
-        "(and Σ_i |o_i| for token-mean)",
+        "mask.sum(dim=1) (and Σ_i |o_i| for token-mean)",
     ),
     Mistake(
         "aggregate",
@@ -259,24 +251,21 @@ CATALOGUE = (
         "bootstrap_past_the_end",
         _gae_bootstrap,
         "GAE bootstraps past the end: after the last valid token the completion has ENDED, so "
-        "V_{t+1} = 0 "
-        "there; yours used the value of a padding slot",
+        "V_{t+1} = 0 there; yours used the value of a padding slot",
     ),
     Mistake(
         "completion_token_logprobs",
         "tokens_after_eos",
         _after_eos,
         "you count tokens after the first EOS: they are PAD, not completion. Return exactly 0 "
-        "where "
-        "completion_mask is False",
+        "where completion_mask is False",
     ),
     Mistake(
         "completion_token_logprobs",
         "off_by_one",
         _off_by_one,
-        "off by one: logits[:, t] predicts ids[:, t+1], so completion token j (slot P+j) is "
-        "scored by "
-        "logits[:, P−1+j], not logits[:, P+j]",
+        "off by one: logits[:, t] predicts ids[:, t+1], so completion token j (slot P+j) is scored "
+        "by logits[:, P−1+j], not logits[:, P+j]",
     ),
     Mistake(
         "attention",
@@ -289,9 +278,8 @@ CATALOGUE = (
         "grpo_loss",
         "kl_subtracted",
         _kl_subtracted,
-        "the KL is a PENALTY: the loss we minimise ADDS β·aggregate(KL_t); subtracting it pays "
-        "the policy to "
-        "move away from π_ref",
+        "the KL is a PENALTY: the loss we minimise ADDS β·aggregate(KL_t); subtracting it pays the "
+        "policy to move away from π_ref",
     ),
 )
 
@@ -305,6 +293,7 @@ def diagnose(name: str, fn) -> list[Mistake]:
         try:
             if m.probe(fn):
                 found.append(m)
-        except Exception:  # noqa: BLE001 — a function that raises on the probe shows no catalogued mistake
+        except Exception:  # noqa: BLE001
+            # a function that raises on the probe shows no catalogued mistake
             pass
     return found

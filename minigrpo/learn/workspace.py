@@ -171,9 +171,8 @@ def load_module(folder, module: str) -> types.ModuleType | None:
     try:
         with time_limit(
             LOAD_LIMIT_S,
-            f"{path} ran past {LOAD_LIMIT_S:g} s while loading: does a loop at its top "
-            f"level never end? (code that runs on import goes under `if __name__ == "
-            f"'__main__':`)",
+            f"{path} ran past {LOAD_LIMIT_S:g} s while loading: does a loop at its top level never "
+            "end? (code that runs on import goes under `if __name__ == '__main__':`)",
         ):
             spec.loader.exec_module(mod)
     # a learner's file: any error, a sys.exit too, is theirs

@@ -12,9 +12,9 @@ makes. At this size a decoding step is ~80 tiny operations and its cost is per-o
 not arithmetic (about 0.2 MFLOP per token). Two things buy the speed:
 
   1. x @ W with W contiguous (in, out). nn.Linear computes x @ Wᵀ with W stored (out, in); for the
-     few rows of a decoding step MKL's sgemm runs that transposed product slower. GPT stores every
-         Linear weight in (in, out)
-     memory order (model.in_out_order), so w.t() is that matrix as it is.
+  few rows of a
+     decoding step MKL's sgemm runs that transposed product slower. GPT stores every Linear weight
+     in (in, out) memory order (model.in_out_order), so w.t() is that matrix as it is.
   2. One flat loop over the layers: no module calls, no attention mask for a single new token
      without padding.
 The attention itself, cache writes included, is model.py's `attention`, the same function the

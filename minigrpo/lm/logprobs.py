@@ -1,16 +1,19 @@
 """Log-probabilities of given tokens: one module, one forward, so no caller can disagree about masks
 or positions.
 
-shifted_forward            the one forward pass over ids[:, :-1] (once per distinct prefix) ->
-logits, hidden completion_token_logprobs  the shift by one: the log-probs of a completion's tokens
-from those logits generation_logprobs        a sampled Generation's completion tokens (N, T): what
-GRPO, PPO, DPO, the anchor
-                           and the trust region use
-sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
-sequence_logp              per-token log-probs (B, T) summed over a mask: log π(y) of each
-completion completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each:
-exact evaluation completion_logprobs_many   the same for several models, as one where their forwards
-are one (a population's)
+    shifted_forward            the one forward pass over ids[:, :-1] (once per distinct prefix) ->
+                               logits, hidden
+    completion_token_logprobs  the shift by one: the log-probs of a completion's tokens from those
+                               logits
+    generation_logprobs        a sampled Generation's completion tokens (N, T): what GRPO, PPO, DPO,
+                               the anchor and the trust region use
+    sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
+    sequence_logp              per-token log-probs (B, T) summed over a mask: log π(y) of each
+                               completion
+    completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact
+                               evaluation
+    completion_logprobs_many   the same for several models, as one where their forwards are one (a
+                               population's)
 """
 
 from __future__ import annotations

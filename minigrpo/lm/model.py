@@ -12,8 +12,7 @@ optional tensors describe that:
   pos      (B, T) long        the position id of each new token; `positions(key_mask)` numbers the
            real
                               tokens of each row 0, 1, 2, ... so a padded row computes exactly what
-                                  the
-                              same row without padding would.
+                              the same row without padding would.
 Without them every row is full and positions are 0..T-1 (after the cached ones).
 
 KV cache. `model.new_cache(B, T_max)` preallocates keys and values for every layer; a forward with

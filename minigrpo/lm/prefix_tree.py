@@ -75,14 +75,15 @@ def build_prefix_tree(
 
     1. left-align each row's real tokens: L (B, T), −1 after the row's end;
     2. sort the distinct rows: a row's new nodes are its slots past the longest common prefix (lcp)
-       with the row sorted before it, so numbering the new (row, slot) pairs in row-major order
-           numbers the nodes depth-first,
-       and each slot's node is the last one created in its column (a cumulative max down the rows);
+    with the row
+       sorted before it, so numbering the new (row, slot) pairs in row-major order numbers the nodes
+       depth-first, and each slot's node is the last one created in its column (a cumulative max
+       down the rows);
     3. cut each segment's sorted rows into sequences of about `group_size` nodes (attention costs Σ
-       N², every other layer Σ N): a sequence's first row brings its own copy of its ancestors (lcp
-           0), so a sequence holds
-       fewer than group_size + 2T nodes, and a prefix shared across a cut is computed once in each
-           sequence;
+    N², every
+       other layer Σ N): a sequence's first row brings its own copy of its ancestors (lcp 0), so a
+       sequence holds fewer than group_size + 2T nodes, and a prefix shared across a cut is computed
+       once in each sequence;
     4. node i sees node j iff j is on i's path, at position id = its depth.
     """
     B, T = ids.shape

@@ -18,14 +18,13 @@
 Defaults and departures:
   - The group std is Bessel-corrected (÷(G−1)), as in the paper's code and TRL; `unbiased=False`
     gives the population std that several teaching notebooks use (the worked example in the tests
-        shows both).
+    shows both).
   - ε = 1e-4 is added to the std (TRL's value; the paper writes no ε, `eps=0` restores it; verl uses
     1e-6).
   - `scale="none"` drops the division (Dr. GRPO 2503.20783 §3.1); `scale="batch"` divides the
     group-centred rewards by the std of the RAW rewards over the whole batch (TRL
-        `scale_rewards="batch"`). REINFORCE++
-    (2501.03262) divides the centred values by THEIR batch std instead: `batch_scaled`, for any
-        baseline.
+    `scale_rewards="batch"`). REINFORCE++ (2501.03262) divides the centred values by THEIR batch std
+    instead: `batch_scaled`, for any baseline.
   - A group whose rewards are all equal gets exactly 0 and a group of one gets 0 (the paper is
     silent).
   - GAE does not bootstrap past the last valid token: the completion ended there (γ = 1, λ = 0.95
@@ -77,9 +76,8 @@ def group_advantages(
     unbiased: Bessel-corrected std (÷(G−1), paper code and TRL) or the population std (÷G).
     Example: r = [1,1,1,1,0,0,0,0] -> ±0.935 (Bessel std 0.5345) or ±1.0 (population std 0.5), ε =
     0. A group whose rewards are all equal gets exactly 0 whatever their size, and G = 1 gives 0.
-       With the
-    Bessel std, |A| ≤ (G−1)/√G for every ε ≥ 0 (group mode), so near-equal rewards cannot blow up.
-    Computed in float64 and returned in the rewards' dtype.
+    With the Bessel std, |A| ≤ (G−1)/√G for every ε ≥ 0 (group mode), so near-equal rewards cannot
+    blow up. Computed in float64 and returned in the rewards' dtype.
     """
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
@@ -134,7 +132,7 @@ def kl_shaped_rewards(
     """PPO's reward per completion token (InstructGPT 2203.02155 eq. 2; Ziegler et al. 1909.08593):
 
         r_t = −β·k1_t + [t is the row's last valid token]·r,    k1_t = log π_old(o_t) − log
-            π_ref(o_t)
+        π_ref(o_t)
     rewards (..., N); old_logp, ref_logp, mask (..., N, T), mask right-padded; beta a float, or a
     tensor broadcasting to (..., N, T) (a population's β per member) -> (r_t (..., N, T), Σ_t k1_t
     (..., N)). Masked slots 0 whatever the log-probs hold there; a row without a valid token gets

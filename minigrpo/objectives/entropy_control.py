@@ -8,7 +8,7 @@
     top_entropy_mask   the top ρ share of valid tokens by entropy carry the policy loss      (Wang
                        et al. 2506.01939)
     forking_token_mask the valid tokens where π_ref's entropy is >= a threshold               (the
-        same, departing)
+    same, departing)
     next_coef, applied_coef   Skywork-OR1's adaptive entropy coefficient                     (He et
                               al. 2505.22312)
 

@@ -8,10 +8,10 @@ corrections in use bound it:
     tis_weights   truncated IS: min(w, C)                        (Yao et al. 2025, "Your efficient
                   RL framework
                                                                   secretly brings you off-policy RL
-                                                                      training")
+                                                                  training")
     mis_weights   masked IS: w·1[C_min ≤ w ≤ C_max], tokens (or    (IcePop, Ring-1T 2510.18855;
                   verl's rollout whole sequences) outside the band are dropped    correction, TRL
-                      vllm_importance_sampling_mode)
+                  vllm_importance_sampling_mode)
 
 level="token": w_t = π_old(o_t)/π_sampler(o_t) per token. level="sequence": w = Π_t w_t over the
 row's valid tokens, computed in log space (Σ_t log w_t, then exp and cap; MIS tests the band on the

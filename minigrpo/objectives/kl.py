@@ -15,7 +15,7 @@ Two corrections of k3 as a loss term (the table that names them all: variants/kl
               on-policy
     k3_iw     ρ·k3 with ρ = π_θ/π_old, x ~ π_old, ρ NOT detached            E_{π_old}[∇] = ∇KL(π_θ ‖
               π_ref) (DeepSeek-V3.2 2512.02556, TRL use_bias_correction_kl)     (detaching ρ gives
-                  ∇KL(π_ref ‖ π_θ))
+              ∇KL(π_ref ‖ π_θ))
 
 Used as a LOSS term (the sampled token held fixed, gradient only through log π_θ(x)), their expected
 on-policy gradients are not the gradient of the KL they estimate:

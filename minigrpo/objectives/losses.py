@@ -3,9 +3,8 @@ value loss.
 
     clipped_surrogate  PPO's clipped objective per token (Schulman et al. 2017, 1707.06347 eq. 7),
                        with DAPO's clip-higher (2503.14476 §3.1), verl's dual clip (Ye et al. 2019,
-                           1912.09729,
-                       "Mastering complex control in MOBA games") and GSPO's sequence-level ratio
-                           (2507.18071 §4.1)
+                       1912.09729, "Mastering complex control in MOBA games") and GSPO's
+                       sequence-level ratio (2507.18071 §4.1)
     surrogate_stats    clip fractions, ratio statistics and the KL(π_old‖π_θ) estimate, for logging
     aggregate          the four reductions seen in practice (GRPO paper, DAPO, seq-sum, Dr. GRPO)
     entropy            per-position entropy of the next-token distribution
@@ -104,7 +103,7 @@ def surrogate_stats(
     ratio_mean, ratio_max   of ρ (the sequence ratio s_i with level="sequence")
     approx_kl       mean of k3 with π_old as the sampler: (ρ − 1) − log ρ, an unbiased, non-negative
                     estimate of KL(π_old‖π_θ) (cleanrl's approx_kl); always per token, whatever
-                        level.
+                    level.
     A batch with no valid token gives 0 everywhere.
     """
     mask, adv, log_ratio = masked_inputs(logp, old_logp, advantages, mask, level)

@@ -55,7 +55,7 @@ def gmpo(logp, old_logp, advantages, mask=None, eps=0.4, eps_high=None) -> torch
     """GMPO: a sequence loss −J_i spread as −J_i/|o_i| over the valid tokens of row i,  (B, T).
 
         J_i = exp( (1/|o_i|) Σ_t sgn(A_i)·min(sgn(A_i)·log ρ_t, sgn(A_i)·clip(log ρ_t, −ε, ε_high))
-            ) · A_i
+        ) · A_i
 
     Source: Geometric-Mean Policy Optimization (arXiv 2507.20673, eq. 3-4): the geometric mean of
     the token ratios, with PPO's pessimistic clip applied to each log ρ_t (for A > 0 min(log ρ,

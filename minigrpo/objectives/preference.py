@@ -5,7 +5,7 @@ samples.
                        2305.18290 eq. 7)
     preference_pairs   (chosen, rejected) pairs from a group of sampled completions ranked by reward
                        (online DPO: pairs sampled from the current policy and labelled online,
-                           2402.04792)
+                       2402.04792)
 
 With preferences drawn from a Bradley-Terry model of r and enough of them, DPO's minimiser is the
 same π*_β ∝ π_ref·e^{r/β} that frontier.optimum computes (Rafailov et al. 2023, §4); here the pairs

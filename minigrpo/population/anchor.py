@@ -5,7 +5,7 @@ one forward over their trees.
     anchor = MembersAnchor(cfg)                 # None where preservation is off
     term = anchor.term(stack, ref, anchors)     # (P,) --preserve-coef × each member's anchor loss
                                                 (differentiable); # anchors: each member's
-                                                    rl/preserve.Anchor
+                                                rl/preserve.Anchor
     rows, (w, g) = own_rows(gens, [ws, gs])     # members' rows of their own, padded to one count
                                                 (the probes')
 """
@@ -69,7 +69,7 @@ class MembersAnchor:
         # members came or left
         if self.anchors is None or [id(a) for a in anchors] != [id(a) for a in self.anchors]:
             self.anchors = anchors
-            where = lambda a: a.gen.completion_mask if a.kl_mask is None else a.kl_mask  # noqa: E731
+            where = lambda a: a.gen.completion_mask if a.kl_mask is None else a.kl_mask
             if all(a is anchors[0] for a in anchors):
                 self.rows, self.where, self.weights = (
                     Rows.shared(anchors[0].gen, len(anchors)),

@@ -139,7 +139,8 @@ def run_lockstep(items: list, done) -> bool:
         start_folder(item)
     try:
         results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
-    except Exception as e:  # noqa: BLE001 (the population's own failure, e.g. the GPU's memory: each run says it)
+    except Exception as e:  # noqa: BLE001
+        # the population's own failure, e.g. the GPU's memory: each run says it
         results = [f"{type(e).__name__}: {e}"] * len(items)
     for item, result in zip(items, results):
         done(item, end_folder(item, result if isinstance(result, str) else None))
@@ -172,7 +173,8 @@ def run_population(
             error = run_one(
                 item, lambda module, argv: run_main(module, argv, out.buffers[me], err.buffers[me])
             )
-        except BaseException as e:  # noqa: BLE001 (the run's folder step failed: its error, the sweep goes on)
+        except BaseException as e:  # noqa: BLE001
+            # the run's folder step failed: its error, the sweep goes on
             error = f"{type(e).__name__}: {e}"
         finally:
             batcher.leave()

@@ -59,7 +59,7 @@ class SharedForward:
         (B, T), P = idx.shape, self.stack.w["wte.weight"].size(0)
         if attn_mask is None:  # plain causal attention
             attn_mask = causal_mask(0, T, torch.ones(B, T, dtype=torch.bool, device=idx.device))
-        grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
+        grow = lambda x: x[None].expand(P, *x.shape)
         with torch.no_grad():
             h = self.stack.hidden(
                 grow(idx), grow(pos), grow(attn_mask).reshape(P * B, *attn_mask.shape[1:])

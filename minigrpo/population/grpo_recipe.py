@@ -6,7 +6,7 @@ member dim with torch.func.vmap.
     sig = recipe.signal(step)                # its members' rollouts (population/rows.Rollouts) ->
                                              advantages, mask
     loss, figures, ratio = recipe.loss(sig, i, logp, logits)   # inner update i's (P_r,) loss,
-        without the anchor
+    without the anchor
 
 RECIPE names what members may differ in beyond lockstep.OWN: the policy loss, the KL estimator and
 where it goes, the baselines and scales, the entropy controls, the aggregation, β (and a preset's
@@ -77,7 +77,7 @@ class Recipe:
         self.needs_old_logp = cfg.beta > 0 and cfg.kl_in == "reward"
         ref = 0 if self.needs_ref else None  # without π_ref's log-probs: None for every member
         loss = lambda c: vmap(
-            lambda lp, old, rlp, lg, rlg, adv, m, w: grpo_loss(  # noqa: E731 (w: the sampler's)
+            lambda lp, old, rlp, lg, rlg, adv, m, w: grpo_loss(  # w: the sampler's
                 lp, old, rlp, lg, rlg, adv, m, c, is_weights=w
             ),
             in_dims=(0, 0, ref, 0, ref, 0, 0, 0 if cfg.is_correction != "none" else None),
@@ -150,7 +150,7 @@ class Recipe:
         outputs stacked. `stats`: given at the step's first update, where each member's EntropyBonus
         sets its coefficient for the step (from π_old, as GRPO.update) and its figures join the
         step's."""
-        take = lambda x, p: None if x is None else x[p]  # noqa: E731
+        take = lambda x, p: None if x is None else x[p]
         if stats is not None:
             figures = [{} for _ in algos]
             self.loss_cfgs = [
@@ -278,7 +278,9 @@ class Recipe:
                 loss = loss + sig.betas * self.kl_term(kl_tok, mask)
         # masked rows still count in a mean over sequences: rescale each term that is one
         if sig.drop is not None:
-            scale = lambda mode: sig.drop if mode != "token-mean" else 1.0  # noqa: E731 (grpo_loss's two reductions)
+            scale = lambda mode: (
+                sig.drop if mode != "token-mean" else 1.0
+            )  # grpo_loss's two reductions
             loss = policy_loss * scale(reduction(cfg)) + (loss - policy_loss) * scale(cfg.loss_agg)
             policy_loss = policy_loss * scale(reduction(cfg))
         ratio = (

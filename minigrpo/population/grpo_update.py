@@ -4,7 +4,7 @@ step for all members.
 
     update = LockstepGRPO(cfg, anchor, grpo_loss, cfgs)  # cfg: the first member's GRPOConfig, cfgs:
                                                          every member's; # anchor:
-                                                             population/anchor.py
+                                                         population/anchor.py
     figures = update(stack, ref, opt, step)        # step: the members' rollouts
                                                    (population/rows.Rollouts)
     row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics
@@ -191,7 +191,7 @@ class _Merge:
             return parts[0]
         if isinstance(parts[0], dict):
             names = dict.fromkeys(k for part in parts for k in part)
-            nan = lambda index: torch.full((index.numel(),), float("nan"), device=index.device)  # noqa: E731
+            nan = lambda index: torch.full((index.numel(),), float("nan"), device=index.device)
             return {
                 k: self(
                     [

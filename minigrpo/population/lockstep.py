@@ -2,9 +2,8 @@
 learning rates, rewards, β's and people apart (OWN), GRPO's recipes too (RECIPES), as one
 computation.
 
-    results = train_lockstep(trainer, cfgs, logs)  # trainer: the module minigrpo.grpo or
-                                                   minigrpo.ppo; cfgs[p]: # member p's config -> per
-                                                       member its summary, or its error line
+    results = train_lockstep(trainer, cfgs, logs)  # trainer: minigrpo.grpo or minigrpo.ppo
+    # cfgs[p]: member p's config; results[p]: its summary, or its error line
 
 Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop rule, files), and
 each step does what rl/loop.run does, for all members at once:
@@ -15,13 +14,12 @@ each step does what rl/loop.run does, for all members at once:
                   (population/rows.Rows)
     update        the trainer's update over a leading member dim (population/grpo_update.py,
                   ppo_update.py): one backward, one AdamW step on the stacked weights
-                      (population/optim.py)
+                  (population/optim.py)
     trust region  every member's step halved until its own probes allow it (population/guard.py; the
                   anchor rows' logits carried from one step to the next, as a single run's)
-    the rest      each member's own: Run.end_step (exact evaluation, whose forward is one for all:
-                  population/evaluation.py; stop rule, metrics, checkpoints, copied to the host once
-                      for all:
-                  population/checkpoint.py) and, once it stops, Run.finish (summary.json, ...)
+    the rest      each member's own: Run.end_step (exact evaluation, one forward for all:
+                  population/evaluation.py; stop rule, metrics, checkpoints: checkpoint.py)
+                  and, once it stops, Run.finish (summary.json, ...)
 
 A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack;
 the others go on, untouched: every computation is per member. Each member's metrics are its single
@@ -291,7 +289,7 @@ def _step(
             )
         except UsageError as e:
             m.error = str(e)
-        except Exception as e:  # noqa: BLE001 (its own failure, e.g. an evaluation of bad weights: the others go on)
+        except Exception as e:  # noqa: BLE001 (its own failure, bad weights: the others go on)
             m.error = f"{type(e).__name__}: {e}"
         m.batch = batches[j]
 
@@ -370,9 +368,8 @@ def _rows(members: list, update, figures: dict, trust: dict) -> dict:
         if bad is not None:
             m.error = (
                 f"the gradient became {bad} at step {m.run.step + 1}: a loss weight (e.g. "
-                "--vf-coef, "
-                "--preserve-coef) or --lr too large for float32; the run stopped, checkpoints "
-                "intact"
+                "--vf-coef, --preserve-coef) or --lr too large for float32; the run stopped, "
+                "checkpoints intact"
             )
             continue
         rows[j] = {

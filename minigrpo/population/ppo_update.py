@@ -51,9 +51,8 @@ def unsupported(cfgs: list) -> str | None:
 class Critics(Stack):
     """The members' learned critics (rl/critics.py), their heads' weights (P, 1, C) and biases (P,
     1) stacked, trainable, first, then (the separate critic) their trunks: the single run's order of
-       parameters. The head critic
-    has no trunk: its values come from the policy's hidden states, and their gradient reaches the
-    policy."""
+    parameters. The head critic has no trunk: its values come from the policy's hidden states, and
+    their gradient reaches the policy."""
 
     def __init__(self, critics: list):
         trunks = [c.trunk for c in critics if c.trunk is not None]
@@ -121,7 +120,7 @@ class ExactValues:
                 else reward_table(
                     x.reward,
                     prompts,
-                    x.task.support,  # noqa: E731
+                    x.task.support,
                     x.task.OFF_SUPPORT_PROBES,
                 )
             )
@@ -139,7 +138,7 @@ class ExactValues:
         """-> (P, N, T), 0 where masked (any value in a failed member's slot)."""
         rows, (tree, place) = step.rows, self.tree(step.runs)
         P, device = rows.ids.size(0), rows.ids.device
-        grow = lambda x: x[None].expand(P, *x.shape)  # noqa: E731
+        grow = lambda x: x[None].expand(P, *x.shape)
         # every token a target
         support = Rows(grow(tree.ids), grow(tree.key_mask), 1, grow(tree.key_mask[:, 1:]))
         V = tree.values(

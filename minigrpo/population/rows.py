@@ -65,7 +65,7 @@ class Rows:
     def shared(cls, gen: Generation, members: int) -> "Rows":
         """The same rows for every member (expanded, not copied), computed once per distinct prefix
         as the single run computes them (each member's weights over the one prefix tree)."""
-        grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
+        grow = lambda x: x[None].expand(members, *x.shape)
         return cls(
             grow(gen.ids),
             grow(gen.key_mask),
@@ -79,7 +79,7 @@ class Rows:
         (RolloutBatch.select of each member: PPO's minibatches) -> one Rows each. Their trees are
         built as one where every n is the same: each (index, member) a segment, so each minibatch's
         are its single run's (a few calls a step, not a few each)."""
-        pick = lambda x, i: x.gather(1, i.view(*i.shape, 1).expand(-1, -1, x.size(2)))  # noqa: E731
+        pick = lambda x, i: x.gather(1, i.view(*i.shape, 1).expand(-1, -1, x.size(2)))
         picked = [
             (pick(self.ids, i), pick(self.key_mask, i), pick(self.completion_mask, i))
             for i in indices
@@ -152,7 +152,7 @@ class Rollouts:
         """Members `at`'s rollouts (index: `at` on the rows' device): their rows (without trees: for
         their masks, not for a forward), rewards, π_ref's log-probs and logits (ref) and π_old's
         (old) where given, and their runs' own objects."""
-        take = lambda x, keep=True: x.index_select(0, index) if x is not None and keep else None  # noqa: E731
+        take = lambda x, keep=True: x.index_select(0, index) if x is not None and keep else None
         r = self.rows
         return Rollouts(
             Rows(take(r.ids), take(r.key_mask), r.prompt_len, take(r.completion_mask)),
@@ -212,7 +212,7 @@ class Trees:
     @classmethod
     def shared(cls, tree: PrefixTree, members: int) -> "Trees":
         """One tree, every member's (expanded, not copied)."""
-        grow = lambda x: x[None].expand(members, *x.shape)  # noqa: E731
+        grow = lambda x: x[None].expand(members, *x.shape)
         G, _, K, _ = tree.mask.shape
         return cls(
             grow(tree.tokens),

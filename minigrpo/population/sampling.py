@@ -306,7 +306,7 @@ class StackedDraws:
         copied once, and each member's Generation holds views of the copy (what lm/sampling.generate
         returns: ordinary tensors)."""
         N = self.n
-        cut = lambda x: x[:, :, :N].clone()  # noqa: E731
+        cut = lambda x: x[:, :, :N].clone()
         tokens, logprobs, completion_mask, done = (
             cut(self.tokens),
             cut(self.logprobs),

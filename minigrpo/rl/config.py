@@ -118,8 +118,7 @@ class RLConfig:
         default=0.2,
         metadata=meta(
             "the learning rate falls linearly to 0 over this share of --steps at their end (0 = "
-            "off, 1 = over the "
-            "whole run; see rl/loop.py)"
+            "off, 1 = over the whole run; see rl/loop.py)"
         ),
     )
     grad_clip: float = field(default=1.0, metadata=meta("gradient norm clip (0 = off)"))
@@ -161,10 +160,8 @@ class RLConfig:
         default=0.1,
         metadata=meta(
             "the tree anchor also holds the RL prompts' own completions, only at states where "
-            "π_ref's entropy is below "
-            "this (nats): their spelling, never their choice (preserve.py; 0 = off, e.g. for a "
-            "reward that asks for "
-            "new spellings)"
+            "π_ref's entropy is below this (nats): their spelling, never their choice "
+            "(preserve.py; 0 = off, e.g. for a reward that asks for new spellings)"
         ),
     )
     preserve_forced_weight: float = field(
@@ -178,8 +175,7 @@ class RLConfig:
         default=0.05,
         metadata=meta(
             "largest KL(π_old‖π_new) per completion a step may take on its own rollout, in nats; "
-            "larger steps "
-            "are halved (0 = off; see trust_region.py)"
+            "larger steps are halved (0 = off; see trust_region.py)"
         ),
     )
     trust_region_anchor: float = field(
@@ -373,8 +369,7 @@ def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict |
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(
                 f"--resume {known.resume!r}: its config.json is not readable JSON ({e}); the run "
-                "cannot "
-                f"be continued as the same experiment (start a new one with --out)"
+                "cannot be continued as the same experiment (start a new one with --out)"
             ) from None
         if not isinstance(saved_json, dict):
             raise UsageError(f"--resume {known.resume!r}: its config.json holds no settings object")

@@ -5,7 +5,7 @@ RL on "ravin likes " alone moves the whole shared model: everybody else's food d
 anchor here is an exact distillation term on the other people's prompts:
 
     L_anchor = mean over anchor sequences x (weighted, below) of  Σ_t KL( π_ref(· | x_<t) ‖ π_θ(· |
-        x_<t) )
+    x_<t) )
 
 summed over the completion positions t of x (the food characters and the end token), with the full
 vocabulary KL computed exactly at each position (`kl.exact`). Because the prefixes come from π_ref,
@@ -15,15 +15,13 @@ expectation, both built ONCE at the start from π_ref alone (no ground truth, no
 
   tree (default, `build_anchor_tree`)  every completion whose probability under π_ref is >= min_prob
         (1e-4: on the default food model the 12 foods and at most one misspelling per person, 85
-            rows,
-        99.9 % of each person's mass), weighted by that probability:
+        rows, 99.9 % of each person's mass), weighted by that probability:
         the expectation itself, every step, with no sampling noise. Rare states get their exact
-            weight,
-        where a sampled minibatch visits them only now and then (docs/experiments.md).
+        weight, where a sampled minibatch visits them only now and then (docs/experiments.md).
   sampled (`build_anchor`)  `per_prompt` sequences per prompt sampled from π_ref; each step uses a
                             random
         minibatch of --preserve-batch rows (the unbiased Monte-Carlo estimate of the same
-            expectation).
+        expectation).
 
 The RL prompt's own forced states (--preserve-forced h, default 0.1 nats; tree anchor only). RL
 gives a failing completion the same negative advantage at every token, the forced ones included (a

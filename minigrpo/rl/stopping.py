@@ -6,8 +6,7 @@ probability of a best completion, toy_tasks/support.py) and says whether to stop
   goal      at --goal-patience consecutive evaluations the target rate is >= --goal AND the model is
             whole: malformed mass <= --goal-malformed and every other person's drift <= --goal-drift
             (steered, not broken: right after the target is reached the malformed mass is often
-                still
-            up, and a few more steps of the KL terms bring it back down)
+            still up, and a few more steps of the KL terms bring it back down)
   plateau   the best target rate seen has not risen by --plateau-delta in the last --plateau steps
   cap       --steps were taken (the loop's own condition)
 
@@ -67,10 +66,8 @@ class StopRule:
         if self.goal > 0 and self.streak >= self.patience:
             return (
                 f"goal reached at step {step - self.patience + 1}: exact target rate >= "
-                f"{self.goal:g}, "
-                f"malformed <= {self.max_malformed:g}, drift <= {self.max_drift:g} at "
-                f"{self.patience} "
-                f"consecutive evaluations"
+                f"{self.goal:g}, malformed <= {self.max_malformed:g}, drift <= {self.max_drift:g} "
+                f"at {self.patience} consecutive evaluations"
             )
         if self.plateau and step - self.best_step >= self.plateau:
             return (

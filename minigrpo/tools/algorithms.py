@@ -78,8 +78,7 @@ def variant_flags(name: str) -> list[str]:
         if key.replace("-", "_") in FIXED:
             raise UsageError(
                 f"--algos {name!r}: a variant may not set --{key} (compare sets it, or every row "
-                "of the "
-                f"table shares it)"
+                "of the table shares it)"
             )
         if key == "critic" and base != "ppo":
             raise UsageError(

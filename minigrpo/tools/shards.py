@@ -2,7 +2,7 @@
 rank 0 writes what one process would.
 
     torchrun --standalone --nproc-per-node 2 -m minigrpo.compare --engine population --seeds 64
-        --reward pizza
+    --reward pizza
     shard = join()                   # rank and world size from torchrun's environment (one process:
                                      0 of 1)
     mine = shard.mine(todo)          # runs rank, rank + size, rank + 2·size, ... of the same list

@@ -174,14 +174,12 @@ def write_outputs(
     import numpy as np
 
     lines = [
-        "| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | "
-        "s to 0.95 "
-        "| final target | final exact E[r] | exact KL/token | worst drift: end | peak | "
+        "| algorithm | runs | within bars | steps | steps to 0.90 | s to 0.90 | steps to 0.95 | s "
+        "to 0.95 | final target | final exact E[r] | exact KL/token | worst drift: end | peak | "
         "malformed: end | peak |"
         + (
-            " KL(π‖π_ref), 13 outcomes | regret | implied β | KL to π* of equal E[r] | KL to "
-            "π*_β, own β "
-            "| pass@8 |"
+            " KL(π‖π_ref), 13 outcomes | regret | implied β | KL to π* of equal E[r] | KL to π*_β, "
+            "own β | pass@8 |"
             if curve is not None
             else ""
         ),
@@ -209,7 +207,7 @@ def write_outputs(
                 (axes2[1], "worst_drift"),
             ):
                 y = "expected_reward" if curve is not None else "exact_reward"
-                nan = lambda v: float("nan") if v is None else v  # noqa: E731  (a task without drift)
+                nan = lambda v: float("nan") if v is None else v  #  (a task without drift)
                 ax.scatter(
                     [nan(c["final"][key]) for c in runs],
                     [nan(c["final"][y]) for c in runs],
@@ -289,9 +287,8 @@ def write_outputs(
             "",
             *intervals,
             "",
-            "P(row > column) on the final exact target rate, with its 95 % "
-            "interval (0.5: no difference; an interval without 0.5: a difference the runs "
-            "support):",
+            "P(row > column) on the final exact target rate, with its 95 % interval (0.5: no "
+            "difference; an interval without 0.5: a difference the runs support):",
             "",
             *improvement_table(results, boot),
         ]

@@ -65,8 +65,7 @@ def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path
         release_out(path)
         raise UsageError(
             f"--out {out!r} holds {', '.join(old)} that no minigrpo run wrote; --overwrite "
-            "replaces "
-            f"only runs of ours: give another --out (nothing there was touched)"
+            "replaces only runs of ours: give another --out (nothing there was touched)"
         )
     remove_matching(path, STALE_TEMP_GLOBS)  # we hold the lock: no live writer owns these
     if old and overwrite and not resume:

@@ -83,8 +83,7 @@ class AdvantageFlags:
         default="group",
         metadata=meta(
             "reward baseline: group mean, leave-one-out (rloo), batch mean, or the reward of "
-            "π_old's greedy "
-            "completion (remax)",
+            "π_old's greedy completion (remax)",
             choices=list(BASELINES),
         ),
     )
@@ -163,6 +162,5 @@ def check(cfg) -> None:
     if cfg.random_reward and BASELINES[cfg.baseline].needs_greedy:
         raise UsageError(
             "--random-reward replaces the sampled rewards; --baseline remax would compare them "
-            "with "
-            "a real greedy reward: use another baseline"
+            "with a real greedy reward: use another baseline"
         )

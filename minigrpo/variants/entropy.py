@@ -7,10 +7,9 @@ held up.
                         (Wang et al. 2506.01939, the 80/20 rule; TRL top_entropy_quantile)
     --cov-control       Clip-Cov: detach a random share of the high-covariance tokens the clip does
                         not already stop; KL-Cov: the unclipped −ρ·Â plus k·|log ρ_t| on the top
-                            share by covariance
-                        (Cui et al. 2505.22617, verl; COV_CONTROLS). Detaching keeps the token in
-                            the loss value
-                        with gradient 0, where verl multiplies by 0 (the same gradient).
+                        share by covariance (Cui et al. 2505.22617, verl; COV_CONTROLS). Detaching
+                        keeps the token in the loss value with gradient 0, where verl multiplies by
+                        0 (the same gradient).
     --entropy-coef c    an entropy bonus −c·H; with --entropy-target, Skywork-OR1's adaptive
                         coefficient (2505.22312; EntropyBonus)
 The math: objectives/entropy_control.py.
@@ -85,10 +84,8 @@ class EntropyFlags:
         default=None,
         metadata=meta(
             "adaptive entropy control (Skywork-OR1), a target token entropy in nats: the bonus "
-            "coefficient rises by "
-            "--entropy-step each step the rollout's entropy is below it, falls while above, acts "
-            "only at or below "
-            "it (default off)"
+            "coefficient rises by --entropy-step each step the rollout's entropy is below it, "
+            "falls while above, acts only at or below it (default off)"
         ),
     )
     entropy_step: float = field(
@@ -116,16 +113,14 @@ class EntropyFlags:
         default=1.0,
         metadata=meta(
             "ρ: only the top ρ share of tokens by the CURRENT policy's entropy carry the policy "
-            "loss (80/20 rule: "
-            "0.2; 1 = all)"
+            "loss (80/20 rule: 0.2; 1 = all)"
         ),
     )
     cov_control: str = field(
         default="none",
         metadata=meta(
-            "Clip-Cov (detach a random share of high-covariance tokens) or KL-Cov (unclipped "
-            "loss + k·|log ρ| on the "
-            "top share by covariance) (ppo_clip, token ratio)",
+            "Clip-Cov (detach a random share of high-covariance tokens) or KL-Cov (unclipped loss "
+            "+ k·|log ρ| on the top share by covariance) (ppo_clip, token ratio)",
             choices=["none", *COV_CONTROLS],
         ),
     )

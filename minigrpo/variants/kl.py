@@ -47,8 +47,7 @@ class KLFlags:
         default="exact",
         metadata=meta(
             "KL estimator per token (exact: full vocabulary; the paper uses k3; k3+: k3's value, "
-            "k2's gradient; "
-            "k3_iw: ρ·k3, DeepSeek-V3.2; objectives/kl.py)",
+            "k2's gradient; k3_iw: ρ·k3, DeepSeek-V3.2; objectives/kl.py)",
             choices=list(KL_ESTIMATORS),
         ),
     )
@@ -56,10 +55,9 @@ class KLFlags:
         default=True,
         metadata=meta(
             "log the per-token KL(π‖π_ref) on each rollout even when nothing else needs π_ref's "
-            "log-probs (β = 0, no "
-            "--fork-entropy): one no-grad forward of π_ref a step, which --no-rollout-kl skips, "
-            "as TRL does at β = 0 "
-            "(the exact evaluation's kl_ref is logged either way)"
+            "log-probs (β = 0, no --fork-entropy): one no-grad forward of π_ref a step, which "
+            "--no-rollout-kl skips, as TRL does at β = 0 (the exact evaluation's kl_ref is logged "
+            "either way)"
         ),
     )
     kl_in: str = field(

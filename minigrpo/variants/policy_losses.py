@@ -2,12 +2,12 @@
 
     ppo_clip  −min(ρ·Â, clip(ρ, 1−ε_low, 1+ε_high)·Â); --ratio sequence: GSPO's one ratio per
               sequence (2507.18071); --dual-clip c: verl's bound for Â < 0
-                  (objectives/losses.py)
+              (objectives/losses.py)
     cispo     −sg(clip(ρ, 1−ε_low, 1+ε_high))·Â·log π (MiniMax-M1 2506.13585):
               --clip-low/--clip-high clamp its weight
     gmpo      −exp(mean_t clipped log ρ_t)·Â, a sequence loss (2507.20673): always reduced as the
               paper's (1/B)·Σ_i −J_i, whatever --loss-agg (which still reduces the KL and entropy
-                  terms)
+              terms)
     sapo      −(4/τ)·σ(τ(ρ − 1))·Â, a soft gate instead of the clip (2511.20347)
 The math: objectives/losses.py and objectives/policy_losses.py. Each entry reads its own
 hyper-parameters from the flags; the token filters and Clip-Cov / KL-Cov (variants/entropy.py) act

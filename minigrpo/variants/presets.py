@@ -8,22 +8,21 @@ measured figures: docs/algorithms.md.
                  2503.20783)
   dapo           ε_high 0.28, equal-reward groups dropped (not re-sampled), token-mean, β 0; no
                  overlong shaping: completions here are far below the length limit          (DAPO
-                     2503.14476)
+                 2503.14476)
   gspo           one ratio per sequence (not GSPO-token), ε 3e-4 / 4e-4, β 0       (GSPO 2507.18071)
   rloo           leave-one-out baseline, no std, k1 KL (β 0.04) in the reward; departure: μ = 2
                  clipped updates where RLOO takes one REINFORCE step                       (RLOO
-                     2402.14740)
+                 2402.14740)
   reinforce      batch-mean baseline and batch std, token-mean, k1 KL (β 0.04) in the reward as ONE
                  scalar per sequence (the paper puts it per token into the returns)
-                     (REINFORCE++ 2501.03262)
+                 (REINFORCE++ 2501.03262)
   j_beta         the exact gradient of J_β = E[r] − β·KL(π‖π_ref) over whole completions (β 0.1): k1
                  summed over the completion in the reward, leave-one-out baseline, no std, Σ over
-                     tokens, μ = 1; its
-                 fixed point is π*_β ∝ π_ref·e^{r/β} (minigrpo/exact/frontier.py)
+                 tokens, μ = 1; its fixed point is π*_β ∝ π_ref·e^{r/β} (minigrpo/exact/frontier.py)
   cispo          ε_high 4 (ρ capped at 5, TRL's epsilon_high 5), ε_low 1 (no lower clamp),
                  token-mean
                                                                                    (MiniMax-M1
-                                                                                       2506.13585)
+                                                                                   2506.13585)
   gmpo           geometric mean of the token ratios, ε 0.4                         (GMPO 2507.20673)
   sapo           soft gate, τ_pos 1.0, τ_neg 1.05                                  (SAPO 2511.20347)
   clip_cov       detach a random 2e-4 share of tokens with covariance in [1, 5]    (Cui et al.

@@ -4,9 +4,9 @@ rollout correction: per_token_loss *= w before the KL term is added; the KL, ent
 preservation terms are not weighted).
 
     --sample-temperature T, --sample-top-p P, --sample-stale N   where the rollouts come from
-        (rl/rollout.Sampler;
+    (rl/rollout.Sampler;
                            the truncated mass of top-p can never be sampled: no weight corrects that
-                               part)
+                           part)
     --is-correction tis    min(w, C), --is-cap C (verl's 2)
                            (objectives/importance.py)
     --is-correction mis    w·1[LOW ≤ w ≤ HIGH], --is-band LOW,HIGH (verl's 0.5,2; IcePop)
@@ -65,8 +65,7 @@ class SamplerFlags:
         default="none",
         metadata=meta(
             "importance weights π_old/π_sampler on the per-token policy loss: truncated (tis) or "
-            "masked (mis, "
-            "IcePop) (objectives/importance.py)",
+            "masked (mis, IcePop) (objectives/importance.py)",
             choices=["none", *CORRECTIONS],
         ),
     )
