@@ -37,26 +37,30 @@ NAN = float("nan")
 
 @pytest.fixture(scope="session")
 def tiny_pretrained(tmp_path_factory):
-    """A tiny food model pretrained for a few seconds: (checkpoint path, model, tokenizer)."""
+    """A tiny food model pretrained for a few seconds: (checkpoint path, model, tokenizer). Its
+    loss.png is not drawn (no test reads it; drawing it was a third of the fixture's time)."""
+    from minigrpo import pretrain
     from minigrpo.lm.checkpoint import load_checkpoint
     from minigrpo.pretrain import PretrainConfig, train
 
     out = tmp_path_factory.mktemp("pretrain")
-    train(
-        PretrainConfig(
-            out=str(out),
-            device="cpu",
-            steps=250,
-            batch_size=64,
-            n_embd=32,
-            n_head=2,
-            lr=1e-2,
-            n_lines=1600,
-            eval_every=250,
-            ckpt_every=250,
-        ),
-        log=lambda *a: None,
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pretrain, "plot_panels", lambda *a, **k: None)
+        train(
+            PretrainConfig(
+                out=str(out),
+                device="cpu",
+                steps=250,
+                batch_size=64,
+                n_embd=32,
+                n_head=2,
+                lr=1e-2,
+                n_lines=1600,
+                eval_every=250,
+                ckpt_every=250,
+            ),
+            log=lambda *a: None,
+        )
     model, tok, _ = load_checkpoint(out / "model.pt")
     return out / "model.pt", model, tok
 

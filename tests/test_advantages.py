@@ -460,7 +460,7 @@ def test_whiten_stays_finite_for_one_valid_entry_or_zero_variance():
 def test_explained_variance_perfect_constant_and_hand_examples():
     ret = R([[1.0, 2.0, 3.0, 4.0, 99.0]])
     mask = torch.tensor([[True, True, True, True, False]])
-    ev = lambda v, r: call(explained_variance, v, r, mask, shape=())  # noqa: E731
+    ev = lambda v, r: call(explained_variance, v, r, mask, shape=())
     assert ev(ret, ret) == 1.0, "perfect values must explain everything (EV = 1)"
     assert abs(ev(torch.full_like(ret, 2.5), ret)) < 1e-12, (
         "a constant equal to the mean of the returns gives EV = 0"

@@ -5,6 +5,7 @@ covariance split, and that the probed run is the CLI's run."""
 import json
 import math
 
+import pytest
 import torch
 
 # a 1-layer GPT over BOS, EOS, PAD, a, b; prompts "a", "ba"
@@ -89,7 +90,7 @@ def test_covariance_split_is_the_law_of_total_covariance():
     keys = [[t % 2 for t in range(5)] for _ in range(4)]  # two states: even and odd positions
     total, within = covariance_split(keys, logp, adv, mask)
     tokens = [(t % 2, adv[i].item(), logp[i, t].item()) for i, t in mask.nonzero().tolist()]
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs)
     ma, ml = mean([a for _, a, _ in tokens]), mean([lp for _, _, lp in tokens])
     between = 0.0
     for k in (0, 1):
@@ -117,6 +118,7 @@ def test_state_keys_share_a_key_exactly_when_prompt_and_prefix_agree():
     assert state_keys(gen)[0][1] != state_keys(gen)[1][1]
 
 
+@pytest.mark.slow
 def test_the_probed_run_is_the_cli_run(tiny_pretrained, tmp_path):
     """EntropyProbe's extra forwards change nothing: the same metrics as an unprobed run, one row
     per step."""

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from minigrpo.bench.models import bench_models
 from minigrpo.pretrain import PretrainConfig, train
 
@@ -17,6 +19,7 @@ SHORT = (
 )
 
 
+@pytest.mark.slow
 def test_a_row_per_model_from_compare_runs_that_start_from_it(tmp_path, tiny_pretrained):
     first, _, _ = tiny_pretrained
     train(

@@ -8,6 +8,7 @@ import pytest
 from minigrpo.bench import population
 
 
+@pytest.mark.slow
 def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_is_too_long(
     tmp_path, tiny_pretrained, monkeypatch
 ):
@@ -17,7 +18,7 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     monkeypatch.setattr(population, "LIMIT_S", 60)
     text = population.bench_population(tmp_path, init, "cpu", sizes=[1, 2, 1000], steps=1, grow=0)
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    ok = lambda name: rows[name].rstrip(" |").endswith("ok")  # noqa: E731
+    ok = lambda name: rows[name].rstrip(" |").endswith("ok")
     assert ok("1 alone, as the pool runs it") and ok("1") and ok("2"), text
     assert "not run: about" in rows["1000"] and "limit per population: 60 s" in rows["1000"], text
     # the largest P measured
@@ -44,7 +45,7 @@ def test_the_recipes_table_says_what_each_member_adds_a_step(tmp_path, tiny_pret
     member adds a few (its noise drawn once a step, as on a GPU; its rows copied with the
     others')."""
     init, _, _ = tiny_pretrained
-    folder = lambda name: (shutil.rmtree(tmp_path / name, ignore_errors=True), tmp_path / name)[1]  # noqa: E731
+    folder = lambda name: (shutil.rmtree(tmp_path / name, ignore_errors=True), tmp_path / name)[1]
     text = population._recipes(folder, init, "cpu", 2, 1, 2)
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     kernels = {

@@ -2,9 +2,12 @@
 
 import re
 
+import pytest
+
 from minigrpo.bench.speed import bench_prefix
 
 
+@pytest.mark.slow
 def test_prefix_section_reports_nodes_agreement_and_both_runs(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     text = bench_prefix(tmp_path, init, steps=2, repeat=1)
@@ -29,6 +32,7 @@ def test_prefix_section_reports_nodes_agreement_and_both_runs(tmp_path, tiny_pre
     ), rows
 
 
+@pytest.mark.slow
 def test_threads_section_measures_both_cases_and_marks_what_threads_0_picks(monkeypatch):
     from minigrpo.bench.speed import bench_threads
     from minigrpo.util import runtime

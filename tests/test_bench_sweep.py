@@ -5,9 +5,12 @@ import os
 import stat
 import time
 
+import pytest
+
 from minigrpo.bench import sweep
 
 
+@pytest.mark.slow
 def test_the_section_times_compare_and_checks_its_runs_against_the_bars(
     tmp_path, tiny_pretrained, capsys
 ):

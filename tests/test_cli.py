@@ -269,6 +269,7 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_rl_resumes_from_it(tmp_path):
     assert read_checkpoint(rl)["step"] == step + 2
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_ends_a_cli_quietly(tiny_pretrained):
     """`python -m minigrpo.sample ... | head -2`: the reader goes away; no traceback, exit code 141
     (SIGPIPE)."""
@@ -295,6 +296,7 @@ def test_a_closed_pipe_ends_a_cli_quietly(tiny_pretrained):
 
 
 @pytest.mark.parametrize("command", ["minigrpo.grpo", "minigrpo.pretrain"])
+@pytest.mark.slow
 def test_a_closed_pipe_stops_a_runs_printing_not_the_run(tmp_path, tiny_pretrained, command):
     """`python -m minigrpo.grpo | head -1`: the run goes on silent to its end, writes every file and
     exits 0."""
@@ -385,6 +387,7 @@ def test_a_finished_command_leaves_every_output_whole_and_exits_0(tmp_path, tiny
     assert torch.load(out / "model.pt", map_location="cpu", weights_only=False)["step"] == 2
 
 
+@pytest.mark.slow
 def test_under_a_profiler_a_command_exits_the_ordinary_way_so_the_profile_is_written(
     tmp_path, tiny_pretrained
 ):

@@ -26,6 +26,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(
     tmp_path, tiny_pretrained, capsys, monkeypatch
 ):
@@ -141,6 +142,7 @@ def test_compare_bad_input(argv, message, capsys, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_pooled_run_is_the_separate_process_run(tmp_path, tiny_pretrained):
     """One worker runs ppo s0, ppo s1, grpo s0, grpo s1 in turn, in process (pool.py); each of its
     last runs writes the same metrics (all but the timings) and summary as its command run as a
@@ -183,6 +185,7 @@ def test_a_pooled_run_is_the_separate_process_run(tmp_path, tiny_pretrained):
     assert (out / "grpo-s1" / "metrics.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_compare_survives_a_dying_worker(tmp_path, tiny_pretrained, capsys):
     """A run that kills its worker process fails alone (a fresh worker takes the next run); exit
     code 1."""
@@ -553,6 +556,7 @@ def test_the_runs_outside_the_bars_are_named_with_what_they_missed_and_a_peaks_s
     assert "Every run within every bar." in (tmp_path / "table.md").read_text()
 
 
+@pytest.mark.slow
 def test_on_a_gpu_compares_processes_share_it_through_a_daemon_of_its_own(
     tmp_path, tiny_pretrained, capsys, monkeypatch
 ):

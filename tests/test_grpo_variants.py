@@ -264,6 +264,7 @@ def test_remax_subtracts_the_reward_of_each_prompts_greedy_completion(tiny_pretr
 # ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_random_rewards_ignore_the_completions_and_reproduce_by_seed(
     tmp_path, tiny_pretrained, monkeypatch
 ):
@@ -368,7 +369,7 @@ def test_resume_continues_the_second_waves_state_exactly(tmp_path, tiny_pretrain
     train(cfg_for(tmp_path, init, **flags, steps=4, out=str(tmp_path / "straight")), **QUIET)
     train(cfg_for(tmp_path, init, **flags, steps=2, out=str(tmp_path / "split")), **QUIET)
     main(["--resume", str(tmp_path / "split"), "--steps", "4", "--quiet"])
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
     a, b = (strip(read_jsonl(tmp_path / f / "metrics.jsonl")) for f in ("straight", "split"))
     assert a == b
 

@@ -182,7 +182,9 @@ def test_exact_gradient_is_finite_at_extreme_logits():
     )
 
 
-# ---- Schulman's Gaussian table (REFERENCE.md §4) -------------------------------------------------
+# ---- Schulman's Gaussian table -----------------------------------------------------------------
+# J. Schulman, "Approximating KL Divergence", 2020, http://joschu.net/blog/kl-approx.html: the
+# table of each estimator's bias/true and std/true for q = N(0, 1), p = N(mu, 1), mu = 0.1 and 1.
 
 # mu: name -> (bias/true, std/true)
 TABLE = {

@@ -137,6 +137,7 @@ def test_a_stub_has_the_library_signature_and_the_reference_loads_and_is_not_a_s
     assert plant(tmp_path / "b", ex.name, workspace.reference_source(ex)) is not None
 
 
+@pytest.mark.slow
 def test_check_passes_the_reference_fails_a_mistake_with_its_message_and_workspaces_stay_apart(
     tmp_path, capsys
 ):
@@ -189,6 +190,7 @@ def test_the_smallest_failing_example_is_read_from_either_heading_on_one_line(he
     assert falsifying_example("E   AssertionError: no example here") == ""
 
 
+@pytest.mark.slow
 def test_a_failing_check_stops_after_a_few_broken_properties_each_shown_with_its_smallest_example(
     tmp_path, capsys, monkeypatch
 ):

@@ -111,6 +111,7 @@ def run(argv, capsys):
     return code, capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_path_sends_the_learner_to_the_first_exercise_not_passing(tmp_path, capsys):
     d = str(tmp_path / "ws")
     say = lambda words: workspace.command(words, d)
@@ -140,6 +141,7 @@ def test_the_path_sends_the_learner_to_the_first_exercise_not_passing(tmp_path, 
     assert first in out and second in out, out
 
 
+@pytest.mark.slow
 def test_check_all_says_next_only_for_an_exercise_not_passing(tmp_path, capsys):
     d = str(tmp_path / "ws")
     record_passing(d, 5)
@@ -153,6 +155,7 @@ def test_check_all_says_next_only_for_an_exercise_not_passing(tmp_path, capsys):
     assert f"next: {workspace.command('start 1', d)}" in out, out
 
 
+@pytest.mark.slow
 def test_a_file_that_does_not_load_says_so_with_its_error(tmp_path, capsys):
     d = str(tmp_path / "ws")
     run(["start", "1", "--dir", d], capsys)
@@ -180,7 +183,7 @@ def test_a_file_that_does_not_load_says_so_with_its_error(tmp_path, capsys):
     assert code == 1 and "your file does not load" in out and "no_such_module_anywhere" in out, out
 
 
-def test_when_every_exercise_passes_the_path_points_at_the_whole_trainer(
+def test_when_every_exercise_passes_the_path_ends_at_grpo_in_one_file(
     tmp_path, capsys, monkeypatch
 ):
     d = str(tmp_path / "ws")
@@ -188,7 +191,7 @@ def test_when_every_exercise_passes_the_path_points_at_the_whole_trainer(
     out = run(["list", "--dir", d], capsys)[1]
     assert (
         "start with" not in out
-        and "minigrpo/grpo.py" in out
+        and "minigrpo/grpo_one_file.py" in out
         and workspace.command("check --all", d) in out
     ), out
     init = tmp_path / "model.pt"
@@ -203,6 +206,5 @@ def test_when_every_exercise_passes_the_path_points_at_the_whole_trainer(
     monkeypatch.setattr("minigrpo.learn.child.run", trained)
     assert grade.capstone(d, init=init) == (True, 0.97)
     out = capsys.readouterr().out
-    assert "capstone passed" in out and "minigrpo/grpo.py" in out and "the whole trainer" in out, (
-        out
-    )
+    assert "capstone passed" in out and "minigrpo/grpo_one_file.py" in out, out
+    assert "GRPO in one file" in out and "then minigrpo/grpo.py" in out, out

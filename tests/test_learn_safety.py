@@ -51,6 +51,7 @@ def deadline(seconds):
 
 
 @pytest.mark.parametrize("loop", [LOOP, STUBBORN], ids=["loop", "loop_that_catches_the_alarm"])
+@pytest.mark.slow
 def test_check_of_a_function_that_loops_forever_ends_naming_the_test_and_says_what_it_waits_for(
     tmp_path, capsys, monkeypatch, loop
 ):
@@ -125,6 +126,7 @@ def stop_from_outside_and_assert_no_child_survives(cmd, sig, cwd, mark):
 @pytest.mark.parametrize(
     "sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name
 )
+@pytest.mark.slow
 def test_a_check_stopped_from_outside_leaves_no_pytest_behind(tmp_path, sig):
     plant_loop(tmp_path, "k1", mark=tmp_path / "looping")
     cmd = [sys.executable, "-m", "minigrpo.learn", "check", "k1", "--dir", str(tmp_path)]
@@ -134,6 +136,7 @@ def test_a_check_stopped_from_outside_leaves_no_pytest_behind(tmp_path, sig):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow
 def test_a_capstone_stopped_from_outside_leaves_no_training_run_behind(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     plant_loop(tmp_path, "grpo_loss", mark=tmp_path / "looping")

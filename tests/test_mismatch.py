@@ -142,7 +142,7 @@ def test_sample_stale_samples_from_the_policy_n_steps_back(tmp_path, tiny_pretra
     theta0 = read_checkpoint(init)["model"]
     seen.clear()
     train(cfg_for(tmp_path, init, **flags, steps=4, out=str(tmp_path / "four")), **QUIET)
-    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in b)  # noqa: E731
+    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in b)
     assert len(seen) == 4
     assert all(same(s, theta0) for s in seen[:3]), (
         "steps 1-3 have no policy 2 steps back: the initial one"
@@ -239,7 +239,7 @@ def test_resume_with_a_mismatched_sampler_is_exact(tmp_path, tiny_pretrained, fl
     train(cfg_for(tmp_path, init, **flags, steps=4, out=str(tmp_path / "straight")), **QUIET)
     train(cfg_for(tmp_path, init, **flags, steps=2, out=str(tmp_path / "split")), **QUIET)
     main(["--resume", str(tmp_path / "split"), "--steps", "4", "--quiet"])
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
     a, b = (strip(read_jsonl(tmp_path / f / "metrics.jsonl")) for f in ("straight", "split"))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4] and a == b
 

@@ -90,6 +90,7 @@ def test_a_prefix_off_the_support_is_worth_the_off_support_reward(tiny_pretraine
         assert torch.equal(v, table.off_support.repeat_interleave(4))
 
 
+@pytest.mark.slow
 def test_value_equals_the_mean_reward_of_sampled_continuations(tiny_pretrained):
     """10,000 completions sampled after prompt + prefix: their mean reward is V within 4 standard
     errors (the exact std, from the oracle's value of r²)."""

@@ -28,7 +28,7 @@ from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 CFG = GPTConfig(vocab_size=20, block_size=24, n_layer=2, n_head=2, n_embd=16)
-UNTIMED = lambda row: {k: v for k, v in row.items() if k not in ("step_time", "tokens_per_s")}  # noqa: E731
+UNTIMED = lambda row: {k: v for k, v in row.items() if k not in ("step_time", "tokens_per_s")}
 
 
 def members(n=3, seed=0):
@@ -148,8 +148,7 @@ def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
     mask = torch.ones(5, 4, dtype=torch.bool)
     mask[0, :2] = False
     requests = lambda: [
-        Request(ids, mask, 12, 0.8, None, None, torch.Generator().manual_seed(p))  # noqa: E731
-        for p in range(4)
+        Request(ids, mask, 12, 0.8, None, None, torch.Generator().manual_seed(p)) for p in range(4)
     ]
     assert isinstance(_generate_all(models, requests(), None), StackedDraws)  # drawn as one
     gens = [torch.Generator().manual_seed(p) for p in range(4)]
@@ -245,20 +244,28 @@ def _run(init, folder, seed, module="minigrpo.grpo", extra=()):
     return (module, seed, cmd, folder)
 
 
-# implied_beta is the β whose exact optimum has the run's E[r]: after a step that moved E[r] by δ, a
-# rounding ε of
-# E[r] moves it by about ε/δ relative (random_reward on the tiny model: δ = 6e-4, ε = 1e-7, 1.8e-4).
-# The gradient's
-# norm after Adam's first steps: a weight whose gradient is rounding (an attention key's bias: its
-# gradient is 0
-# but for rounding) moves by a whole learning rate either way (ReMax in lockstep, seed 2's second
-# step: 1.2e-4)
-LOOSER = {"implied_beta": 1e-3, "grad_norm": 1e-3}
+# How close a member's figures lie to its single run's (or a pooled run's to its own process's):
+# float32 rounds a batch of another layout otherwise, and 3 steps of training amplify it. Measured
+# on this suite's comparisons (CPU): relative differences up to 1.1e-3 (the drifts and kl_ref of
+# lockstep members with betas of their own; implied_beta 5e-4, grad_norm 4e-4) -> REL 3e-3, under
+# which a 1 % error still fails, in a figure of 1e-4 as in one of 10.
+REL = 3e-3
+FLOOR = 1e-9  # a figure that is 0 in one run and rounding in the other (kl_exact: 1.6e-11)
+# Figures that are small sums of larger terms of either sign carry those terms' rounding: a floor
+# of their own, about 5x the most a difference measured went past REL·|b| (in brackets)
+NOISE = {
+    "kl_k1_seq": 1e-4,  # PPO's k1 KL of the sampled rows: a mean of sums of log-ratios (1.7e-5)
+    "tr_kl_anchor": 1e-6,  # the trust region's sampled KL estimates, ~2e-6 in a tight region
+    "tr_kl_rollout": 1e-6,  # (1.7e-7 and 1.3e-7)
+    "adv_mean": 5e-7,  # the mean of normalised advantages: 0 but for rounding (7.5e-8)
+    "sampler_kl": 1e-7,  # a stale sampler's KL to the trainer, ~3e-8 (1.8e-8)
+    "approx_kl": 1e-8,  # PPO's sampled KL estimate (3.8e-10)
+}
 
 
-def close(a: dict, b: dict, tol: float = 1e-4) -> list[str]:
-    """'key: a vs b' for each key whose values differ by more than tol·max(1, |b|) (LOOSER's own
-    tol; None and strings: exactly)."""
+def close(a: dict, b: dict, rel: float = REL, floor: float = FLOOR) -> list[str]:
+    """'key: a vs b' for each key whose values differ by more than rel·|b| + its floor (NOISE's, or
+    `floor`), a figure held to its own size however small; None and strings: exactly."""
     return [
         f"{k}: {a[k]} vs {b[k]}"
         for k in b
@@ -267,10 +274,32 @@ def close(a: dict, b: dict, tol: float = 1e-4) -> list[str]:
             or (
                 isinstance(b[k], float)
                 and a[k] is not None
-                and abs(a[k] - b[k]) <= LOOSER.get(k, tol) * max(1.0, abs(b[k]))
+                and abs(a[k] - b[k]) <= rel * abs(b[k]) + max(floor, NOISE.get(k, 0.0))
             )
         )
     ]
+
+
+def test_close_holds_each_figure_to_its_own_size():
+    """A 1 % error fails in a figure of 1e-4 as in one of 7 (the old rule, 1e-4 absolute below 1,
+    passed a 3-step kl_to_implied_optimum of 1e-4 100 % off); rounding passes; None, strings and
+    keys the other row lacks are compared exactly."""
+    row = {"kl_to_implied_optimum": 1.5e-4, "target_rate": 0.5, "implied_beta": 7.3, "note": "x"}
+    assert close(dict(row), row) == []
+    for k in ("kl_to_implied_optimum", "target_rate", "implied_beta"):
+        off = {**row, k: row[k] * 1.01}
+        assert close(off, row) == [f"{k}: {off[k]} vs {row[k]}"], k
+        assert close({**row, k: row[k] * 0.99}, row) != [], k
+        assert close({**row, k: row[k] * (1 + 1e-3)}, row) == [], k  # rounding, amplified
+    assert close({**row, "kl_to_implied_optimum": 0.0}, row) != []  # 100 % off
+    assert close({**row, "kl_to_implied_optimum": 3e-4}, row) != []
+    assert close({**row, "note": "y"}, row) != [] and close({"x": 0.0}, {"x": None}) != []
+    assert close({"x": None}, {"x": 0.0}) != []
+    assert close({"kl_exact": 1.6e-11}, {"kl_exact": 0.0}) == []  # 0 but for rounding
+    assert close({"kl_exact": 1e-8}, {"kl_exact": 0.0}) != []
+    # a figure whose terms' rounding is larger than itself: its own floor
+    assert close({"adv_mean": 3e-8}, {"adv_mean": -4e-8}) == []
+    assert close({"adv_mean": 1e-5}, {"adv_mean": -4e-8}) != []
 
 
 def breaking_reward(folder: Path) -> Path:
@@ -288,12 +317,13 @@ def breaking_reward(folder: Path) -> Path:
     return bad
 
 
+@pytest.mark.slow
 def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(
     tmp_path, tiny_pretrained
 ):
     """GRPO seeds 0 and 1, PPO seed 0 and a GRPO run whose lr makes its loss non-finite, as one
-    population: each writes the files of its single run, whose metrics it matches to 1e-4 over its
-    first two steps; the failing one reports its own one-line error."""
+    population: each writes the files of its single run, whose metrics it matches to 3e-3 relative
+    over its first two steps; the failing one reports its own one-line error."""
     init, _, _ = tiny_pretrained
     bad = breaking_reward(tmp_path)
     assert (
@@ -338,6 +368,7 @@ def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_
         assert json.loads((pop / "config.json").read_text())["out"].endswith(pop.name)
 
 
+@pytest.mark.slow
 def test_members_of_other_model_shapes_share_a_population_but_never_a_batch(
     tmp_path, tiny_pretrained
 ):
@@ -371,6 +402,7 @@ def test_members_of_other_model_shapes_share_a_population_but_never_a_batch(
         assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == [[], [], []]
 
 
+@pytest.mark.slow
 def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
     """However its threads happen to interleave, a population batches the same members in the same
     order: the same metrics to the bit."""
@@ -388,12 +420,13 @@ def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
         assert rows[0] == rows[1] and len(rows[0]) == 7
 
 
+@pytest.mark.slow
 def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(
     tmp_path, tiny_pretrained, capsys
 ):
     """compare --engine population --jobs 2: two worker processes, the default GRPO's two seeds one
-    (lockstep) population, PPO's two runs the other (threads); their runs match the pool's to 1e-4
-    over their first steps; the table has the intervals."""
+    (lockstep) population, PPO's two runs the other (threads); their runs match the pool's to 3e-3
+    relative over their first steps; the table has the intervals."""
     from minigrpo.compare import main
     from minigrpo.util.runtime import on_gpu
 
@@ -485,7 +518,7 @@ def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path
     --out), each group in nearly equal parts of at most `most`, in order."""
     sampled = ("--preserve-anchor", "sampled")
     ppo = [_run("m.pt", Path(f"p{s}"), s, "minigrpo.ppo", sampled) for s in range(7)]
-    seeds = lambda shares: [[item[1] for item in share] for share in shares]  # noqa: E731
+    seeds = lambda shares: [[item[1] for item in share] for share in shares]
     assert seeds(shares_of(ppo, jobs=2)) == [[0, 2, 4, 6], [1, 3, 5]]
     assert seeds(shares_of(ppo, jobs=2, most=3)) == [[0, 3, 6], [1, 4], [2, 5]]
     assert seeds(shares_of(ppo[:3], jobs=8)) == [[0], [1], [2]] and seeds(
@@ -692,7 +725,7 @@ def test_the_workers_of_a_killed_compare_end_their_runs_at_a_step_with_a_checkpo
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    alive = lambda pid: os.path.exists(f"/proc/{pid}")  # noqa: E731
+    alive = lambda pid: os.path.exists(f"/proc/{pid}")
     workers = []
     try:
         deadline = time.time() + 120
@@ -731,7 +764,7 @@ def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(
     tmp_path, tiny_pretrained
 ):
     """All of compare's algorithms (presets, PPO with either critic, DPO offline and online) as one
-    population of different paths: each member's first steps match its run alone to 1e-4."""
+    population of different paths: each member's first steps match its run alone (close())."""
     from minigrpo.compare import ALGOS, OWN_TRAINERS, module_of
 
     init, _, _ = tiny_pretrained
@@ -758,15 +791,15 @@ def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pretrained):
     """On the GPU, members against the same runs alone on the GPU: two GRPO members and two PPO
-    members (lockstep populations) match to 1e-3 over their first steps (an H200 measured 4.5e-4 on
-    GRPO's second step's gradient norm: batched products round otherwise than one model's, and
-    Adam's first steps move the weights whose gradients are rounding by a whole learning rate; PPO's
-    pair is not yet measured on a GPU). A mixed population (GRPO and PPO, threads) matches only at
-    the first evaluation: there a batch of another shape rounds differently (other GEMM kernels),
-    and PPO's clip and trust region can turn that rounding into another step (measured on an H200:
-    the first update's loss 40 % apart in this test, 1e-4 with the bench's model); its runs must end
-    with every metric finite. GRPO members of three recipes (default, DAPO, RLOO: one lockstep
-    population), and of two people, as the same pair."""
+    members (lockstep populations) match to REL relative over their first steps (an H200 measured
+    4.5e-4 on GRPO's second step's gradient norm: batched products round otherwise than one model's,
+    and Adam's first steps move the weights whose gradients are rounding by a whole learning rate;
+    PPO's pair is not yet measured on a GPU). A mixed population (GRPO and PPO, threads) matches
+    (to 1e-4 relative) only at the first evaluation: there a batch of another shape rounds
+    differently (other GEMM kernels), and PPO's clip and trust region can turn that rounding into
+    another step (measured on an H200: the first update's loss 40 % apart in this test, 1e-4 with
+    the bench's model); its runs must end with every metric finite. GRPO members of three recipes
+    (default, DAPO, RLOO: one lockstep population), and of two people, as the same pair."""
     from minigrpo.compare import on_gpu
 
     init, _, _ = tiny_pretrained
@@ -804,7 +837,7 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
             )
             is None
         )
-    alone = lambda module, extra, seed: read_jsonl(  # noqa: E731
+    alone = lambda module, extra, seed: read_jsonl(
         tmp_path / f"alone-{module}{''.join(extra)}-{seed}" / "metrics.jsonl"
     )
     for name, runs in populations.items():
@@ -813,16 +846,19 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
                 read_jsonl(tmp_path / f"{name}{k}" / "metrics.jsonl"),
                 alone(module, extra, seed),
             )
-            first, tol = {
+            # relative, as close() holds the CPU's (REL); the floor: float32's rounding of a
+            # unit-scale figure (1e-7) x 10, as GPU kernels of other shapes round otherwise (this
+            # rule is not yet measured on a GPU)
+            first, rel = {
                 "mixed": (1, 1e-4),
-                "same": (3, 1e-3),
-                "ppo": (3, 1e-3),
-                "recipes": (3, 1e-3),
-                "people": (3, 1e-3),
+                "same": (3, REL),
+                "ppo": (3, REL),
+                "recipes": (3, REL),
+                "people": (3, REL),
             }[name]
-            assert [close(UNTIMED(g), UNTIMED(w), tol) for g, w in zip(rows[:first], want)] == [
-                []
-            ] * first, (name, module)
+            assert [
+                close(UNTIMED(g), UNTIMED(w), rel, floor=1e-6) for g, w in zip(rows[:first], want)
+            ] == [[]] * first, (name, module)
             assert len(rows) == len(want) and all(
                 math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float)
             ), (name, module)

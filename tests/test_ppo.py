@@ -92,6 +92,7 @@ def test_ppo_runs_three_steps_with_both_critics(tmp_path, tiny_pretrained):
             preserve_per_prompt=2,
             preserve_batch=8,
             critic=critic,
+            plot=False,  # drawn by the ppo command's run below (vf_clip none)
         )
         s = train(cfg, log=lambda *a: None)
         assert s["step"] == 3 and 0 <= s["target_rate"] <= 1
@@ -236,6 +237,7 @@ def test_the_oracle_critic_has_no_parameters_and_no_value_loss(tmp_path, tiny_pr
             preserve_per_prompt=2,
             preserve_batch=8,
             critic="oracle",
+            plot=False,  # no metrics.png: drawing it is most of a short run's time
         ),
         log=lambda *a: None,
     )
@@ -413,6 +415,7 @@ def test_ppo_resume_reproduces_the_uninterrupted_metrics_and_weights(
         kl_target=0.5,  # β adapts: state
         epochs=1,
         minibatches=2,
+        plot=False,  # no metrics.png: drawing it is most of a short run's time
     )  # two minibatches: the shuffle generator's state matters
     train(PPOConfig(**base, steps=3, out=str(tmp_path / "straight")), log=lambda *a: None)
     train(PPOConfig(**base, steps=1, out=str(tmp_path / "split")), log=lambda *a: None)

@@ -407,7 +407,7 @@ def test_make_anchor_follows_the_flags(tmp_path):
         **{
             **dict(
                 preserve_anchor="tree",
-                preserve_per_prompt=100,  # noqa: E731
+                preserve_per_prompt=100,
                 max_new_tokens=MAX_NEW,
                 preserve_forced=0.1,
                 preserve_forced_weight=1.0,

@@ -430,6 +430,7 @@ def test_a_slow_reward_shows_a_sign_of_life(tmp_path, tiny_pretrained, capsys, m
             "4",
             "--goal",
             "0",
+            "--no-plot",  # drawing metrics.png would be most of this run's time
         ]
     )
     out = capsys.readouterr().out

@@ -25,7 +25,11 @@ def test_a_busy_thread_is_found_in_its_function_and_a_parked_one_counts_as_waiti
     with ThreadSampler(every=0.001, roots=(ROOT,)) as sampler:
         for t in threads:
             t.start()
-        stop.wait(0.3)
+        # until the sampler has caught `busy` in aggregate 50 times, however slow the machine (the
+        # cap only keeps a sampler that never samples from hanging); this thread waits meanwhile
+        for _ in range(100_000):
+            if sampler.cumulative[ROOT] >= 50 or stop.wait(0.005):
+                break
         stop.set()
         parked.set()
         for t in threads:

@@ -71,6 +71,7 @@ def test_a_rank_and_the_workers_it_starts_use_its_own_gpu(
     assert os.environ["CUDA_VISIBLE_DEVICES"] == seen
 
 
+@pytest.mark.slow
 def test_two_torchrun_ranks_write_what_one_process_writes(tmp_path, tiny_pretrained, capsys):
     init, _, _ = tiny_pretrained
     one, two = tmp_path / "one", tmp_path / "two"
