@@ -268,4 +268,9 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except RewardError as e:  # a reward that raised or gave a non-finite value: the rows are kept
+        one_line_error(str(e))
+    except KeyboardInterrupt:  # every finished step's row is in metrics.jsonl already
+        raise SystemExit(130) from None

@@ -138,3 +138,28 @@ def test_a_run_already_in_out_is_kept_unless_overwrite(tiny_pretrained, tmp_path
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0}\n'
     grpo_one_file.main([*argv, "--overwrite"])
     assert [r["step"] for r in rows(tmp_path)] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["grpo_one_file", "ppo_one_file"])
+def test_as_a_command_a_reward_that_raises_is_one_line_and_exit_2(
+    tiny_pretrained, tmp_path, command
+):
+    import subprocess
+    import sys
+
+    # it scores the exact table (14 calls), then raises in step 1's scoring
+    (tmp_path / "bad.py").write_text(
+        "calls = []\ndef f(prompt, completion):\n    calls.append(1)\n"
+        "    if len(calls) > 20:\n        raise ValueError('boom')\n    return 1.0\n"
+    )
+    argv = ["--init", str(tiny_pretrained[0]), "--reward", f"{tmp_path / 'bad.py'}:f"]
+    done = subprocess.run(
+        [sys.executable, "-m", f"minigrpo.{command}", *argv, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "boom" in done.stderr and "Traceback" not in done.stderr
+    assert (tmp_path / "out" / "metrics.jsonl").read_text().startswith('{"step": 0')  # step 0 kept
