@@ -39,8 +39,8 @@ runs/compare-<reward>):
                 points near it); exact pass@8; then the interquartile means of the final target
                 rate, the steps to 0.95 and the regret with their 95 % bootstrap intervals, and P(A
                 > B) on the final target rate for every pair (tools/stats.py)
-  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a
-  band)
+  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval
+                as a band)
 and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the
 medians of the steps to 0.95, the final target rate, the peak drift and malformed mass and (food)
 the regret; then IQMs, intervals.

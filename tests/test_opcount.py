@@ -1,9 +1,9 @@
-"""util/opcount.py: torch calls and kernels counted by what a chosen function was calling."""
+"""bench/opcount.py: torch calls and kernels counted by what a chosen function was calling."""
 
 import torch
 
+from minigrpo.bench.opcount import TorchCalls, TorchKernels
 from minigrpo.objectives.losses import aggregate
-from minigrpo.util.opcount import TorchCalls, TorchKernels
 
 
 def test_calls_are_counted_by_the_roots_callee_and_reads_of_a_value_as_syncs():

@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from minigrpo.bench.common import table
+from minigrpo.bench.opcount import TorchCalls, TorchKernels
+from minigrpo.bench.stack_sampler import ThreadSampler
 from minigrpo.lm import sampling
 from minigrpo.population.engine import run_population, run_populations
 from minigrpo.tools.pool import run_one
 from minigrpo.util.mps import sharing_gpu
-from minigrpo.util.opcount import TorchCalls, TorchKernels
 from minigrpo.util.runtime import cores
-from minigrpo.util.sampler import ThreadSampler
 
 ROOTS = ("minigrpo/population/lockstep.py:_step", "minigrpo/population/lockstep.py:train_lockstep")
 # compare's list, less PPO's
@@ -260,8 +260,8 @@ def _kernels(run, tag: str, device: str) -> tuple[float, list]:
 
 
 def _profile(items, P: int, steps: int, shown: int = 14) -> str:
-    """Where the lockstep loop of P members works (util/sampler.py): what its step was calling, and
-    the functions with the most own time, as shares of the working samples."""
+    """Where the lockstep loop of P members works (stack_sampler.py): what its step was calling,
+    and the functions with the most own time, as shares of the working samples."""
     with ThreadSampler(roots=ROOTS) as sampler:
         run_population(items("profile", P), lambda item, err: None)
     share = lambda n: f"{100 * n / max(sampler.working(), 1):.0f} %"
@@ -280,7 +280,7 @@ def _profile(items, P: int, steps: int, shown: int = 14) -> str:
 
 
 def _calls(items, P: int, steps: int) -> str:
-    """The torch calls and kernels of a lockstep step (util/opcount.py) at P = 1 and at P, by what
+    """The torch calls and kernels of a lockstep step (bench/opcount.py) at P = 1 and at P, by what
     the step was calling."""
     counts, kernels = {}, {}
     for n in sorted({1, P}):

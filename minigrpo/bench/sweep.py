@@ -43,12 +43,12 @@ import time
 from pathlib import Path
 
 from minigrpo.bench.common import run_module, table
+from minigrpo.bench.stack_sampler import Periodic
 from minigrpo.tools.algorithms import run_of
 from minigrpo.tools.bars import within_bars
 from minigrpo.tools.stamps import STAMP
 from minigrpo.tools.sweep_report import curves
 from minigrpo.util.runtime import cores
-from minigrpo.util.sampler import Periodic
 
 BUSY = 80  # % utilisation: the GPU computing most of the time
 EVERY_S = 0.5
@@ -56,7 +56,7 @@ EVERY_S = 0.5
 
 class GpuReadings(Periodic):
     """(seconds since the start, MiB in use, % utilisation) of one GPU, read with nvidia-smi every
-    EVERY_S seconds in a thread while `with` runs (util/sampler.Periodic); none where nvidia-smi
+    EVERY_S seconds in a thread while `with` runs (stack_sampler.Periodic); none where nvidia-smi
     cannot be run."""
 
     def __init__(self, index: int = 0):

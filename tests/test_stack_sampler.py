@@ -1,11 +1,11 @@
-"""util/sampler.py: a sampling profiler over threads."""
+"""bench/stack_sampler.py: a sampling profiler over threads."""
 
 import threading
 
 import torch
 
+from minigrpo.bench.stack_sampler import ThreadSampler
 from minigrpo.objectives.losses import aggregate
-from minigrpo.util.sampler import ThreadSampler
 
 ROOT = "minigrpo/objectives/losses.py:aggregate"
 

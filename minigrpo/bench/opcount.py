@@ -31,7 +31,7 @@ import sys
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minigrpo.util.sampler import project_stack
+from minigrpo.bench.stack_sampler import project_stack
 
 SYNCS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "nonzero"}
 
