@@ -81,6 +81,7 @@ def test_a_stub_imports_only_what_is_not_the_exercise_each_import_saying_what_it
     )
 
 
+@pytest.mark.slow  # collects every exercise's tests in a pytest process of its own (3 s)
 def test_the_docs_table_of_tests_per_exercise_is_what_check_counts():
     counts = grade.test_counts()
     want = [
