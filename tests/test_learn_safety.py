@@ -170,6 +170,16 @@ def test_a_dir_that_is_a_file_or_under_a_file_is_one_line_and_exit_2(tmp_path, c
     assert a_file.read_text() == "not a folder\n"
 
 
+def test_an_empty_dir_is_refused_not_read_as_the_current_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "advantages.py").write_text("# the learner's own file\n")
+    for command in (["start", "1"], ["hint", "1"], ["check", "1"], ["list"]):
+        for empty in ("", " "):
+            assert_one_line_exit_2([*command, "--dir", empty], capsys, "--dir", "names no folder")
+    assert (tmp_path / "advantages.py").read_text() == "# the learner's own file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["advantages.py"]
+
+
 def test_a_read_only_dir_is_one_line_and_exit_2(tmp_path, capsys):
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -65,6 +65,8 @@ def parse(argv):
             p.add_argument("--all", action="store_true", help="every hint of the exercise")
     args = parser.parse_args(argv)
     args.command = args.command or "list"
+    if not args.dir.strip():  # '' would be the current folder, and start writes stubs there
+        raise UsageError("--dir '' names no folder: give one (default runs/learn)")
     if Path(args.dir).resolve().is_relative_to(Path(grade.__file__).resolve().parent.parent):
         raise UsageError(
             f"--dir {args.dir} is inside the package: choose a folder of yours (default runs/learn)"
