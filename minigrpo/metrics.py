@@ -22,13 +22,16 @@ def summary(folder: Path, rows: list[dict]) -> str:
     """A few lines on the run in `folder`: its metrics.jsonl `rows` and its summary.json (absent:
     the run was interrupted, or is running)."""
     from minigrpo.tools.bars import misses
+    from minigrpo.util.cli import UsageError
 
-    ended = folder / "summary.json"
-    why = read_json(ended).get("stop_reason") if ended.is_file() else None
-    steps = rows[-1]["step"] if rows else 0
-    head = f"{folder}: {steps} steps; " + (
-        f"stopped: {why}" if why else "no summary.json (interrupted, or running)"
-    )
+    ended, why = folder / "summary.json", None
+    try:
+        why = read_json(ended).get("stop_reason") if ended.is_file() else None
+        state = "no summary.json (interrupted, or running)"
+    except UsageError as e:  # a damaged summary: said, and the metrics still drawn
+        state = str(e)
+    steps = rows[-1].get("step", 0) if rows else 0
+    head = f"{folder}: {steps} steps; " + (f"stopped: {why}" if why else state)
     last = next((r for r in reversed(rows) if r.get("target_rate") is not None), None)
     if last is None:
         return f"{head}\n  no exact evaluation logged"

@@ -471,8 +471,7 @@ def test_explained_variance_perfect_constant_and_hand_examples():
     assert ev(ret, torch.ones_like(ret)) == 0.0, "Var[returns] = 0 is defined as EV = 0 (no NaN)"
 
 
-# ---- ReMax's greedy baseline, REINFORCE-Rej's group filter, GPG's rescaling
-# ------------------------
+# ---- ReMax's greedy baseline, REINFORCE-Rej's group filter, GPG's rescaling ----------------------
 
 from types import SimpleNamespace  # noqa: E402
 

@@ -22,8 +22,7 @@ def kind_of(line: str) -> tuple[str, str]:
     return prompt, ar.KINDS[ar.completions(prompt).index(completion)]
 
 
-# ---- the world
-# ------------------------------------------------------------------------------------
+# ---- the world -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from toy_tasks import food
 from toy_tasks.rewards import make_reward, score
 
 PROMPT, FLOOR = "ravin likes ", 1e-3
+pytestmark = pytest.mark.slow  # a bench section's pieces: with the slow tests (3 s)
 
 
 @pytest.fixture(scope="module")

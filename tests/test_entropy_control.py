@@ -37,8 +37,7 @@ def unpack(c):
     return lp, T(adv), right_padded(lengths, lp.size(1))
 
 
-# ---- token covariance
-# -----------------------------------------------------------------------------
+# ---- token covariance ----------------------------------------------------------------------------
 
 
 @SET
@@ -94,8 +93,7 @@ def test_entropy_change_under_a_natural_gradient_step_is_minus_eta_times_the_mea
         assert abs(slope + mean_cov) < 10 * eta, f"η={eta}: ΔH/η = {slope}, −mean c_t = {-mean_cov}"
 
 
-# ---- Clip-Cov
-# -------------------------------------------------------------------------------------
+# ---- Clip-Cov ------------------------------------------------------------------------------------
 
 cov_case = st.integers(1, 4).flatmap(
     lambda B: st.integers(1, 8).flatmap(
@@ -150,8 +148,7 @@ def test_clip_cov_choice_is_random_over_the_candidates():
     )
 
 
-# ---- KL-Cov
-# ---------------------------------------------------------------------------------------
+# ---- KL-Cov --------------------------------------------------------------------------------------
 
 
 @SET
@@ -183,8 +180,7 @@ def test_kl_cov_penalises_exactly_the_top_share_by_covariance_with_coef_abs_log_
     )
 
 
-# ---- top-entropy mask
-# -----------------------------------------------------------------------------
+# ---- top-entropy mask ----------------------------------------------------------------------------
 
 ent_case = st.integers(1, 4).flatmap(
     lambda B: st.integers(1, 8).flatmap(
@@ -241,8 +237,7 @@ def test_top_entropy_mask_edge_cases():
     )
 
 
-# ---- adaptive entropy coefficient
-# -----------------------------------------------------------------
+# ---- adaptive entropy coefficient ----------------------------------------------------------------
 
 
 @SET

@@ -213,6 +213,7 @@ def test_resume_reproduces_the_uninterrupted_metrics(tmp_path, tiny_pretrained):
     assert strip(a) == strip(b)
 
 
+@pytest.mark.slow
 def test_resume_is_exact_for_a_reward_that_draws_from_the_global_generators(
     tmp_path, tiny_pretrained
 ):
@@ -393,8 +394,7 @@ def test_a_reward_that_raises_stops_the_run_with_one_line(tmp_path, tiny_pretrai
     assert "bad_reward.py:f" in err and "ravin likes " in err and "KeyError" in err
 
 
-# ---- behaviour of single updates, by hand
-# ---------------------------------------------------------
+# ---- behaviour of single updates, by hand --------------------------------------------------------
 
 
 def grads(model):

@@ -49,7 +49,7 @@ def run_both(init, tmp_path, steps: int, *grpo_flags: str) -> tuple[list[dict], 
 
 
 # 3 steps: the warm-up; 10: the warm-down too (round(0.2·3) = 1 step: no rate of 3 steps is cut)
-@pytest.mark.parametrize("steps", [3, 10])
+@pytest.mark.parametrize("steps", [3, pytest.param(10, marks=pytest.mark.slow)])
 def test_the_steps_log_what_grpo_logs_without_its_anchor_trust_region_and_stop_rule(
     tiny_pretrained, tmp_path, capsys, steps
 ):

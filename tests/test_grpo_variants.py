@@ -57,8 +57,7 @@ def flat(**kw):
     return GRPOConfig(**{"beta": 0.0, "loss_agg": "token-mean", "max_new_tokens": 4, **kw})
 
 
-# ---- the policy losses
-# ------------------------------------------------------------------------------------
+# ---- the policy losses ---------------------------------------------------------------------------
 
 
 def test_cispo_keeps_the_gradient_of_a_token_that_ppo_clip_stops():
@@ -113,8 +112,7 @@ def test_sapo_gate_replaces_the_clip_with_a_smooth_weight():
     assert torch.allclose(g_sapo[1:], g_ppo[1:]), "at ρ = 1 SAPO's gradient is PPO's (−A per token)"
 
 
-# ---- the KL estimators
-# --------------------------------------------------------------------------------------
+# ---- the KL estimators ---------------------------------------------------------------------------
 
 
 def test_k3_plus_has_k3s_value_and_k2s_gradient_and_k3_iw_weights_k3_by_the_ratio():
@@ -134,8 +132,7 @@ def test_k3_plus_has_k3s_value_and_k2s_gradient_and_k3_iw_weights_k3_by_the_rati
     )
 
 
-# ---- the token selections: 80/20, Clip-Cov, KL-Cov
-# ------------------------------------------------------------
+# ---- the token selections: 80/20, Clip-Cov, KL-Cov -----------------------------------------------
 
 
 def test_top_entropy_trains_only_the_current_policys_highest_entropy_tokens():
@@ -200,8 +197,7 @@ def test_kl_cov_drops_the_clip_and_adds_k_times_abs_log_ratio_on_the_top_covaria
     assert grad[0, 0] != 0, "no clip: the token PPO would stop keeps its gradient"
 
 
-# ---- advantages: GPG and ReMax
-# ---------------------------------------------------------------------------------
+# ---- advantages: GPG and ReMax -------------------------------------------------------------------
 
 
 def test_gpg_scales_the_centred_advantages_by_n_over_the_nonzero_count():
@@ -260,8 +256,7 @@ def test_remax_subtracts_the_reward_of_each_prompts_greedy_completion(tiny_pretr
     )
 
 
-# ---- runs: the random-reward control, adaptive entropy, resume
-# ---------------------------------------------------
+# ---- runs: the random-reward control, adaptive entropy, resume -----------------------------------
 
 
 @pytest.mark.slow
@@ -349,6 +344,7 @@ def test_adaptive_entropy_coefficient_moves_toward_the_target_and_enters_the_los
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [
@@ -374,8 +370,7 @@ def test_resume_continues_the_second_waves_state_exactly(tmp_path, tiny_pretrain
     assert a == b
 
 
-# ---- presets and refusals
-# ---------------------------------------------------------------------------------------
+# ---- presets and refusals ------------------------------------------------------------------------
 
 
 def test_second_wave_presets_set_only_their_papers_flags():

@@ -214,8 +214,7 @@ def test_monte_carlo_reproduces_schulmans_gaussian_table(mu):
         )
 
 
-# ---- k3+ (k3's value, k2's gradient) and DeepSeek-V3.2's importance-weighted k3
-# ----------------------
+# ---- k3+ (k3's value, k2's gradient) and DeepSeek-V3.2's importance-weighted k3 ------------------
 
 from minigrpo.objectives.kl import k3_iw, k3_plus  # noqa: E402
 

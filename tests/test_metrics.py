@@ -268,3 +268,29 @@ def test_metrics_png_draws_the_bars_its_run_is_judged_by(tmp_path, monkeypatch):
     assert bars(drawn["panels"], "target_rate") == [0.95]
     labels = [label for p in drawn["panels"] if len(p) > 2 for _, label in p[2]]
     assert labels and all(label for label in labels)
+
+
+def test_damaged_run_files_are_one_line_naming_the_file_never_a_traceback(tmp_path, capsys):
+    """A corrupt summary.json is said in the run's summary (the metrics are still drawn); a binary
+    metrics.jsonl, a line that is JSON but not an object, or a config.json that is not an object:
+    one line naming the file, exit 2."""
+    from conftest import one_line_error
+
+    from minigrpo.metrics import main
+
+    rows = [evaluated(0, 0.1, 0.0, 0.001), evaluated(1, 0.2, 0.01, 0.001)]
+    run = rl_run(tmp_path / "summary", rows)
+    (run / "summary.json").write_text('{"step": 1')
+    main([str(run)])
+    assert "summary.json is not readable JSON" in capsys.readouterr().out
+    assert (run / "metrics.png").stat().st_size > 0
+    binary = rl_run(tmp_path / "binary", rows)
+    (binary / "metrics.jsonl").write_bytes(bytes(range(256)) * 4)
+    assert "metrics.jsonl is not text" in one_line_error(main, [str(binary)], capsys)
+    listed = rl_run(tmp_path / "listed", rows)
+    text = (listed / "metrics.jsonl").read_text()
+    (listed / "metrics.jsonl").write_text("[1, 2]\n" + text)
+    assert "line 1 is not a JSON object" in one_line_error(main, [str(listed)], capsys)
+    config = rl_run(tmp_path / "config", rows)
+    (config / "config.json").write_text("[]")
+    assert "config.json holds a JSON list" in one_line_error(main, [str(config)], capsys)

@@ -64,8 +64,7 @@ def update_with(model, batch, lr=0.1, **kw):
     return stats, m.state_dict()
 
 
-# ---- sampler = trainer: weights exactly 1, the uncorrected loss
-# ------------------------------------------------
+# ---- sampler = trainer: weights exactly 1, the uncorrected loss ----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -100,8 +99,7 @@ def test_without_a_sampler_flag_grpo_samples_from_pi_old_and_logs_nothing_new(mo
     assert abs(engine["is_weight_mean"] - 1) < 1e-5 and abs(engine["sampler_kl"]) < 1e-5
 
 
-# ---- what the sampler samples from
-# --------------------------------------------------------------------------------
+# ---- what the sampler samples from ---------------------------------------------------------------
 
 
 def test_the_samplers_logprobs_are_those_of_the_tempered_nucleus(model, batch_of):
@@ -152,8 +150,7 @@ def test_sample_stale_samples_from_the_policy_n_steps_back(tmp_path, tiny_pretra
     )
 
 
-# ---- TIS caps, MIS masks, through grpo_loss
-# ----------------------------------------------------------------------
+# ---- TIS caps, MIS masks, through grpo_loss ------------------------------------------------------
 
 
 def shifted_sampler(old, *cells):
@@ -216,10 +213,10 @@ def test_the_update_logs_the_mean_weight_the_capped_share_and_the_samplers_kl(mo
     assert stats["sampler_kl"] == pytest.approx(-1 / n, abs=1e-6)
 
 
-# ---- resume, refusals
-# ---------------------------------------------------------------------------------------------
+# ---- resume, refusals ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [

@@ -103,8 +103,7 @@ def test_ppo_runs_three_steps_with_both_critics(tmp_path, tiny_pretrained):
         )
 
 
-# ---- single updates by hand
-# -----------------------------------------------------------------------
+# ---- single updates by hand ----------------------------------------------------------------------
 
 
 def ppo_setup(tmp_path, init, tok, name="r", **kw):
@@ -395,7 +394,7 @@ def test_entropy_bonus_pushes_the_policy_towards_higher_entropy(tmp_path, tiny_p
 TIME_KEYS = {"step_time", "tokens_per_s"}
 
 
-@pytest.mark.parametrize("critic", ["separate", "oracle"])
+@pytest.mark.parametrize("critic", ["separate", pytest.param("oracle", marks=pytest.mark.slow)])
 def test_ppo_resume_reproduces_the_uninterrupted_metrics_and_weights(
     tmp_path, tiny_pretrained, critic
 ):
@@ -463,6 +462,7 @@ def test_optional_number_flags_still_refuse_other_words(tmp_path, capsys):
     assert "invalid int value: 'none'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_run_with_vf_clip_none_trains_with_the_unclipped_value_loss(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     out = tmp_path / "noclip"

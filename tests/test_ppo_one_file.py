@@ -62,7 +62,7 @@ def close(a, b) -> bool:
 
 
 # 3 steps: the warm-up; 10: the warm-down too (round(0.2·3) = 1 step: no rate of 3 steps is cut)
-@pytest.mark.parametrize("steps", [3, 10])
+@pytest.mark.parametrize("steps", [3, pytest.param(10, marks=pytest.mark.slow)])
 def test_the_steps_equal_minigrpo_ppo_without_its_extras(tmp_path, tiny_pretrained, capsys, steps):
     init = str(tiny_pretrained[0])
     common = ["--init", init, "--seed", "0", "--steps", str(steps)]

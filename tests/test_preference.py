@@ -113,8 +113,7 @@ def test_sequence_logp_sums_the_valid_tokens_only():
     assert torch.equal(leaf.grad, mask.double()), "gradient 1 on valid tokens, 0 (not NaN) on junk"
 
 
-# ---- pairs
-# ----------------------------------------------------------------------------------------
+# ---- pairs ---------------------------------------------------------------------------------------
 
 groups = st.integers(1, 4).flatmap(
     lambda B: st.integers(1, 6).flatmap(

@@ -40,6 +40,7 @@ def training_rows(folder):
     ]
 
 
+@pytest.mark.slow
 def test_evaluating_every_step_does_not_change_the_trajectory(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     train(cfg_for(tmp_path, init, "every1", eval_every=1))

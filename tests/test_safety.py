@@ -366,8 +366,7 @@ def test_a_full_disk_anywhere_else_is_one_line(capsys):
     assert "the disk is full while writing runs/x/metrics.jsonl" in err
 
 
-# ---- RL: every harmful value is refused in one line before anything runs
-# ----------------------------
+# ---- RL: every harmful value is refused in one line before anything runs -------------------------
 
 RL_BAD = [
     ("grpo", ["--warmup", "-1"], "--warmup must be >= 0"),

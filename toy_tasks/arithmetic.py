@@ -156,8 +156,7 @@ OFF_SUPPORT_PROBES = ("",)
 _FIRST_INT = re.compile(r"-?[0-9]+")
 
 
-# ---- rewards: f(prompt, completion) -> float; never raise on any completion
-# -----------------------
+# ---- rewards: f(prompt, completion) -> float; never raise on any completion ----------------------
 
 
 def first_int_is(completion: str, value: int) -> bool:
@@ -202,8 +201,7 @@ REWARD_HELP = {
 }
 
 
-# ---- RL interface: prompts, rewards and exact evaluation for minigrpo.grpo / minigrpo.ppo
-# ----------
+# ---- RL interface: prompts, rewards and exact evaluation for minigrpo.grpo / minigrpo.ppo --------
 
 
 def rl_prompts(cfg) -> list[str]:  # RL trains on PROMPTS, never on HELDOUT

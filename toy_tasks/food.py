@@ -164,8 +164,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-# ---- RL interface: prompts, rewards and exact evaluation for minigrpo.grpo / minigrpo.ppo
-# ----------
+# ---- RL interface: prompts, rewards and exact evaluation for minigrpo.grpo / minigrpo.ppo --------
 
 
 def _check_person(person: str) -> None:

@@ -48,20 +48,31 @@ def strict_json(obj):
 
 
 def read_json(path) -> dict:
-    return json.loads(Path(path).read_text())
+    """A JSON file holding one object; a UsageError (one line) naming the file otherwise."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not readable JSON ({type(e).__name__})") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path} holds a JSON {type(obj).__name__}, not an object")
+    return obj
 
 
 def read_jsonl(path) -> list[dict]:
     """The rows of a JSONL file. A torn LAST line (a write cut short by a crash or a full disk) is
     skipped with one warning on stderr; a bad line anywhere else is a UsageError (one line) naming
     it."""
-    lines = [
-        (i, line) for i, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()
-    ]
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not text: not a run's JSONL file") from None
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     rows = []
     for i, line in lines:
         try:
             rows.append(json.loads(line))
+            if not isinstance(rows[-1], dict):
+                raise UsageError(f"{path}: line {i} is not a JSON object ({line[:40]!r})")
         except json.JSONDecodeError:
             if i != lines[-1][0]:
                 raise UsageError(f"{path}: line {i} is not JSON ({line[:40]!r}...)") from None
