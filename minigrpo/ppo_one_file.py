@@ -51,7 +51,7 @@ from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.kl import exact
-from minigrpo.objectives.losses import entropy
+from minigrpo.objectives.losses import aggregate, entropy
 from toy_tasks import food
 from toy_tasks.rewards import RewardError, make_reward, score
 from toy_tasks.support import reward_table
@@ -106,8 +106,8 @@ def parse(argv) -> argparse.Namespace:
 
 
 def token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ over valid tokens / their count: (n, T) -> ()."""
-    return torch.where(mask, x, 0.0).sum() / mask.sum()
+    """Σ over valid tokens / their count: (n, T) -> () (objectives' "token-mean" aggregation)."""
+    return aggregate(x, mask, "token-mean")
 
 
 def critic_values(critic: nn.Module, value_head: nn.Linear, gen) -> torch.Tensor:
