@@ -1,9 +1,10 @@
 """Run several algorithms × seeds side by side and compare them on the task's exact metrics.
 
     python -m minigrpo.compare --seeds 5 --reward pizza          # the default list of algorithms
-    (see --help) python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by
-    name python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer
-    flags pass through
+                                                                 # (see --help)
+    python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
+    python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags
+    pass through
 
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the
 cores), one thread each, running their runs in process (pool.py: the same metrics as separate
@@ -39,8 +40,8 @@ runs/compare-<reward>):
                 points near it); exact pass@8; then the interquartile means of the final target
                 rate, the steps to 0.95 and the regret with their 95 % bootstrap intervals, and P(A
                 > B) on the final target rate for every pair (tools/stats.py)
-  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval
-                as a band)
+  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a
+  band)
 and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the
 medians of the steps to 0.95, the final target rate, the peak drift and malformed mass and (food)
 the regret; then IQMs, intervals.

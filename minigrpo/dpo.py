@@ -1,7 +1,7 @@
 """DPO (Rafailov et al. 2023, arXiv 2305.18290) and online DPO (Guo et al. 2024, arXiv 2402.04792).
 
     python -m minigrpo.dpo --reward pizza              # offline: pairs from a fixed set of π_ref
-                                                       samples
+                                                       # samples
     python -m minigrpo.dpo --reward pizza --online     # online: pairs from each step's own rollout
     python -m minigrpo.dpo --reward pizza --labels bt --beta 0.3      # lands on π*_β (see below)
 

@@ -1,9 +1,10 @@
 """The exact KL-regularised optimum and reward–KL frontier of one food-world prompt.
 
     python -m minigrpo.optimum --reward pizza                  # the frontier table ->
-    runs/optimum-pizza/frontier.png python -m minigrpo.optimum --reward pizza --beta 0.1       #
-    π_ref and π*_β outcome by outcome, E*[r], KL*, log Z python -m minigrpo.optimum --reward graded
-    --beta 0.1 --json   # one JSON object on stdout
+                                                               # runs/optimum-pizza/frontier.png
+    python -m minigrpo.optimum --reward pizza --beta 0.1       # π_ref and π*_β outcome by outcome,
+                                                               # E*[r], KL*, log Z
+    python -m minigrpo.optimum --reward graded --beta 0.1 --json   # one JSON object on stdout
 
 The outcome space of "<person> likes " is the 12 foods plus ONE malformed bucket "<malformed>":
 π_ref is the checkpoint's exact teacher-forced probability of each food + end token, and the bucket

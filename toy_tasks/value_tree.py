@@ -3,17 +3,17 @@ once: the tree of the support's prefixes built once per run, its backward recurs
 depth, and each rollout row's prefixes found by walking the tree token by token.
 
     tree = ValueTree(tok, prompts, support, tables, device)  # once: every prompt's support
-    completions, as a tree;
-                                                             # tables: one RewardTable for every
-                                                             model, or one each
+                                                             # completions, as a tree; tables: one
+                                                             # RewardTable for every model, or one
+                                                             # each
     tree.ids, tree.key_mask                                  # (M, W) left-padded BOS + prompt +
-    completion + EOS
+                                                             # completion + EOS
     V = tree.values(logp, ref_logp, beta)    # logp, ref_logp (P, M, W − 1): P models' next-token
-                                             log-probs of # those rows (π's, π_ref's; ref_logp None:
-                                             β's term 0); beta (P,) # -> (P, nodes) float64:
-                                             V(prefix) of every node of the tree
+                                             # log-probs of those rows (π's, π_ref's; ref_logp None:
+                                             # β's term 0); beta (P,) -> (P, nodes) float64:
+                                             # V(prefix) of every node of the tree
     v = tree.prefix_values(V, prompt_index, completion_ids, mask)   # (P, N) which prompt, (P, N, T)
-    -> (P, N, T)
+                                                                    # -> (P, N, T)
 
 The recursion is oracle.value_tables',
     V(s) = Σ_c π(c | x + s)·(V(s + c) − β·k1(c)) + (1 − Σ_c π(c | x + s))·r_off,

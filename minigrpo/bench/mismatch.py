@@ -7,7 +7,8 @@ gradient, exactly, and to whole runs (issue 15's mismatch lab; the flags: varian
    with π(y) >= 1e-6 or q(y) >= 1e-6 (a prefix tree grown under both: a prefix's probability bounds
    its completions', so none above the floor is missed), r = the pizza reward, b = E_π[r] over that
    set:
-       g_true = Σ_y π(y)·(r(y) − b)·∇log π(y)     = ∇E_π[r] (up to the mass below the floor)
+       g_true = Σ_y π(y)·(r(y) − b)·∇log π(y)                  = ∇E_π[r] (up to the mass below the
+       floor)
        g_w    = Σ_y q(y)·(r(y) − b)·Σ_t w_t(y)·∇log π(y_t | y_<t)
    g_w is the expectation, under the sampler, of the per-token policy-gradient estimator with the
    correction's constant weights w (none: 1; tis / mis: is_correction.tis_weights / mis_weights with

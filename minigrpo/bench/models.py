@@ -1,7 +1,7 @@
 """The models section: the default recipes from every pretrained model the pretrain section makes.
 
     python -m minigrpo.bench --only models      # 5 models x 2 rewards x (default, ppo) x 5 seeds:
-                                                100 runs
+                                                # 100 runs
 
 Every other RL table starts from one pretrained model (seed 0's). Do the default recipes hold their
 bars from the other models of the same pretraining recipe, or does seed 0's model make them look

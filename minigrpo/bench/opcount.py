@@ -13,7 +13,7 @@ population batches those), else "own". It counts the calls torch's Python API se
 (torch.overrides.TorchFunctionMode), not kernels.
 
     with TorchKernels(root=..., inside=...) as kernels:   # the same keys: the aten operators that
-                                                          compute
+                                                          # compute
         train(cfg)
     kernels.counts
 

@@ -4,7 +4,7 @@
         run_population(...)              # its members are threads
     s.top(10)                            # [(share, "minigrpo/grpo.py:update"), ...]
     ThreadSampler(roots=["minigrpo/rl/loop.py:run"]).phases   # what run() was calling:
-    {"...:evaluate": n, ...}
+                                                              # {"...:evaluate": n, ...}
 
 Why not cProfile: it sees the thread that enabled it only, and from Python 3.12 it holds
 sys.monitoring, which one tool per process may hold. A sample takes every thread's innermost frame

@@ -4,7 +4,7 @@ the quality bars, and on a GPU its memory and where its time went.
 
     python -m minigrpo.bench --only sweep                 # CPU: --seeds 5, the pool (bar: 90 s)
     python -m minigrpo.bench --only sweep --device cuda   # GPU: --seeds 128, populations (bars: 60
-                                                          s, 40 GB)
+                                                          # s, 40 GB)
 
 The command runs from the bench's pretrained model into a fresh folder (compare keeps finished runs
 of the same command: an old folder would time nothing). On a GPU, `nvidia-smi` is read every 0.5 s

@@ -3,10 +3,10 @@ pieces train.
 
     python -m minigrpo.learn                  # the path: numbered exercises and their status
     python -m minigrpo.learn start 3          # writes exercise 3's stub into your workspace
-                                              (runs/learn/)
+                                              # (runs/learn/)
     python -m minigrpo.learn check 3          # grades it with the library's property tests
     python -m minigrpo.learn hint 3           # one hint at a time (hint 3 2: the second again; hint
-                                              3 --all)
+                                              # 3 --all)
     python -m minigrpo.learn check --all      # the whole path, then the capstone's training run
 
 N is an exercise's number or its function's name (e.g. group_advantages). Your function lives at

@@ -2,9 +2,9 @@
 per step.
 
     step = Decoder(model)                        # once per generate(): the weights, laid out for
-                                                 decoding
+                                                 # decoding
     logits = step(ids, pos, cache, key_mask)     # ids, pos (B, T) -> logits (B, V) of each row's
-                                                 next token
+                                                 # next token
 
 It computes what `model(ids, pos, key_mask, cache)[:, -1]` computes (GPT.forward, the readable path
 and the oracle tests/test_decode.py compares it with, to float rounding) for the calls sampling

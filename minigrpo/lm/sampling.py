@@ -146,9 +146,9 @@ class Draws:
     population's members (population/sampling.py).
 
         d = Draws(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator,
-        block_size)
+                  block_size)
         while d.take(logits):   # logits (B, V) of each row's next token -> draw it; False once
-                                every row ended
+                                # every row ended
             ...                 # the next logits, after d.tokens[:, d.steps - 1]
         gen = d.generation()
 

@@ -4,7 +4,7 @@ rows, a stale sampler's weights, the last step's trust region.
 
     aids = Aids(SharedForward(), PromptTable(tok, prompts, device), anchor_probe, stale)
     aids.adopt(members)       # at the start and whenever members leave: their slots, forwards and
-                              anchor rows
+                              # anchor rows
 """
 
 from __future__ import annotations

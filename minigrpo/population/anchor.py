@@ -4,10 +4,10 @@ one forward over their trees.
 
     anchor = MembersAnchor(cfg)                 # None where preservation is off
     term = anchor.term(stack, ref, anchors)     # (P,) --preserve-coef × each member's anchor loss
-                                                (differentiable); # anchors: each member's
-                                                rl/preserve.Anchor
+                                                # (differentiable); anchors: each member's
+                                                # rl/preserve.Anchor
     rows, (w, g) = own_rows(gens, [ws, gs])     # members' rows of their own, padded to one count
-                                                (the probes')
+                                                # (the probes')
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ all members.
 
     share_copies(stack, ref, opt, runs, critics)  # each MemberRun's run.copies: nothing copied yet
     run.slot = p                              # its checkpoint's weights: its slices of the copies
-                                              (HostCopies)
+                                              # (HostCopies)
     MemberOptimizer(opt, run)                 # and so is its optimiser's state (the stacked
-                                              AdamW's, optim.py)
+                                              # AdamW's, optim.py)
     MemberAlgorithm(algo, update, run)        # and its algorithm's (PPO's learned critic)
 
 A single run's checkpoint copies each of its tensors to the host

@@ -2,9 +2,9 @@
 else as threads.
 
     run_population(items, done)           # the pool's items (tools/pool.py): (algo, seed, command,
-                                          folder)
+                                          # folder)
     run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a
-                                          population each
+                                          # population each
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in
 their seeds (and folders), learning rates, rewards, β's and people (GRPO's, and in their recipes:

@@ -4,13 +4,13 @@ pairs, so the first member's forward computes every member's, and the others rea
     shared = SharedForward()
     shared.adopt(model, p)      # member p's GPT computes through the population's stacked weights
     shared.fresh(stack)         # after each update: the weights to compute with; what was computed
-                                is forgotten
+                                # is forgotten
     run.evaluate()              # unchanged: the task's rl_evaluate calls model.hidden and
-                                model.head as ever
+                                # model.head as ever
     evaluate_members(members)   # lockstep's members' evaluations: one rl_evaluate_many for each
-                                reward (and β)
+                                # reward (and β)
     completion_logprobs_many(models, ...)   # lm/logprobs: every member's scores from the stacked
-                                            logits at once
+                                            # logits at once
 
 A call is recognised by its input tensors themselves (the exact evaluation's rows are built once and
 kept: lm/logprobs.scoring_batch), held while remembered so that no other tensor can take their place

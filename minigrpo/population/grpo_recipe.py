@@ -4,9 +4,9 @@ member dim with torch.func.vmap.
 
     recipe = Recipe(cfg, grpo_loss)          # cfg: its first member's GRPOConfig
     sig = recipe.signal(step)                # its members' rollouts (population/rows.Rollouts) ->
-                                             advantages, mask
+                                             # advantages, mask
     loss, figures, ratio = recipe.loss(sig, i, logp, logits)   # inner update i's (P_r,) loss,
-    without the anchor
+                                                               # without the anchor
 
 RECIPE names what members may differ in beyond lockstep.OWN: the policy loss, the KL estimator and
 where it goes, the baselines and scales, the entropy controls, the aggregation, β (and a preset's

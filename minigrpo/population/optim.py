@@ -5,12 +5,12 @@ per member (what a member's checkpoint holds of it: population/checkpoint.Member
 
     opt = MembersAdamW(stack.parameters(), lr)
     opt.set_rates(rates)                            # each member's learning rate this step (one
-                                                    number if alike)
+                                                    # number if alike)
     norms = clip_grad_norms(opt.params, max_norm)   # (P,) each member's norm before its clip
     opt.step(active)                                # active (P,) bool: the members that take this
-                                                    step
+                                                    # step
     keep([stack], opt, members)                     # only these members from now on (the others
-                                                    have ended)
+                                                    # have ended)
 """
 
 from __future__ import annotations

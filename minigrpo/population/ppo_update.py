@@ -3,11 +3,11 @@ values, GAE and whitening, then epochs × minibatches of clipped policy and valu
 tensor with a leading member dim.
 
     update = LockstepPPO(cfg, anchor, algos)       # algos: each member's ppo.PPO (its critic, its
-                                                   β)
+                                                   # β)
     figures = update(stack, ref, opt, step)        # step: the members' rollouts
-                                                   (population/rows.Rollouts)
+                                                   # (population/rows.Rollouts)
     row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics
-                                                   row's part
+                                                   # row's part
 
 The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by
 the population's optimiser after the policy (`stacks`); `oracle` is each member's exact values

@@ -3,7 +3,7 @@ it.
 
     progress = Progress(runs)   # the population's runs (rl/loop.Run), once they have begun
     progress.tick(runs)         # after each step, with the runs still going: a line every EVERY_S
-                                seconds
+                                # seconds
 
 compare says a run's line only as it ends, and a population's runs end together: a GPU's population
 of 128 runs would otherwise say nothing for most of a minute, and a CPU's for longer. The line names

@@ -3,14 +3,14 @@ set of rows, the anchor's), padded to one shape, and their log-probs under each 
 in one forward.
 
     rows = Rows.of([gen_0, gen_1, ...])            # each member's Generation (lm/sampling.py), N
-                                                   rows each
+                                                   # rows each
     rows = Rows.shared(anchor.gen, P)              # the same rows for every member
     subs = rows.select([index, ...])               # index (P, n): each member's own rows (PPO's
-                                                   minibatches)
+                                                   # minibatches)
     mine = rollouts.members(at, index)             # some members' step (Rollouts: a lockstep
-                                                   update's input)
+                                                   # update's input)
     logp, logits = rows.logprobs(stack, temperature)   # (P, N, T), (P, N, T, V):
-                                                       lm/logprobs.generation_logprobs
+                                                       # lm/logprobs.generation_logprobs
 
 Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest
 completion, so completion token j of every row sits in slot prompt_len + j. Padding is never

@@ -2,9 +2,9 @@
 rows, through one KV cache (stacked.Stack), each member drawing from its own generator.
 
     gens = generate_all(models, requests)      # requests[p]: what models[p]'s own generate() call
-                                               was given
+                                               # was given
     gens = generate_all(None, requests, stack)  # the members' weights already stacked
-                                                (population/lockstep.py)
+                                                # (population/lockstep.py)
 
 A member's Generation is the one `lm.sampling.generate(models[p], *requests[p])` returns
 (tests/test_population.py): its prompts keep their own left padding (the batch pads them further on
@@ -57,7 +57,7 @@ class PromptTable:
 
         table = PromptTable(tok, run.prompts, device)
         encoded = table.encode([rows_0, rows_1, ...])   # each member's rows (prompts of the table)
-                                                        -> [(ids, mask)]
+                                                        # -> [(ids, mask)]
 
     A member's ids are as wide as its longest prompt: its Request's prompt_len is ids.size(1).
     """

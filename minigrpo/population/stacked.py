@@ -2,14 +2,18 @@
 matmul, the attention of every member's rows in one call (P folded into the batch).
 
     stack = Stack(models)                                   # stacks the weights once
-    (differentiable) h = stack.hidden(idx, pos, attn_mask)                   # idx, pos (P, B, T) ->
-    final hidden states (P, B, T, C) h = stack.hidden(ids, pos, attn_mask, cache)            #
-    through a KV cache of P*B rows (the sampler's) logits = stack.head(h)
-    # (P, B, T, V), each member through its own tied head weights = Stack(models, trainable=True)
-    # the stacked weights as leaves: a lockstep population's weights.copy_to(models)
-    # parameters (lockstep.py), copied back where a member's
-                                                            # own GPT computes
-                                                            (population/evaluation.py)
+                                                            # (differentiable)
+    h = stack.hidden(idx, pos, attn_mask)                   # idx, pos (P, B, T) -> final hidden
+                                                            # states (P, B, T, C)
+    h = stack.hidden(ids, pos, attn_mask, cache)            # through a KV cache of P*B rows (the
+                                                            # sampler's)
+    logits = stack.head(h)                                  # (P, B, T, V), each member through its
+                                                            # own tied head
+    weights = Stack(models, trainable=True)                 # the stacked weights as leaves: a
+                                                            # lockstep population's
+    weights.copy_to(models)                                 # parameters (lockstep.py), copied back
+                                                            # where a member's own GPT computes
+                                                            # (population/evaluation.py)
 
 It computes what `models[p].hidden(idx[p], pos[p], attn_mask=attn_mask[p])` computes (lm/model.py,
 the readable path and the oracle of tests/test_population.py), to float rounding. `torch.stack`

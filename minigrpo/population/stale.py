@@ -19,10 +19,10 @@ class StaleWeights:
 
         stale = StaleWeights(n)
         sampling = stale.pick(stack)     # once a step, before sampling: records the weights -> the
-                                         weights to sample
+                                         # weights to sample
         stale.keep(members)              # only these members (their indices) from now on
         algo.sampler = stale.member(algo.sampler, p)   # member p's Sampler: its state_dict is its
-                                                       own slices
+                                                       # own slices
     """
 
     def __init__(self, n: int):

@@ -4,9 +4,9 @@ rank 0 writes what one process would.
     torchrun --standalone --nproc-per-node 2 -m minigrpo.compare --engine population --seeds 64
     --reward pizza
     shard = join()                   # rank and world size from torchrun's environment (one process:
-                                     0 of 1)
+                                     # 0 of 1)
     mine = shard.mine(todo)          # runs rank, rank + size, rank + 2·size, ... of the same list
-                                     on every rank
+                                     # on every rank
     everyone = shard.gather(errors)  # rank 0: every rank's object, in rank order; the others: None
     value = shard.share(value)       # rank 0's value, on every rank
 

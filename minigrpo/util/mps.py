@@ -7,10 +7,10 @@ between them; under MPS the processes' kernels run side by side (the figures: do
 "On a GPU").
 
     with own_mps(processes) as why:    # why: None where they share the GPU through MPS, else why
-                                       not (a line)
+                                       # not (a line)
         run_pool(...)                  # the processes started inside are its clients
     with sharing_gpu(processes, gpu, "auto") as note:   # compare's: the same, and what its first
-                                                        line says of it
+                                                        # line says of it
 
 The control daemon is this command's own (NVIDIA's way for one job): its pipes and logs in a new
 temporary folder, which only the processes started inside are pointed at ($CUDA_MPS_PIPE_DIRECTORY
