@@ -164,6 +164,16 @@ def exact_frontier(passthrough: list[str], reward: str | None):
     return frontier.frontier(p_ref, r)
 
 
+def _population_line(shares: list, alone: list) -> str:
+    """compare's first line's word on the population engine: its lockstep populations, and the
+    runs that go alone (each its own process's run in the pool), by algorithm."""
+    line = f"{len(shares)} lockstep population{'s' * (len(shares) != 1)}, "
+    if alone:
+        algos = ", ".join(dict.fromkeys(item[0] for item in alone))
+        line += f"{len(alone)} run{'s' * (len(alone) > 1)} alone (no lockstep: {algos}), "
+    return line
+
+
 @main_guard
 @finish_unread
 def main(argv=None):
@@ -306,12 +316,14 @@ def main(argv=None):
 
     gpu = on_gpu(device)
     engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
-    populations = len(shares_of(shard.mine(todo), jobs, cfg.members, gpu))
+    shares, alone = shares_of(shard.mine(todo), cfg.members, gpu)
     # a CUDA context each
-    processes = min(jobs, populations if engine == "population" else len(shard.mine(todo)))
+    processes = min(
+        jobs, len(shares) + len(alone) if engine == "population" else len(shard.mine(todo))
+    )
     with sharing_gpu(processes, gpu, cfg.mps if shard.size == 1 else "machine") as note:
         at_once = (
-            f"{populations} population{'s' * (populations > 1)}, " if engine == "population" else ""
+            _population_line(shares, alone) if engine == "population" else ""
         ) + f"{processes} at a time{note}"
         ranks = f" over {shard.size} processes" if shard.size > 1 else ""
         if shard.rank == 0:

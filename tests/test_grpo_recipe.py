@@ -138,7 +138,8 @@ def test_every_grpo_preset_goes_in_its_mus_lockstep_population_as_it_runs_alone(
     presets = [a for a in ALGOS if a not in OWN_TRAINERS]
     flags = {a: () if a == "default" else ("--preset", a) for a in presets}
     items = [_run(init, tmp_path / f"pop-{a}", 0, "minigrpo.grpo", flags[a]) for a in presets]
-    shares = shares_of(items, jobs=1)
+    shares, alone = shares_of(items)
+    assert alone == []
     assert sorted(len(share) for share in shares) == [3, len(presets) - 3] and all(
         map(lockstep_key, items)
     )

@@ -4,18 +4,15 @@
 import json
 import math
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
-from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.lm.sampling import decode_completions, generate
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from minigrpo.population.engine import run_population, run_populations, shares_of
-from minigrpo.population.member import Batcher, _hidden
 from minigrpo.population.sampling import (
     Request,
     StackedDraws,
@@ -53,30 +50,6 @@ def test_the_stacked_forward_is_each_members_own_and_its_gradient_reaches_only_t
         p.grad is None or not p.grad.any() for m in (models[0], models[2]) for p in m.parameters()
     )
     assert sum(p.grad.abs().sum() for p in models[1].parameters()) > 0
-
-
-def test_the_batchers_forward_pads_requests_of_every_shape_and_mask_and_gives_each_its_own():
-    """Three members' GPT.hidden calls of other shapes, one plain, one left-padded, one a prefix
-    tree, as one batch."""
-    models = members()
-    plain = torch.randint(3, 20, (2, 5))
-    padded, key_mask = torch.randint(3, 20, (4, 7)), torch.ones(4, 7, dtype=torch.bool)
-    key_mask[1, :3] = False
-    ids = torch.randint(3, 20, (3, 6))
-    ids[1] = ids[0]  # shared prefixes: the tree holds them once
-    tree = next_token_tree(ids, None)
-    calls = [
-        (plain, None, None, None),
-        (padded, None, key_mask, None),
-        (tree.tokens, tree.pos, None, tree.mask),
-    ]
-    got = _hidden(
-        [{"model": m, "args": (a[0], *m.inputs(*a[:3], None, a[3]))} for m, a in zip(models, calls)]
-    )
-    for m, (x, pos, km, am), h in zip(models, calls, got):
-        want = m.hidden(x, pos, km, attn_mask=am)
-        real = km if km is not None else torch.ones(x.shape, dtype=torch.bool)
-        assert h.shape == want.shape and torch.allclose(h[real], want[real], atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -318,94 +291,8 @@ def breaking_reward(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_populations_members_are_the_single_runs_and_a_failing_member_touches_no_other(
-    tmp_path, tiny_pretrained
-):
-    """GRPO seeds 0 and 1, PPO seed 0 and a GRPO run whose lr makes its loss non-finite, as one
-    population: each writes the files of its single run, whose metrics it matches to 3e-3 relative
-    over its first two steps; the failing one reports its own one-line error."""
-    init, _, _ = tiny_pretrained
-    bad = breaking_reward(tmp_path)
-    assert (
-        run_one(
-            _run(
-                init,
-                tmp_path / "one-step",
-                2,
-                "minigrpo.grpo",
-                ("--reward", f"{bad}:reward", "--steps", "1"),
-            )
-        )
-        is None
-    )
-    # it breaks in its second step
-    (tmp_path / "limit.txt").write_text((tmp_path / "count.txt").read_text())
-    runs = [
-        ("grpo", 0, "minigrpo.grpo", ()),
-        ("grpo", 1, "minigrpo.grpo", ()),
-        ("ppo", 0, "minigrpo.ppo", ()),
-        ("broken", 2, "minigrpo.grpo", ("--reward", f"{bad}:reward")),
-    ]
-    items = [
-        _run(init, tmp_path / f"pop-{name}-s{seed}", seed, module, extra)
-        for name, seed, module, extra in runs
-    ]
-    errors = {}
-    run_population(items, lambda item, error: errors.__setitem__(item[3].name, error))
-    assert "the reward broke" in errors["pop-broken-s2"] and "stopped at step 1" in errors.pop(
-        "pop-broken-s2"
-    )
-    assert errors == {"pop-grpo-s0": None, "pop-grpo-s1": None, "pop-ppo-s0": None}
-    for name, seed, module, extra in runs[:3]:
-        pop, alone = tmp_path / f"pop-{name}-s{seed}", tmp_path / f"alone-{name}-s{seed}"
-        assert run_one(_run(init, alone, seed, module, extra)) is None
-        files = {"config.json", "metrics.jsonl", "summary.json", "samples.txt", "model.pt"}
-        assert files <= {f.name for f in pop.iterdir()}
-        rows, want = read_jsonl(pop / "metrics.jsonl"), read_jsonl(alone / "metrics.jsonl")
-        assert len(rows) == len(want) == 4
-        for got, ref in zip(rows[:3], want[:3]):  # steps 0, 1, 2
-            assert close(UNTIMED(got), UNTIMED(ref)) == [], (name, seed, got["step"])
-        assert json.loads((pop / "config.json").read_text())["out"].endswith(pop.name)
-
-
-@pytest.mark.slow
-def test_members_of_other_model_shapes_share_a_population_but_never_a_batch(
-    tmp_path, tiny_pretrained
-):
-    from minigrpo.pretrain import PretrainConfig, train
-
-    init, _, _ = tiny_pretrained
-    train(
-        PretrainConfig(
-            out=str(tmp_path / "small"),
-            device="cpu",
-            steps=30,
-            batch_size=32,
-            n_embd=16,
-            n_head=2,
-            n_lines=400,
-            eval_every=30,
-            ckpt_every=30,
-        ),
-        log=lambda *a: None,
-    )
-    inits = [init, tmp_path / "small" / "model.pt"]
-    errors = []
-    run_population(
-        [_run(i, tmp_path / f"pop{k}", 0) for k, i in enumerate(inits)],
-        lambda it, e: errors.append(e),
-    )
-    assert errors == [None, None]
-    for k, i in enumerate(inits):
-        assert run_one(_run(i, tmp_path / f"alone{k}", 0)) is None
-        rows, want = (read_jsonl(tmp_path / f"{t}{k}" / "metrics.jsonl") for t in ("pop", "alone"))
-        assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows[:3], want)] == [[], [], []]
-
-
-@pytest.mark.slow
 def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
-    """However its threads happen to interleave, a population batches the same members in the same
-    order: the same metrics to the bit."""
+    """A lockstep population run twice computes the same: the same metrics to the bit."""
     init, _, _ = tiny_pretrained
     for tag in ("a", "b"):
         run_population(
@@ -425,7 +312,7 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(
     tmp_path, tiny_pretrained, capsys
 ):
     """compare --engine population --jobs 2: two worker processes, the default GRPO's two seeds one
-    (lockstep) population, PPO's two runs the other (threads); their runs match the pool's to 3e-3
+    (lockstep) population, PPO's two runs the other (lockstep); their runs match the pool's to 3e-3
     relative over their first steps; the table has the intervals."""
     from minigrpo.compare import main
     from minigrpo.util.runtime import on_gpu
@@ -454,7 +341,7 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(
     main([*flags, "--engine", "population", "--out", str(tmp_path / "population")])
     printed = capsys.readouterr().out
     assert (
-        "2 populations, 2 at a time" in printed
+        "2 lockstep populations, 2 at a time" in printed
         and "interquartile means with their 95 % bootstrap" in printed
     )
     assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
@@ -473,76 +360,25 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(
     assert on_gpu("cuda") and not on_gpu("auto") and not on_gpu("cpu")  # tests see no GPU
 
 
-def test_in_a_population_only_the_batch_server_multiplies_matrices(
-    tmp_path, tiny_pretrained, monkeypatch
-):
-    """A matmul in a member's thread would give that thread its own cuBLAS handle and workspace on a
-    GPU (about 100 MB a member on an H200): every product of a member goes to the batch, PPO's value
-    heads too."""
-    init, _, _ = tiny_pretrained
-    batcher, where = Batcher(), []
-    for owner, name in [
-        (torch.nn.functional, "linear"),
-        (torch, "matmul"),
-        (torch, "mm"),
-        (torch, "bmm"),
-        (torch, "addmm"),
-        (torch, "baddbmm"),
-    ]:
-        real = getattr(owner, name)
-        monkeypatch.setattr(
-            owner,
-            name,
-            lambda *a, real=real, name=name, **k: (
-                where.append((name, threading.get_ident() in batcher.members)),
-                real(*a, **k),
-            )[1],
-        )
-    errors = []
-    runs = [("minigrpo.grpo", ()), ("minigrpo.ppo", ()), ("minigrpo.ppo", ("--critic", "separate"))]
-    run_population(
-        [
-            _run(init, tmp_path / f"pop{k}", 0, module, extra)
-            for k, (module, extra) in enumerate(runs)
-        ],
-        lambda i, e: errors.append(e),
-        batcher,
-    )
-    assert errors == [None] * 3 and where, (errors, where)
-    assert [call for call in where if call[1]] == [], sorted(set(where))
-
-
-def test_populations_hold_at_most_their_limit_and_deal_the_runs_in_turn(tmp_path, tiny_pretrained):
-    """Runs without lockstep (PPO with the sampled anchor) are dealt in turn, at most 16 to a
-    population of threads; lockstep's are grouped by configuration (every flag but --seed and
-    --out), each group in nearly equal parts of at most `most`, in order."""
+def test_populations_hold_at_most_their_limit_and_the_others_go_alone(tmp_path, tiny_pretrained):
+    """Runs without lockstep (PPO with the sampled anchor) go alone; lockstep's are grouped by
+    configuration (every flag but the members' own), each group in nearly equal parts of at most
+    `most`, in order."""
     sampled = ("--preserve-anchor", "sampled")
     ppo = [_run("m.pt", Path(f"p{s}"), s, "minigrpo.ppo", sampled) for s in range(7)]
     seeds = lambda shares: [[item[1] for item in share] for share in shares]
-    assert seeds(shares_of(ppo, jobs=2)) == [[0, 2, 4, 6], [1, 3, 5]]
-    assert seeds(shares_of(ppo, jobs=2, most=3)) == [[0, 3, 6], [1, 4], [2, 5]]
-    assert seeds(shares_of(ppo[:3], jobs=8)) == [[0], [1], [2]] and seeds(
-        shares_of(ppo[:2], 1, 0)
-    ) == [[0, 1]]
-    # threads: at most THREADS_MOST
-    many = [_run("m.pt", Path(f"q{s}"), s, "minigrpo.ppo", sampled) for s in range(40)]
-    assert (
-        [len(share) for share in shares_of(many, jobs=1)]
-        == [14, 13, 13]
-        == [len(share) for share in shares_of(many, jobs=1, most=128)]
-    )
-    grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)] + [
-        _run("m.pt", Path(f"d{s}"), s, extra=("--preserve-anchor", "sampled")) for s in range(2)
-    ]  # not in lockstep: threads
-    assert seeds(shares_of(grpo + ppo[:2], jobs=2, most=3)) == [[0, 1], [2, 3, 4], [0, 0], [1, 1]]
-    # lockstep: one population per configuration
-    assert seeds(shares_of(grpo, jobs=8)) == [[0, 1, 2, 3, 4], [0], [1]]
+    assert shares_of(ppo) == ([], ppo) and shares_of(ppo, most=3) == ([], ppo)
+    grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)]
+    sampled_grpo = [_run("m.pt", Path(f"d{s}"), s, extra=sampled) for s in range(2)]
+    shares, alone = shares_of(grpo + sampled_grpo + ppo[:2], most=3)
+    assert seeds(shares) == [[0, 1], [2, 3, 4]] and alone == sampled_grpo + ppo[:2]
+    assert seeds(shares_of(grpo)[0]) == [[0, 1, 2, 3, 4]]
     lockstep_ppo = [
         _run("m.pt", Path(f"o{s}"), s, "minigrpo.ppo", extra)
         for extra in ((), ("--critic", "oracle"))
         for s in range(3)
     ]
-    assert seeds(shares_of(lockstep_ppo, jobs=8)) == [[0, 1, 2], [0, 1, 2]]
+    assert seeds(shares_of(lockstep_ppo)[0]) == [[0, 1, 2], [0, 1, 2]]
     # in this process, populations of one after another: each run is its single run
     init, _, _ = tiny_pretrained
     items = [_run(init, tmp_path / f"pop{s}", s) for s in range(2)]
@@ -562,16 +398,15 @@ def test_a_share_whose_worker_died_fails_each_of_its_runs():
     from minigrpo.population.engine import _report
 
     reported = []
-    _report(
-        ["a", "b"],
-        "the worker process died (exit code -9)",
-        lambda item, e: reported.append((item, e)),
-    )
-    _report(["c"], [("c", None)], lambda item, e: reported.append((item, e)))
+    report = lambda item, e: reported.append((item, e))
+    _report(("population", ["a", "b"]), "the worker process died (exit code -9)", report)
+    _report(("population", ["c"]), [("c", None)], report)
+    _report(("alone", "d"), "the worker process died (exit code -9)", report)
     assert reported == [
         ("a", "the worker process died (exit code -9)"),
         ("b", "the worker process died (exit code -9)"),
         ("c", None),
+        ("d", "the worker process died (exit code -9)"),
     ]
 
 
@@ -763,8 +598,9 @@ def test_the_workers_of_a_killed_compare_end_their_runs_at_a_step_with_a_checkpo
 def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(
     tmp_path, tiny_pretrained
 ):
-    """All of compare's algorithms (presets, PPO with either critic, DPO offline and online) as one
-    population of different paths: each member's first steps match its run alone (close())."""
+    """All of compare's algorithms (presets, PPO with either critic, DPO offline and online) through
+    the population engine (GRPO's presets of one μ one lockstep population, the rest in theirs or
+    alone): each run's first steps match its run alone (close())."""
     from minigrpo.compare import ALGOS, OWN_TRAINERS, module_of
 
     init, _, _ = tiny_pretrained
@@ -774,7 +610,7 @@ def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(
     }
     items = [_run(init, tmp_path / f"pop-{a}", 0, module_of(a), flags[a]) for a in ALGOS]
     errors = {}
-    run_population(items, lambda item, error: errors.__setitem__(item[3].name, error))
+    run_populations(items, 1, lambda item, error: errors.__setitem__(item[3].name, error))
     assert set(errors.values()) == {None}, errors
     for a in ALGOS:
         assert run_one(_run(init, tmp_path / f"alone-{a}", 0, module_of(a), flags[a])) is None
@@ -794,11 +630,12 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
     members (lockstep populations) match to REL relative over their first steps (an H200 measured
     4.5e-4 on GRPO's second step's gradient norm: batched products round otherwise than one model's,
     and Adam's first steps move the weights whose gradients are rounding by a whole learning rate;
-    PPO's pair is not yet measured on a GPU). A mixed population (GRPO and PPO, threads) matches
+    PPO's pair is not yet measured on a GPU). A mixed population (GRPO and PPO) matches
     (to 1e-4 relative) only at the first evaluation: there a batch of another shape rounds
     differently (other GEMM kernels), and PPO's clip and trust region can turn that rounding into
     another step (measured on an H200: the first update's loss 40 % apart in this test, 1e-4 with
-    the bench's model); its runs must end with every metric finite. GRPO members of three recipes
+    the bench's model); its runs must end with every metric finite (a mixed population now runs
+    its members one after another, each alone). GRPO members of three recipes
     (default, DAPO, RLOO: one lockstep population), and of two people, as the same pair."""
     from minigrpo.compare import on_gpu
 

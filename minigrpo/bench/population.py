@@ -8,8 +8,7 @@ PPO's lockstep (its separate critic, and its exact one) at the largest P.
 
 Each population runs `python -m minigrpo.grpo --reward pizza` with seeds 0..P−1 for a fixed number
 of steps (the stop rule off), from the bench's pretrained model. Beside it: the same run alone, as
-the pool runs it; P = 16 as threads that batch only their models' work (population/member.py, what
-runs the trainers lockstep does not); and the largest P shared out over every core's worker process
+the pool runs it; and the largest P shared out over every core's worker process
 (population/engine.run_populations, as compare runs it). Then where the lockstep loop spends its
 time (sampled every 2 ms; on a GPU a phase that waits for the device holds the time of the kernels
 queued before it), and its torch calls and kernels (the operators that compute, backward included:
@@ -156,12 +155,6 @@ def bench_population(
         ppo = _items(folder(f"{name}{P}"), init, device, range(P), steps, "minigrpo.ppo", extra)
         wall, failed = _timed(gpu, P, lambda done: run_population(ppo, done))
         rows.append(_row(f"{P} of {name}", P, steps, wall, _memory(gpu, P), failed))
-    wall, failed = _timed(
-        gpu, 16, lambda done: run_population(items("threads", 16), done, lockstep=False)
-    )
-    rows.append(
-        _row("16 as threads (population/member.py)", 16, steps, wall, _memory(gpu, 16), failed)
-    )
     P, jobs = measured[0], cores()
     # the largest P over every core's process, as compare runs it (on a GPU: through MPS)
     if jobs > 1 and P > 1:

@@ -290,12 +290,6 @@ def generate(
 ) -> Generation:
     """Sample up to `max_new_tokens` tokens after each (left-padded) prompt row. See module
     docstring."""
-    # a population's member: its draw joins one batch
-    batched = getattr(model, "batched_generate", None)
-    if batched is not None:  # (minigrpo/population/member.py)
-        return batched(
-            prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator
-        )
     # inference_mode, not no_grad: no version counters or autograd dispatch (docs/performance.md,
     # "The sampler's
     # forward"); its tensors cannot be saved for backward later, so the results leave as ordinary

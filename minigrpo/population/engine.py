@@ -1,20 +1,18 @@
-"""compare's population engine: many runs at once in one process, in lockstep where they can be,
-else as threads.
+"""compare's population engine: runs of one configuration as one lockstep population, the others
+alone, every population and lone run a task of the pool's worker processes.
 
     run_population(items, done)           # the pool's items (tools/pool.py): (algo, seed, command,
                                           # folder)
-    run_populations(items, jobs, done)    # the items shared out over `jobs` worker processes, a
-                                          # population each
+    run_populations(items, jobs, done)    # the items' populations and lone runs, shared out over
+                                          # `jobs` worker processes
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in
 their seeds (and folders), learning rates, rewards, β's and people (GRPO's, and in their recipes:
 compare's presets of one μ), whose configuration lockstep supports, train as one computation, each
-run a slice of every tensor. The others: as threads, below.
-
-Each run is its command's own `main(argv)` (tools/pool.run_one: the folder made afresh and stamped,
-the summary required), in a thread of its own whose run joins the batch (rl/loop.BATCH, member.py).
-What a run prints goes to a buffer of its thread, so its error line is reported as the pool reports
-it. done(item, error) is called in the calling thread as each run ends.
+run a slice of every tensor. The others (DPO, a sampled anchor, any flag lockstep does not run) go
+alone, each its command's own `main(argv)` in a worker (tools/pool.run_one: the folder made afresh
+and stamped, the summary required), as compare's pool runs them. done(item, error) is called in the
+calling process as each run ends.
 
 Where it is meant to pay: a GPU, whose batch is nearly free up to thousands of rows while one small
 model's step is launch-bound; what does not batch is each member's own work between batches, one
@@ -22,66 +20,21 @@ member after another (docs/performance.md). On a CPU of few cores the arithmetic
 pool is the default (compare --engine).
 
 Ctrl-C: every member finishes its step, writes its checkpoint and ends as interrupted (a run's own
-Ctrl-C), then KeyboardInterrupt is raised here; a second Ctrl-C raises it at once. Departure:
-threads share what a process holds once (torch's global generator, Python's `random`): a reward that
-draws from them draws a stream the members share.
+Ctrl-C), then KeyboardInterrupt is raised here; a second Ctrl-C raises it at once.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib
-import io
-import multiprocessing
-import queue
 import signal
-import sys
 import threading
 from dataclasses import asdict
 
 from minigrpo.population.lockstep import KINDS, OWN, QUIET, RECIPES, train_lockstep, unsupported
-from minigrpo.population.member import Batcher
-from minigrpo.rl.loop import BATCH
 from minigrpo.rl.report import INTERRUPTED, STOP_ALL
-from minigrpo.tools.pool import (
-    STOPPING,
-    STOPPING_LINE,
-    end_folder,
-    run_main,
-    run_one,
-    run_pool,
-    start_folder,
-)
+from minigrpo.tools.pool import STOPPING, end_folder, run_one, run_pool, start_folder
 from minigrpo.util.cli import UsageError
-
-# the most runs of a population of threads: past it a population runs no faster per run on a GPU,
-THREADS_MOST = 16
-# and each thread holds memory of its own (docs/performance.md, "Small choices")
-
-
-def _one_malloc_arena() -> None:
-    """glibc gives each new thread a malloc arena of its own, which a population's threads fill and
-    fragment: one arena for all holds less resident memory, in the same time (docs/performance.md,
-    "Small choices"). M_ARENA_MAX is mallopt's -8; elsewhere than glibc nothing happens."""
-    try:
-        ctypes.CDLL(None).mallopt(-8, 1)
-    except (OSError, AttributeError):
-        pass
-
-
-class _ThreadOutput(io.TextIOBase):
-    """sys.stdout or sys.stderr, written to the calling thread's own buffer where it has one."""
-
-    def __init__(self, real):
-        self.real, self.buffers = real, {}
-
-    def write(self, s: str) -> int:
-        return self.buffers.get(threading.get_ident(), self.real).write(s)
-
-    def flush(self) -> None:
-        self.buffers.get(threading.get_ident(), self.real).flush()
-
 
 # flags, each
 PER_MEMBER = {module: tuple("--" + k.replace("_", "-") for k in own) for module, own in OWN.items()}
@@ -149,112 +102,64 @@ def run_lockstep(items: list, done) -> bool:
     return True
 
 
-def run_population(
-    items: list, done, batcher: Batcher | None = None, lockstep: bool = True
-) -> None:
-    """Every item's run at once, done(item, error) as each ends: in lockstep where they can
-    (run_lockstep; not with lockstep=False), else run_one(item) in a thread each, their models' work
-    one batch. `batcher`: one of the caller's (bench reads the time it spent serving), else a new
-    one."""
-    if not items or (lockstep and run_lockstep(items, done)):
+def run_population(items: list, done) -> None:
+    """Every item's run, done(item, error) as each ends: as one lockstep population where they can
+    (run_lockstep), else one after another here (tools/pool.run_one, in process)."""
+    if not items or run_lockstep(items, done):
         return
-    batcher, ended = batcher or Batcher(), queue.Queue()
-    out, err = _ThreadOutput(sys.stdout), _ThreadOutput(sys.stderr)
-
-    everyone_in = threading.Barrier(len(items))
-
-    def member(key: int, item) -> None:
-        me = threading.get_ident()
-        out.buffers[me], err.buffers[me] = io.StringIO(), io.StringIO()
-        BATCH.set(batcher)
-        batcher.enter(key)  # every member from the start: no batch goes before each member is in
-        everyone_in.wait()
-        try:
-            error = run_one(
-                item, lambda module, argv: run_main(module, argv, out.buffers[me], err.buffers[me])
-            )
-        except BaseException as e:  # noqa: BLE001
-            # the run's folder step failed: its error, the sweep goes on
-            error = f"{type(e).__name__}: {e}"
-        finally:
-            batcher.leave()
-        ended.put((item, error))
-
-    _one_malloc_arena()
-    STOP_ALL.clear()
-    sys.stdout, sys.stderr = out, err
-    left = len(items)
-    try:
-        threads = [threading.Thread(target=batcher.serve_forever, daemon=True)] + [
-            threading.Thread(target=member, args=(k, item), daemon=True)
-            for k, item in enumerate(items)
-        ]
-        for t in threads:
-            t.start()
-        try:
-            while left:
-                done(*ended.get())
-                left -= 1
-        # every member finishes its step, writes its checkpoint and ends as interrupted
-        except KeyboardInterrupt:
-            STOP_ALL.set()
-            # in a pool's worker (run_populations) the pool says it
-            if multiprocessing.parent_process() is None:
-                print(f"\n{STOPPING_LINE}", file=out.real, flush=True)
-            while left:  # a second Ctrl-C raises from here at once
-                done(*ended.get())
-                left -= 1
-            raise
-    finally:
-        batcher.close()
-        sys.stdout, sys.stderr = out.real, err.real
+    for item in items:
+        done(item, run_one(item))
 
 
-def shares_of(items: list, jobs: int, most: int = 0, mixed: bool = True) -> list[list]:
-    """The populations `items` make, each of at most `most` runs (0: no limit). Runs that may go in
-    lockstep (lockstep_key; `mixed`: GRPO's recipes together) are grouped by configuration: a group,
-    or its nearly equal parts in order (so compare's presets of one GRPO group, over more seeds than
-    `most`, go a preset to a part). The others: as many populations as the `jobs` those leave (at
-    least one), or more where one would hold over `most` (and THREADS_MOST), dealt in turn (items 0,
-    S, 2S, ... to the first), so each gets the same mix of algorithms."""
+def shares_of(items: list, most: int = 0, mixed: bool = True) -> tuple[list[list], list]:
+    """-> (the lockstep populations `items` make, each of at most `most` runs (0: no limit); the
+    runs that go alone). Runs that may go in lockstep (lockstep_key; `mixed`: GRPO's recipes
+    together) are grouped by configuration: a group, or its nearly equal parts in order (so
+    compare's presets of one GRPO group, over more seeds than `most`, go a preset to a part)."""
     groups: dict[tuple, list] = {}
     for item in items:
         groups.setdefault(lockstep_key(item, mixed) or (), []).append(item)
-    rest, shares = groups.pop((), []), []
+    alone, shares = groups.pop((), []), []
     for group in groups.values():
         n = -(-len(group) // most) if most > 0 else 1
         shares += [group[len(group) * j // n : len(group) * (j + 1) // n] for j in range(n)]
-    if rest:
-        most = min(most, THREADS_MOST) if most > 0 else THREADS_MOST
-        n = max(1, min(jobs - len(shares), len(rest)), -(-len(rest) // most))
-        shares += [rest[j::n] for j in range(n)]
-    return shares
+    return shares, alone
 
 
 def run_populations(items: list, jobs: int, done, most: int = 0, mixed: bool = True) -> None:
-    """run_population over the shares of the items (shares_of: at most `most` runs each, `mixed` as
-    there), each in a worker process of tools/pool.run_pool, `jobs` at a time (jobs = 1: here, one
-    after another). Why processes: what does not batch, each member's own Python between batches,
-    runs one member after another in a process (one interpreter lock), so it is shared out over the
-    cores. Why a limit: each member costs GPU memory, and past a few members a population runs no
-    faster per run (docs/performance.md). done(item, error) is called here as each share ends, for
-    each of its runs (their progress lines come together)."""
-    shares = shares_of(items, jobs, most, mixed)
-    if jobs <= 1 or len(shares) == 1:
+    """The items' lockstep populations (shares_of: at most `most` runs each, `mixed` as there) and
+    the runs that go alone (another trainer, a flag lockstep does not run), each population or lone
+    run a task of tools/pool.run_pool's worker processes, `jobs` at a time (jobs = 1, or a single
+    task: here, one after another). Why processes: what does not batch, each member's own Python
+    between batches, runs one member after another in a process (one interpreter lock), so it is
+    shared out over the cores. Why a limit: each member costs GPU memory (compare --members).
+    done(item, error) is called here as each task ends, for each of its runs."""
+    shares, alone = shares_of(items, most, mixed)
+    tasks = [("population", share) for share in shares] + [("alone", item) for item in alone]
+    if jobs <= 1 or len(tasks) == 1:
         for share in shares:
             run_population(share, done)
+        for item in alone:
+            done(item, run_one(item))
         return
     run_pool(
-        population_share,
-        shares,
-        min(jobs, len(shares)),
-        lambda share, results: _report(share, results, done),
+        run_task, tasks, min(jobs, len(tasks)), lambda task, result: _report(task, result, done)
     )
 
 
-def _report(share: list, results, done) -> None:
+def run_task(task: tuple):
+    """A pool worker's task: ("population", items) -> [(item, error)] of its runs
+    (population_share); ("alone", item) -> its error, or None (tools/pool.run_one)."""
+    kind, what = task
+    return population_share(what) if kind == "population" else run_one(what)
+
+
+def _report(task: tuple, results, done) -> None:
+    kind, what = task
+    if kind == "alone":
+        return done(what, results)
     if isinstance(results, str):  # the worker died: every run of its share failed with its error
-        results = [(item, results) for item in share]
+        results = [(item, results) for item in what]
     for item, error in results:
         done(item, error)
 

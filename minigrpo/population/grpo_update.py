@@ -21,7 +21,7 @@ and trust region are one, and each recipe takes its members' slice of the log-pr
 copy, where every member follows one). Not in lockstep (`unsupported`): the sampled anchor, each
 member's own rows, whose π_ref logits its single run takes from another forward than its policy's,
 so that at π_θ = π_ref their gradient is rounding that Adam's first step amplifies, and no lockstep
-member could match it; a population runs those as threads (population/member.py).
+member could match it; those runs go alone (population/engine.py).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) 
 the others go on, untouched: every computation is per member. Each member's metrics are its single
 run's to float rounding (tests/test_lockstep.py), and its folder is the one its single run writes
 (`grpo --resume` or `ppo --resume` continues it); its step_time and tokens_per_s are the
-population's step's. `unsupported(trainer, cfgs)` says what it cannot run (a population then runs
-its members as threads: population/member.py). Departures: set-up is each --person's first member's,
+population's step's. `unsupported(trainer, cfgs)` says what it cannot run (those runs then go
+alone: population/engine.py). Departures: set-up is each --person's first member's,
 taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the exact
 evaluation of step 0 of the members of one reward, β and person (every member starts from the same
 weights).

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import math
 import zlib
-from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -33,9 +32,6 @@ from toy_tasks import get_task
 from toy_tasks.rewards import RewardError, make_reward
 from toy_tasks.support import reward_table
 
-# set in each member's thread by a population (minigrpo/population): the run's model work then joins
-# one batch
-BATCH: ContextVar = ContextVar("population_batch", default=None)
 # where each generator lives: sampling happens on the run's device, index draws on the CPU
 GENERATORS = {
     "rollout": "device",
@@ -88,8 +84,6 @@ class Run(RunBookkeeping, RunCheckpoints):
                     else ""
                 )
                 raise UsageError(f"--init: {e}{hint}") from None
-        if BATCH.get() is not None:  # π_ref and any critic, deep copies of the policy, join with it
-            self.policy = BATCH.get().adopt(self.policy)
         if meta["task"] != cfg.task:
             raise UsageError(
                 f"--init {cfg.init!r} was pretrained on task {meta['task']!r}, not {cfg.task!r}"
@@ -200,8 +194,7 @@ class Run(RunBookkeeping, RunCheckpoints):
 
     def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:
         opt.zero_grad(set_to_none=True)
-        # a member's: with the others'
-        loss.backward() if BATCH.get() is None else self.policy.backward(loss)
+        loss.backward()
         norm = float(
             clip_grad_norm(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
         )
