@@ -35,8 +35,7 @@ import torch
 
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
-from minigrpo.objectives.kl import exact
-from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats
+from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.critics import CRITICS, OracleCritic
 from minigrpo.rl.loop import run
@@ -149,43 +148,20 @@ class PPO:
             order = torch.randperm(N, generator=self.run.gens["shuffle"]).to(mask.device)
             for rows in order.chunk(cfg.minibatches):
                 sub = batch.select(rows)
-                m = sub.mask
                 logp, logits, hidden = generation_logprobs(
                     self.policy, sub.gen, cfg.temperature, True, True
                 )
-                pg_loss = aggregate(
-                    clipped_surrogate(logp, sub.old_logp, adv[rows], m, cfg.clip), m, "token-mean"
-                )
-                ent = aggregate(entropy(logits), m, "token-mean")
-                loss = pg_loss - cfg.entropy_coef * ent
-                # None: oracle
-                fit = self.critic.loss(sub, hidden, old_values[rows], returns[rows], cfg.vf_clip)
-                if fit is not None:
-                    vf_loss, values = fit
-                    loss = loss + cfg.vf_coef * vf_loss
+                # a learned critic's values of these rows (None: the oracle's, nothing to fit)
+                values = self.critic.values(sub, hidden) if self.critic.learned else None
+                loss, figures = ppo_objective(
+                    logp, sub.old_logp, adv[rows], logits, sub.ref_logits, sub.mask, cfg,
+                    values, old_values[rows], returns[rows],
+                )  # fmt: skip
                 anchor = self.run.anchor_term()
                 if anchor is not None:
                     loss = loss + anchor
-                with torch.no_grad():
-                    # clip fractions, approx_kl
-                    s = surrogate_stats(logp, sub.old_logp, adv[rows], m, cfg.clip)
-                    stats = {
-                        "policy_loss": pg_loss.item(),
-                        "loss": loss.item(),
-                        "entropy": ent.item(),
-                        "kl_exact": aggregate(
-                            exact(logits, sub.ref_logits), m, "token-mean"
-                        ).item(),
-                        **({"preserve_loss": anchor.item()} if anchor is not None else {}),
-                        **{k: v.item() for k, v in s.items()},
-                    }
-                    if fit is not None:
-                        limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
-                        v_clipped = (values - old_values[rows]).abs() > limit
-                        stats.update(
-                            value_loss=vf_loss.item(),
-                            value_clip_frac=(v_clipped & m).sum().item() / max(int(m.sum()), 1),
-                        )
+                    figures["preserve_loss"] = anchor.detach()
+                stats = {"loss": loss.item(), **{k: v.item() for k, v in figures.items()}}
                 stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
                 per_update.append(stats)
         # means over the minibatch updates; the max ratio is the max

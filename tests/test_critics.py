@@ -1,12 +1,14 @@
 """PPO's critic objects (minigrpo/rl/critics.py), one at a time on a real rollout."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.losses import aggregate, value_loss
+from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.ppo import PPO, PPOConfig
 from minigrpo.rl.config import parse_rl_config
 from minigrpo.rl.critics import CRITICS, HeadCritic, OracleCritic, SeparateCritic
@@ -16,6 +18,20 @@ from minigrpo.util.cli import UsageError
 from toy_tasks import food
 from toy_tasks.oracle import prefix_values
 from toy_tasks.rewards import make_reward
+
+
+def fit(critic, batch, old_values, returns, clip):
+    """A learned critic's value loss on a rollout as PPO's objective computes it
+    (objectives/ppo_objective.py; its policy terms zero here) -> (the value loss, the values)."""
+    values, mask = critic.values(batch), batch.mask
+    zero = torch.zeros(mask.shape)
+    cfg = SimpleNamespace(clip=0.2, entropy_coef=0.0, vf_clip=clip, vf_coef=1.0)
+    logits = torch.zeros(*mask.shape, 5)
+    loss, figures = ppo_objective(
+        zero, zero, zero, logits, logits, mask, cfg, values, old_values, returns
+    )
+    assert torch.equal(loss, figures["value_loss"])  # nothing but the value loss
+    return loss, values
 
 
 def setup(tmp_path, init, tok, critic, name="r"):
@@ -62,8 +78,6 @@ def test_the_oracle_has_no_parameters_no_value_loss_and_the_exact_values(tmp_pat
     run, c, batch = setup(tmp_path, init, tok, "oracle")
     assert c.parameters() == [] and not c.learned
     assert c.state_dict() == {"value_head": None, "critic_trunk": None}
-    zeros = torch.zeros(batch.mask.shape)
-    assert c.loss(batch, None, zeros, zeros, 0.2) is None
     want = prefix_values(
         run.policy,
         tok,
@@ -117,7 +131,7 @@ def test_the_head_critics_value_loss_reaches_the_policys_trunk(tmp_path, tiny_pr
         "the policy's weights are the optimiser's once"
     )
     returns = torch.where(batch.mask, 1.0, 0.0)
-    vl, values = c.loss(batch, None, torch.zeros(batch.mask.shape), returns, None)
+    vl, values = fit(c, batch, torch.zeros(batch.mask.shape), returns, None)
     vl.backward()
     grads = [p.grad for p in run.policy.parameters()]
     assert sum(g.abs().sum().item() for g in grads if g is not None) > 0, (
@@ -135,7 +149,7 @@ def test_the_separate_critic_never_touches_the_policy(tmp_path, tiny_pretrained)
     assert len(mine) == len(list(c.head.parameters())) + len(list(run.policy.parameters()))
     before = {k: v.clone() for k, v in run.policy.state_dict().items()}
     returns = torch.where(batch.mask, 1.0, 0.0)
-    vl, _ = c.loss(batch, None, torch.zeros(batch.mask.shape), returns, 0.2)
+    vl, _ = fit(c, batch, torch.zeros(batch.mask.shape), returns, 0.2)
     vl.backward()
     assert all(p.grad is None for p in run.policy.parameters()), "no gradient flows into the policy"
     assert sum(p.grad.abs().sum().item() for p in c.trunk.parameters() if p.grad is not None) > 0
@@ -153,7 +167,7 @@ def test_the_value_loss_is_the_token_mean_of_the_clipped_squared_error(tmp_path,
     old = torch.where(mask, torch.randn(mask.shape, generator=g), 0.0)
     returns = torch.where(mask, torch.randn(mask.shape, generator=g), 0.0)
     for clip in (None, 0.05):
-        vl, values = c.loss(batch, None, old, returns, clip)
+        vl, values = fit(c, batch, old, returns, clip)
         v, o, r = values[mask].detach().double(), old[mask].double(), returns[mask].double()
         err = (v - r) ** 2
         if clip is not None:
@@ -163,10 +177,7 @@ def test_the_value_loss_is_the_token_mean_of_the_clipped_squared_error(tmp_path,
             aggregate(value_loss(values, old, returns, mask, clip), mask, "token-mean").item(),
             rel=1e-6,
         )
-    assert (
-        c.loss(batch, None, old, returns, 0.05)[0].item()
-        > c.loss(batch, None, old, returns, None)[0].item()
-    )
+    assert fit(c, batch, old, returns, 0.05)[0].item() > fit(c, batch, old, returns, None)[0].item()
 
 
 @pytest.mark.parametrize("critic", ["head", "separate"])

@@ -24,14 +24,7 @@ import torch
 from torch.func import vmap
 
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
-from minigrpo.objectives.kl import exact
-from minigrpo.objectives.losses import (
-    aggregate,
-    clipped_surrogate,
-    entropy,
-    surrogate_stats,
-    value_loss,
-)
+from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
@@ -171,10 +164,10 @@ class LockstepPPO:
         self.critics = Critics([a.critic for a in algos]) if algos[0].critic.learned else None
         self.exact = ExactValues(algos[0].run)
         self.learned = self.critics is not None
-        self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
         self.whiten = vmap(whiten)
         self.explained = vmap(explained_variance)
-        self.surrogate = vmap(lambda lp, old, a, m: surrogate_stats(lp, old, a, m, cfg.clip))
+        # objectives/ppo_objective, each member's own minibatch (a single run's call, mapped)
+        self.objective = vmap(lambda *tensors: ppo_objective(*tensors[:6], cfg, *tensors[6:]))
 
     @property
     def stacks(self) -> list[Stack]:
@@ -234,15 +227,14 @@ class LockstepPPO:
         for rows, sub in zip(chunks, step.rows.select(chunks)):
             m, old, a = sub.completion_mask, _take(step.old_logp, rows), _take(adv, rows)
             logp, logits, hidden = sub.logprobs(stack, cfg.temperature, states=True)
-            pg_loss = self.mean(clipped_surrogate(logp, old, a, m, cfg.clip), m)
-            ent = self.mean(entropy(logits), m)
-            loss = pg_loss - cfg.entropy_coef * ent
+            ref_logits = _take(step.ref_logits, rows)
             if self.learned:
                 values, v_old = self.critics.values(sub, hidden), _take(old_values, rows)
-                vf_loss = self.mean(
-                    value_loss(values, v_old, _take(returns, rows), m, cfg.vf_clip), m
+                loss, s = self.objective(
+                    logp, old, a, logits, ref_logits, m, values, v_old, _take(returns, rows)
                 )
-                loss = loss + cfg.vf_coef * vf_loss
+            else:
+                loss, s = self.objective(logp, old, a, logits, ref_logits, m)
             anchor = (
                 None
                 if self.anchor is None
@@ -250,22 +242,8 @@ class LockstepPPO:
             )
             if anchor is not None:
                 loss = loss + anchor
-            with torch.no_grad():
-                s = {
-                    "policy_loss": pg_loss,
-                    "loss": loss,
-                    "entropy": ent,
-                    "kl_exact": self.mean(exact(logits, _take(step.ref_logits, rows)), m),
-                    **({"preserve_loss": anchor} if anchor is not None else {}),
-                    **self.surrogate(logp, old, a, m),
-                }
-                if self.learned:
-                    limit = float("inf") if cfg.vf_clip is None else cfg.vf_clip
-                    clipped = ((values - v_old).abs() > limit) & m
-                    s.update(
-                        value_loss=vf_loss,
-                        value_clip_frac=clipped.sum((1, 2)) / m.sum((1, 2)).clamp(min=1),
-                    )
+                s["preserve_loss"] = anchor.detach()
+            s["loss"] = loss.detach()
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slices of the weights
             s["grad_norm"] = clip_grad_norms(

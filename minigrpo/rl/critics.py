@@ -2,13 +2,15 @@
 
     CRITICS[name](run) -> Critic        name: PPOConfig's --critic (ppo.py)
 
-separate  a copy of the pretrained trunk with a scalar head (InstructGPT 2203.02155: the value model
-is a
-          network of its own, there initialised from the reward model; here from the policy's start)
+separate  a copy of the pretrained trunk with a scalar head (InstructGPT 2203.02155: the value
+          model is a network of its own, there initialised from the reward model; here from the
+          policy's start)
 head      a scalar head on the policy's own trunk (shared trunk: the value loss also moves the
-policy's weights) oracle    no critic: the exact values of PPO's return (task reward and KL penalty
-at the current β) under π_old
-          over the enumerable support (toy_tasks/oracle.py); the ideal-critic bound
+          policy's weights)
+oracle    no critic: the exact values of PPO's return (task reward and KL penalty at the current β)
+          under π_old over the enumerable support (toy_tasks/oracle.py); the ideal-critic bound
+
+The value loss each learned critic is fitted with is PPO's (objectives/ppo_objective.py).
 
 Shapes: a rollout of N completions, T completion slots, C the model width; values are (N, T), 0
 where masked. `run` is the shared RL run (rl/loop.py's Run): the critics read its policy, device,
@@ -24,7 +26,6 @@ import torch
 import torch.nn as nn
 
 from minigrpo.lm.logprobs import shifted_forward
-from minigrpo.objectives.losses import aggregate, value_loss
 from toy_tasks.oracle import prefix_values
 
 
@@ -70,16 +71,6 @@ class Critic(ABC):
         """(N, T) V(s_t) for a rollout (rl.rollout.RolloutBatch), 0 where masked; differentiable
         unless run under no_grad. hidden: the policy's (N, T, C) completion_hidden if the caller has
         it (else recomputed)."""
-
-    def loss(self, batch, hidden, old_values, returns, clip):
-        """-> (the value loss term, the (N, T) values it fitted), or None when there is nothing to
-        fit. Loss: token-mean of ½ max((V − R)², (clip(V, V_old ± clip) − R)²) (losses.value_loss;
-        unclipped for clip None), R = the GAE returns A + V_old."""
-        values = self.values(batch, hidden)
-        mask = batch.mask
-        return aggregate(
-            value_loss(values, old_values, returns, mask, clip), mask, "token-mean"
-        ), values
 
     def state_dict(self) -> dict:
         own = lambda m: m.state_dict() if m is not None else None
@@ -144,9 +135,6 @@ class OracleCritic(Critic):
             self.beta,
         )
         return torch.where(batch.mask, v, 0.0)
-
-    def loss(self, batch, hidden, old_values, returns, clip):
-        return None
 
 
 CRITICS: dict[str, type[Critic]] = {
