@@ -39,7 +39,6 @@ import torch
 
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.advantages import equal_groups
-from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.loop import purpose_seed, run
@@ -67,7 +66,13 @@ from minigrpo.variants.advantages import (
     update_rewards,
 )
 from minigrpo.variants.entropy import EntropyBonus, EntropyFlags, fork_mask
-from minigrpo.variants.kl import KL_PANEL, KLFlags, kl_per_token, kl_reward_penalty
+from minigrpo.variants.kl import (
+    KL_PANEL,
+    KLFlags,
+    kl_figures,
+    kl_per_token,
+    kl_reward_penalty,
+)
 from minigrpo.variants.policy_losses import PolicyLossFlags, policy_loss_per_token, reduction
 from minigrpo.variants.presets import PRESETS
 from minigrpo.variants.sampler import SamplerFlags, make_sampler, weights
@@ -337,21 +342,14 @@ class GRPO:
 @torch.no_grad()
 def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, anchor) -> dict:
     """What one inner update logs: its losses, the KL per token (the chosen estimator's and the
-    exact one; not without π_ref) and the entropy, token-means over the completions."""
-    mean = lambda x: aggregate(x, mask, "token-mean").item()
-    kl = (
-        {}
-        if kl_tok is None
-        else {
-            f"kl_{cfg.kl}": mean(kl_tok),
-            "kl_exact": mean(kl_tok if cfg.kl == "exact" else exact(logits, ref_logits)),
-        }
-    )
+    exact one; not without π_ref: variants/kl.kl_figures) and the entropy, token-means over the
+    completions."""
+    kl = kl_figures(kl_tok, logits, ref_logits, mask, cfg)
     return {
         "policy_loss": policy_loss.item(),
         "loss": loss.item(),
-        **kl,
-        "entropy": mean(ent),
+        **{k: v.item() for k, v in kl.items()},
+        "entropy": aggregate(ent, mask, "token-mean").item(),
         **({"preserve_loss": anchor.item()} if anchor is not None else {}),
     }
 

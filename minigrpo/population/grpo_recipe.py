@@ -39,13 +39,12 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from minigrpo.objectives.advantages import equal_groups
-from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, surrogate_stats
 from minigrpo.population.rows import Rollouts
 from minigrpo.rl.rollout import greedy_rewards
 from minigrpo.variants.advantages import BASELINES, AdvantageFlags, advantages, update_rewards
 from minigrpo.variants.entropy import EntropyFlags, fork_mask
-from minigrpo.variants.kl import kl_reward_penalty
+from minigrpo.variants.kl import kl_figures, kl_reward_penalty
 from minigrpo.variants.policy_losses import PolicyLossFlags, reduction
 from minigrpo.variants.sampler import weights
 
@@ -99,6 +98,7 @@ class Recipe:
             )
         )
         self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
+        self.kl_figures = vmap(lambda kl, lg, rlg, m: kl_figures(kl, lg, rlg, m, cfg))
         # ReMax's baseline: each member's (P, prompts)
         greedy = 0 if BASELINES[cfg.baseline].needs_greedy else None
         self.advantages = vmap(lambda r, g: advantages(r, cfg, g), in_dims=(0, greedy))
@@ -291,11 +291,6 @@ class Recipe:
         with torch.no_grad():  # grpo.update_stats, per member
             s = {"policy_loss": policy_loss, "loss": loss}
             if kl_tok is not None:
-                s[f"kl_{cfg.kl}"] = self.mean(kl_tok, mask)
-                s["kl_exact"] = (
-                    s[f"kl_{cfg.kl}"]
-                    if cfg.kl == "exact"
-                    else self.mean(exact(logits, step.ref_logits), mask)
-                )
+                s.update(self.kl_figures(kl_tok, logits, step.ref_logits, mask))
             s["entropy"] = self.mean(ent, mask)
         return loss, s, ratio

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.objectives.kl import exact, k1, k2, k3, k3_iw, k3_plus
+from minigrpo.objectives.losses import aggregate
 from minigrpo.util.cli import UsageError, meta
 
 
@@ -86,6 +87,22 @@ def kl_reward_penalty(old_logp, ref_logp, mask, cfg) -> torch.Tensor:
     """--kl-in reward: β·Σ_t k(π_old, π_ref) over each completion's valid tokens, (N, T) -> (N,)."""
     kl_tok = KL_ESTIMATORS[cfg.kl].fn(old_logp, ref_logp)
     return cfg.beta * torch.where(mask, kl_tok, 0.0).sum(1)
+
+
+@torch.no_grad()
+def kl_figures(kl_tok, logits, ref_logits, mask, cfg) -> dict[str, torch.Tensor]:
+    """What an update logs of its KL to π_ref: the token-means of --kl's estimate (kl_<name>) and of
+    the exact KL (the same tensor where --kl is exact) -> 0-dim tensors (none without π_ref: kl_tok
+    None). kl_tok (N, T), logits and ref_logits (N, T, V), mask (N, T). Mappable over a leading
+    member dim (population/grpo_recipe.py)."""
+    if kl_tok is None:
+        return {}
+    mean = lambda x: aggregate(x, mask, "token-mean")
+    chosen = mean(kl_tok)
+    return {
+        f"kl_{cfg.kl}": chosen,
+        "kl_exact": chosen if cfg.kl == "exact" else mean(exact(logits, ref_logits)),
+    }
 
 
 def check(cfg) -> None:
