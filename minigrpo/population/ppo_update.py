@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
+from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import (
@@ -33,7 +34,6 @@ from minigrpo.objectives.losses import (
     value_loss,
 )
 from minigrpo.population.anchor import MembersAnchor
-from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.stacked import Stack, linear
 from minigrpo.rl.report import combine_stats, packed, unpacked
@@ -214,7 +214,7 @@ class LockstepPPO:
         )
         return old_values, adv, returns, kl_seq, exact_values if self.learned else None
 
-    def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
+    def __call__(self, stack: Stack, ref: Stack, opt: AdamW, step: Rollouts) -> dict:
         cfg, mask = self.cfg, step.rows.completion_mask
         old_values, raw, returns, kl_seq, exact_values = self.advantages(
             stack, ref, step, [a.beta for a in step.algos]
@@ -268,8 +268,8 @@ class LockstepPPO:
                     )
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slices of the weights
-            s["grad_norm"] = clip_grad_norms(
-                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            s["grad_norm"] = clip_grad_norm(
+                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), per_slice=True
             )
             opt.step()
             per_update.append({k: v.detach() for k, v in s.items()})
