@@ -152,9 +152,9 @@ def test_members_with_learning_rates_of_their_own_are_their_single_runs(
     tmp_path, tiny_pretrained, trainer
 ):
     """Members may differ in --lr (compare's NAME@lr=... variants share a population): each member's
-    AdamW step at its own rate (population/optim.MembersAdamW.set_rates), its metrics its single
-    run's to 3e-3 relative over the first two steps, its checkpoint's rate its own; a population's
-    members all at one rate take AdamW's own step as before."""
+    AdamW step at its own rate (lm/optim.AdamW's rate per slice), its metrics its single run's to
+    3e-3 relative over the first two steps, its checkpoint's rate its own; a population's members
+    all at one rate take AdamW's own step as before."""
     from minigrpo.population.engine import lockstep_key
 
     init, _, _ = tiny_pretrained
@@ -396,41 +396,6 @@ def test_dapos_members_skip_their_equal_groups_as_their_single_runs_do(
         assert all(close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows, want)), s
         skipped += sum(w.get("skipped", 0) for w in want)
     assert 0 < skipped < 16, skipped  # both kinds of step were taken
-
-
-def test_members_adamw_is_each_members_adamw_and_a_member_left_out_keeps_its_state():
-    """MembersAdamW on stacked tensors against lm/optim.AdamW on each member's slices (weight decay
-    on), some steps taken by some members only: the same weights (to float rounding) and the same
-    step counts."""
-    from minigrpo.lm.optim import AdamW
-    from minigrpo.population.optim import MembersAdamW
-
-    torch.manual_seed(0)
-    ws = [torch.randn(3, 5, 4), torch.randn(3, 7)]
-    alone = [[w[p].clone().requires_grad_() for w in ws] for p in range(3)]
-    stacked = [w.clone().requires_grad_() for w in ws]
-    opts, together = (
-        [AdamW(a, lr=1e-2, weight_decay=0.1) for a in alone],
-        MembersAdamW(stacked, 1e-2, weight_decay=0.1),
-    )
-    for active in (
-        None,
-        torch.tensor([True, False, True]),
-        None,
-        torch.tensor([False, True, True]),
-    ):
-        grads = [torch.randn_like(w) for w in ws]
-        for w, g in zip(stacked, grads):
-            w.grad = g.clone()
-        together.step(active)
-        for p in range(3):
-            if active is None or active[p]:
-                for a, g in zip(alone[p], grads):
-                    a.grad = g[p].clone()
-                opts[p].step()
-    assert together.t.tolist() == [o.t for o in opts] == [3, 3, 4]
-    for p in range(3):
-        assert all(torch.allclose(a, w[p], atol=1e-7, rtol=0) for a, w in zip(alone[p], stacked)), p
 
 
 def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(

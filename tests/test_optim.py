@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minigrpo.lm.optim import AdamW, clip_grad_norm, scheduled_lr
@@ -58,6 +58,85 @@ def test_clip_grad_norm_is_torchs_to_the_bit(max_norm):
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(a, b))
     if max_norm < 1:  # it did clip: the new norm is max_norm
         assert abs(torch.cat([p.grad.flatten() for p in a]).norm().item() - max_norm) < 1e-6
+
+
+SHAPES = [(5, 4), (7,), (3, 2, 2)]
+
+
+ALL = [True] * 4
+
+
+@settings(max_examples=40, deadline=None)
+@example(  # tests/test_lockstep.py's case of MembersAdamW, the stacked AdamW before this one
+    P=3,
+    seed=0,
+    steps=[
+        (ALL, True),
+        ([True, False, True, True], False),
+        (ALL, False),
+        ([False, *ALL[1:]], False),
+    ],
+    decay=0.1,
+)
+@given(
+    P=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+    steps=st.lists(
+        st.tuples(st.lists(st.booleans(), min_size=4, max_size=4), st.booleans()),
+        min_size=1,
+        max_size=4,
+    ),
+    decay=st.sampled_from([0.0, 0.1]),
+)
+def test_a_stacked_step_is_each_slices_own_adamw_and_a_skipped_slice_is_untouched(
+    P, seed, steps, decay
+):
+    """AdamW over tensors stacked (P, ...), a count and (random) rate per slice, some steps taken by
+    some slices only: each slice's weights, moments and count are its own AdamW's (to the bit, on
+    the CPU), a slice that skips a step keeps them to the bit; the per-slice clip is each slice's
+    own clip_grad_norm."""
+    gen = torch.Generator().manual_seed(seed)
+    ws = [torch.randn(P, *s, generator=gen) for s in SHAPES]
+    stacked = [w.clone().requires_grad_() for w in ws]
+    alone = [[w[p].clone().requires_grad_() for w in ws] for p in range(P)]
+    together = AdamW(stacked, 1e-2, weight_decay=decay, t=torch.zeros(P, dtype=torch.long))
+    opts = [AdamW(a, 1e-2, weight_decay=decay) for a in alone]
+    for mask, alike in steps:
+        active = torch.tensor(mask[:P])
+        rates = torch.full((P,), 3e-3) if alike else torch.rand(P, generator=gen) * 1e-2
+        together.param_groups[0]["lr"] = rates.double()
+        grads = [torch.randn(P, *s, generator=gen) * 3 for s in SHAPES]
+        for w, g in zip(stacked, grads):
+            w.grad = g.clone()
+        before = [x.clone() for x in stacked + together.m + together.v]
+        norms = clip_grad_norm(stacked, 1.0, per_slice=True)
+        together.step(active)
+        for p in range(P):
+            for a, g in zip(alone[p], grads):
+                a.grad = g[p].clone()
+            assert torch.equal(clip_grad_norm(alone[p], 1.0), norms[p])
+            assert all(torch.equal(a.grad, w.grad[p]) for a, w in zip(alone[p], stacked))
+            if active[p]:
+                opts[p].param_groups[0]["lr"] = float(rates.double()[p])
+                opts[p].step()
+            else:
+                after = stacked + together.m + together.v
+                assert all(torch.equal(x[p], y[p]) for x, y in zip(before, after))
+    assert together.t.tolist() == [o.t for o in opts]
+    for p, o in enumerate(opts):
+        assert all(torch.equal(a, w[p]) for a, w in zip(alone[p], stacked)), p
+        assert all(torch.equal(a, w[p]) for a, w in zip(o.m + o.v, together.m + together.v)), p
+
+
+def test_the_per_slice_clip_keeps_a_nan_in_its_own_slice():
+    g = torch.ones(3, 4)
+    g[1, 2] = float("nan")
+    w = torch.nn.Parameter(torch.zeros(3, 4))
+    w.grad = g.clone()
+    norms = clip_grad_norm([w], 1.0, per_slice=True)
+    assert torch.isnan(norms[1]) and torch.isnan(w.grad[1]).all()
+    assert torch.equal(norms[[0, 2]], torch.full((2,), 2.0))
+    assert torch.allclose(w.grad[[0, 2]], torch.full((2, 4), 0.5 / (1 + 5e-7)))
 
 
 def test_clip_grad_norm_lets_a_nan_through_like_torch():

@@ -87,20 +87,21 @@ class MemberAlgorithm:
 
 
 class MemberOptimizer:
-    """A member's view of the stacked AdamW (population/optim.MembersAdamW), for its checkpoint
-    (rl/loop.Run.save): lm/optim.AdamW.state_dict's format, its moments its slices of the run's host
-    copies of the step."""
+    """A member's view of the stacked AdamW (lm/optim.AdamW, t and lr per member), for its
+    checkpoint (rl/loop.Run.save): lm/optim.AdamW.state_dict's format, its moments its slices of the
+    run's host copies of the step."""
 
     def __init__(self, opt, run: MemberRun):
         self.opt, self.run = opt, run
 
     def state_dict(self) -> dict:
         copies, p = self.run.copies, self.run.slot
+        lr = self.opt.param_groups[0]["lr"]  # a number, or each member's (P,)
         return {
             "t": int(self.opt.t[p]),
             "m": copies.member("m", p),
             "v": copies.member("v", p),
-            "lr": self.opt.rate(p),
+            "lr": float(lr[p]) if torch.is_tensor(lr) else lr,
         }
 
 

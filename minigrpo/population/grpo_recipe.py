@@ -26,7 +26,7 @@ figures and --is-correction's weights are each member's own (`is_weights`). --sk
 dropping them for a token-mean; a mean over sequences would still count the masked rows, so each
 term that is one is rescaled by N / (the rows kept). A member with no group left takes its μ updates
 of the anchor alone, as GRPO.preservation_only (without an anchor it keeps weights and optimiser
-state: MembersAdamW.step's mask).
+state: lm/optim.AdamW.step's mask).
 """
 
 from __future__ import annotations

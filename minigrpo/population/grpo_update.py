@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
+from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.grpo_recipe import Recipe, recipe_of
-from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import combine_stats, packed, unpacked
@@ -81,7 +81,7 @@ class LockstepGRPO:
             )
         return parts
 
-    def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
+    def __call__(self, stack: Stack, ref: Stack, opt: AdamW, step: Rollouts) -> dict:
         cfg, parts = self.cfg, self.parts(step)
         # 1. rewards -> one advantage per completion
         signals = [recipe.signal(mine) for recipe, _, mine in parts]
@@ -117,8 +117,8 @@ class LockstepGRPO:
                 ratio.append(merge([out[2] for out in outs]))
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slice of the weights
-            s["grad_norm"] = clip_grad_norms(
-                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            s["grad_norm"] = clip_grad_norm(
+                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), per_slice=True
             )
             opt.step(active)
             per_update.append({k: v.detach() for k, v in s.items()})

@@ -14,7 +14,7 @@ each step does what rl/loop.run does, for all members at once:
                   (population/rows.Rows)
     update        the trainer's update over a leading member dim (population/grpo_update.py,
                   ppo_update.py): one backward, one AdamW step on the stacked weights
-                  (population/optim.py)
+                  (lm/optim.AdamW, a count and a rate per member)
     trust region  every member's step halved until its own probes allow it (population/guard.py; the
                   anchor rows' logits carried from one step to the next, as a single run's)
     the rest      each member's own: Run.end_step (exact evaluation, one forward for all:
@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from minigrpo.lm.optim import AdamW
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.aids import Aids
 from minigrpo.population.anchor import MembersAnchor
@@ -48,7 +49,7 @@ from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, Mem
 from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
 from minigrpo.population.grpo_recipe import RECIPE
 from minigrpo.population.guard import Guard
-from minigrpo.population.optim import MembersAdamW, keep
+from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import PromptTable, Request, generate_all, read_completions
@@ -149,9 +150,8 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     update = kind.update(
         cfg, MembersAnchor(cfg) if first.anchor is not None else None, [m.algo for _, m in members]
     )
-    opt = MembersAdamW(
-        stack.parameters() + [w for s in update.stacks for w in s.parameters()], lr=cfg.lr
-    )
+    params = stack.parameters() + [w for s in update.stacks for w in s.parameters()]
+    opt = AdamW(params, lr=cfg.lr, t=torch.zeros(len(members), dtype=torch.long))  # a count each
     sampler = members[0][1].algo.sampler  # GRPO's --sample-*: alike for all members
     aids = Aids(
         SharedForward(),
@@ -207,14 +207,12 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     return results
 
 
-def _step(
-    members: list, stack: Stack, ref: Stack, opt: MembersAdamW, update, cfg, aids: Aids
-) -> None:
+def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update, cfg, aids: Aids) -> None:
     """One step of every member (the module docstring's table); a member that fails gets its error
     and its row no update that counts."""
     t0, runs = time.perf_counter(), [m.run for _, m in members]
     # each member's --lr, at the same step of the same schedule
-    opt.set_rates([r.lr_now() for r in runs])
+    opt.param_groups[0]["lr"] = torch.tensor([r.lr_now() for r in runs], dtype=torch.float64)
     batches = _collect(
         members, aids.stale.pick(stack) if aids.stale is not None else stack, cfg, aids.prompts
     )

@@ -23,10 +23,10 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
+from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.population.anchor import MembersAnchor
-from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.stacked import Stack, linear
 from minigrpo.rl.report import combine_stats, packed, unpacked
@@ -207,7 +207,7 @@ class LockstepPPO:
         )
         return old_values, adv, returns, kl_seq, exact_values if self.learned else None
 
-    def __call__(self, stack: Stack, ref: Stack, opt: MembersAdamW, step: Rollouts) -> dict:
+    def __call__(self, stack: Stack, ref: Stack, opt: AdamW, step: Rollouts) -> dict:
         cfg, mask = self.cfg, step.rows.completion_mask
         old_values, raw, returns, kl_seq, exact_values = self.advantages(
             stack, ref, step, [a.beta for a in step.algos]
@@ -246,8 +246,8 @@ class LockstepPPO:
             s["loss"] = loss.detach()
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slices of the weights
-            s["grad_norm"] = clip_grad_norms(
-                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            s["grad_norm"] = clip_grad_norm(
+                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), per_slice=True
             )
             opt.step()
             per_update.append({k: v.detach() for k, v in s.items()})
