@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
+from minigrpo.lm.model import linear
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import (
@@ -35,7 +36,7 @@ from minigrpo.objectives.losses import (
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import MembersAdamW, clip_grad_norms
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.stacked import Stack, linear
+from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import combine_stats, packed, unpacked
 from toy_tasks.support import reward_table
 from toy_tasks.value_tree import ValueTree
