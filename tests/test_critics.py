@@ -110,7 +110,7 @@ def test_learned_values_are_the_head_on_the_right_trunk_and_zero_where_masked(
         values = c.values(batch)
     mask = batch.mask
     assert values.shape == mask.shape and (values[~mask] == 0).all() and values[mask].std() > 0
-    assert torch.allclose(values[mask], c.head(hidden, trunk)[mask], atol=1e-6)
+    assert torch.allclose(values[mask], c.head(hidden)[mask], atol=1e-6)
     with torch.no_grad():
         _, policy_hidden = generation_logprobs(run.policy, batch.gen, return_hidden=True)
         given = c.values(batch, policy_hidden)
@@ -118,7 +118,7 @@ def test_learned_values_are_the_head_on_the_right_trunk_and_zero_where_masked(
         assert torch.equal(given, values)
     else:  # ignored: the separate critic runs its own trunk
         assert torch.equal(given, values) and not torch.allclose(
-            given[mask], c.head(policy_hidden, run.policy)[mask]
+            given[mask], c.head(policy_hidden)[mask]
         )
 
 

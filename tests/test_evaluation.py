@@ -1,102 +1,103 @@
-"""A lockstep population's exact evaluation (minigrpo/population/evaluation.py): every member's
-forward is one, and lm/logprobs.completion_logprobs_many scores every member from the stacked logits
-at once."""
+"""A lockstep population's exact evaluation (minigrpo/population/evaluation.py): the task's
+rl_evaluate_many of the members' weights stacked (lm/logprobs.completion_logprobs_many scores them
+in one forward) gives each member what its own GPT gives, and every member's GPT takes its weights
+from the stack after an update."""
 
+import math
+from types import SimpleNamespace
+
+import pytest
 import torch
 
-from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many, scoring_batch
+from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
-from minigrpo.population.evaluation import SharedForward
+from minigrpo.population.evaluation import SharedForward, evaluate_members
 from minigrpo.population.stacked import Stack
+from toy_tasks import arithmetic, food
+from toy_tasks.rewards import make_reward
+from toy_tasks.support import reward_table
 
 PROMPTS, COMPLETIONS = ["ab ", "ab ", "ba "] * 2, ["a", "bb", "ab", "b", "aab", ""]
 
 
-def test_members_score_as_one_what_each_scores_alone_through_the_shared_forward():
-    tok = CharTokenizer("ab ")
-    torch.manual_seed(0)
-    models = [
-        GPT(
-            GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)
-        ).eval()
-        for _ in range(3)
-    ]
-    # not a population: each model alone
-    plain = completion_logprobs_many(models, tok, PROMPTS, COMPLETIONS)
-    assert torch.equal(
-        plain, torch.stack([completion_logprobs(m, tok, PROMPTS, COMPLETIONS) for m in models])
+def models_of(tok, n=3, block_size=16, seed=0):
+    torch.manual_seed(seed)
+    cfg = GPTConfig(
+        vocab_size=tok.vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=16
     )
-    shared = SharedForward()
-    for p, m in enumerate(models):
-        shared.adopt(m, p)
-    shared.fresh(Stack(models))
-    # each its own view
+    return [GPT(cfg).eval() for _ in range(n)]
+
+
+def test_stacked_weights_score_as_one_what_each_model_scores_alone():
+    tok = CharTokenizer("ab ")
+    models = models_of(tok)
     alone = torch.stack([completion_logprobs(m, tok, PROMPTS, COMPLETIONS) for m in models])
-    tree = scoring_batch(tok, tuple(PROMPTS), tuple(COMPLETIONS), True, torch.device("cpu"))[3]
-    with torch.no_grad():  # as completion_logprobs_many calls it
-        assert models[0].logits_of_all(models, tree).shape[0] == 3, (
-            "the members' logits, stacked: scored as one"
-        )
     assert torch.equal(completion_logprobs_many(models, tok, PROMPTS, COMPLETIONS), alone)
-    assert torch.equal(
-        completion_logprobs_many(models[::-2], tok, PROMPTS, COMPLETIONS), alone[[2, 0]]
+    stack = Stack(models)
+    assert torch.allclose(
+        completion_logprobs_many(stack, tok, PROMPTS, COMPLETIONS), alone, atol=1e-5
     )
-    assert torch.allclose(alone, plain, atol=1e-5), (
-        "the stacked forward: the models' own to float rounding"
+    assert torch.allclose(
+        completion_logprobs_many(stack.rows([2, 0]), tok, PROMPTS, COMPLETIONS),
+        alone[[2, 0]],
+        atol=1e-5,
     )
 
 
-def test_a_members_own_forward_takes_its_weights_from_the_stack_after_an_update():
-    """A member's GPT is not kept current each step (its checkpoint comes from the stacks): a
-    forward the shared one does not serve (a KV cache's) first copies the member's weights from the
-    stack, once a step."""
-    tok = CharTokenizer("ab ")
-    torch.manual_seed(0)
-    models = [
-        GPT(
-            GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)
-        ).eval()
-        for _ in range(2)
-    ]
-    stack = Stack(models, trainable=True)
-    shared = SharedForward()
-    for p, m in enumerate(models):
-        shared.adopt(m, p)
+def close(got, want) -> bool:
+    """Every figure of an evaluation within float rounding of the other's, nested dicts too."""
+    if isinstance(want, dict):
+        return got.keys() == want.keys() and all(close(got[k], want[k]) for k in want)
+    if isinstance(want, float):
+        return math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-6)
+    return got == want
+
+
+def task_run(task, reward, model, person="ravin"):
+    """What an evaluation reads of a run: task, tokenizer, cfg, baseline, reward table."""
+    tok = CharTokenizer(task.ALPHABET)
+    cfg = SimpleNamespace(reward=reward, person=person, beta=0.1)
+    rewards = reward_table(
+        make_reward(reward, task.REWARDS),
+        task.rl_prompts(cfg),
+        task.support,
+        task.OFF_SUPPORT_PROBES,
+    )
+    return SimpleNamespace(task=task, tok=tok, cfg=cfg, rewards=rewards, baseline=None)
+
+
+@pytest.mark.parametrize(
+    "task, reward, block",
+    [(food, "pizza", 48), (arithmetic, "correct+format", 24)],
+    ids=["food", "arithmetic"],
+)
+def test_a_tasks_evaluation_of_stacked_weights_is_each_models_own(task, reward, block):
+    run = task_run(task, reward, None)
+    models = models_of(run.tok, block_size=block)
+    run.baseline = task.rl_baseline(models[0], run.tok, run.cfg)
+    alone = [task.rl_evaluate(m, run.tok, run.baseline, run.cfg, run.rewards) for m in models]
+    many = task.rl_evaluate_many(Stack(models), run.tok, run.baseline, run.cfg, run.rewards)
+    assert len(many) == 3 and all(close(g, w) for g, w in zip(many, alone))
+
+
+def test_the_members_gpts_take_their_weights_from_the_stack_and_evaluate_as_one():
+    """After an update of the stacked weights, fresh() writes each member's into its own GPT (what
+    its own forwards compute with); evaluate_members then gives each member its single run's
+    figures."""
+    run = task_run(food, "pizza", None)
+    models = models_of(run.tok, block_size=48)
+    run.baseline = food.rl_baseline(models[0], run.tok, run.cfg)
+    stack, shared = Stack(models, trainable=True), SharedForward()
+    shared.adopt(models)
     with torch.no_grad():  # an update of the stacked weights
         for w in stack.w.values():
-            w.add_(torch.randn(w.shape))
-    idx = torch.randint(tok.vocab_size, (3, 5))
-    with torch.no_grad():
-        stale = models[1](idx)
-        shared.fresh(stack)
-        want = stack.head(
-            stack.hidden(
-                idx[None].expand(2, 3, 5),
-                torch.arange(5).expand(2, 3, 5),
-                torch.ones(5, 5, dtype=torch.bool).tril().expand(6, 1, 5, 5),
-            )
-        )[1]
-        got = models[1](idx)
-    assert not torch.allclose(stale, want, atol=1e-3), "before fresh(): the GPT's own, old weights"
-    assert torch.allclose(got, want, atol=1e-5), (
-        "a forward without a cache: the shared forward's, from the stack"
-    )
-    assert shared.current == set(), "served by the stack: no member's own weights copied"
-    with torch.no_grad():
-        cached = models[0](idx, cache=models[0].new_cache(3, 5))
-    assert torch.allclose(
-        cached,
-        stack.head(
-            stack.hidden(
-                idx[None].expand(2, 3, 5),
-                torch.arange(5).expand(2, 3, 5),
-                torch.ones(5, 5, dtype=torch.bool).tril().expand(6, 1, 5, 5),
-            )
-        )[0],
-        atol=1e-5,
-    ), (
-        "member 0's cached forward runs on its own GPT, which must first take its weights from "
-        "the stack"
-    )
-    assert shared.current == {0}, "member 0's weights copied, once; member 1's not"
+            w.add_(0.05 * torch.randn(w.shape))
+    shared.fresh(stack)
+    for p, m in enumerate(models):
+        assert all(torch.equal(w, stack.w[k][p]) for k, w in m.named_parameters()), p
+    members = [SimpleNamespace(run=SimpleNamespace(**vars(run), policy=m)) for m in models]
+    got = evaluate_members(members)
+    for m in members:
+        want = food.rl_evaluate(m.run.policy, run.tok, run.baseline, run.cfg, run.rewards)
+        assert close(got[id(m)], want)

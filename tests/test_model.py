@@ -5,7 +5,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigrpo.lm.model import GPT, GPTConfig, KVCache, attention, one_query_attention, positions
+from minigrpo.lm.model import (
+    GPT,
+    GPTConfig,
+    KVCache,
+    Weights,
+    attention,
+    causal_mask,
+    one_query_attention,
+    positions,
+)
+from minigrpo.lm.prefix_tree import next_token_tree
 
 CFG = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -225,3 +235,41 @@ def test_one_query_attention_equals_the_fused_attention(B, H, T_keys, D, masked,
         naive_attention(q, k, v, torch.ones(1, T_keys, dtype=torch.bool) if mask is None else mask),
         atol=1e-12,
     )
+
+
+def test_the_forward_of_stacked_weights_is_each_models_own():
+    """Weights.hidden over P models' weights stacked (P, ...), idx (P, B, T): member p's rows equal
+    its own GPT's, without a cache (left-padded rows), through a KV cache (a prefill, then a step),
+    and under a prefix tree's attention mask; so do the logits through the tied heads."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    models = [GPT(cfg) for _ in range(3)]
+    named = [dict(m.named_parameters()) for m in models]
+    stacked = Weights(cfg, {k: torch.stack([n[k] for n in named]) for k in named[0]})
+    P, B, T = 3, 4, 6
+    idx = torch.randint(3, 13, (P, B, T + 1))
+    key_mask = torch.ones(P * B, T + 1, dtype=torch.bool)
+    key_mask[1, :2] = key_mask[6, :3] = False
+    pos = positions(key_mask).view(P, B, T + 1)
+    with torch.no_grad():
+        h = stacked.hidden(idx[..., :T], pos[..., :T], causal_mask(0, T, key_mask[:, :T]))
+        cache = stacked.new_cache(P * B, T + 1)
+        stacked.hidden(idx[..., :T], pos[..., :T], causal_mask(0, T, key_mask[:, :T]), cache)
+        step = stacked.hidden(idx[..., T:], pos[..., T:], causal_mask(T, 1, key_mask), cache)
+        tree = next_token_tree(idx[0], key_mask[:B])
+        every = lambda x: x[None].expand(P, *x.shape)
+        nodes = stacked.hidden(every(tree.tokens), every(tree.pos), every(tree.mask).flatten(0, 1))
+        logits = stacked.head(h)
+        for p, m in enumerate(models):
+            km, real = key_mask.view(P, B, T + 1)[p], key_mask.view(P, B, T + 1)[p, :, :T]
+            alone = m.hidden(idx[p, :, :T], pos[p, :, :T], km[:, :T])
+            assert torch.allclose(h[p][real], alone[real], atol=1e-5), p
+            assert torch.allclose(logits[p][real], m.head(alone)[real], atol=1e-5), p
+            own = m.new_cache(B, T + 1)
+            m.hidden(idx[p, :, :T], pos[p, :, :T], km[:, :T], own)
+            assert torch.allclose(
+                step[p], m.hidden(idx[p, :, T:], pos[p, :, T:], km, own), atol=1e-5
+            )
+            assert torch.allclose(cache.k[:, p * B : (p + 1) * B], own.k, atol=1e-5), p
+            tree_alone = m.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)
+            assert torch.allclose(nodes[p], tree_alone, atol=1e-5), p

@@ -161,7 +161,7 @@ def test_one_minibatch_update_equals_a_hand_computation(tmp_path, tiny_pretraine
     batch.old_logp = torch.where(mask, logp + noise, 0.0)
     with torch.no_grad():
         _, hidden = generation_logprobs(algo.critic.trunk, batch.gen, return_hidden=True)
-        V = algo.critic.head(hidden, algo.critic.trunk)
+        V = algo.critic.head(hidden)
         _, logits = generation_logprobs(run.policy, batch.gen, return_logits=True)
     N, T = mask.shape
     lengths = [int(mask[i].sum()) for i in range(N)]

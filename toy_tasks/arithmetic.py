@@ -31,8 +31,10 @@ import re
 from toy_tasks.arithmetic_exact import (
     BAR,
     exact_accuracy,
+    exact_accuracy_many,
     exact_figures,
     exact_outcomes,
+    exact_outcomes_many,
     format_report,
     pretrain_report,
     sampled_accuracy,
@@ -71,7 +73,7 @@ from toy_tasks.arithmetic_world import (
     make_corpus,
     value,
 )
-from toy_tasks.support import reward_figures
+from toy_tasks.support import reward_figures_many
 
 # the task's contract (toy_tasks/contract.py) and the world's names, importable from here
 __all__ = [
@@ -126,6 +128,7 @@ __all__ = [
     "reward_strict",
     "rl_baseline",
     "rl_evaluate",
+    "rl_evaluate_many",
     "rl_prompts",
     "sampled_accuracy",
     "support",
@@ -227,15 +230,27 @@ def rl_evaluate(model, tokenizer, baseline: None, cfg, rewards) -> dict:
     correct_rate = P(the right number in a declared writing) and format_rate = P(well-formed v-1, v
     or v+1), both lower bounds; malformed = 1 - format_rate, an upper bound (the declared slips and
     anything off the declared support)."""
-    probs = exact_outcomes(model, tokenizer, PROMPTS)
-    f = exact_figures(model, tokenizer, PROMPTS, probs)
-    return {
-        **reward_figures(probs, rewards.support),
-        "heldout_rate": exact_accuracy(model, tokenizer, HELDOUT),
-        "correct_rate": f["right_number"],
-        "format_rate": f["well_formed"],
-        "malformed": max(0.0, 1 - f["well_formed"]),
-    }
+    return rl_evaluate_many([model], tokenizer, baseline, cfg, rewards)[0]
+
+
+def rl_evaluate_many(models, tokenizer, baseline: None, cfg, rewards) -> list[dict]:
+    """rl_evaluate of each model (GPTs, or their weights stacked: contract.py), its forwards one for
+    all."""
+    probs = exact_outcomes_many(models, tokenizer, PROMPTS)  # (M, P, 12)
+    heldout = exact_accuracy_many(models, tokenizer, HELDOUT)
+    out = []
+    for p, h, figures in zip(probs, heldout, reward_figures_many(probs, rewards.support)):
+        f = exact_figures(None, tokenizer, PROMPTS, p)
+        out.append(
+            {
+                **figures,
+                "heldout_rate": h,
+                "correct_rate": f["right_number"],
+                "format_rate": f["well_formed"],
+                "malformed": max(0.0, 1 - f["well_formed"]),
+            }
+        )
+    return out
 
 
 def format_rl_eval(ev: dict, cfg) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from minigrpo.lm.logprobs import completion_logprobs
+from minigrpo.lm.logprobs import completion_logprobs_many
 from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from toy_tasks.arithmetic_world import (
     BLOCK_SIZE,
@@ -27,27 +27,38 @@ from toy_tasks.arithmetic_world import (
 
 
 @torch.no_grad()
-def _probs(model, tok, prompts: list[str], comps: list[str], chunk: int = 8192) -> torch.Tensor:
-    """Exact P(completion + EOS | prompt) for each pair, in as few batched forwards as `chunk`
-    allows."""
+def _probs(models, tok, prompts: list[str], comps: list[str], chunk: int = 8192) -> torch.Tensor:
+    """Exact P(completion + EOS | prompt) for each pair under each of M models (GPTs, or their
+    weights stacked: lm/logprobs.completion_logprobs_many) -> (M, N), in as few batched forwards
+    as `chunk` allows."""
     out = [
-        completion_logprobs(model, tok, prompts[i : i + chunk], comps[i : i + chunk]).exp()
+        completion_logprobs_many(models, tok, prompts[i : i + chunk], comps[i : i + chunk]).exp()
         for i in range(0, len(prompts), chunk)
     ]
-    return torch.cat(out).cpu()
+    return torch.cat(out, 1).cpu()
 
 
 def exact_accuracy(model, tok, prompts: list[str]) -> float:
     """Mean over prompts of the exact probability of the right, well-formed answer ("11." + EOS)."""
-    return _probs(model, tok, prompts, [answer(p) for p in prompts]).mean().item()
+    return exact_accuracy_many([model], tok, prompts)[0]
+
+
+def exact_accuracy_many(models, tok, prompts: list[str]) -> list[float]:
+    """exact_accuracy of each of M models (GPTs, or their weights stacked)."""
+    return [row.mean().item() for row in _probs(models, tok, prompts, [answer(p) for p in prompts])]
 
 
 def exact_outcomes(model, tok, prompts: list[str]) -> torch.Tensor:
     """(len(prompts), len(KINDS)): the exact probability of each declared outcome's completion."""
+    return exact_outcomes_many([model], tok, prompts)[0]
+
+
+def exact_outcomes_many(models, tok, prompts: list[str]) -> torch.Tensor:
+    """exact_outcomes of each of M models (GPTs, or their weights stacked) -> (M, len(prompts),
+    len(KINDS))."""
     comps = [c for p in prompts for c in completions(p)]
-    return _probs(model, tok, [p for p in prompts for _ in KINDS], comps).view(
-        len(prompts), len(KINDS)
-    )
+    probs = _probs(models, tok, [p for p in prompts for _ in KINDS], comps)
+    return probs.view(-1, len(prompts), len(KINDS))
 
 
 @torch.no_grad()

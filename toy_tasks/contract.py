@@ -57,10 +57,12 @@ class Task(Protocol):
         summary.json."""
 
     def rl_evaluate_many(
-        self, models: list, tokenizer, baseline: Any, cfg, rewards: torch.Tensor
+        self, models: Any, tokenizer, baseline: Any, cfg, rewards: torch.Tensor
     ) -> list[dict]:
-        """Optional: rl_evaluate of each of several models (a lockstep population's members) as one
-        computation (food). Without it, a population calls rl_evaluate model by model."""
+        """Optional: rl_evaluate of each of M models as one computation, one dict each. models: a
+        list of GPTs, or the M models' weights stacked (lm/model.Weights of (M, ...) tensors, a
+        lockstep population's: scored by lm/logprobs.completion_logprobs_many in one forward).
+        Without it, a population calls rl_evaluate model by model."""
 
     def format_rl_eval(self, ev: dict, cfg) -> str:
         """The last line of an RL run."""

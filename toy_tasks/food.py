@@ -114,10 +114,9 @@ def exact_distributions(model, tokenizer, people=PEOPLE) -> dict[str, dict[str, 
 
 
 @torch.no_grad()
-def exact_distributions_many(
-    models: list, tokenizer, people=PEOPLE
-) -> list[dict[str, dict[str, float]]]:
-    """exact_distributions of each model, read back once."""
+def exact_distributions_many(models, tokenizer, people=PEOPLE) -> list[dict[str, dict[str, float]]]:
+    """exact_distributions of each model (GPTs, or their weights stacked: completion_logprobs_many),
+    read back once."""
     people = list(people)
     prompts = [prompt(p) for p in people for _ in FOODS]
     logps = completion_logprobs_many(models, tokenizer, prompts, FOODS * len(people))  # (M, N)
@@ -249,9 +248,9 @@ def rl_evaluate(model, tokenizer, baseline: dict, cfg, rewards) -> dict:
     return rl_evaluate_many([model], tokenizer, baseline, cfg, rewards)[0]
 
 
-def rl_evaluate_many(models: list, tokenizer, baseline: dict, cfg, rewards) -> list[dict]:
-    """rl_evaluate of each model (a lockstep population's members), the frontier's root findings of
-    all as one (frontier.score_many)."""
+def rl_evaluate_many(models, tokenizer, baseline: dict, cfg, rewards) -> list[dict]:
+    """rl_evaluate of each model (GPTs, or their weights stacked: contract.py), the frontier's root
+    findings of all as one (frontier.score_many)."""
     every = exact_distributions_many(models, tokenizer)
     r = torch.cat([rewards.support[0], rewards.off_support[:1]])
     beta = getattr(cfg, "beta", 0.0) or None  # β = 0 has no optimum to be near

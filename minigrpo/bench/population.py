@@ -277,7 +277,10 @@ def _calls(items, P: int, steps: int) -> str:
     the step was calling."""
     counts, kernels = {}, {}
     for n in sorted({1, P}):
-        counts[n] = TorchCalls(root=ROOTS[0], inside=("minigrpo/population/stacked.py",))
+        # the model's forward (lm/model.py), over the stacked weights (population/stacked.py)
+        counts[n] = TorchCalls(
+            root=ROOTS[0], inside=("minigrpo/lm/model.py", "minigrpo/population/stacked.py")
+        )
         kernels[n] = TorchKernels(root=ROOTS[0])
         with counts[n], kernels[n]:
             run_population(items(f"calls{n}", n), lambda item, err: None)

@@ -12,8 +12,8 @@ or positions.
                                completion
     completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact
                                evaluation
-    completion_logprobs_many   the same for several models, as one where their forwards are one (a
-                               population's)
+    completion_logprobs_many   the same for several models, as one forward where their weights are
+                               stacked (a population's)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from minigrpo.lm.model import GPT, positions
+from minigrpo.lm.model import GPT, Weights, positions
 from minigrpo.lm.prefix_tree import PrefixTree, next_token_tree
 from minigrpo.lm.tokenizer import CharTokenizer
 
@@ -158,26 +158,27 @@ def completion_logprobs(
 
 @torch.no_grad()
 def completion_logprobs_many(
-    models: list[GPT],
+    models: list[GPT] | Weights,
     tok: CharTokenizer,
     prompts: list[str],
     completions: list[str],
     end: bool = True,
 ) -> torch.Tensor:
-    """completion_logprobs of each model -> (M, N). Models whose forwards are one computation (a
-    lockstep population's members: population/evaluation.EvalGPT.logits_of_all) are scored from
-    their stacked logits, one log-softmax and one gather for all; any others one by one."""
-    ids, mask, is_completion, tree = scoring_batch(
-        tok, tuple(prompts), tuple(completions), end, models[0].wte.weight.device
-    )
-    # (M, G, n, V): the tree's nodes
-    stacked = getattr(models[0], "logits_of_all", lambda *_: None)(models, tree)
-    if stacked is None:
+    """completion_logprobs of each of M models -> (M, N). models: GPTs, each scored alone; or the M
+    models' weights stacked (Weights of (M, ...) tensors), scored in one forward over the prefix
+    tree, one log-softmax and one gather for all (each model's figures its own alone's to float
+    rounding)."""
+    if not isinstance(models, Weights):
         return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in models])
-    logits = stacked.flatten(1, 2)[:, tree.index]  # each model's tree.gather: (M, N, width-1, V)
-    return sequence_logp(
-        gather_logprobs(logits, ids[:, 1:].expand(len(models), -1, -1)), is_completion
+    wte = models.w["wte.weight"]
+    ids, mask, is_completion, tree = scoring_batch(
+        tok, tuple(prompts), tuple(completions), end, wte.device
     )
+    every = lambda x: x[None].expand(wte.size(0), *x.shape)  # the same rows for each model
+    # the tree's nodes (M, G, n, C); the mask's rows model by model
+    h = models.hidden(every(tree.tokens), every(tree.pos), every(tree.mask).flatten(0, 1))
+    logits = models.head(h).flatten(1, 2)[:, tree.index]  # each model's tree.gather: (M, N, L, V)
+    return sequence_logp(gather_logprobs(logits, every(ids[:, 1:])), is_completion)
 
 
 @functools.lru_cache(maxsize=16)

@@ -5,14 +5,21 @@
 Pre-norm blocks: x + attn(ln(x)), then x + mlp(ln(x)). Learned token and position embeddings; the
 output head shares its weights with the token embedding (as GPT-2 and nanoGPT).
 
+One forward. GPT holds the parameters (its modules, their names, their init); the computation is
+written once, `Weights.hidden`, over the weights as plain tensors by name: one model's, or P models'
+of one config stacked (P, ...), each computing its own rows (idx (P, B, T)) in one pass.
+GPT.forward, the sampler's decode.Decoder and stacked weights (population/stacked.py) all call it.
+Each Linear is F.linear on one model's weights and a batched matmul (torch.baddbmm) on stacked ones
+(`linear`); the attention of all P*B rows is one call. Written out rather than
+torch.func.vmap(functional_call): the KV cache is written in place, which vmap does not map.
+
 Padding and positions. Rows of a batch may be left-padded (prompts of different lengths). Two
 optional tensors describe that:
   key_mask (B, T_total) bool  True where a position holds a real token (T_total counts cached keys
                               too)
   pos      (B, T) long        the position id of each new token; `positions(key_mask)` numbers the
-           real
-                              tokens of each row 0, 1, 2, ... so a padded row computes exactly what
-                              the same row without padding would.
+                              real tokens of each row 0, 1, 2, ... so a padded row computes exactly
+                              what the same row without padding would.
 Without them every row is full and positions are 0..T-1 (after the cached ones).
 
 KV cache. `model.new_cache(B, T_max)` preallocates keys and values for every layer; a forward with
@@ -97,9 +104,10 @@ def attention(
     q, k, v: (B, H, T, D) for the T new tokens. attn_mask: None, or bool (B or 1, 1, T, T_keys),
     True = may attend. cache: None, or a KVCache whose layer `layer` holds L = cache.length earlier
     keys/values: k, v are first written into slots [L, L+T) and the queries then attend over all L+T
-    keys (T_keys = L+T). Do not advance cache.length: GPT.hidden does, once every layer has written.
-    Without attn_mask: plain causal attention (query i sees keys 0..i) when there is no cache; with
-    a cache, GPT.hidden passes a mask whenever T > 1, and a single query (T = 1) sees every key.
+    keys (T_keys = L+T). Do not advance cache.length: Weights.hidden does, once every layer has
+    written. Without attn_mask: plain causal attention (query i sees keys 0..i) when there is no
+    cache; with a cache, GPT.hidden passes a mask whenever T > 1, and a single query (T = 1) sees
+    every key.
     -> (B, H, T, D). (Vaswani et al. 2017, 1706.03762 eq. 1; the cache: GPT-2 inference.)
     """
     if cache is not None:
@@ -128,26 +136,6 @@ def one_query_attention(q, k, v, attn_mask=None) -> torch.Tensor:
     return scores.softmax(-1) @ v
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        assert cfg.n_embd % cfg.n_head == 0, "n_embd must be divisible by n_head"
-        self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-
-    def forward(self, x, attn_mask=None, cache: KVCache | None = None, layer: int = 0):
-        B, T, C = x.shape
-        H, D = self.n_head, C // self.n_head
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        y = attention(q, k, v, attn_mask, cache, layer)  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
-        return self.proj(y)
-
-
 def in_out_order(w: torch.Tensor) -> torch.Tensor:
     """The same (out, in) matrix, laid out in memory as its transpose (in, out): w.t() is then
     contiguous.
@@ -162,19 +150,105 @@ def in_out_order(w: torch.Tensor) -> torch.Tensor:
     return w.t().contiguous().t()
 
 
+EPS = 1e-5  # every LayerNorm's ε (nn.LayerNorm's default)
+# a block's parts, each a (weight, bias) pair: names under blocks.{i}. (Block)
+PARTS = ("ln1", "attn.qkv", "attn.proj", "ln2", "mlp.0", "mlp.2")
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ wᵀ + b. One model: w (out, in), b (out,) or None, x (..., in) (F.linear). Stacked: w (P,
+    out, in), b (P, out) or None, x (P, ..., in), each model's rows through its own weights (one
+    batched matmul). -> (..., out)."""
+    if w.dim() == 2:
+        return F.linear(x, w, b)
+    rows, wt = x.reshape(x.size(0), -1, x.size(-1)), w.transpose(1, 2)  # (P, R, in), (P, in, out)
+    y = torch.bmm(rows, wt) if b is None else torch.baddbmm(b[:, None, :], rows, wt)
+    return y.view(*x.shape[:-1], -1)
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """LayerNorm over the last dim (Ba et al. 2016, 1607.06450): (x − mean) / √(var + ε) · w + b, w,
+    b (C,); or stacked, w, b (P, C) and x (P, ..., C), each model its own scale and shift."""
+    if w.dim() == 1:
+        return F.layer_norm(x, w.shape, w, b, EPS)
+    shape = (w.size(0),) + (1,) * (x.dim() - 2) + (-1,)
+    return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:], eps=EPS), w.view(shape))
+
+
+def embedding(idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Rows w[idx] of a table w (V, C); or stacked, w (P, V, C) and idx (P, ...): each model's
+    own."""
+    if w.dim() == 2:
+        return F.embedding(idx, w)
+    return w[torch.arange(w.size(0), device=idx.device).view(-1, *[1] * (idx.dim() - 1)), idx]
+
+
+class Weights:
+    """A GPT's weights as plain tensors by parameter name (GPT.named_parameters()): one model's, or
+    P models' of one config stacked along a new first dim (every tensor (P, ...); the rows then
+    carry that dim too). What the forward computes with."""
+
+    def __init__(self, cfg: GPTConfig, w: dict[str, torch.Tensor]):
+        self.cfg, self.w = cfg, w
+
+    def hidden(
+        self,
+        idx: torch.Tensor,
+        pos: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        last: bool = False,
+    ) -> torch.Tensor:
+        """The forward up to the head: final hidden states (B, T, C), stacked (P, B, T, C); last:
+        only each row's last position, (B, C) or (P, B, C).
+
+        idx, pos (B, T) long, stacked (P, B, T): tokens and their position ids. attn_mask: None
+        (plain causal attention, no cache or one query) or bool (R or 1, 1, T, T_keys), True = may
+        attend, over the R = B (stacked: P*B, member by member) rows. cache: None or a KVCache of R
+        rows holding L keys (T_keys = L + T; see attention()); its length advances by T."""
+        w, (B, T), lead = self.w, idx.shape[-2:], idx.shape[:-2]
+        C, H, R = self.cfg.n_embd, self.cfg.n_head, math.prod(idx.shape[:-1])
+        x = (embedding(idx, w["wte.weight"]) + embedding(pos, w["wpe.weight"])).view(
+            *lead, B * T, C
+        )
+        for i in range(self.cfg.n_layer):
+            # (weight, bias) of each part of block i
+            ln1, qkv, proj, ln2, fc, out = (
+                (w[f"blocks.{i}.{m}.weight"], w[f"blocks.{i}.{m}.bias"]) for m in PARTS
+            )
+            h = layer_norm(x, *ln1)
+            # 3 x (R, H, T, D)
+            q, k, v = linear(h, *qkv).view(R, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+            y = attention(q, k, v, attn_mask, cache, i).transpose(1, 2).reshape(*lead, B * T, C)
+            x = x + linear(y, *proj)
+            x = x + linear(F.gelu(linear(layer_norm(x, *ln2), *fc)), *out)
+        if cache is not None:
+            cache.length += T
+        x = x.view(*lead, B, T, C)
+        return layer_norm(x[..., -1, :] if last else x, w["ln_f.weight"], w["ln_f.bias"])
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., C) -> logits (..., V) through the tied output head (the token
+        embedding)."""
+        return linear(h, self.w["wte.weight"])
+
+    def new_cache(self, rows: int, t_max: int) -> KVCache:
+        w = self.w["wte.weight"]
+        return KVCache(self.cfg, rows, t_max, w.device, w.dtype)
+
+
 class Block(nn.Module):
+    """One block's parameters: ln1, attn.qkv, attn.proj, ln2, mlp (Weights.hidden computes with
+    them)."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.n_embd)
-        self.attn = CausalSelfAttention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.n_embd)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
-        )
-
-    def forward(self, x, attn_mask=None, cache=None, layer=0):
-        x = x + self.attn(self.ln1(x), attn_mask, cache, layer)
-        return x + self.mlp(self.ln2(x))
+        assert cfg.n_embd % cfg.n_head == 0, "n_embd must be divisible by n_head"
+        C = cfg.n_embd
+        self.ln1 = nn.LayerNorm(C, eps=EPS)
+        self.attn = nn.ModuleDict({"qkv": nn.Linear(C, 3 * C), "proj": nn.Linear(C, C)})
+        self.ln2 = nn.LayerNorm(C, eps=EPS)
+        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
 
 
 class GPT(nn.Module):
@@ -205,8 +279,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch: int, t_max: int) -> KVCache:
-        w = self.wte.weight
-        return KVCache(self.cfg, batch, t_max, w.device, w.dtype)
+        return self.weights().new_cache(batch, t_max)
 
     def inputs(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
         """hidden's arguments checked, with their defaults -> (pos (B, T), attn_mask: (B, 1, T, T)
@@ -223,29 +296,20 @@ class GPT(nn.Module):
             raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
         return pos, causal_mask(offset, T, key_mask, idx.device) if attn_mask is None else attn_mask
 
+    def weights(self) -> Weights:
+        """This model's parameters as Weights (its own tensors: differentiable)."""
+        return Weights(self.cfg, dict(self.named_parameters()))
+
     def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
-        """Final hidden states (B, T, C): everything but the output head. attn_mask: a ready bool
-        mask (B, 1, T, T), True = may attend (prefix_tree.py's tree attention), instead of key_mask
-        and the cache."""
+        """Final hidden states (B, T, C): everything but the output head (Weights.hidden).
+        attn_mask: a ready bool mask (B, 1, T, T), True = may attend (prefix_tree.py's tree
+        attention), instead of key_mask and the cache."""
         pos, attn_mask = self.inputs(idx, pos, key_mask, cache, attn_mask)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, attn_mask, cache, layer)
-        if cache is not None:
-            cache.length += idx.size(1)
-        return self.ln_f(x)
+        return self.weights().hidden(idx, pos, attn_mask, cache)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, T, C) -> logits (B, T, V) through the tied output head."""
-        return self.linear(h, self.wte.weight)
-
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """x @ weightᵀ + bias on this model's states (its output head; a critic's value head):
-        F.linear here, one batched product over the members in a population
-        (population/member.py)."""
-        return F.linear(x, weight, bias)
+        return F.linear(h, self.wte.weight)
 
     def forward(self, idx, pos=None, key_mask=None, cache: KVCache | None = None):
         """idx (B, T) -> logits (B, T, V). See the module docstring for pos, key_mask and cache."""

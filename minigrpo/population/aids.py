@@ -35,8 +35,8 @@ class Aids:
     guard: Guard | None = None  # the last step's trust region (its final logits of the anchor rows)
 
     def adopt(self, members: list) -> None:
-        """Member j's GPT evaluates through the population's forward (and samples from its recorded
-        weights); the anchor probe's rows for these members."""
+        """Member j's slot in the stacks, its GPT kept current for its evaluation (and its sampler's
+        recorded weights); the anchor probe's rows for these members."""
         self.guard = None
         if self.anchor_probe:
             runs, probes = [m.run for _, m in members], {}
@@ -50,8 +50,8 @@ class Aids:
             else:
                 rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
                 self.anchor_rows = (rows, w, g)
+        self.evaluation.adopt([m.run.policy for _, m in members])
         for j, (_, m) in enumerate(members):
             m.run.slot = j  # its slices of the stacks (its checkpoint's)
-            self.evaluation.adopt(m.run.policy, j)
             if self.stale is not None:
                 m.algo.sampler = self.stale.member(m.algo.sampler, j)

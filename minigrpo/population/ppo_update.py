@@ -23,12 +23,13 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
+from minigrpo.lm.model import linear
 from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.stacked import Stack, linear
+from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import combine_stats, packed, unpacked
 from toy_tasks.support import reward_table
 from toy_tasks.value_tree import ValueTree

@@ -46,9 +46,9 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
-    def forward(self, h, model):
-        """h (N, T, C) of `model`'s states, multiplied by model.linear (a population batches it)."""
-        return model.linear(h, self.linear.weight, self.linear.bias).squeeze(-1)
+    def forward(self, h):
+        """h (N, T, C) -> (N, T)."""
+        return self.linear(h).squeeze(-1)
 
 
 class Critic(ABC):
@@ -92,7 +92,7 @@ class HeadCritic(Critic):
 
     def values(self, batch, hidden=None):
         hidden = completion_hidden(self.policy, batch.gen) if hidden is None else hidden
-        return torch.where(batch.mask, self.head(hidden, self.policy), 0.0)
+        return torch.where(batch.mask, self.head(hidden), 0.0)
 
 
 class SeparateCritic(Critic):
@@ -104,9 +104,7 @@ class SeparateCritic(Critic):
         self.trunk = copy.deepcopy(run.policy)
 
     def values(self, batch, hidden=None):
-        return torch.where(
-            batch.mask, self.head(completion_hidden(self.trunk, batch.gen), self.trunk), 0.0
-        )
+        return torch.where(batch.mask, self.head(completion_hidden(self.trunk, batch.gen)), 0.0)
 
 
 class OracleCritic(Critic):
