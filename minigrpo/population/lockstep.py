@@ -58,6 +58,7 @@ from minigrpo.population.stale import StaleWeights
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, batch_figures, interrupted_line
 from minigrpo.rl.rollout import RolloutBatch
+from minigrpo.rl.run_state import nonfinite_gradient
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
 
@@ -364,11 +365,7 @@ def _rows(members: list, update, figures: dict, trust: dict) -> dict:
             None,
         )
         if bad is not None:
-            m.error = (
-                f"the gradient became {bad} at step {m.run.step + 1}: a loss weight (e.g. "
-                "--vf-coef, --preserve-coef) or --lr too large for float32; the run stopped, "
-                "checkpoints intact"
-            )
+            m.error = nonfinite_gradient(bad, m.run.step + 1)
             continue
         rows[j] = {
             **update.row({k: v[j] for k, v in own.items()}, m.algo),

@@ -47,6 +47,14 @@ def purpose_seed(seed: int, purpose: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(purpose.encode())) % (2**63)
 
 
+def nonfinite_gradient(norm: float, step: int) -> str:
+    """The line a run stops with when its gradient norm at `step` is not finite."""
+    return (
+        f"the gradient became {norm} at step {step}: a loss weight (e.g. --vf-coef, "
+        "--preserve-coef) or --lr too large for float32; the run stopped, checkpoints intact"
+    )
+
+
 class Run(RunBookkeeping, RunCheckpoints):
     """Everything a running RL job holds; algorithms read policy, ref, anchor, gens and cfg from
     it."""
@@ -200,10 +208,6 @@ class Run(RunBookkeeping, RunCheckpoints):
         )
         # a clip of an inf norm zeroes the step: the run would freeze without a word
         if not math.isfinite(norm):
-            raise UsageError(
-                f"the gradient became {norm} at step {self.step + 1}: a loss weight (e.g. "
-                "--vf-coef, --preserve-coef) or --lr too large for float32; the run stopped, "
-                "checkpoints intact"
-            )
+            raise UsageError(nonfinite_gradient(norm, self.step + 1))
         opt.step()
         return norm
