@@ -249,6 +249,12 @@ def named(values) -> dict:
 def show_optimum(cfg: OptimumConfig, p_ref, r, common: dict, head: str) -> None:
     """--beta B: each outcome under π_ref and π*_β, then E*[r], KL* and log Z_β."""
     pi, fig = F.optimum(p_ref, r, cfg.beta), F.optimum_figures(p_ref, r, cfg.beta)
+    if not math.isfinite(fig["log_z"]):  # log Z_β = max r/β + ...: past float64's range
+        top = float(r.abs().max())
+        raise UsageError(
+            f"--beta {cfg.beta:g} is too small for float64 with rewards up to {top:g}: log Z_β = "
+            f"max r/β + log E_ref[exp((r − max r)/β)] overflows; allowed: β ≥ {top / 1e308:.3g}"
+        )
     if cfg.json:
         print(
             json.dumps(

@@ -114,6 +114,8 @@ def test_a_reward_not_constant_off_the_support_is_reported_as_a_bound(tiny_pretr
         ["--beta", "-1"],
         ["--beta", "nan"],
         ["--beta", "inf"],
+        ["--beta", "1e-320"],  # log Z_β = 1/β past float64: refused with its range
+        ["--beta", "1e-320", "--json"],
         ["--task", "arithmetic"],
         ["--reward", "regex:("],
         ["--reward", "food:pizzza"],
@@ -152,6 +154,13 @@ def test_a_reward_beyond_a_floats_range_is_one_line_and_a_huge_one_prints_in_a_f
     out = run(["--init", str(ckpt), "--reward", f"{big}:g", "--out", str(tmp_path / "g")], capsys)
     # no 300-digit numbers
     assert "nan" not in out and "0000000000" not in out and "1e+308" in out, out
+    huge = tmp_path / "huge.py"
+    huge.write_text("def f(p, c):\n    return 1e200 if c == 'pizza' else 0.0\n")
+    at = lambda beta: ["--init", str(ckpt), "--reward", f"{huge}:f", "--beta", beta, "--json"]
+    assert "allowed: β ≥ 1e-108" in one_line_error(main, at("1e-200"), capsys)
+    # at the edge of the range: every figure finite, J* = β·log Z_β = max r
+    fig = json.loads(run(at("1e-107"), capsys))
+    assert math.isfinite(fig["log_z"]) and fig["log_z"] * 1e-107 == pytest.approx(1e200)
 
 
 def test_every_sequence_level_default_beta_puts_its_optimum_clear_of_the_goal():
