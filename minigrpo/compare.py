@@ -11,9 +11,9 @@ cores), one thread each, running their runs in process (pool.py: the same metric
 processes); with --engine population (the default on a GPU) as populations of at most --members
 runs, one per worker process: a GRPO or PPO algorithm's seeds in lockstep, one computation
 (population/lockstep.py; on a GPU GRPO's presets of one μ together), the others as threads that
-batch their models' work (the same metrics to float rounding). Processes on one GPU share it through
-CUDA MPS, a daemon of compare's own (--mps; util/mps.py). Under torchrun, --jobs defaults to the
-cores shared by the node's ranks. Each run writes to <out>/<algo>-s<seed>/ without its metrics.png
+batch their models' work (the same metrics to float rounding); on a GPU that batching is the speed
+(compare starts no CUDA MPS: docs/running.md). Under torchrun, --jobs defaults to the cores shared
+by the node's ranks. Each run writes to <out>/<algo>-s<seed>/ without its metrics.png
 (`python -m minigrpo.metrics <out>/<algo>-s<seed>` draws it) and, where compare sets its --steps,
 one checkpoint, its last (an unfinished run is made again from the start). Budgets are fixed by
 default (--budget fixed: every run takes the same --steps, the stop rule off), so algorithms are
@@ -50,32 +50,32 @@ the regret; then IQMs, intervals.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from pathlib import Path
 
+from minigrpo import dpo, grpo, ppo
 from minigrpo.population.engine import run_populations, shares_of
 from minigrpo.rl.config import default_out
 from minigrpo.rl.report import INTERRUPTED
+from minigrpo.tools import pool
 from minigrpo.tools.algorithms import (
     ALGOS,
     OWN_TRAINERS,
     PPO_ALGOS,
     SET_BY_COMPARE,
     base_of,
-    module_of,
     run_of,
+    trainer_of,
     variant_flags,
 )
-from minigrpo.tools.compare_config import CompareConfig, command, trainer_args
+from minigrpo.tools.compare_config import CompareConfig, trainer_args
 from minigrpo.tools.intervals import Bootstraps, ask_early
-from minigrpo.tools.pool import brief, run_one, run_pool
+from minigrpo.tools.pool import brief, gpu_note, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, parse_config, require
-from minigrpo.util.mps import sharing_gpu
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import check_device, cores, on_gpu
 
@@ -90,14 +90,41 @@ __all__ = [
     "main",
     "module_of",
     "on_gpu",
+    "run_one",
     "trainer_args",
 ]
+
+# the trainers by the names tools/algorithms gives them (the tools sit below the commands: they get
+# the trainers from here), and what a run's worker calls: {the module of its command line: main}
+TRAINERS = {"grpo": grpo, "ppo": ppo, "dpo": dpo}
+MAINS = {trainer.__name__: trainer.main for trainer in TRAINERS.values()}
 
 DESCRIPTION = (
     __doc__.split("\n\n")[0]
     + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
     "passes through to the trainers (see python -m minigrpo.grpo --help)."
 )
+
+
+def module_of(algo: str) -> str:
+    """The module an algorithm's runs are commands of: 'ppo_oracle@lr=1e-3' -> 'minigrpo.ppo'."""
+    return TRAINERS[trainer_of(algo)].__name__
+
+
+def command(
+    algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path
+) -> list[str]:
+    """One run's whole command line: [python, "-m", its trainer, its flags (trainer_args), "--out",
+    <out>/<algo>-s<seed>]."""
+    flags = trainer_args(algo, seed, cfg, passthrough, task)
+    return [sys.executable, "-m", module_of(algo), *flags, "--out", str(out / f"{algo}-s{seed}")]
+
+
+def run_one(task) -> str | None:
+    """One of compare's runs in a worker of the pool: tools/pool.run_one with the trainers' MAINS. A
+    function of this module, because the workers start with 'spawn' and get it pickled by its name
+    (a trainer's main, wrapped by util/cli.main_guard, does not pickle)."""
+    return pool.run_one(task, MAINS)
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -112,8 +139,7 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     from toy_tasks.support import reward_table
 
     for algo in algos:
-        module = module_of(algo)
-        trainer = importlib.import_module(module)  # its run's checks, here
+        trainer = TRAINERS[trainer_of(algo)]  # its run's checks, here
         rc = trainer.parse(trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"])
         check_rl_config(rc)
         trainer.check_config(rc)
@@ -180,7 +206,6 @@ def main(argv=None):
         "--steps",
         "--engine",
         "--members",
-        "--mps",
     ):
         pre.add_argument(name)
     pre.add_argument("--overwrite", action="store_true", default=None)
@@ -309,28 +334,27 @@ def main(argv=None):
     populations = len(shares_of(shard.mine(todo), jobs, cfg.members, gpu))
     # a CUDA context each
     processes = min(jobs, populations if engine == "population" else len(shard.mine(todo)))
-    with sharing_gpu(processes, gpu, cfg.mps if shard.size == 1 else "machine") as note:
-        at_once = (
-            f"{populations} population{'s' * (populations > 1)}, " if engine == "population" else ""
-        ) + f"{processes} at a time{note}"
-        ranks = f" over {shard.size} processes" if shard.size > 1 else ""
-        if shard.rank == 0:
-            print(
-                f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to "
-                f"run{ranks}), {at_once} -> {out}",
-                flush=True,
-            )
-        # rank 0 reads the runs kept
-        for kept in (t for t in tasks if t not in todo and shard.rank == 0):
-            done(kept, None)
-        try:
-            if engine == "population":
-                run_populations(shard.mine(todo), jobs, done, cfg.members, gpu)
-            else:
-                run_pool(run_one, shard.mine(todo), max(1, jobs), done)
-        except KeyboardInterrupt:
-            boot.cancel()
-            raise
+    at_once = (
+        f"{populations} population{'s' * (populations > 1)}, " if engine == "population" else ""
+    ) + f"{processes} at a time{gpu_note(processes, gpu)}"
+    ranks = f" over {shard.size} processes" if shard.size > 1 else ""
+    if shard.rank == 0:
+        print(
+            f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to "
+            f"run{ranks}), {at_once} -> {out}",
+            flush=True,
+        )
+    # rank 0 reads the runs kept
+    for kept in (t for t in tasks if t not in todo and shard.rank == 0):
+        done(kept, None)
+    try:
+        if engine == "population":
+            run_populations(shard.mine(todo), jobs, done, cfg.members, gpu)
+        else:
+            run_pool(run_one, shard.mine(todo), max(1, jobs), done)
+    except KeyboardInterrupt:
+        boot.cancel()
+        raise
     everyone = shard.gather(mine)
     shard.leave()
     if everyone is None:  # not rank 0: rank 0 writes the table

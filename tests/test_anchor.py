@@ -8,10 +8,10 @@ from test_lockstep import _cfg
 from test_population import UNTIMED, _run, close
 
 from minigrpo import grpo, ppo
+from minigrpo.compare import run_one
 from minigrpo.lm.sampling import Generation
 from minigrpo.population.anchor import own_rows
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 PEOPLE = {"grpo": (grpo, ()), "ppo": (ppo, ()), "ppo-oracle": (ppo, ("--critic", "oracle"))}

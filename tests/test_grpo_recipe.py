@@ -10,10 +10,10 @@ from test_lockstep import _cfg
 from test_population import UNTIMED, _run, close
 
 from minigrpo import grpo
+from minigrpo.compare import run_one
 from minigrpo.population.grpo_recipe import RECIPE, recipe_of
 from minigrpo.population.grpo_update import _Merge
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 # compare's presets of μ = 2 (default, dr_grpo, dapo, rloo, grpo; gspo's ratio per sequence too), a

@@ -8,9 +8,9 @@ import torch
 from test_population import UNTIMED, _run, breaking_reward, close
 
 from minigrpo import grpo, ppo
+from minigrpo.compare import run_one
 from minigrpo.population.checkpoint import HostCopies, MemberRun
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from minigrpo.compare import run_one
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
 from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.lm.sampling import decode_completions, generate
@@ -24,7 +25,6 @@ from minigrpo.population.sampling import (
     read_completions,
 )
 from minigrpo.population.stacked import Stack
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 CFG = GPTConfig(vocab_size=20, block_size=24, n_layer=2, n_head=2, n_embd=16)

@@ -30,10 +30,10 @@ import torch
 from minigrpo.bench.common import table
 from minigrpo.bench.opcount import TorchCalls, TorchKernels
 from minigrpo.bench.stack_sampler import ThreadSampler
+from minigrpo.compare import run_one
 from minigrpo.lm import sampling
 from minigrpo.population.engine import run_population, run_populations
-from minigrpo.tools.pool import run_one
-from minigrpo.util.mps import sharing_gpu
+from minigrpo.tools.pool import gpu_note
 from minigrpo.util.runtime import cores
 
 ROOTS = ("minigrpo/population/lockstep.py:_step", "minigrpo/population/lockstep.py:train_lockstep")
@@ -163,16 +163,15 @@ def bench_population(
         _row("16 as threads (population/member.py)", 16, steps, wall, _memory(gpu, 16), failed)
     )
     P, jobs = measured[0], cores()
-    # the largest P over every core's process, as compare runs it (on a GPU: through MPS)
+    # the largest P over every core's process, as compare runs it (on a GPU: in turns, or through
+    # a CUDA MPS the machine runs)
     if jobs > 1 and P > 1:
-        with sharing_gpu(min(jobs, P), gpu) as note:
-            wall, failed = _timed(
-                gpu,
-                P,
-                lambda done: run_populations(
-                    items(f"P{P}-{jobs}", P), jobs, done, most=-(-P // jobs)
-                ),
-            )
+        wall, failed = _timed(
+            gpu,
+            P,
+            lambda done: run_populations(items(f"P{P}-{jobs}", P), jobs, done, most=-(-P // jobs)),
+        )
+        note = gpu_note(min(jobs, P), gpu)
         rows.append(_row(f"{P} in {min(jobs, P)} processes{note}", P, steps, wall, "", failed))
     memory_title = (
         "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
