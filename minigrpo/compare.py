@@ -7,41 +7,32 @@
     pass through
 
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the
-cores), one thread each, running their runs in process (pool.py: the same metrics as separate
-processes); with --engine population (the default on a GPU) as populations of at most --members
-runs, one per worker process: a GRPO or PPO algorithm's seeds in lockstep, one computation
-(population/lockstep.py; on a GPU GRPO's presets of one μ together), the others as threads that
-batch their models' work (the same metrics to float rounding). Processes on one GPU share it through
-CUDA MPS, a daemon of compare's own (--mps; util/mps.py). Under torchrun, --jobs defaults to the
-cores shared by the node's ranks. Each run writes to <out>/<algo>-s<seed>/ without its metrics.png
-(`python -m minigrpo.metrics <out>/<algo>-s<seed>` draws it) and, where compare sets its --steps,
-one checkpoint, its last (an unfinished run is made again from the start). Budgets are fixed by
-default (--budget fixed: every run takes the same --steps, the stop rule off), so algorithms are
-compared on equal work; --budget goal lets each run stop at its goal as the trainers do by default.
-A finished run of exactly the same command, code and input files is kept (tools/stamps.py: the
-command, the library's source and torch's version, the --init checkpoint, the reward's source and
-the modules of the user's folder it imports), so rerunning after an interruption only runs what is
-missing, and an edit of the library or of the reward makes the runs again. An --out holding finished
-runs of another command (other flags) is refused unless --overwrite. A later invocation for a subset
-of the algorithms keeps the others' finished runs of the same flags in the table and figures. The
-arguments are checked before any run starts; a failed run is reported with its error while the
-others finish, and the command then exits with code 1. Writes to <out> (default
+cores), one thread each, each its command's own main in process (tools/pool.py: the same metrics as
+separate processes). With --engine population (the default on a GPU) the seeds of each GRPO or PPO
+configuration train as lockstep populations of at most --members runs, one computation each
+(population/lockstep.py; on a GPU GRPO's presets of one μ together; the same metrics to float
+rounding), in the same workers; a run lockstep cannot map (DPO, the sampled anchor) goes alone, and
+the first line names them. compare starts no CUDA MPS (docs/running.md). Under torchrun, --jobs
+defaults to the cores shared by the node's ranks. Each run writes to <out>/<algo>-s<seed>/ without
+its metrics.png (`python -m minigrpo.metrics` draws it) and, where compare sets its --steps, one
+checkpoint, its last. Budgets are fixed by default (--budget fixed: every run the same --steps, the
+stop rule off); --budget goal lets each run stop at its goal. A finished run of exactly the same
+command, code and input files is kept (tools/stamps.py), so a rerun only runs what is missing and an
+edit of the library or the reward makes the runs again; an --out of another command's runs is
+refused unless --overwrite; a later invocation for a subset of the algorithms keeps the others' runs
+in the table. The arguments are checked before any run starts; a failed run is reported with its
+error while the others finish, and compare then exits with code 1. Writes to <out> (default
 runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and against sampled tokens (mean and band
                 over seeds)
   frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT
                 reward–KL frontier (frontier.py: no policy lies above it); and E[r] against the
                 worst drift
-  table.md      per algorithm, medians over seeds (with min–max): steps and seconds to 0.90 and
-                0.95, final target rate and exact E[r], exact KL, worst drift and malformed mass at
-                the end and at their peak over every evaluated step; food: the regret to the
-                frontier, the implied β, the KL to the optimum of equal reward and to π*_β of the
-                run's own --beta (DPO's is that sequence-level β exactly; GRPO's per-token β only
-                points near it); exact pass@8; then the interquartile means of the final target
-                rate, the steps to 0.95 and the regret with their 95 % bootstrap intervals, and P(A
-                > B) on the final target rate for every pair (tools/stats.py)
-  intervals.png those IQMs with their intervals, and the target rate by step (IQM, its interval as a
-  band)
+  table.md      per algorithm, medians over seeds (with min–max) of the steps and seconds to 0.90
+                and 0.95 and of the run's exact figures (target rate, E[r], KL, drift, malformed
+                mass, food's regret to the frontier and implied β, pass@8), then interquartile means
+                with 95 % bootstrap intervals and P(A > B) for every pair (tools/stats.py)
+  intervals.png those IQMs with their intervals, and the target rate by step (IQM and its band)
 and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the
 medians of the steps to 0.95, the final target rate, the peak drift and malformed mass and (food)
 the regret; then IQMs, intervals.
@@ -50,32 +41,32 @@ the regret; then IQMs, intervals.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from pathlib import Path
 
-from minigrpo.population.engine import run_populations, shares_of
+from minigrpo import dpo, grpo, ppo
+from minigrpo.population.engine import Commands, run_populations, run_task, shares_of
 from minigrpo.rl.config import default_out
 from minigrpo.rl.report import INTERRUPTED
+from minigrpo.tools import pool
 from minigrpo.tools.algorithms import (
     ALGOS,
     OWN_TRAINERS,
     PPO_ALGOS,
     SET_BY_COMPARE,
     base_of,
-    module_of,
     run_of,
+    trainer_of,
     variant_flags,
 )
-from minigrpo.tools.compare_config import CompareConfig, command, trainer_args
+from minigrpo.tools.compare_config import CompareConfig, trainer_args
 from minigrpo.tools.intervals import Bootstraps, ask_early
-from minigrpo.tools.pool import brief, run_one, run_pool
+from minigrpo.tools.pool import brief, gpu_note, run_pool
 from minigrpo.tools.shards import join
 from minigrpo.tools.stamps import claim_runs, finished_by
 from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, parse_config, require
-from minigrpo.util.mps import sharing_gpu
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import check_device, cores, on_gpu
 
@@ -90,14 +81,51 @@ __all__ = [
     "main",
     "module_of",
     "on_gpu",
+    "run_one",
     "trainer_args",
 ]
+
+# the trainers by the names tools/algorithms gives them (the tools sit below the commands: they get
+# the trainers from here), and what a run's worker calls: {the module of its command line: main}
+TRAINERS = {"grpo": grpo, "ppo": ppo, "dpo": dpo}
+MAINS = {trainer.__name__: trainer.main for trainer in TRAINERS.values()}
 
 DESCRIPTION = (
     __doc__.split("\n\n")[0]
     + " Every other flag (e.g. --task arithmetic, --group-size 4, --beta 0) "
     "passes through to the trainers (see python -m minigrpo.grpo --help)."
 )
+
+
+def module_of(algo: str) -> str:
+    """The module an algorithm's runs are commands of: 'ppo_oracle@lr=1e-3' -> 'minigrpo.ppo'."""
+    return TRAINERS[trainer_of(algo)].__name__
+
+
+def command(
+    algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path
+) -> list[str]:
+    """One run's whole command line: [python, "-m", its trainer, its flags (trainer_args), "--out",
+    <out>/<algo>-s<seed>]."""
+    flags = trainer_args(algo, seed, cfg, passthrough, task)
+    return [sys.executable, "-m", module_of(algo), *flags, "--out", str(out / f"{algo}-s{seed}")]
+
+
+def run_one(task) -> str | None:
+    """One of compare's runs in a worker of the pool: tools/pool.run_one with the trainers' MAINS. A
+    function of this module, because the workers start with 'spawn' and get it pickled by its name
+    (a trainer's main, wrapped by util/cli.main_guard, does not pickle)."""
+    return pool.run_one(task, MAINS)
+
+
+def population_task(task):
+    """A pool worker's task of the population engine (population/engine.run_task) with compare's
+    trainers; a function of this module for the same reason as run_one."""
+    return run_task(task, COMMANDS)
+
+
+# what the population engine runs (it sits below the commands: they are handed down from here)
+COMMANDS = Commands({t.__name__: t for t in TRAINERS.values()}, run_one, population_task)
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -112,8 +140,7 @@ def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task
     from toy_tasks.support import reward_table
 
     for algo in algos:
-        module = module_of(algo)
-        trainer = importlib.import_module(module)  # its run's checks, here
+        trainer = TRAINERS[trainer_of(algo)]  # its run's checks, here
         rc = trainer.parse(trainer_args(algo, 0, cfg, passthrough, task) + ["--out", "unused"])
         check_rl_config(rc)
         trainer.check_config(rc)
@@ -177,22 +204,10 @@ def _population_line(shares: list, alone: list) -> str:
 @main_guard
 @finish_unread
 def main(argv=None):
-    # our own flags are parsed here; every other flag (e.g. --task arithmetic) passes through to the
-    # trainers
+    # our own flags here; every other flag (e.g. --task arithmetic) passes through to the trainers
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in (
-        "--algos",
-        "--seeds",
-        "--reward",
-        "--out",
-        "--jobs",
-        "--budget",
-        "--steps",
-        "--engine",
-        "--members",
-        "--mps",
-    ):
-        pre.add_argument(name)
+    for name in "algos seeds reward out jobs budget steps engine members".split():
+        pre.add_argument(f"--{name}")
     pre.add_argument("--overwrite", action="store_true", default=None)
     ours, passthrough = pre.parse_known_args(list(argv or []))
     # the passed-through flags compare reads
@@ -316,33 +331,32 @@ def main(argv=None):
 
     gpu = on_gpu(device)
     engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
-    shares, alone = shares_of(shard.mine(todo), cfg.members, gpu)
+    shares, alone = shares_of(shard.mine(todo), COMMANDS, cfg.members, gpu)
     # a CUDA context each
     processes = min(
         jobs, len(shares) + len(alone) if engine == "population" else len(shard.mine(todo))
     )
-    with sharing_gpu(processes, gpu, cfg.mps if shard.size == 1 else "machine") as note:
-        at_once = (
-            _population_line(shares, alone) if engine == "population" else ""
-        ) + f"{processes} at a time{note}"
-        ranks = f" over {shard.size} processes" if shard.size > 1 else ""
-        if shard.rank == 0:
-            print(
-                f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to "
-                f"run{ranks}), {at_once} -> {out}",
-                flush=True,
-            )
-        # rank 0 reads the runs kept
-        for kept in (t for t in tasks if t not in todo and shard.rank == 0):
-            done(kept, None)
-        try:
-            if engine == "population":
-                run_populations(shard.mine(todo), jobs, done, cfg.members, gpu)
-            else:
-                run_pool(run_one, shard.mine(todo), max(1, jobs), done)
-        except KeyboardInterrupt:
-            boot.cancel()
-            raise
+    at_once = (
+        _population_line(shares, alone) if engine == "population" else ""
+    ) + f"{processes} at a time{gpu_note(processes, gpu)}"
+    ranks = f" over {shard.size} processes" if shard.size > 1 else ""
+    if shard.rank == 0:
+        print(
+            f"compare: {len(algos)} algorithms x {cfg.seeds} seeds ({len(todo)} to "
+            f"run{ranks}), {at_once} -> {out}",
+            flush=True,
+        )
+    # rank 0 reads the runs kept
+    for kept in (t for t in tasks if t not in todo and shard.rank == 0):
+        done(kept, None)
+    try:
+        if engine == "population":
+            run_populations(shard.mine(todo), jobs, done, COMMANDS, cfg.members, gpu)
+        else:
+            run_pool(run_one, shard.mine(todo), max(1, jobs), done)
+    except KeyboardInterrupt:
+        boot.cancel()
+        raise
     everyone = shard.gather(mine)
     shard.leave()
     if everyone is None:  # not rank 0: rank 0 writes the table

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minigrpo.tools.algorithms import ALGOS, FIXED, base_of, module_of, run_of, variant_flags
+from minigrpo.compare import module_of
+from minigrpo.tools.algorithms import ALGOS, FIXED, base_of, run_of, variant_flags
 from minigrpo.util.cli import UsageError
 
 

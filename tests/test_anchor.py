@@ -8,10 +8,10 @@ from test_lockstep import _cfg
 from test_population import UNTIMED, _run, close
 
 from minigrpo import grpo, ppo
+from minigrpo.compare import run_one
 from minigrpo.lm.sampling import Generation
 from minigrpo.population.anchor import own_rows
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 PEOPLE = {"grpo": (grpo, ()), "ppo": (ppo, ()), "ppo-oracle": (ppo, ("--critic", "oracle"))}
@@ -25,6 +25,7 @@ def test_members_of_other_people_are_their_single_runs(tmp_path, tiny_pretrained
     evaluated on its own target and drift (PPO: valued exactly over its own prompt); each matches
     its single run to 3e-3 relative over the first two steps, and the items make one population
     (engine.lockstep_key)."""
+    from minigrpo.compare import COMMANDS
     from minigrpo.population.engine import lockstep_key
 
     init, _, _ = tiny_pretrained
@@ -54,7 +55,7 @@ def test_members_of_other_people_are_their_single_runs(tmp_path, tiny_pretrained
     # each person's own target
     assert targets[0] == targets[2] and len({round(t, 6) for t in targets}) == 3
     items = [_run(init, tmp_path / f"k{k}", k, trainer.__name__, o) for k, o in enumerate(own)]
-    assert len({lockstep_key(item) for item in items}) == 1
+    assert len({lockstep_key(item, COMMANDS) for item in items}) == 1
 
 
 def test_own_rows_pad_each_members_rows_by_repeating_its_last_one():

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from conftest import one_line_error
-from test_mps import OK, REFUSED, fake_control
 
 from minigrpo import metrics
 from minigrpo.compare import main
@@ -124,7 +123,7 @@ def test_compare_smoke_writes_all_outputs_reports_failures_and_resumes(
         (["--init", "/nope.pt"], "'/nope.pt' does not exist"),
         (["--algos", "grpo,ppo,grpo"], "names grpo more than once"),
         (["--steps", "0"], "--steps must be >= 1"),
-        (["--mps", "on"], "invalid choice: 'on' (choose from 'auto', 'off')"),
+        (["--mps", "off"], "unrecognized arguments: --mps off"),  # compare starts no daemon
         (["--algos", "dpo", "--online"], "online_dpo"),
         (["--algos", "ppo_oracle", "--critic", "head"], "relabel"),
         (["--algos", "dapo@beta=-1"], "--beta must be a finite number >= 0"),
@@ -287,7 +286,7 @@ def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
     population/grpo_recipe.py), β = 0 too; a preset of another μ (remax's 1) makes a population of
     its own. Over --members, a group's runs split in order: a preset to a part. On a CPU
     (mixed=False) each preset makes its own, spread over the cores."""
-    from minigrpo.compare import CompareConfig, command
+    from minigrpo.compare import COMMANDS, CompareConfig, command
     from minigrpo.population.engine import shares_of
 
     algos = [
@@ -305,11 +304,11 @@ def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
         for s in range(2)
     ]
     names = lambda shares: [sorted({item[0] for item in share}) for share in shares]
-    shares, alone = shares_of(items)
+    shares, alone = shares_of(items, COMMANDS)
     assert sorted(names(shares)) == [sorted(algos[:-1]), ["remax"]] and alone == []
-    assert names(shares_of(items, most=2)[0]) == [[a] for a in algos]
+    assert names(shares_of(items, COMMANDS, most=2)[0]) == [[a] for a in algos]
     # a CPU's
-    apart = sorted(names(shares_of(items, mixed=False)[0]))
+    apart = sorted(names(shares_of(items, COMMANDS, mixed=False)[0]))
     # a preset each
     assert apart == sorted([sorted(algos[:4]), ["dapo"], ["grpo@beta=0.1"], ["remax"]])
 
@@ -433,16 +432,28 @@ def test_a_finished_run_is_made_again_when_a_module_its_reward_imports_changes(
         )
 
 
-def test_a_run_that_ends_without_its_summary_is_never_counted_ok(tmp_path, monkeypatch):
+def test_a_run_that_ends_without_its_summary_is_never_counted_ok(tmp_path):
     """A trainer whose main returns (or exits 0) without writing summary.json has failed, whatever
     its exit code."""
-    (tmp_path / "silent_trainer.py").write_text("def main(argv):\n    return None\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
     folder = tmp_path / "run"
-    error = pool.run_one(
-        ("default", 0, [sys.executable, "-m", "silent_trainer", "--out", str(folder)], folder)
-    )
+    task = ("default", 0, [sys.executable, "-m", "silent_trainer", "--out", str(folder)], folder)
+    error = pool.run_one(task, {"silent_trainer": lambda argv: None})
     assert error is not None and "summary.json" in error, error
+    # a module it was not given
+    with pytest.raises(ValueError, match="silent_trainer is none of the commands given"):
+        pool.run_one(task, {"minigrpo.grpo": lambda argv: None})
+
+
+def test_compare_runs_its_trainers_from_its_own_imports():
+    """compare names a module for every algorithm's runs and gives the pool its main: the tools
+    below it import no command (tests/test_layers.py); what the pool's workers get pickles."""
+    import pickle
+
+    from minigrpo import compare
+
+    assert {compare.module_of(a) for a in compare.ALGOS} == set(compare.MAINS)
+    assert all(compare.MAINS[m.__name__] is m.main for m in compare.TRAINERS.values())
+    assert pickle.loads(pickle.dumps(compare.run_one)) is compare.run_one
 
 
 def test_compare_refuses_an_empty_out_a_foreign_init_a_bad_reward_and_no_gpu_before_any_run(
@@ -554,71 +565,32 @@ def test_the_runs_outside_the_bars_are_named_with_what_they_missed_and_a_peaks_s
 
 
 @pytest.mark.slow
-def test_on_a_gpu_compares_processes_share_it_through_a_daemon_of_its_own(
+def test_on_a_gpu_compares_first_line_says_how_its_processes_share_it(
     tmp_path, tiny_pretrained, capsys, monkeypatch
 ):
-    """Its GPU stood in for (the runs on the CPU), and nvidia-cuda-mps-control and the CUDA client:
-    compare's first line says its two population processes share the GPU through its own daemon,
-    started before them and told to quit after; where that daemon's server serves no client, they
-    take turns, and the line says why."""
+    """Its GPU stood in for (the runs on the CPU): compare starts no CUDA MPS daemon of its own; its
+    first line says its two population processes share the GPU through the machine's MPS where one
+    serves (a control pipe where CUDA looks; else they take turns: tests/test_pool.py)."""
     from minigrpo import compare
-    from minigrpo.util import mps
 
     init, _, _ = tiny_pretrained
-    log = fake_control(tmp_path, monkeypatch)
     monkeypatch.setattr(compare, "on_gpu", lambda device: True)
-    # a reward that writes down the MPS pipes of the process that scores
-    seen = tmp_path / "seen.py"
-    seen.write_text(
-        "import os\nfrom pathlib import Path\ndef f(prompt, completion):\n"
-        "    seen = os.environ.get('CUDA_MPS_PIPE_DIRECTORY', '')\n"
-        "    Path(__file__).with_suffix(f'.{os.getpid()}').write_text(seen)\n"
-        "    return float('pizza' in completion)\n"
-    )
-    args = [
-        "--algos",
-        "default,ppo",
-        "--seeds",
-        "2",
-        "--init",
-        str(init),
-        *TINY,
-        "--jobs",
-        "2",
-        "--device",
-        "cpu",
-        "--reward",
-        f"{seen}:f",
-    ]
-    for name, probe, said in (
-        ("served", OK, "sharing the GPU through CUDA MPS, a daemon of this command's own"),
-        (
-            "refused",
-            REFUSED,
-            "on one GPU they take turns: MPS did not start: its server did "
-            "not serve a CUDA client: CUDA error 805",
-        ),
-    ):
-        monkeypatch.setattr(mps, "PROBE", probe)
-        main([*args, "--out", str(tmp_path / name)])
-        printed = capsys.readouterr().out
-        assert f"2 populations, 2 at a time ({said}) ->" in printed.splitlines()[0], printed
-        assert printed.count(": ok") == 4, printed
-        started, stopped = log.read_text().splitlines()[-2:]
-        assert started.split()[0] == "-d" and stopped.split()[0] == "quit"
-        pipes = {
-            f.read_text()
-            for f in tmp_path.glob("seen.*")
-            if f.suffix != ".py" and f.suffix != f".{os.getpid()}"
-        }
-        assert pipes == (
-            {started.split()[-1]} if name == "served" else {str(tmp_path / "no-mps-here")}
-        ), pipes
-        for f in tmp_path.glob("seen.[0-9]*"):
-            f.unlink()
-    main([*args, "--mps", "off", "--out", str(tmp_path / "off")])
-    assert (
-        "2 at a time (on one GPU they take turns: --mps auto overlaps them)"
-        in capsys.readouterr().out
-    )
-    assert len(log.read_text().splitlines()) == 4  # --mps off started nothing
+    pipes = tmp_path / "mps-pipes"
+    pipes.mkdir()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipes))
+    args = ["--algos", "default,ppo", "--seeds", "2", "--init", str(init), *TINY, "--jobs", "2"]
+    (pipes / "control").touch()  # a daemon the user started
+    main([*args, "--device", "cpu", "--out", str(tmp_path / "served")])
+    printed = capsys.readouterr().out
+    first = printed.splitlines()[0]
+    assert "2 populations, 2 at a time (sharing the GPU through CUDA MPS) ->" in first, printed
+    assert printed.count(": ok") == 4, printed
+    assert sorted(p.name for p in pipes.iterdir()) == ["control"]  # nothing of compare's there
+
+
+def test_the_library_starts_no_cuda_mps_daemon():
+    """Sharing a GPU through CUDA MPS is the user's to start (docs/running.md): no module of ours
+    runs its control program."""
+    from test_layers import MODULES
+
+    assert not [n for n, (_, src) in MODULES.items() if "nvidia-cuda-mps-control" in src]

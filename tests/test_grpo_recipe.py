@@ -10,10 +10,10 @@ from test_lockstep import _cfg
 from test_population import UNTIMED, _run, close
 
 from minigrpo import grpo
+from minigrpo.compare import run_one
 from minigrpo.population.grpo_recipe import RECIPE, recipe_of
 from minigrpo.population.grpo_update import _Merge
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 # compare's presets of μ = 2 (default, dr_grpo, dapo, rloo, grpo; gspo's ratio per sequence too), a
@@ -131,21 +131,23 @@ def test_every_grpo_preset_goes_in_its_mus_lockstep_population_as_it_runs_alone(
 ):
     """compare's GRPO presets and default: two lockstep populations, μ = 2 and μ = 1 (J_β, ReMax,
     GPG), each preset a recipe; each member's first steps match its run alone to 3e-3 relative."""
-    from minigrpo.compare import ALGOS, OWN_TRAINERS
+    from minigrpo.compare import ALGOS, COMMANDS, OWN_TRAINERS
     from minigrpo.population.engine import lockstep_key, run_lockstep, shares_of
 
     init, _, _ = tiny_pretrained
     presets = [a for a in ALGOS if a not in OWN_TRAINERS]
     flags = {a: () if a == "default" else ("--preset", a) for a in presets}
     items = [_run(init, tmp_path / f"pop-{a}", 0, "minigrpo.grpo", flags[a]) for a in presets]
-    shares, alone = shares_of(items)
+    shares, alone = shares_of(items, COMMANDS)
     assert alone == []
     assert sorted(len(share) for share in shares) == [3, len(presets) - 3] and all(
-        map(lockstep_key, items)
+        (lockstep_key(item, COMMANDS) for item in items)
     )
     errors = {}
     for share in shares:
-        assert run_lockstep(share, lambda item, error: errors.__setitem__(item[3].name, error))
+        assert run_lockstep(
+            share, lambda item, error: errors.__setitem__(item[3].name, error), COMMANDS
+        )
     assert set(errors.values()) == {None}, errors
     for a in presets:
         assert run_one(_run(init, tmp_path / f"alone-{a}", 0, "minigrpo.grpo", flags[a])) is None

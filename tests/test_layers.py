@@ -1,6 +1,12 @@
 """The package's layers, read from the source with `ast` (nothing is imported): every import of
 ours, at module level or inside a function, points to its own layer or one to its left, and no
-modules import each other in a circle.
+modules import each other in a circle. A module's name carried in a string is an import too
+(`importlib.import_module("minigrpo.grpo")`, `__import__`, a table of the commands a runner starts):
+every string constant of code that is the name of a module of ours ("minigrpo.<module>",
+"toy_tasks.<module>"), and every f-string or `+` whose literal head names a package or module of
+ours (f"minigrpo.rl.{name}"), keeps to the same layers. Docstrings, and prose that mentions a
+module, do not count; nor does a head that names no layer (f"minigrpo.{name}": it cannot be
+resolved). Strings take no part in the circles: a name is not an import until it is run.
 
     util  lm  objectives  exact  toy_tasks  rl  variants  tools  population  commands  bench  learn
 
@@ -11,6 +17,7 @@ the root and imports nothing of ours; nothing outside bench imports bench.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +105,54 @@ def imports(module: str, source: str, is_package: bool, known) -> list[tuple[int
     )
 
 
+# a string that is a name of ours: minigrpo.<module>..., toy_tasks[.<module>...]
+NAME = re.compile(r"(minigrpo(\.[A-Za-z_]\w*)+|toy_tasks(\.[A-Za-z_]\w*)*)")
+
+
+def named_modules(source: str, known) -> list[tuple[int, str, str]]:
+    """[(line, module of ours, the string quoted)] for every string of code in the source that
+    is the name of one of our modules (NAME, the whole string; "minigrpo.lm.model.GPT" names its
+    longest prefix that is a module, minigrpo.lm.model), and every f-string or `+` whose literal
+    head, up to its last dot, is one of ours below the root (f"minigrpo.rl.{x}" names minigrpo.rl).
+    Not a string that is a statement of its own (a docstring), nor the parts of an f-string."""
+    tree, found = ast.parse(source), []
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, (ast.Constant, ast.JoinedStr)):
+            skip.update(id(n) for n in ast.walk(node.value))  # a docstring, prose
+        elif isinstance(node, ast.JoinedStr):
+            skip.update(id(n) for n in ast.walk(node) if n is not node)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if NAME.fullmatch(node.value):
+                parts = node.value.split(".")
+                prefixes = [".".join(parts[:k]) for k in range(len(parts), 0, -1)]
+                target = next((p for p in prefixes if p in known and p != "minigrpo"), node.value)
+                found.append((node.lineno, target, f'"{node.value}"'))
+        elif isinstance(node, (ast.JoinedStr, ast.BinOp)):
+            head = _literal_head(node)
+            if head is not None and NAME.fullmatch(head.rpartition(".")[0] or "-"):
+                target = head.rpartition(".")[0]
+                if target in known and target != "minigrpo":
+                    written = ast.get_source_segment(source, node) or head
+                    found.append((node.lineno, target, written))
+    return sorted(set(found))
+
+
+def _literal_head(node) -> str | None:
+    """The literal text an f-string or a `+` of strings begins with, before anything computed."""
+    if isinstance(node, ast.JoinedStr):
+        first = node.values[0] if node.values else None
+        return first.value if isinstance(first, ast.Constant) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left = node.left
+        if isinstance(left, ast.Constant) and isinstance(left.value, str):
+            return left.value
+    return None
+
+
 def import_graph(modules: dict[str, tuple[str, str]]) -> dict[str, list[tuple[int, str, str]]]:
     """{module: [(line, imported module, the import as written)]} for every import of ours."""
     return {
@@ -107,10 +162,12 @@ def import_graph(modules: dict[str, tuple[str, str]]) -> dict[str, list[tuple[in
 
 
 def layer_violations(modules: dict[str, tuple[str, str]]) -> list[str]:
-    """One line per import that points to a layer on the right of the importing file's own, or to
-    bench from outside bench, or to a module of ours that does not exist."""
+    """One line per import, or module name in a string (named_modules), that points to a layer on
+    the right of the importing file's own, or to bench from outside bench, or to a module of ours
+    that does not exist."""
     bad = []
     for name, edges in import_graph(modules).items():
+        edges = edges + named_modules(modules[name][1], modules)
         path, mine = modules[name][0], layer_of(name)
         for line, target, text in edges:
             theirs = layer_of(target)
@@ -335,20 +392,98 @@ def test_a_circle_is_reported_even_inside_one_package_and_through_a_function_lev
     ]
 
 
+def plant(root: Path, files: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """The package's layout in `root`, these files in it (the package roots and the `__init__.py`
+    of every folder besides, empty) -> read_modules(root)."""
+    for rel in list(files):
+        for parent in Path(rel).parents:
+            if parent.parts:
+                files.setdefault(str(parent / "__init__.py"), "")
+    for rel, text in {"toy_tasks/__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return read_modules(root)
+
+
 def test_a_real_file_with_a_bad_import_is_reported(tmp_path):
-    for rel, text in {
-        "minigrpo/__init__.py": "",
-        "minigrpo/lm/__init__.py": "",
-        "minigrpo/grpo.py": "",
-        "minigrpo/lm/model.py": "def build():\n    from minigrpo import grpo\n",
-        "toy_tasks/__init__.py": "",
-    }.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    bad = layer_violations(read_modules(tmp_path))
+    modules = plant(
+        tmp_path,
+        {
+            "minigrpo/grpo.py": "",
+            "minigrpo/lm/model.py": "def build():\n    from minigrpo import grpo\n",
+        },
+    )
+    bad = layer_violations(modules)
     assert len(bad) == 1 and bad[0].startswith(
         "minigrpo/lm/model.py:2: `from minigrpo import grpo`"
     ), bad
+
+
+def test_a_real_file_that_imports_a_command_by_its_name_is_reported(tmp_path):
+    """tools/pool.py as it was: a runner in the tools layer that ran a command line's
+    `python -m minigrpo.grpo` by importing the module it names."""
+    modules = plant(
+        tmp_path,
+        {
+            "minigrpo/grpo.py": "def main(argv):\n    pass\n",
+            "minigrpo/tools/pool.py": "import importlib\n\n\ndef run(argv):\n"
+            '    return importlib.import_module("minigrpo.grpo").main(argv)\n',
+        },
+    )
+    bad = layer_violations(modules)
+    assert len(bad) == 1 and bad[0].startswith('minigrpo/tools/pool.py:5: `"minigrpo.grpo"`: '), bad
+    assert "minigrpo.grpo is in layer commands" in bad[0], bad
+
+
+@pytest.mark.parametrize(
+    "importer, source, names",
+    [
+        (
+            "minigrpo__rl__loop",
+            'import importlib\ndef f():\n    importlib.import_module("minigrpo.grpo")\n',
+            "minigrpo.grpo is in layer commands",
+        ),
+        ("minigrpo__lm__model", 'def f():\n    __import__("minigrpo.rl.loop")\n', "layer rl"),
+        # a table of what a runner starts
+        ("minigrpo__rl__loop", 'RUNS = {"grpo": ("minigrpo.grpo", [])}\n', "layer commands"),
+        ("minigrpo__lm__model", 'TASK = "toy_tasks.food"\n', "toy_tasks.food is in layer"),
+        # a function's path: its module
+        ("minigrpo__lm__model", 'LOSS = "minigrpo.objectives.kl.k3"\n', "objectives.kl is in"),
+        (
+            "minigrpo__grpo",
+            'def f(x):\n    return f"minigrpo.bench.{x}"\n',
+            "nothing outside bench imports bench",
+        ),
+        ("minigrpo__lm__model", 'def f(x):\n    return "minigrpo.rl." + x\n', "layer rl"),
+        ("minigrpo__grpo", 'NAME = "minigrpo.bench_rl"\n', "not a module of ours"),
+    ],
+)
+def test_a_module_name_in_a_string_that_points_up_is_reported(importer, source, names):
+    bad = layer_violations(fake(**{**BASE, importer: source}))
+    line = len(source.strip().splitlines())
+    assert (
+        len(bad) == 1 and bad[0].startswith(f"{fake_path(importer)}:{line}: `") and names in bad[0]
+    ), bad
+
+
+def test_prose_docstrings_and_names_within_the_layers_are_not_reported():
+    modules = fake(
+        **{
+            **BASE,
+            "minigrpo__lm__model": '"""Used by minigrpo.grpo, with "minigrpo.rl.loop"."""\n'
+            'def f(x):\n    """Called by minigrpo.grpo."""\n    "minigrpo.grpo"\n'
+            '    print("run `python -m minigrpo.grpo` first")\n'
+            '    return (f"minigrpo.{x}", "minigrpo." + x, f"{x}.minigrpo.grpo",\n'
+            '        f"minigrpo.grpo {x}")\n',
+            "minigrpo__grpo": 'import importlib\nRUNS = ("minigrpo.rl.loop", "toy_tasks.food")\n'
+            'importlib.import_module("minigrpo.lm.model")\nROOT = "minigrpo"\n',
+            "minigrpo__bench__common": 'RUN = ["minigrpo.grpo", "minigrpo.bench.common"]\n',
+            "toy_tasks__init": 'TASKS = {"food": "toy_tasks.food"}\n',
+        }
+    )
+    assert layer_violations(modules) == []
+    # nor do they make circles: a name is not an import until it is run
+    assert import_cycles(modules) == []
 
 
 def test_every_module_is_under_400_lines_of_at_most_100_characters():

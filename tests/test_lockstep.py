@@ -8,9 +8,9 @@ import torch
 from test_population import UNTIMED, _run, breaking_reward, close
 
 from minigrpo import grpo, ppo
+from minigrpo.compare import run_one
 from minigrpo.population.checkpoint import HostCopies, MemberRun
 from minigrpo.population.lockstep import train_lockstep, unsupported
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 
@@ -155,6 +155,7 @@ def test_members_with_learning_rates_of_their_own_are_their_single_runs(
     AdamW step at its own rate (lm/optim.AdamW's rate per slice), its metrics its single run's to
     3e-3 relative over the first two steps, its checkpoint's rate its own; a population's members
     all at one rate take AdamW's own step as before."""
+    from minigrpo.compare import COMMANDS
     from minigrpo.population.engine import lockstep_key
 
     init, _, _ = tiny_pretrained
@@ -180,7 +181,9 @@ def test_members_with_learning_rates_of_their_own_are_their_single_runs(
         _run(init, tmp_path / f"k{s}", s, trainer.__name__, ("--lr", lr))
         for s, lr in enumerate(rates)
     ]
-    assert len({lockstep_key(item) for item in items}) == 1  # one population for all three
+    assert (
+        len({lockstep_key(item, COMMANDS) for item in items}) == 1
+    )  # one population for all three
 
 
 OWN_SETTINGS = {
@@ -213,6 +216,7 @@ def test_members_with_rewards_and_betas_of_their_own_are_their_single_runs(
     under its own reward) and in --beta (GRPO's in its loss or its reward penalty, PPO's adapted on
     its own): each member's metrics are its single run's to 3e-3 relative over the first two steps,
     and the items make one population (engine.lockstep_key)."""
+    from minigrpo.compare import COMMANDS
     from minigrpo.population.engine import lockstep_key
 
     init, _, _ = tiny_pretrained
@@ -245,7 +249,9 @@ def test_members_with_rewards_and_betas_of_their_own_are_their_single_runs(
     items = [
         _run(init, tmp_path / f"k{s}", s, trainer.__name__, (*extra, *o)) for s, o in enumerate(own)
     ]
-    assert len({lockstep_key(item) for item in items}) == 1  # one population for all three
+    assert (
+        len({lockstep_key(item, COMMANDS) for item in items}) == 1
+    )  # one population for all three
 
 
 def test_members_share_the_first_members_pi_ref_and_the_population_never_writes_it(
@@ -339,9 +345,12 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
         unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--group-size", "2"))])
         == "members differ in more than their seed, out, lr, reward, beta, person and recipe"
     )
+    from minigrpo.compare import COMMANDS
     from minigrpo.population.engine import lockstep_key, run_lockstep
 
-    key = lambda *flags: lockstep_key(_run(init, tmp_path / "k", 0, "minigrpo.grpo", flags))
+    key = lambda *flags: lockstep_key(
+        _run(init, tmp_path / "k", 0, "minigrpo.grpo", flags), COMMANDS
+    )
     assert (
         key()
         == key("--beta", "0.1")
@@ -354,7 +363,7 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
         _run(init, tmp_path / f"x{s}", s, "minigrpo.grpo", ("--beta", "x") * s) for s in range(2)
     ]
     # a bad value: its run says so
-    assert key() == lockstep_key(bad[1]) and run_lockstep(bad, None) is False
+    assert key() == lockstep_key(bad[1], COMMANDS) and run_lockstep(bad, None, COMMANDS) is False
     # each member's own rate
     assert unsupported(grpo, [a, _cfg(init, tmp_path / "b", 1, ("--lr", "1e-3"))]) is None
     assert (
@@ -405,6 +414,7 @@ def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(
     without a summary."""
     from test_population import _run as item
 
+    from minigrpo.compare import COMMANDS
     from minigrpo.population import lockstep
     from minigrpo.population.engine import run_population
 
@@ -417,6 +427,7 @@ def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(
     run_population(
         [item(init, tmp_path / f"s{s}", s) for s in range(2)],
         lambda i, e: errors.__setitem__(i[1], e),
+        COMMANDS,
     )
     assert errors == {
         0: "RuntimeError: CUDA out of memory (as a test)",

@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from minigrpo.tools.pool import run_pool
+from minigrpo.tools.pool import gpu_note, run_pool
 
 
 def _pid_or_wait(item):
@@ -70,3 +70,15 @@ def test_a_failed_runs_line_is_its_errors_first_line_cut_short():
         and brief("ValueError: bad\nmore") == "ValueError: bad"
         and brief("") == ""
     )
+
+
+def test_the_note_on_one_gpu_says_whether_a_cuda_mps_daemon_serves(tmp_path, monkeypatch):
+    """compare's first line where several of its processes share one GPU: through the CUDA MPS a
+    user started (its control pipe where CUDA looks for it), else in turns; compare starts none."""
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert gpu_note(2, True) == (
+        " (on one GPU they take turns; CUDA MPS overlaps them: docs/running.md)"
+    )
+    (tmp_path / "control").touch()  # the daemon's pipe (a FIFO; its name is what counts)
+    assert gpu_note(2, True) == " (sharing the GPU through CUDA MPS)"
+    assert gpu_note(1, True) == gpu_note(2, False) == ""

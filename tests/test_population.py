@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from minigrpo.compare import COMMANDS, run_one
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
 from minigrpo.lm.sampling import decode_completions, generate
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
@@ -21,7 +22,6 @@ from minigrpo.population.sampling import (
     read_completions,
 )
 from minigrpo.population.stacked import Stack
-from minigrpo.tools.pool import run_one
 from minigrpo.util.jsonl import read_jsonl
 
 CFG = GPTConfig(vocab_size=20, block_size=24, n_layer=2, n_head=2, n_embd=16)
@@ -298,6 +298,7 @@ def test_a_population_computes_the_same_each_time(tmp_path, tiny_pretrained):
         run_population(
             [_run(init, tmp_path / f"{tag}{s}", s, extra=("--steps", "6")) for s in range(3)],
             lambda item, error: None,
+            COMMANDS,
         )
     for s in range(3):
         rows = [
@@ -367,23 +368,23 @@ def test_populations_hold_at_most_their_limit_and_the_others_go_alone(tmp_path, 
     sampled = ("--preserve-anchor", "sampled")
     ppo = [_run("m.pt", Path(f"p{s}"), s, "minigrpo.ppo", sampled) for s in range(7)]
     seeds = lambda shares: [[item[1] for item in share] for share in shares]
-    assert shares_of(ppo) == ([], ppo) and shares_of(ppo, most=3) == ([], ppo)
+    assert shares_of(ppo, COMMANDS) == ([], ppo) == shares_of(ppo, COMMANDS, most=3)
     grpo = [_run("m.pt", Path(f"g{s}"), s) for s in range(5)]
     sampled_grpo = [_run("m.pt", Path(f"d{s}"), s, extra=sampled) for s in range(2)]
-    shares, alone = shares_of(grpo + sampled_grpo + ppo[:2], most=3)
+    shares, alone = shares_of(grpo + sampled_grpo + ppo[:2], COMMANDS, most=3)
     assert seeds(shares) == [[0, 1], [2, 3, 4]] and alone == sampled_grpo + ppo[:2]
-    assert seeds(shares_of(grpo)[0]) == [[0, 1, 2, 3, 4]]
+    assert seeds(shares_of(grpo, COMMANDS)[0]) == [[0, 1, 2, 3, 4]]
     lockstep_ppo = [
         _run("m.pt", Path(f"o{s}"), s, "minigrpo.ppo", extra)
         for extra in ((), ("--critic", "oracle"))
         for s in range(3)
     ]
-    assert seeds(shares_of(lockstep_ppo)[0]) == [[0, 1, 2], [0, 1, 2]]
+    assert seeds(shares_of(lockstep_ppo, COMMANDS)[0]) == [[0, 1, 2], [0, 1, 2]]
     # in this process, populations of one after another: each run is its single run
     init, _, _ = tiny_pretrained
     items = [_run(init, tmp_path / f"pop{s}", s) for s in range(2)]
     errors = []
-    run_populations(items, 1, lambda item, error: errors.append((item[1], error)), most=1)
+    run_populations(items, 1, lambda item, error: errors.append((item[1], error)), COMMANDS, 1)
     assert errors == [(0, None), (1, None)]
     for s in range(2):
         assert run_one(_run(init, tmp_path / f"alone{s}", s)) is None
@@ -610,7 +611,7 @@ def test_every_algorithm_compare_knows_runs_in_one_population_as_it_runs_alone(
     }
     items = [_run(init, tmp_path / f"pop-{a}", 0, module_of(a), flags[a]) for a in ALGOS]
     errors = {}
-    run_populations(items, 1, lambda item, error: errors.__setitem__(item[3].name, error))
+    run_populations(items, 1, lambda item, error: errors.__setitem__(item[3].name, error), COMMANDS)
     assert set(errors.values()) == {None}, errors
     for a in ALGOS:
         assert run_one(_run(init, tmp_path / f"alone-{a}", 0, module_of(a), flags[a])) is None
@@ -659,6 +660,7 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
                 for k, (module, extra, seed) in enumerate(runs)
             ],
             lambda item, error: errors.append(error),
+            COMMANDS,
         )
         assert errors == [None] * len(runs) and on_gpu("auto"), (name, errors)
     for module, extra, seed in {r for runs in populations.values() for r in runs}:

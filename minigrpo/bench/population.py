@@ -29,10 +29,10 @@ import torch
 from minigrpo.bench.common import table
 from minigrpo.bench.opcount import TorchCalls, TorchKernels
 from minigrpo.bench.stack_sampler import ThreadSampler
+from minigrpo.compare import COMMANDS, run_one
 from minigrpo.lm import sampling
 from minigrpo.population.engine import run_population, run_populations
-from minigrpo.tools.pool import run_one
-from minigrpo.util.mps import sharing_gpu
+from minigrpo.tools.pool import gpu_note
 from minigrpo.util.runtime import cores
 
 ROOTS = ("minigrpo/population/lockstep.py:_step", "minigrpo/population/lockstep.py:train_lockstep")
@@ -144,7 +144,9 @@ def bench_population(
                 ]
             )
             continue
-        wall, failed = _timed(gpu, P, lambda done: run_population(items(f"P{P}", P), done))
+        wall, failed = _timed(
+            gpu, P, lambda done: run_population(items(f"P{P}", P), done, COMMANDS)
+        )
         rows.append(_row(str(P), P, steps, wall, _memory(gpu, P), failed))
         # progress
         print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)
@@ -153,19 +155,20 @@ def bench_population(
     for name, extra in (("ppo", ()), ("ppo_oracle", ("--critic", "oracle"))):
         P = measured[0]
         ppo = _items(folder(f"{name}{P}"), init, device, range(P), steps, "minigrpo.ppo", extra)
-        wall, failed = _timed(gpu, P, lambda done: run_population(ppo, done))
+        wall, failed = _timed(gpu, P, lambda done: run_population(ppo, done, COMMANDS))
         rows.append(_row(f"{P} of {name}", P, steps, wall, _memory(gpu, P), failed))
     P, jobs = measured[0], cores()
-    # the largest P over every core's process, as compare runs it (on a GPU: through MPS)
+    # the largest P over every core's process, as compare runs it (on a GPU: in turns, or through
+    # a CUDA MPS the machine runs)
     if jobs > 1 and P > 1:
-        with sharing_gpu(min(jobs, P), gpu) as note:
-            wall, failed = _timed(
-                gpu,
-                P,
-                lambda done: run_populations(
-                    items(f"P{P}-{jobs}", P), jobs, done, most=-(-P // jobs)
-                ),
-            )
+        wall, failed = _timed(
+            gpu,
+            P,
+            lambda done: run_populations(
+                items(f"P{P}-{jobs}", P), jobs, done, COMMANDS, -(-P // jobs)
+            ),
+        )
+        note = gpu_note(min(jobs, P), gpu)
         rows.append(_row(f"{P} in {min(jobs, P)} processes{note}", P, steps, wall, "", failed))
     memory_title = (
         "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
@@ -199,12 +202,12 @@ def _recipes(folder, init: Path, device: str, seeds: int, steps: int, grow: int)
         () if name == "default" else ("--preset", name),
     )
     one = lambda done, tag="one", n=steps, k=seeds: run_population(
-        [item for name in PRESETS for item in runs(tag, name, n, k)], done
+        [item for name in PRESETS for item in runs(tag, name, n, k)], done, COMMANDS
     )
     ways = {
         "one population": one,
         "one each, in turn": lambda done, tag="each", n=steps: [
-            run_population(runs(tag, name, n), done) for name in PRESETS
+            run_population(runs(tag, name, n), done, COMMANDS) for name in PRESETS
         ],
     }
     rows = []
@@ -256,7 +259,7 @@ def _profile(items, P: int, steps: int, shown: int = 14) -> str:
     """Where the lockstep loop of P members works (stack_sampler.py): what its step was calling,
     and the functions with the most own time, as shares of the working samples."""
     with ThreadSampler(roots=ROOTS) as sampler:
-        run_population(items("profile", P), lambda item, err: None)
+        run_population(items("profile", P), lambda item, err: None, COMMANDS)
     share = lambda n: f"{100 * n / max(sampler.working(), 1):.0f} %"
     rows = [
         [phase, share(n)]
@@ -283,7 +286,7 @@ def _calls(items, P: int, steps: int) -> str:
         )
         kernels[n] = TorchKernels(root=ROOTS[0])
         with counts[n], kernels[n]:
-            run_population(items(f"calls{n}", n), lambda item, err: None)
+            run_population(items(f"calls{n}", n), lambda item, err: None, COMMANDS)
     total = lambda c, k: sum(v for key, v in c.counts.items() if key[0] == k)
     reads = lambda c, k: sum(v for key, v in c.syncs.items() if key[0] == k)
     largest = max(counts)

@@ -20,11 +20,10 @@ first and the last run's folder were made (a worker process ready, its populatio
 when the last run began its steps (config.json: every population set up) and when the last run ended
 (summary.json: its checkpoint written).
 
-On a GPU compare's processes share the GPU through CUDA's Multi-Process Service, a daemon of
-compare's own (--mps auto, util/mps.py; the row says how they shared it, from compare's first line),
-and the command runs again with --mps off: without MPS the nine populations' processes take turns
-where under it their kernels run side by side. (Fewer processes were timed too, GRPO's 896 runs in
-one or two populations with --members 1024 or 448: no faster; docs/performance.md.)
+On a GPU the row says how compare's processes shared it, from compare's first line: in turns, or
+through CUDA's Multi-Process Service where the machine runs a daemon of its own (compare starts
+none; docs/running.md). (Fewer processes were timed too, GRPO's 896 runs in one or two populations
+with --members 1024 or 448: no faster; docs/performance.md.)
 
 Then compare's report of the sweep's runs alone, in this process (`report_seconds`): as if every run
 had ended at once (every bootstrap made after the runs), and as compare makes it, every algorithm's
@@ -104,9 +103,6 @@ def phases(
     return (before, on, during - on, wall - before - during)
 
 
-GPU_ALSO = [("--mps", "off")]
-
-
 def bench_sweep(
     out: Path,
     init: Path,
@@ -117,7 +113,7 @@ def bench_sweep(
 ) -> str:
     """The table of the sweep's command (module docstring); `seeds` (default 128 on a GPU, 5 on a
     CPU) and `extra` flags of compare: a shorter sweep (the tests'); `also`: the same again with
-    each of these flags, a row each (default: GPU_ALSO on a GPU, none on a CPU)."""
+    each of these flags, a row each (default: none)."""
     gpu = device.startswith("cuda")
     seeds, bar = seeds or (128 if gpu else 5), "60 s, 40 GB of the GPU" if gpu else "90 s"
     header = [
@@ -135,7 +131,7 @@ def bench_sweep(
             "s: before the GPU's memory · busy · held, less used · after",
         ]
     rows, folder = [], out / "sweep"
-    for more in [(), *(also if also is not None else GPU_ALSO if gpu else [])]:
+    for more in [(), *(also or [])]:
         name = "sweep" + "".join(more).replace("--", "-")
         row, error, runs = _sweep(folder.with_name(name), init, device, seeds, (*extra, *more))
         rows.append(row)

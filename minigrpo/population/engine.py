@@ -26,64 +26,85 @@ Ctrl-C), then KeyboardInterrupt is raised here; a second Ctrl-C raises it at onc
 from __future__ import annotations
 
 import functools
-import importlib
 import signal
 import threading
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
-from minigrpo.population.lockstep import KINDS, OWN, QUIET, RECIPES, train_lockstep, unsupported
+from minigrpo.population.lockstep import (
+    KINDS,
+    OWN,
+    QUIET,
+    RECIPES,
+    train_lockstep,
+    trainer_name,
+    unsupported,
+)
 from minigrpo.rl.report import INTERRUPTED, STOP_ALL
-from minigrpo.tools.pool import STOPPING, end_folder, run_one, run_pool, start_folder
+from minigrpo.tools.pool import STOPPING, end_folder, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
-# flags, each
-PER_MEMBER = {module: tuple("--" + k.replace("_", "-") for k in own) for module, own in OWN.items()}
-# with a value, in which a lockstep population's members may differ (lockstep.OWN)
+# flags, each with a value, in which a lockstep population's members may differ (lockstep.OWN)
+PER_MEMBER = {name: tuple("--" + k.replace("_", "-") for k in own) for name, own in OWN.items()}
 
 
-def lockstep_key(item, mixed: bool = True) -> tuple | None:
+@dataclass(frozen=True)
+class Commands:
+    """What the engine runs, handed down by its caller (compare, a layer above: the engine imports
+    no command): the trainer modules by module name, a lone run (item -> its error, or None:
+    tools/pool.run_one with the trainers' mains), and the pool workers' task, a module-level
+    function of the caller's that calls run_task(task, these Commands) (the workers start with
+    'spawn' and get it pickled by its name)."""
+
+    trainers: dict
+    run_one: Callable
+    task: Callable
+
+
+def lockstep_key(item, commands: Commands, mixed: bool = True) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every setting
     but those each member may have of its own (lockstep.OWN: --seed, --out, --lr, --reward, --beta,
     --person; GRPO's recipe, lockstep.RECIPES; mixed=False: its recipe too, but β) (None: its
     trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
     cmd = item[2]  # [python, "-m", module, flags...]
-    if cmd[2] not in KINDS:  # the trainers a lockstep population runs
+    trainer = commands.trainers.get(cmd[2])
+    if trainer is None or trainer_name(trainer) not in KINDS:  # the trainers lockstep runs
         return None
-    flags, skip, own = [], False, PER_MEMBER[cmd[2]]
+    name = trainer_name(trainer)
+    flags, skip, own = [], False, PER_MEMBER[name]
     for arg in cmd[3:]:
         if not skip and arg not in own:
             flags.append(arg)
         skip = not skip and arg in own
-    cfg = _in_lockstep(cmd[2], tuple(flags))
+    cfg = _in_lockstep(trainer, tuple(flags))
     if cfg is None:
         return None
-    apart = (*OWN[cmd[2]], *QUIET, *(RECIPES[cmd[2]] if mixed else ()))
+    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
     return cmd[2], repr([(k, v) for k, v in asdict(cfg).items() if k not in apart])
 
 
 @functools.lru_cache(maxsize=None)
-def _in_lockstep(module: str, flags: tuple):
+def _in_lockstep(trainer, flags: tuple):
     """These flags' configuration if lockstep runs it, else None (read once per configuration, not
     once per seed)."""
     try:
-        trainer = importlib.import_module(module)
         cfg = trainer.parse(list(flags))
         return cfg if unsupported(trainer, [cfg]) is None else None
     except UsageError:
         return None
 
 
-def run_lockstep(items: list, done) -> bool:
+def run_lockstep(items: list, done, commands: Commands) -> bool:
     """The items as one lockstep population, done(item, error) for each at the end -> False (nothing
     run) where they cannot go in lockstep: another trainer or configuration, a flag lockstep does
     not support, a bad flag."""
-    key = lockstep_key(items[0])
-    if key is None or any(lockstep_key(item) != key for item in items):
+    key = lockstep_key(items[0], commands)
+    if key is None or any(lockstep_key(item, commands) != key for item in items):
         return False
-    trainer = importlib.import_module(key[0])
+    trainer = commands.trainers[key[0]]
     try:
         cfgs = [trainer.parse(item[2][3:]) for item in items]
-    # a bad value of a member's own (its --lr, say): each run says it, as a thread
+    # a bad value of a member's own (its --lr, say): each run says it, alone
     except UsageError:
         return False
     if unsupported(trainer, cfgs) is not None:
@@ -102,23 +123,25 @@ def run_lockstep(items: list, done) -> bool:
     return True
 
 
-def run_population(items: list, done) -> None:
+def run_population(items: list, done, commands: Commands) -> None:
     """Every item's run, done(item, error) as each ends: as one lockstep population where they can
-    (run_lockstep), else one after another here (tools/pool.run_one, in process)."""
-    if not items or run_lockstep(items, done):
+    (run_lockstep), else one after another here (commands.run_one, in process)."""
+    if not items or run_lockstep(items, done, commands):
         return
     for item in items:
-        done(item, run_one(item))
+        done(item, commands.run_one(item))
 
 
-def shares_of(items: list, most: int = 0, mixed: bool = True) -> tuple[list[list], list]:
+def shares_of(
+    items: list, commands: Commands, most: int = 0, mixed: bool = True
+) -> tuple[list[list], list]:
     """-> (the lockstep populations `items` make, each of at most `most` runs (0: no limit); the
     runs that go alone). Runs that may go in lockstep (lockstep_key; `mixed`: GRPO's recipes
     together) are grouped by configuration: a group, or its nearly equal parts in order (so
     compare's presets of one GRPO group, over more seeds than `most`, go a preset to a part)."""
     groups: dict[tuple, list] = {}
     for item in items:
-        groups.setdefault(lockstep_key(item, mixed) or (), []).append(item)
+        groups.setdefault(lockstep_key(item, commands, mixed) or (), []).append(item)
     alone, shares = groups.pop((), []), []
     for group in groups.values():
         n = -(-len(group) // most) if most > 0 else 1
@@ -126,7 +149,9 @@ def shares_of(items: list, most: int = 0, mixed: bool = True) -> tuple[list[list
     return shares, alone
 
 
-def run_populations(items: list, jobs: int, done, most: int = 0, mixed: bool = True) -> None:
+def run_populations(
+    items: list, jobs: int, done, commands: Commands, most: int = 0, mixed: bool = True
+) -> None:
     """The items' lockstep populations (shares_of: at most `most` runs each, `mixed` as there) and
     the runs that go alone (another trainer, a flag lockstep does not run), each population or lone
     run a task of tools/pool.run_pool's worker processes, `jobs` at a time (jobs = 1, or a single
@@ -134,24 +159,23 @@ def run_populations(items: list, jobs: int, done, most: int = 0, mixed: bool = T
     between batches, runs one member after another in a process (one interpreter lock), so it is
     shared out over the cores. Why a limit: each member costs GPU memory (compare --members).
     done(item, error) is called here as each task ends, for each of its runs."""
-    shares, alone = shares_of(items, most, mixed)
+    shares, alone = shares_of(items, commands, most, mixed)
     tasks = [("population", share) for share in shares] + [("alone", item) for item in alone]
     if jobs <= 1 or len(tasks) == 1:
         for share in shares:
-            run_population(share, done)
+            run_population(share, done, commands)
         for item in alone:
-            done(item, run_one(item))
+            done(item, commands.run_one(item))
         return
-    run_pool(
-        run_task, tasks, min(jobs, len(tasks)), lambda task, result: _report(task, result, done)
-    )
+    report = lambda task, result: _report(task, result, done)
+    run_pool(commands.task, tasks, min(jobs, len(tasks)), report)
 
 
-def run_task(task: tuple):
+def run_task(task: tuple, commands: Commands):
     """A pool worker's task: ("population", items) -> [(item, error)] of its runs
-    (population_share); ("alone", item) -> its error, or None (tools/pool.run_one)."""
+    (population_share); ("alone", item) -> its error, or None (commands.run_one)."""
     kind, what = task
-    return population_share(what) if kind == "population" else run_one(what)
+    return population_share(what, commands) if kind == "population" else commands.run_one(what)
 
 
 def _report(task: tuple, results, done) -> None:
@@ -164,7 +188,7 @@ def _report(task: tuple, results, done) -> None:
         done(item, error)
 
 
-def population_share(items: list) -> list:
+def population_share(items: list, commands: Commands) -> list:
     """A pool worker's share: one population -> [(item, error)] of its runs. Ctrl-C (the terminal
     signals the whole process group; the parent's alone sets the pool's stop event) ends every
     member at the end of its step, as in one process."""
@@ -175,7 +199,7 @@ def population_share(items: list) -> list:
     for stop in STOPPING:
         threading.Thread(target=lambda: stop.wait() and STOP_ALL.set(), daemon=True).start()
     try:
-        run_population(items, lambda item, error: results.append((item, error)))
+        run_population(items, lambda item, error: results.append((item, error)), commands)
     except KeyboardInterrupt:
         pass
     finally:

@@ -69,13 +69,10 @@ from toy_tasks.rewards import RewardError, score
 # own; person: each member's prompts, anchor (anchor.py) and trust region's anchor rows), and
 # settings that change no
 # result
-OWN = {
-    trainer: ("seed", "out", "lr", "reward", "beta", "person")
-    for trainer in ("minigrpo.grpo", "minigrpo.ppo")
-}
+OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("grpo", "ppo")}
 # and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update
 # (grpo_update.py)
-RECIPES = {"minigrpo.grpo": RECIPE, "minigrpo.ppo": ()}
+RECIPES = {"grpo": RECIPE, "ppo": ()}
 QUIET = ("overwrite", "quiet", "verbose")
 
 
@@ -90,8 +87,9 @@ class Kind:
     unsupported: Callable  # cfg -> why lockstep cannot run it, or None
 
 
+# the trainers lockstep runs, by their command's name (trainer_name)
 KINDS = {
-    "minigrpo.grpo": lambda t: Kind(
+    "grpo": lambda t: Kind(
         "grpo",
         t.check_config,
         t.GRPO,
@@ -100,25 +98,31 @@ KINDS = {
         ),
         grpo_update.unsupported,
     ),
-    "minigrpo.ppo": lambda t: Kind(
+    "ppo": lambda t: Kind(
         "ppo", t.check_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported
     ),
 }
 
 
+def trainer_name(trainer) -> str:
+    """A trainer module's command name: minigrpo.grpo -> 'grpo'."""
+    return trainer.__name__.rsplit(".", 1)[-1]
+
+
 def unsupported(trainer, cfgs: list) -> str | None:
     """Why these configs of `trainer` cannot run in lockstep (None: they can)."""
-    if trainer.__name__ not in KINDS:
+    name = trainer_name(trainer)
+    if name not in KINDS:
         return f"{trainer.__name__} has no lockstep"
-    own = (*OWN[trainer.__name__], *QUIET, *RECIPES[trainer.__name__])
+    own = (*OWN[name], *QUIET, *RECIPES[name])
     first = {k: v for k, v in asdict(cfgs[0]).items() if k not in own}
     if any({k: v for k, v in asdict(c).items() if k not in own} != first for c in cfgs):
-        return f"members differ in more than their {', '.join(OWN[trainer.__name__])}" + (
-            " and recipe" if RECIPES[trainer.__name__] else ""
+        return f"members differ in more than their {', '.join(OWN[name])}" + (
+            " and recipe" if RECIPES[name] else ""
         )
     if cfgs[0].resume is not None:
         return "--resume"
-    return KINDS[trainer.__name__](trainer).unsupported(cfgs)
+    return KINDS[name](trainer).unsupported(cfgs)
 
 
 class Member:
@@ -135,7 +139,8 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     """Every member's run (module docstring) -> per member its summary (dict) or its error (str).
     `trainer`: the module minigrpo.grpo or minigrpo.ppo, whose checks, algorithm state, loss and
     panels the members use."""
-    kind, members, results, likes = KINDS[trainer.__name__](trainer), [], [None] * len(cfgs), {}
+    kind, members, results = KINDS[trainer_name(trainer)](trainer), [], [None] * len(cfgs)
+    likes = {}
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
         try:
             members.append((k, Member(kind, cfg, log, likes.get(cfg.person))))

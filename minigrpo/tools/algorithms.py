@@ -20,15 +20,16 @@ import re
 from minigrpo.util.cli import UsageError
 from minigrpo.variants.presets import PRESETS
 
-# Algorithms with a trainer of their own: its module and flags (ppo_oracle: PPO with the exact
-# critic).
+# Algorithms with a trainer of their own: its name (the command minigrpo.<name>, which compare's
+# TRAINERS map it to: the tools sit below the commands) and flags (ppo_oracle: PPO with the exact
+# critic). Every other algorithm's trainer is grpo.
 OWN_TRAINERS = {
-    "ppo": ("minigrpo.ppo", []),
-    "ppo_oracle": ("minigrpo.ppo", ["--critic", "oracle"]),
-    "dpo": ("minigrpo.dpo", []),
-    "online_dpo": ("minigrpo.dpo", ["--online"]),
+    "ppo": ("ppo", []),
+    "ppo_oracle": ("ppo", ["--critic", "oracle"]),
+    "dpo": ("dpo", []),
+    "online_dpo": ("dpo", ["--online"]),
 }
-PPO_ALGOS = [a for a, (module, _) in OWN_TRAINERS.items() if module == "minigrpo.ppo"]
+PPO_ALGOS = [a for a, (trainer, _) in OWN_TRAINERS.items() if trainer == "ppo"]
 ALGOS = ["default"] + sorted(PRESETS) + list(OWN_TRAINERS)
 SET_BY_COMPARE = ("seed", "out", "preset", "resume", "goal", "plateau")  # no run may be given these
 # nor a variant these
@@ -47,8 +48,9 @@ def base_of(name: str) -> str:
     return name.split("@", 1)[0]
 
 
-def module_of(name: str) -> str:
-    return OWN_TRAINERS[base_of(name)][0] if base_of(name) in OWN_TRAINERS else "minigrpo.grpo"
+def trainer_of(name: str) -> str:
+    """The name of an algorithm's trainer: 'ppo_oracle@lr=1e-3' -> 'ppo', 'gspo' -> 'grpo'."""
+    return OWN_TRAINERS[base_of(name)][0] if base_of(name) in OWN_TRAINERS else "grpo"
 
 
 def variant_flags(name: str) -> list[str]:

@@ -1,17 +1,15 @@
-"""What compare runs: its own flags (CompareConfig, python -m minigrpo.compare --help) and the
-command line each run gets from them: the trainer of its algorithm (tools/algorithms.py), its preset
-or flags, its seed, one thread, no plot, the budget (--budget fixed: --steps with the stop rule off
-and one checkpoint, its last), the flags passed through to the trainers, and a variant's own flags
-last, so they win.
+"""What compare runs: its own flags (CompareConfig, python -m minigrpo.compare --help) and the flags
+each run's trainer gets from them (trainer_args; compare.command puts the trainer's module in
+front): its preset or flags, its seed, one thread, no plot, the budget (--budget fixed: --steps with
+the stop rule off and one checkpoint, its last), the flags passed through to the trainers, and a
+variant's own flags last, so they win.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from minigrpo.tools.algorithms import ALGOS, OWN_TRAINERS, base_of, module_of, variant_flags
+from minigrpo.tools.algorithms import ALGOS, OWN_TRAINERS, base_of, variant_flags
 from minigrpo.util.cli import meta
 
 
@@ -80,15 +78,6 @@ class CompareConfig:
             choices=["auto", "pool", "population"],
         ),
     )
-    mps: str = field(
-        default="auto",
-        metadata=meta(
-            "auto: processes on one GPU share it through CUDA's Multi-Process Service, a control "
-            "daemon of compare's own (where none serves, nvidia-cuda-mps-control is at hand and "
-            "not under torchrun); off: they take turns",
-            choices=["auto", "off"],
-        ),
-    )
 
 
 def trainer_args(
@@ -121,18 +110,3 @@ def trainer_args(
         *passthrough,
         *variant_flags(algo),
     ]  # a variant's own flags last: they win
-
-
-def command(
-    algo: str, seed: int, cfg: CompareConfig, passthrough: list[str], task: str, out: Path
-) -> list[str]:
-    """One run's whole command line: [python, "-m", its trainer, its flags, "--out",
-    <out>/<algo>-s<seed>]."""
-    return [
-        sys.executable,
-        "-m",
-        module_of(algo),
-        *trainer_args(algo, seed, cfg, passthrough, task),
-        "--out",
-        str(out / f"{algo}-s{seed}"),
-    ]

@@ -4,7 +4,9 @@ A run as its own `python -m minigrpo.grpo` process pays Python's start, torch's 
 its metrics.png around a few seconds of steps: a large share of a sweep (docs/performance.md). Here
 `jobs` worker processes (one per core, one thread each) import once and run their share of the runs
 one after another IN PROCESS, each through the very `main(argv)` its command line would run
-(`run_in_process`). Nothing of a run outlives it: every random generator it draws from is seeded
+(`run_in_process`). The commands' mains come from the caller ({module name: main}, compare's
+MAINS): the tools sit below the commands (tests/test_layers.py), so nothing here imports one, by
+name or otherwise. Nothing of a run outlives it: every random generator it draws from is seeded
 from its own --seed when it starts (rl.Run: torch's global generator and one per purpose), and its
 model, π_ref, anchor and optimiser are its own (loading them again costs a run little: not worth a
 cache), so a pooled run writes the same metrics.jsonl as the separate process `python -m <module>
@@ -21,7 +23,6 @@ only; a fresh worker takes its place.
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import multiprocessing
@@ -32,30 +33,32 @@ import threading
 import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from multiprocessing.connection import wait
+from pathlib import Path
 
 from minigrpo.tools.stamps import STAMP, stamp_of
 from minigrpo.util.outputs import release_out
 from minigrpo.util.parent import signal_on_parent_death
 
 
-def run_in_process(module: str, argv: list[str]) -> str | None:
-    """Run `python -m <module> <argv>`'s main here, its output captured; -> None if it succeeded,
-    else the last line its process would have printed (its error)."""
+def run_in_process(main, argv: list[str]) -> str | None:
+    """Run a command's `main(argv)` here (what `python -m <its module> <argv>` runs), its output
+    captured; -> None if it succeeded, else the last line its process would have printed (its
+    error)."""
     out, err = io.StringIO(), io.StringIO()
     # a run stops on Ctrl-C as a process does
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            return run_main(module, argv, out, err)
+            return run_main(main, argv, out, err)
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def run_main(module: str, argv: list[str], out: io.StringIO, err: io.StringIO) -> str | None:
-    """`module`'s main(argv), whose output goes to out and err -> None if it succeeded, else its
+def run_main(main, argv: list[str], out: io.StringIO, err: io.StringIO) -> str | None:
+    """A command's main(argv), whose output goes to out and err -> None if it succeeded, else its
     error line."""
     try:
-        importlib.import_module(module).main(argv)
+        main(argv)
         return None
     except SystemExit as e:
         if e.code in (None, 0):
@@ -75,13 +78,15 @@ def brief(error: str, most: int = 200) -> str:
     return line if len(line) <= most else line[: most - 1] + "…"
 
 
-def run_one(task, runner=run_in_process) -> str | None:
+def run_one(task, mains: dict, runner=run_in_process) -> str | None:
     """One run, in a worker of the pool: its folder made afresh (a run of another command, or an
-    unfinished one, is replaced), the command stamped, then run in process (`runner`: a population's
-    in its thread); -> its error, or None."""
+    unfinished one, is replaced), the command stamped, then its module's main (`mains`: {module
+    name: main}) run in process (`runner(main, argv)`); -> its error, or None."""
     _, _, cmd, folder = task  # cmd is [python, "-m", module, ...]
+    if cmd[2] not in mains:
+        raise ValueError(f"{cmd[2]} is none of the commands given: {', '.join(mains)}")
     start_folder(task)
-    return end_folder(task, runner(cmd[2], cmd[3:]))
+    return end_folder(task, runner(mains[cmd[2]], cmd[3:]))
 
 
 def start_folder(task) -> None:
@@ -104,6 +109,19 @@ def end_folder(task, error: str | None) -> str | None:
     if error:
         (folder / "summary.json").unlink(missing_ok=True)
     return error
+
+
+def gpu_note(processes: int, gpu: bool) -> str:
+    """What compare's first line says where several of its processes share one GPU: through CUDA's
+    Multi-Process Service, where a control daemon serves (one the user started, docs/running.md:
+    its pipe where CUDA looks, $CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps), else in turns; nothing
+    where one process, or the CPU's cores, run them. Nothing here starts a daemon."""
+    if not gpu or processes < 2:
+        return ""
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
+    if pipe.exists():
+        return " (sharing the GPU through CUDA MPS)"
+    return " (on one GPU they take turns; CUDA MPS overlaps them: docs/running.md)"
 
 
 def _stop_with_parent() -> None:
@@ -170,10 +188,10 @@ class _Worker:
 
 def run_pool(fn, items: list, jobs: int, done) -> None:
     """fn(item) for every item in `jobs` worker processes (started fresh with 'spawn': each imports
-    what fn needs once; fn must be a module-level function), calling done(item, result) here as each
-    finishes. A worker that dies gives its item the result "the worker process died (exit code N)".
-    A worker with nothing left to do exits while the others still run, so what it holds (a GPU's
-    memory and context) goes early."""
+    what fn needs once; fn and the items are pickled, so fn is a module-level function), calling
+    done(item, result) here as each finishes. A worker that dies gives its item the result "the
+    worker process died (exit code N)". A worker with nothing left to do exits while the others
+    still run, so what it holds (a GPU's memory and context) goes early."""
     ctx = multiprocessing.get_context("spawn")  # never fork a parent that holds torch's threads
     todo, workers, stop = list(items), [], ctx.Event()
     try:
