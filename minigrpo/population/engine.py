@@ -1,10 +1,11 @@
 """compare's population engine: runs of one configuration as one lockstep population, the others
 alone, every population and lone run a task of the pool's worker processes.
 
-    run_population(items, done)           # the pool's items (tools/pool.py): (algo, seed, command,
-                                          # folder)
-    run_populations(items, jobs, done)    # the items' populations and lone runs, shared out over
-                                          # `jobs` worker processes
+    run_population(items, done, commands)         # the pool's items (tools/pool.py): (algo,
+                                                  # seed, command, folder)
+    run_populations(items, jobs, done, commands)  # the items' populations and lone runs, shared
+                                                  # out over `jobs` worker processes
+    # commands: the trainers and runners, from compare (Commands: the engine imports no command)
 
 In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in
 their seeds (and folders), learning rates, rewards, β's and people (GRPO's, and in their recipes:
