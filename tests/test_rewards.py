@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import torch
 
 from toy_tasks import food
 from toy_tasks.rewards import RewardError, make_reward, score
@@ -50,11 +51,26 @@ def test_custom_reward_file_is_loaded_and_called_with_prompt_and_completion(tmp_
 def test_module_function_spec_and_a_raising_reward_is_reported():
     r = reward("operator:contains")  # contains(prompt, completion): completion occurs in the prompt
     assert score(r, ["pizza lover", "x"], ["pizza", "pizza"], [True, True]) == [1.0, 0.0]
-    with pytest.raises(
-        RewardError, match="reward 'operator:add' raised on prompt 'p', completion 'c'"
-    ):
-        # float('pc') raises: one message, no traceback
+    with pytest.raises(RewardError, match="reward 'operator:add' raised on prompt 'p'"):
+        score(reward("operator:add"), ["p"], [None], [True])  # 'p' + None raises
+    # add(prompt, completion) returns the string 'pc': not a number, one message
+    with pytest.raises(RewardError, match=r"returned 'pc' \(str, not a number\) on prompt 'p'"):
         score(reward("operator:add"), ["p"], ["c"], [True])
+
+
+def test_a_reward_returns_a_number_never_a_string_that_reads_as_one():
+    """float("1.0") would take a string: refused like None or a list; numbers of numpy and torch
+    (a 0-dim tensor) are numbers."""
+    import numpy as np
+
+    r = make_reward("length")
+    for value in ("1.0", b"1", None, [1.0], torch.ones(2)):
+        r.fn = lambda p, c, value=value: value
+        with pytest.raises(RewardError, match="not a number"):
+            score(r, ["p"], ["x"], [True])
+    for value in (1, True, np.float32(0.5), np.int64(2), torch.tensor(0.25)):
+        r.fn = lambda p, c, value=value: value
+        assert score(r, ["p"], ["x"], [True]) == [float(value)]
 
 
 def test_unfinished_reward_override_and_error_reporting():

@@ -236,13 +236,23 @@ def score(
             out.append(float(unfinished_reward))
             continue
         try:
-            r = float(reward(prompt, completion))
+            value = reward(prompt, completion)
         except RewardError:
             raise
         except Exception as e:
             raise RewardError(
                 f"reward {reward.name!r} raised on prompt {prompt!r}, completion {completion!r}: "
                 f"{type(e).__name__}: {e}"
+            ) from None
+        # a number (int, float, bool, numpy's, a 0-dim tensor): never a string that reads as one
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError
+            r = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise RewardError(
+                f"reward {reward.name!r} returned {value!r} ({type(value).__name__}, not a number) "
+                f"on prompt {prompt!r}, completion {completion!r}"
             ) from None
         if not math.isfinite(r):
             raise RewardError(
