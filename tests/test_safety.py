@@ -5,6 +5,7 @@ start-up."""
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -501,3 +502,58 @@ def test_a_loss_weight_too_large_for_float32_stops_the_run_in_one_line(
     ]
     err = one_line_error(importlib.import_module(module).main, argv, capsys)
     assert "the gradient became inf at step 1" in err and "--vf-coef" in err, err
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_pretrained):
+    """A 2-step GRPO run's folder at lr 0.001 (copied by each test that damages it)."""
+    from minigrpo import grpo
+
+    init, _, _ = tiny_pretrained
+    run = tmp_path_factory.mktemp("resume") / "run"
+    flags = ["--init", str(init), "--steps", "2", "--group-size", "4", "--prompts-per-step", "2"]
+    grpo.main([*flags, "--reward", "food:curry", "--lr", "0.001", "--out", str(run), "--quiet"])
+    return run
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (lambda c: c.pop("lr"), "'lr' is missing"),
+        (lambda c: c.pop("reward"), "'reward' is missing"),
+        (lambda c: c.update(lr="abc"), "'lr' is 'abc', not float"),
+        (lambda c: c.update(group_size=4.5), "'group_size' is 4.5, not int"),
+        (lambda c: c.update(preserve="yes"), "'preserve' is 'yes', not bool"),
+    ],
+    ids=["no-lr", "no-reward", "lr-abc", "group-size-float", "preserve-str"],
+)
+def test_resume_refuses_a_config_json_that_lost_a_setting_or_holds_another_type(
+    finished_run, tmp_path, capsys, damage, said
+):
+    """A config.json that lost a key is never filled in with the default (a curry run at lr 0.001
+    would carry on as a pizza run at lr 6e-4), and a value of another type is named in its file,
+    not blamed on a flag the user never passed; the folder stays as it was."""
+    from minigrpo import grpo
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    config = json.loads((run / "config.json").read_text())
+    damage(config)
+    (run / "config.json").write_text(json.dumps(config))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    err = one_line_error(grpo.main, ["--resume", str(run), "--steps", "3"], capsys)
+    assert str(run / "config.json") in err and said in err, err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_resume_of_a_run_whose_metrics_jsonl_is_gone_is_refused_not_restarted(
+    finished_run, tmp_path, capsys
+):
+    from minigrpo import grpo
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "metrics.jsonl").unlink()
+    err = one_line_error(grpo.main, ["--resume", str(run), "--steps", "3"], capsys)
+    assert "metrics.jsonl is gone" in err, err
+    assert not (run / "metrics.jsonl").exists()

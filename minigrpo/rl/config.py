@@ -10,6 +10,7 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from minigrpo.rl.resume_config import RESUMABLE, check_resume_flags, check_saved_config
 from minigrpo.util.cli import UsageError, check_positive, check_ranges, meta, parse_config, require
 from toy_tasks import task_defaults
 
@@ -257,46 +258,6 @@ def check_rl_config(cfg: RLConfig) -> None:
     require(cfg, "group_size", cfg.group_size >= 2, ">= 2 (group baselines need two samples)")
 
 
-# flags a resumed run may change: how long it runs and how it reports, never what experiment it is
-RESUMABLE = {
-    "steps",
-    "goal",
-    "goal_patience",
-    "goal_malformed",
-    "goal_drift",
-    "plateau",
-    "eval_every",
-    "ckpt_every",
-    "quiet",
-    "verbose",
-    "plot",
-    "threads",
-    "device",
-    "resume",
-    "out",
-    "overwrite",
-    "init",
-}
-
-
-def check_resume_flags(cfg, saved: dict, folder: str, argv) -> None:
-    """A resumed run is the same experiment: refuse a flag that would change it, and an --out
-    elsewhere."""
-    out_given = any(a == "--out" or a.startswith("--out=") for a in argv or [])
-    if out_given and Path(cfg.out).resolve() != Path(folder).resolve():
-        raise UsageError(
-            f"--resume {folder!r} writes into its own folder; drop --out {cfg.out!r} "
-            f"(or copy the folder first)"
-        )
-    changed = [k for k, v in saved.items() if k not in RESUMABLE and getattr(cfg, k) != v]
-    if changed:
-        k = changed[0]
-        raise UsageError(
-            f"--resume {folder!r} continues the same experiment: --{k.replace('_', '-')} was "
-            f"{saved[k]!r} and cannot become {getattr(cfg, k)!r} (start a new run with --out)"
-        )
-
-
 def default_out(cfg, algo_name: str, changed: list[tuple[str, object]] = ()) -> str:
     """runs/<preset or algo>-<reward>[-<person>][-no-preserve][-<flag>-<value>…]: different
     experiments get different folders, e.g. runs/grpo-pizza, runs/dapo-food-sushi-bob,
@@ -374,6 +335,12 @@ def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict |
         if not isinstance(saved_json, dict):
             raise UsageError(f"--resume {known.resume!r}: its config.json holds no settings object")
         saved_cfg = {k: v for k, v in saved_json.items() if k in names}
+        check_saved_config(cls, saved_cfg, saved)
+        if not (Path(known.resume) / "metrics.jsonl").is_file():
+            raise UsageError(
+                f"--resume {known.resume!r}: its metrics.jsonl is gone, so the steps run so far "
+                "would be missing from the record; restore it, or start a new run with --out"
+            )
         defaults.update(saved_cfg)
     cfg, _ = parse_config(cls, argv, description, defaults)
     if saved_cfg is not None:
