@@ -161,7 +161,8 @@ class PPO:
                 if anchor is not None:
                     loss = loss + anchor
                     figures["preserve_loss"] = anchor.detach()
-                stats = {"loss": loss.item(), **{k: v.item() for k, v in figures.items()}}
+                figures = {"policy_loss": figures.pop("policy_loss"), "loss": loss, **figures}
+                stats = {k: v.item() for k, v in figures.items()}
                 stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
                 per_update.append(stats)
         # means over the minibatch updates; the max ratio is the max

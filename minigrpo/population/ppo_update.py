@@ -244,7 +244,7 @@ class LockstepPPO:
             if anchor is not None:
                 loss = loss + anchor
                 s["preserve_loss"] = anchor.detach()
-            s["loss"] = loss.detach()
+            s = {"policy_loss": s.pop("policy_loss"), "loss": loss.detach(), **s}  # ppo.py's order
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slices of the weights
             s["grad_norm"] = clip_grad_norm(
