@@ -1,5 +1,7 @@
-"""The oracle critic (toy_tasks/oracle.py): exact prefix values, checked against one step of the
-policy, the exact expected reward, Monte Carlo, and the rollout layout PPO reads."""
+"""The oracle critic's exact prefix values (toy_tasks/value_tree.py, one model, as rl/critics.py's
+OracleCritic runs it), checked against one step of the policy, the exact expected reward, Monte
+Carlo, and the rollout layout PPO reads. (tests/oracle_values.py, the slow oracle, is held to the
+tree in test_value_tree.py.)"""
 
 import copy
 import math
@@ -7,15 +9,15 @@ import math
 import pytest
 import torch
 
-from minigrpo.lm.logprobs import completion_logprobs, pad_left
+from minigrpo.lm.logprobs import completion_logprobs, pad_left, sequence_logprobs
 from minigrpo.lm.model import positions
 from minigrpo.lm.sampling import encode_prompts, generate
 from minigrpo.lm.tokenizer import EOS_ID
 from minigrpo.rl.rollout import collect
 from toy_tasks import food
-from toy_tasks.oracle import prefix_values, values_at
 from toy_tasks.rewards import make_reward
 from toy_tasks.support import RewardTable, reward_figures, reward_table
+from toy_tasks.value_tree import ValueTree
 
 PROMPTS = [food.prompt("ravin"), food.prompt("bob")]
 R_OFF = -1.0
@@ -34,8 +36,34 @@ OFF = ["zz", "pizzaa", "pizza ", "ice creamy", "sushi pizza", "a"]
 PREFIXES = sorted({f[:t] for f in food.FOODS for t in range(len(f) + 1)}) + OFF
 
 
-def V(model, tok, pairs, table=TABLE, temperature=1.0):
-    return values_at(model, tok, pairs, PROMPTS, food.support, table, temperature)
+@torch.no_grad()
+def tree_values(model, tok, table=TABLE, temperature=1.0, ref=None, beta=0.0):
+    """The value tree of PROMPTS' support under `table`, and V (nodes,) of `model` (π_ref `ref`,
+    penalty β)."""
+    tree = ValueTree(tok, PROMPTS, food.support, table)
+    logp = lambda m: sequence_logprobs(m, tree.ids, tree.key_mask, temperature)[None]
+    ref_logp = logp(ref) if ref is not None else None
+    return tree, tree.values(logp(model), ref_logp, torch.tensor([beta]))[0]
+
+
+def V(model, tok, pairs, table=TABLE, temperature=1.0, ref=None, beta=0.0):
+    """V(x + s) of each (prompt x, prefix s) pair -> (M,) float64: its node found by walking the
+    tree character by character; r_off where the prefix leaves the tree."""
+    tree, values = tree_values(model, tok, table, temperature, ref, beta)
+    out = []
+    for x, s in pairs:
+        root = node = tree.roots[PROMPTS.index(x)].item()
+        for c in s:
+            node = tree.moves[node, tok.stoi[c]].item() if node >= 0 else -1
+        out.append(values[node].item() if node >= 0 else tree.r_off[0, root].item())
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def prefix_values(model, tok, rows, completion_ids, mask, table=TABLE):
+    """The tree's values on a rollout's rows (OracleCritic's call) -> (N, T)."""
+    tree, values = tree_values(model, tok, table)
+    index = torch.tensor([[PROMPTS.index(x) for x in rows]])
+    return tree.prefix_values(values[None], index, completion_ids[None], mask[None])[0]
 
 
 @torch.no_grad()
@@ -118,16 +146,7 @@ def test_prefix_values_on_a_rollout_are_the_values_of_each_rows_prefixes(tiny_pr
     batch = collect(
         model, model, tok, [PROMPTS[1], PROMPTS[0]], 8, spread, torch.Generator().manual_seed(1)
     )
-    out = prefix_values(
-        model,
-        tok,
-        batch.prompts,
-        batch.gen.completion_ids,
-        batch.mask,
-        PROMPTS,
-        food.support,
-        TABLE,
-    )
+    out = prefix_values(model, tok, batch.prompts, batch.gen.completion_ids, batch.mask)
     assert out.shape == batch.mask.shape and out.dtype == torch.float32
     assert (out[~batch.mask] == 0).all()
     ids = batch.gen.completion_ids.tolist()
@@ -144,9 +163,7 @@ def test_prefix_values_on_a_rollout_are_the_values_of_each_rows_prefixes(tiny_pr
     width = max(map(len, texts)) + 1
     rows = [tok.encode(t, eos=True) + [tok.pad_id] * (width - len(t) - 1) for t in texts]
     mask = torch.tensor([[j <= len(t) for j in range(width)] for t in texts])
-    out = prefix_values(
-        model, tok, [PROMPTS[0]] * 3, torch.tensor(rows), mask, PROMPTS, food.support, TABLE
-    )
+    out = prefix_values(model, tok, [PROMPTS[0]] * 3, torch.tensor(rows), mask)
     for n, t in enumerate(texts):
         expected = V(model, tok, [(PROMPTS[0], t[:j]) for j in range(len(t) + 1)])
         assert out[n, : len(t) + 1].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
@@ -167,7 +184,7 @@ def test_with_a_kl_penalty_the_value_is_the_childrens_value_minus_each_steps_pen
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     on = {f[:t] for f in food.FOODS for t in range(len(f) + 1)}
     pairs = [(x, s) for x in PROMPTS for s in sorted(on)]
-    Vb = lambda prs: values_at(model, tok, prs, PROMPTS, food.support, TABLE, 1.0, ref, beta)
+    Vb = lambda prs: V(model, tok, prs, TABLE, 1.0, ref, beta)
     v = Vb(pairs)
     probs, ref_probs = (
         next_char_probs(model, tok, [x + s for x, s in pairs]),
@@ -191,4 +208,4 @@ def test_with_a_kl_penalty_the_value_is_the_childrens_value_minus_each_steps_pen
         expected += (1 - on_mass) * R_OFF
         assert v[m].item() == pytest.approx(expected, abs=1e-5), (x, s)
     if beta:  # the penalty lowers the value of every state with characters still to come
-        assert (v < values_at(model, tok, pairs, PROMPTS, food.support, TABLE)).any()
+        assert (v < V(model, tok, pairs)).any()

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from conftest import naive_gae
+from oracle_values import prefix_values, values_at
 
 from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.lm.logprobs import generation_logprobs
@@ -15,7 +16,6 @@ from minigrpo.rl.loop import Run
 from minigrpo.rl.rollout import collect
 from minigrpo.util.jsonl import read_jsonl
 from toy_tasks import food
-from toy_tasks.oracle import prefix_values, values_at
 from toy_tasks.rewards import make_reward
 
 
@@ -267,7 +267,7 @@ def test_the_oracle_advantage_at_the_first_token_is_the_reward_minus_the_exact_v
         run.task.support,
         run.rewards,
     )
-    assert torch.equal(old_values, exact)
+    assert torch.allclose(old_values, exact, atol=1e-6)  # the slow oracle's, to rounding
     assert torch.allclose(adv, torch.where(mask, batch.rewards[:, None] - exact, 0.0), atol=1e-6)
     assert torch.allclose(returns, torch.where(mask, batch.rewards[:, None], 0.0), atol=1e-6)
 
@@ -299,7 +299,7 @@ def test_the_oracle_values_the_kl_penalty_still_to_come(tmp_path, tiny_pretraine
         run.ref,
         beta,
     )
-    assert torch.equal(old_values, v)
+    assert torch.allclose(old_values, v, atol=1e-6)
     k1 = torch.where(mask, batch.old_logp - batch.ref_logp, 0.0)
     to_come = k1.flip(1).cumsum(1).flip(1)  # Σ_{j≥t} k1_j
     assert torch.allclose(

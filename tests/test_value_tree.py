@@ -1,17 +1,17 @@
 """toy_tasks/value_tree.py: the exact values of many models at once, against the slow oracle
-(toy_tasks/oracle.py, model by model) on every prefix of the support, prefixes that leave it, and
+(tests/oracle_values.py, model by model) on every prefix of the support, prefixes that leave it, and
 sampled rollouts."""
 
 import copy
 
 import pytest
 import torch
+from oracle_values import prefix_values
 from test_oracle import OFF, PROMPTS, TABLE
 
 from minigrpo.lm.logprobs import pad_left, sequence_logprobs
 from minigrpo.lm.sampling import encode_prompts, generate
 from toy_tasks import food
-from toy_tasks.oracle import prefix_values
 from toy_tasks.value_tree import ValueTree
 
 

@@ -1,6 +1,30 @@
-"""The oracle critic's exact values (toy_tasks/oracle.py) as tensor operations, for many models at
-once: the tree of the support's prefixes built once per run, its backward recursion one step per
-depth, and each rollout row's prefixes found by walking the tree token by token.
+"""The oracle critic's values: the exact value of every completion prefix under a policy, for one
+model or many at once (rl/critics.OracleCritic: one; a lockstep population's ExactValues: its
+members).
+
+In a world whose completions are enumerable (food: the 12 foods; arithmetic: the 12 declared answers
+of each prompt, `support(prompt)`), the states "prompt x, then the prefix s" of the support form a
+tree, and the value of PPO's return r − β·Σ_t k1_t, k1_t = log π(c_t) − log π_ref(c_t), is its
+backward recursion from the leaves up,
+
+    V(s) = Σ_{c: s + c on the tree} π(c | x + s)·(V(s + c) − β·k1(c))
+           + (1 − Σ_{c: s + c on the tree} π(c | x + s))·r_off(x),     V(s + EOS) = r(x, s);
+
+a state off the tree (a prefix that left the support, or a line that ended) is worth r_off(x). One
+teacher-forced forward of π (and of π_ref where β > 0) over (x + y + EOS) for every support
+completion y gives every π(c | x + s) on the tree. At β = 0 it is the expected task reward,
+Σ_y π(y + EOS | x + s)·r(x, y) + (1 − Σ_y …)·r_off(x).
+
+Exact where the reward is constant off the support (every food reward: 0 for pizza and food:<food>,
+−1 for graded; the run's `RewardTable.off_constant` says whether its probes agreed). Elsewhere r_off
+is the lowest probed off-support reward and V is a lower bound. With β > 0 the penalty of a
+continuation after it leaves the tree is not counted (that mass is the malformed mass, ~1e-3 for a
+pretrained model). Without the penalty the values would miss the return's expected KL remainder,
+which grows with the characters still to come: after whitening, that position-dependent offset
+pushes down the tokens of every sampled completion, even at the optimum.
+
+Source: the exact value of a prefix is what VinePPO (Kazemnejad et al. 2410.01679) estimates by
+Monte Carlo rollouts from each intermediate state; here enumeration makes it exact.
 
     tree = ValueTree(tok, prompts, support, tables, device)  # once: every prompt's support
                                                              # completions, as a tree; tables: one
@@ -15,13 +39,13 @@ depth, and each rollout row's prefixes found by walking the tree token by token.
     v = tree.prefix_values(V, prompt_index, completion_ids, mask)   # (P, N) which prompt, (P, N, T)
                                                                     # -> (P, N, T)
 
-The recursion is oracle.value_tables',
-    V(s) = Σ_c π(c | x + s)·(V(s + c) − β·k1(c)) + (1 − Σ_c π(c | x + s))·r_off,
-from the leaves up (a leaf, the line ended after a support completion, holds its reward), every
-model's in one pass: the nodes of one depth at a time. A state off the tree (a prefix that left the
-support, or a line that ended) is worth r_off, as there. Slow oracle: oracle.prefix_values, model by
-model (tests/test_value_tree.py, to rounding: the sums over a node's children are taken in another
-order). The model's forward is the caller's (one GPT, or a population's stacked weights).
+The recursion runs as tensor operations, every model's in one pass: the nodes of one depth at a
+time; each rollout row's prefixes are found by walking the tree token by token. The model's forward
+is the caller's (one GPT, or a population's stacked weights). Tests: tests/test_oracle.py checks the
+values against one step of the policy, the exact expected reward and Monte Carlo;
+tests/test_value_tree.py holds them to the slow oracle (tests/oracle_values.py: the same recursion
+in Python, model by model, prefixes as strings), to rounding (the sums over a node's children are
+taken in another order).
 """
 
 from __future__ import annotations
@@ -77,7 +101,7 @@ class ValueTree:
                     if t < len(y)
                     else node((i, tuple(y), "end"), t + 1, i)
                 )
-                # the first row to reach it, as value_tables
+                # the first row to reach it
                 edges.setdefault((parent, child), n * width + first + t)
                 if t < len(y):
                     moves.append((parent, y[t], child))
@@ -137,7 +161,7 @@ class ValueTree:
         """V (P, nodes); prompt_index (P, N) each row's prompt (its index in `prompts`);
         completion_ids (P, N, T), mask (P, N, T) bool -> (P, N, T) float32: entry t = V of the state
         before completion token t (the row's first t tokens), r_off off the tree, 0 where masked
-        (oracle.prefix_values' layout)."""
+        (PPO's critics' layout)."""
         state, at = self.roots[prompt_index], []
         for t in range(completion_ids.size(-1)):
             at.append(state)

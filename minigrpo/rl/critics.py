@@ -8,7 +8,7 @@ separate  a copy of the pretrained trunk with a scalar head (InstructGPT 2203.02
 head      a scalar head on the policy's own trunk (shared trunk: the value loss also moves the
           policy's weights)
 oracle    no critic: the exact values of PPO's return (task reward and KL penalty at the current β)
-          under π_old over the enumerable support (toy_tasks/oracle.py); the ideal-critic bound
+          under π_old over the enumerable support (toy_tasks/value_tree.py); the ideal-critic bound
 
 The value loss each learned critic is fitted with is PPO's (objectives/ppo_objective.py).
 
@@ -25,8 +25,8 @@ from abc import ABC, abstractmethod
 import torch
 import torch.nn as nn
 
-from minigrpo.lm.logprobs import shifted_forward
-from toy_tasks.oracle import prefix_values
+from minigrpo.lm.logprobs import sequence_logprobs, shifted_forward
+from toy_tasks.value_tree import ValueTree
 
 
 def completion_hidden(model, gen) -> torch.Tensor:
@@ -110,29 +110,33 @@ class SeparateCritic(Critic):
 class OracleCritic(Critic):
     """The exact V(s_t) = E_π[r − β·Σ_{j≥t} k1_j | prefix] of PPO's return under the policy now
     (π_old before the first update): teacher-forced forwards of the policy and π_ref over the task's
-    support (toy_tasks.oracle.prefix_values). No parameters, no value loss."""
+    support, then the support's value tree (toy_tasks/value_tree.py) with one model. The tree is
+    made at the first call and kept (it depends only on the run's prompts, support and reward). No
+    parameters, no value loss."""
 
     learned = False
+    tree: ValueTree | None = None
 
     def __init__(self, run):
         self.run = run
 
+    @torch.no_grad()
     def values(self, batch, hidden=None):
         r = self.run
-        v = prefix_values(
-            r.policy,
-            r.tok,
-            batch.prompts,
-            batch.gen.completion_ids,
-            batch.mask,
-            r.prompts,
-            r.task.support,
-            r.rewards,
-            r.cfg.temperature,
-            r.ref,
-            self.beta,
+        if self.tree is None:
+            self.tree = ValueTree(r.tok, r.prompts, r.task.support, r.rewards, r.device)
+            self.place = {x: i for i, x in enumerate(r.prompts)}
+        tree, T = self.tree, r.cfg.temperature
+        logp = sequence_logprobs(r.policy, tree.ids, tree.key_mask, T)[None]  # (1, M, W − 1)
+        ref_logp = (  # β = 0: no penalty, no forward of π_ref
+            sequence_logprobs(r.ref, tree.ids, tree.key_mask, T)[None]
+            if r.ref is not None and self.beta
+            else None
         )
-        return torch.where(batch.mask, v, 0.0)
+        V = tree.values(logp, ref_logp, torch.tensor([float(self.beta)], device=logp.device))
+        index = torch.tensor([[self.place[x] for x in batch.prompts]], device=tree.roots.device)
+        v = tree.prefix_values(V, index, batch.gen.completion_ids[None], batch.mask[None])[0]
+        return torch.where(batch.mask, v.to(batch.mask.device), 0.0)
 
 
 CRITICS: dict[str, type[Critic]] = {

@@ -1,34 +1,12 @@
-"""The oracle critic: the exact value of every completion prefix under the current policy.
+"""The slow oracle of the exact prefix values (toy_tasks/value_tree.py, whose docstring states the
+recursion and its source): the same backward recursion written plainly, one model at a time, in
+Python over each prompt's support completions, prefixes as strings. Only the tests use it
+(test_value_tree.py holds the tree to it, to rounding; test_critics.py and test_ppo.py check the
+oracle critic's values and advantages with it); runs use the tree.
 
-In a world whose completions are enumerable (food: the 12 foods; arithmetic: the 12 declared answers
-of each prompt, `support(prompt)`), the states "prompt x, then the prefix s" of the support form a
-tree, and the value of PPO's return r − β·Σ_t k1_t, k1_t = log π(c_t) − log π_ref(c_t), is its
-backward recursion
-
-    V(s) = Σ_{c: s + c on the tree} π(c | x + s)·(V(s + c) − β·k1(c))          (c = EOS: V(s + EOS)
-    = r(x, s))
-           + (1 − Σ_{c: s + c on the tree} π(c | x + s))·r_off(x)
-
-from the leaves up; a prefix off the tree is worth r_off(x). One teacher-forced forward of π (and of
-π_ref where β > 0) over (x + y + EOS) for every support completion y gives every π(c | x + s) on the
-tree. At β = 0 it is the expected task reward, Σ_y π(y + EOS | x + s)·r(x, y) + (1 − Σ_y
-…)·r_off(x).
-
-Exact where the reward is constant off the support (every food reward: 0 for pizza and food:<food>,
-−1 for graded; the run's `RewardTable.off_constant` says whether its probes agreed). Elsewhere r_off
-is the lowest probed off-support reward and V is a lower bound. With β > 0 the penalty of a
-continuation after it leaves the tree is not counted (that mass is the malformed mass, ~1e-3 for a
-pretrained model). Without the penalty the values would miss the return's expected KL remainder,
-which grows with the characters still to come: after whitening, that position-dependent offset
-pushes down the tokens of every sampled completion, even at the optimum. tests/test_oracle.py checks
-the recursion on a real model.
-
-Source: the exact value of a prefix is what VinePPO (Kazemnejad et al. 2410.01679) estimates by
-Monte Carlo rollouts from each intermediate state; here enumeration makes it exact.
-
-    values_at(model, tok, [(x, s), ...], prompts, support, table[, temperature, ref, beta])  -> (M,)
-    float64 prefix_values(model, tok, rows, completion_ids, mask, prompts, support, table[, …])
-    -> (N, T)
+    values_at(model, tok, [(x, s), ...], prompts, support, table[, temperature, ref, beta])
+        -> (M,) float64
+    prefix_values(model, tok, rows, completion_ids, mask, prompts, support, table[, …]) -> (N, T)
 """
 
 from __future__ import annotations
