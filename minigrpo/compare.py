@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 from minigrpo import dpo, grpo, ppo
-from minigrpo.population.engine import Commands, run_populations, run_task, shares_of
+from minigrpo.population.engine import Commands, describe, run_populations, run_task, shares_of
 from minigrpo.rl.config import default_out
 from minigrpo.rl.report import INTERRUPTED
 from minigrpo.tools import pool
@@ -191,16 +191,6 @@ def exact_frontier(passthrough: list[str], reward: str | None):
     return frontier.frontier(p_ref, r)
 
 
-def _population_line(shares: list, alone: list) -> str:
-    """compare's first line's word on the population engine: its lockstep populations, and the
-    runs that go alone (each its own process's run in the pool), by algorithm."""
-    line = f"{len(shares)} lockstep population{'s' * (len(shares) != 1)}, "
-    if alone:
-        algos = ", ".join(dict.fromkeys(item[0] for item in alone))
-        line += f"{len(alone)} run{'s' * (len(alone) > 1)} alone (no lockstep: {algos}), "
-    return line
-
-
 @main_guard
 @finish_unread
 def main(argv=None):
@@ -289,17 +279,15 @@ def main(argv=None):
         for a in algos
         for s in range(cfg.seeds)
     ]
-    # a run finished by the same command is kept; PPO's runs take about twice GRPO's (four minibatch
-    # updates a
-    # step), so they go first: the sweep ends on short runs, not on one core idle while the other
-    # ends a long one
+    # a run finished by the same command is kept; PPO's runs (four updates a step: about twice
+    # GRPO's) go first, so the sweep ends on short runs, not on one core idle beside a long one
     todo = sorted(
         (t for t in tasks if not finished_by(t[3], t[2])),
         key=lambda t: base_of(t[0]) not in PPO_ALGOS,
     )
     shard.barrier()  # every rank has read the same finished runs before any starts one
     # (algo, seed) -> error of this rank's failed runs; -> the curves of a run read as it ended
-    mine, read = {}, {}
+    mine, read, seen = {}, {}, dict.fromkeys(algos, 0)
     # the table's bootstraps, in --jobs threads: an algorithm's begun as its last run ends
     boot = Bootstraps(jobs)
 
@@ -317,8 +305,9 @@ def main(argv=None):
             mine[run[:2]] = err
         elif shard.rank == 0:  # the table's (rank 0 writes it), read while the other runs go on
             read[run[:2]] = curves(run[3])
+            seen[run[0]] += 1
             # its algorithm's last run: its bootstraps begin
-            if all((run[0], s) in read for s in range(cfg.seeds)):
+            if seen[run[0]] == cfg.seeds:
                 ask_early(
                     boot,
                     algos,
@@ -331,14 +320,13 @@ def main(argv=None):
 
     gpu = on_gpu(device)
     engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
-    shares, alone = shares_of(shard.mine(todo), COMMANDS, cfg.members, gpu)
-    # a CUDA context each
-    processes = min(
-        jobs, len(shares) + len(alone) if engine == "population" else len(shard.mine(todo))
+    lockstep = engine == "population"
+    shares, alone = (
+        shares_of(shard.mine(todo), COMMANDS, cfg.members, gpu) if lockstep else ([], [])
     )
-    at_once = (
-        _population_line(shares, alone) if engine == "population" else ""
-    ) + f"{processes} at a time{gpu_note(processes, gpu)}"
+    processes = min(jobs, len(shares) + len(alone) if lockstep else len(shard.mine(todo)))
+    at_once = f"{describe(shares, alone) if lockstep else ''}{processes} at a time"
+    at_once += gpu_note(processes, gpu)  # a CUDA context each
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
     if shard.rank == 0:
         print(
@@ -347,7 +335,8 @@ def main(argv=None):
             flush=True,
         )
     # rank 0 reads the runs kept
-    for kept in (t for t in tasks if t not in todo and shard.rank == 0):
+    running = {t[:2] for t in todo}
+    for kept in (t for t in tasks if t[:2] not in running and shard.rank == 0):
         done(kept, None)
     try:
         if engine == "population":

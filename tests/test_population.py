@@ -701,3 +701,18 @@ def test_on_a_gpu_a_populations_members_are_their_single_runs(tmp_path, tiny_pre
             assert len(rows) == len(want) and all(
                 math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float)
             ), (name, module)
+
+
+def test_a_configuration_is_read_once_however_many_seeds_share_it(monkeypatch):
+    """compare's set-up stays linear in the runs (issue 53: 100,000 seeds started no run in 100 s):
+    the lockstep key of a configuration is parsed once, not once per seed."""
+    from minigrpo import grpo
+    from minigrpo.population import engine
+
+    parses = []
+    real = grpo.parse
+    monkeypatch.setattr(grpo, "parse", lambda argv: parses.append(argv) or real(argv))
+    engine._setting.cache_clear()
+    items = [_run("m.pt", Path(f"s{s}"), s) for s in range(500)]
+    shares, alone = shares_of(items, COMMANDS)
+    assert [len(share) for share in shares] == [500] and alone == [] and len(parses) == 1

@@ -77,22 +77,23 @@ def lockstep_key(item, commands: Commands, mixed: bool = True) -> tuple | None:
         if not skip and arg not in own:
             flags.append(arg)
         skip = not skip and arg in own
-    cfg = _in_lockstep(trainer, tuple(flags))
-    if cfg is None:
-        return None
-    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
-    return cmd[2], repr([(k, v) for k, v in asdict(cfg).items() if k not in apart])
+    setting = _setting(trainer, tuple(flags), mixed)
+    return None if setting is None else (cmd[2], setting)
 
 
 @functools.lru_cache(maxsize=None)
-def _in_lockstep(trainer, flags: tuple):
-    """These flags' configuration if lockstep runs it, else None (read once per configuration, not
-    once per seed)."""
+def _setting(trainer, flags: tuple, mixed: bool) -> str | None:
+    """lockstep_key's part for these flags (read once per configuration, not once per seed): every
+    setting but the members' own, or None where lockstep does not run them or they are bad."""
     try:
         cfg = trainer.parse(list(flags))
-        return cfg if unsupported(trainer, [cfg]) is None else None
     except UsageError:
         return None
+    if unsupported(trainer, [cfg]) is not None:
+        return None
+    name = trainer_name(trainer)
+    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
+    return repr([(k, v) for k, v in asdict(cfg).items() if k not in apart])
 
 
 def run_lockstep(items: list, done, commands: Commands) -> bool:
@@ -148,6 +149,16 @@ def shares_of(
         n = -(-len(group) // most) if most > 0 else 1
         shares += [group[len(group) * j // n : len(group) * (j + 1) // n] for j in range(n)]
     return shares, alone
+
+
+def describe(shares: list, alone: list) -> str:
+    """compare's first line's word on these populations and the runs that go alone, by algorithm:
+    '2 lockstep populations, 4 runs alone (no lockstep: dpo, online_dpo), '."""
+    line = f"{len(shares)} lockstep population{'s' * (len(shares) != 1)}, "
+    if alone:
+        algos = ", ".join(dict.fromkeys(item[0] for item in alone))
+        line += f"{len(alone)} run{'s' * (len(alone) > 1)} alone (no lockstep: {algos}), "
+    return line
 
 
 def run_populations(
