@@ -259,4 +259,5 @@ def format_rl_eval(ev: dict, cfg) -> str:
         f"{ev['exact_reward']:.3f} (best {ev['best_reward']:.3g}) | heldout "
         f"{ev['heldout_rate']:.3f} | right number {ev['correct_rate']:.3f} | well-formed "
         f"{ev['format_rate']:.3f} | malformed {ev['malformed']:.3f}"
+        + (f" (peak {ev['peak_malformed']:.3f})" if "peak_malformed" in ev else "")
     )

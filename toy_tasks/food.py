@@ -295,5 +295,12 @@ def format_rl_eval(ev: dict, cfg) -> str:
     return (
         f"{cfg.person}'s exact P({target}) {ev['target_rate']:.3f} | exact E[r] "
         f"{ev['exact_reward']:.3f} (best {ev['best_reward']:.3g}) | worst other-person drift (TV) "
-        f"{ev['worst_drift']:.3f} | max malformed {ev['malformed']:.4f}"
+        f"{ev['worst_drift']:.3f}{_peak(ev, 'worst_drift', 3)} | malformed (the worst "
+        f"person's) {ev['malformed']:.4f}{_peak(ev, 'malformed', 4)}"
     )
+
+
+def _peak(ev: dict, name: str, digits: int) -> str:
+    """' (peak x)': the run's highest value so far of a figure (rl/stopping.Peaks), where known."""
+    peak = ev.get(f"peak_{name}")
+    return "" if peak is None else f" (peak {peak:.{digits}f})"
