@@ -180,7 +180,7 @@ def test_the_repository_pages_hold_balanced_markers_for_the_sections_they_show()
             pages.replace_block(text, block, "x")  # balanced: no ValueError
 
 
-def test_bench_writes_its_sections_into_docs_of_the_current_folder_and_not_with_no_docs(
+def test_bench_writes_its_sections_into_docs_of_the_current_folder_not_with_no_docs_or_quick(
     tmp_path, monkeypatch, capsys
 ):
     from minigrpo.bench import suite
@@ -191,7 +191,9 @@ def test_bench_writes_its_sections_into_docs_of_the_current_folder_and_not_with_
     monkeypatch.chdir(tmp_path)
     suite.main(["--quick", "--no-docs", "--out", "runs/a"])
     assert "| s |" in capsys.readouterr().out and not (tmp_path / "docs").exists()
-    suite.main(["--quick", "--out", "runs/b"])  # the default: docs/ of the current folder
+    suite.main(["--quick", "--out", "runs/b"])  # --quick alone: printed, no page rewritten
+    assert "| s |" in capsys.readouterr().out and not (tmp_path / "docs").exists()
+    suite.main(["--only", "sampling,threads", "--out", "runs/b"])  # docs/ of the current folder
     page = (tmp_path / "docs" / "performance.md").read_text()
     assert page.startswith(pages.HEADER) and "sampling, threads" in page.splitlines()[0]
     stamp = pages.measured(page.splitlines()[0])

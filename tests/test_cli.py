@@ -210,6 +210,8 @@ def test_each_cli_end_to_end_for_a_few_steps(tmp_path):
             p.name for p in (tmp_path / "runs" / name).iterdir()
         }
     assert "speed-up" in run_cli("minigrpo.bench", "--quick", cwd=tmp_path)
+    assert not (tmp_path / "docs").exists()  # --quick alone: printed only
+    run_cli("minigrpo.bench", "--quick", "--docs", "docs", cwd=tmp_path)
     # the cwd's docs/, never the repository's
     page = (tmp_path / "docs" / "performance.md").read_text()
     assert (

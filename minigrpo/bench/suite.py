@@ -2,9 +2,9 @@
 goals are checked here, never in tests.
 
     python -m minigrpo.bench            # everything (several minutes on 2 CPU cores)
-    python -m minigrpo.bench --quick    # sampling and threads only (seconds)
+    python -m minigrpo.bench --quick    # sampling and threads only (seconds), printed only
     python -m minigrpo.bench --only grpo,presets
-    python -m minigrpo.bench --quick --no-docs   # print only
+    python -m minigrpo.bench --only sampling --no-docs   # print only
 
 Sections: machine; the speed sections of speed.py (sampling: KV cache vs the slow path; threads;
 scale, only on request: a 6 x 384 model, where a GPU wins; prefix: the shared-prefix forward against
@@ -19,7 +19,8 @@ trl is importable (otherwise through a plain/TRL ratio recorded on this machine)
 sweep (sweep.py): compare's default list over 5 seeds (128 on a GPU) as one timed command.
 Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables
 replace its own block in --docs (default docs/: performance.md for the speed sections, results.md
-for the others; pages.py), the rest of each page kept; --no-docs only prints.
+for the others; pages.py), the rest of each page kept; --no-docs only prints, and so does --quick
+(one short measurement is no page's figure) unless --docs is named.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ def main(argv=None):
     write_docs = "--no-docs" not in argv
     argv = [a for a in argv if a != "--no-docs"]
     cfg, _ = parse_config(BenchConfig, argv, description=__doc__.split("\n\n")[0])
+    # --quick: printed, never written over the pages' figures, unless a --docs is named
+    write_docs = write_docs and (not cfg.quick or any(a.startswith("--docs") for a in argv))
     # scale: on request
     sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s != "scale"]
     # an empty --only is a mistake, not "everything" (a whole bench takes long)
