@@ -293,6 +293,9 @@ def main(argv=None):
 
     # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
     def done(run, err):
+        # a run counts only finished and intact, whatever its engine said (a population cut short)
+        if err is None and not finished_by(run[3], run[2]):
+            err = "the run did not finish: no intact summary.json and metrics.jsonl"
         said = (
             "ok"
             if err is None

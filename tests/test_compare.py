@@ -316,9 +316,62 @@ def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
 def finished_run(run, cmd):
     """A folder that looks like a finished run of `cmd`, stamped now (stamps.stamp_of)."""
     run.mkdir()
-    (run / "summary.json").write_text("{}")
+    (run / "summary.json").write_text('{"step": 3, "stop_reason": "cap: --steps 3 reached"}')
+    (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 3}\n')
     (run / "compare_command.json").write_text(json.dumps(stamps.stamp_of(cmd)))
     return run
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda run: (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 3, "targ'),
+        lambda run: (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 2}\n'),
+        lambda run: (run / "metrics.jsonl").unlink(),
+        lambda run: (run / "summary.json").write_text('{"step": 3}'),
+        lambda run: (run / "summary.json").write_bytes(b"\xff\xfe"),
+        lambda run: (run / "compare_command.json").write_text("{"),
+    ],
+    ids=[
+        "torn-line",
+        "short-record",
+        "no-record",
+        "no-stop-reason",
+        "binary-summary",
+        "torn-stamp",
+    ],
+)
+def test_a_damaged_finished_run_is_made_again_never_tabulated(tmp_path, damage):
+    """A finished run counts only intact: a summary.json with its stop reason at the step of the
+    last line of its metrics.jsonl (a torn last line once lowered a table's final target from 0.788
+    to 0.749 with a warning)."""
+    cmd = [sys.executable, "-m", "minigrpo.grpo", "--out", str(tmp_path / "run")]
+    run = finished_run(tmp_path / "run", cmd)
+    assert stamps.finished_by(run, cmd)
+    damage(run)
+    assert not stamps.finished_by(run, cmd)
+
+
+def test_compare_tabulates_only_the_runs_that_finished_whatever_its_engine_said(
+    tmp_path, tiny_pretrained, capsys, monkeypatch
+):
+    """A run an engine reported done without its summary (a population cut short by a reward's
+    KeyboardInterrupt) is named as failed, left out of the table, and compare exits 1."""
+    import minigrpo.compare as compare
+
+    def pool_that_skips_seed_1(fn, items, jobs, done):
+        for item in items:
+            done(item, compare.run_one(item) if item[1] == 0 else None)
+
+    monkeypatch.setattr(compare, "run_pool", pool_that_skips_seed_1)
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "cmp"
+    flags = ["--algos", "grpo", "--seeds", "2", "--init", str(init), *TINY, "--out", str(out)]
+    with pytest.raises(SystemExit) as e:
+        main(flags)
+    printed = capsys.readouterr().out
+    assert e.value.code == 1 and "grpo seed 1: FAILED: the run did not finish" in printed, printed
+    assert "| grpo | 1 ok, 1 failed" in (out / "table.md").read_text()
 
 
 def test_a_finished_run_is_kept_only_while_its_named_files_are_unchanged(tmp_path, monkeypatch):

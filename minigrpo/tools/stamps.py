@@ -94,13 +94,22 @@ def stamp_of(cmd: list[str]) -> dict:
 
 
 def finished_by(folder: Path, cmd: list[str]) -> bool:
-    """Whether `folder` holds a finished run made by exactly this command and this code
-    (code_version)."""
-    stamp = folder / STAMP
+    """Whether `folder` holds a finished, intact run made by exactly this command and this code
+    (code_version): its stamp, and a summary.json with a stop reason whose step is the last line of
+    its metrics.jsonl (a torn or lost record is a run to make again, never a row of the table)."""
+    try:
+        stamp = json.loads((folder / STAMP).read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        last = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):  # missing, unreadable, not JSON (UnicodeDecodeError too)
+        return False
     return (
-        (folder / "summary.json").exists()
-        and stamp.exists()
-        and json.loads(stamp.read_text()) == stamp_of(cmd)
+        stamp == stamp_of(cmd)
+        and isinstance(summary, dict)
+        and summary.get("stop_reason") is not None
+        and isinstance(last, dict)
+        and last.get("step") == summary.get("step")
     )
 
 
