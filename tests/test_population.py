@@ -13,7 +13,7 @@ from minigrpo.compare import COMMANDS, run_one
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
 from minigrpo.lm.sampling import decode_completions, generate
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
-from minigrpo.population.engine import run_population, run_populations, shares_of
+from minigrpo.population.engine import lockstep_key, run_population, run_populations, shares_of
 from minigrpo.population.sampling import (
     Request,
     StackedDraws,
@@ -395,20 +395,47 @@ def test_populations_hold_at_most_their_limit_and_the_others_go_alone(tmp_path, 
         )
 
 
-def test_a_share_whose_worker_died_fails_each_of_its_runs():
+def test_a_population_whose_worker_died_runs_again_each_run_alone():
+    """A population's worker that died (a member's reward called os._exit) reports none of its runs:
+    each goes again alone, so the others finish and the one that kills its process is named by its
+    own death; a lone run that died fails with it."""
     from minigrpo.population.engine import _report
 
     reported = []
     report = lambda item, e: reported.append((item, e))
-    _report(("population", ["a", "b"]), "the worker process died (exit code -9)", report)
-    _report(("population", ["c"]), [("c", None)], report)
-    _report(("alone", "d"), "the worker process died (exit code -9)", report)
-    assert reported == [
-        ("a", "the worker process died (exit code -9)"),
-        ("b", "the worker process died (exit code -9)"),
-        ("c", None),
-        ("d", "the worker process died (exit code -9)"),
+    died = "the worker process died (exit code -9)"
+    assert _report(("population", ["a", "b"]), died, report) == [("alone", "a"), ("alone", "b")]
+    assert _report(("population", ["c"]), [("c", None)], report) == []
+    assert _report(("alone", "d"), died, report) == []
+    assert reported == [("c", None), ("d", died)]
+
+
+@pytest.mark.slow
+def test_a_member_that_kills_its_process_or_cannot_have_its_folder_fails_alone(
+    tmp_path, tiny_pretrained
+):
+    """One member's reward calls os._exit, another's folder cannot be made: the others of their
+    population finish and match their single runs; each failed one is named with its reason."""
+    init, _, _ = tiny_pretrained
+    exits = tmp_path / "exits.py"
+    exits.write_text("import os\ndef f(p, c):\n    os._exit(3)\n")
+    (tmp_path / "a-file").write_text("")
+    items = [
+        _run(init, tmp_path / "s0", 0),
+        _run(init, tmp_path / "s1", 1, extra=("--reward", f"{exits}:f")),
+        _run(init, tmp_path / "a-file" / "s2", 2),
+        _run(init, tmp_path / "s3", 3),
     ]
+    assert len({lockstep_key(item, COMMANDS) for item in items}) == 1  # one lockstep population
+    errors = {}
+    run_populations(items, 1, lambda item, error: errors.__setitem__(item[1], error), COMMANDS)
+    assert errors[0] is None and errors[3] is None, errors
+    assert errors[1] == "the worker process died (exit code 3)", errors
+    assert errors[2].startswith(("NotADirectoryError", "FileExistsError")), errors
+    for s in (0, 3):
+        assert run_one(_run(init, tmp_path / f"alone{s}", s)) is None
+        rows, want = (read_jsonl(tmp_path / f"{t}{s}" / "metrics.jsonl") for t in ("s", "alone"))
+        assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == [[]] * 4
 
 
 @pytest.mark.slow

@@ -111,8 +111,16 @@ def run_lockstep(items: list, done, commands: Commands) -> bool:
         return False
     if unsupported(trainer, cfgs) is not None:
         return False
-    for item in items:
-        start_folder(item)
+    started = []
+    for item, cfg in zip(items, cfgs):
+        try:  # a folder that cannot be made afresh fails its run only
+            start_folder(item)
+            started.append((item, cfg))
+        except OSError as e:
+            done(item, f"{type(e).__name__}: {e}")
+    if not started:
+        return True
+    items, cfgs = [item for item, _ in started], [cfg for _, cfg in started]
     try:
         results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
     except Exception as e:  # noqa: BLE001
@@ -166,21 +174,15 @@ def run_populations(
 ) -> None:
     """The items' lockstep populations (shares_of: at most `most` runs each, `mixed` as there) and
     the runs that go alone (another trainer, a flag lockstep does not run), each population or lone
-    run a task of tools/pool.run_pool's worker processes, `jobs` at a time (jobs = 1, or a single
-    task: here, one after another). Why processes: what does not batch, each member's own Python
-    between batches, runs one member after another in a process (one interpreter lock), so it is
-    shared out over the cores. Why a limit: each member costs GPU memory (compare --members).
-    done(item, error) is called here as each task ends, for each of its runs."""
+    run a task of tools/pool.run_pool's worker processes, `jobs` at a time. Why processes: what does
+    not batch, each member's own Python between batches, runs one member after another in a process
+    (one interpreter lock), so it is shared out over the cores; and a run that kills its process
+    (os._exit in a reward) takes no other run with it (_report). Why a limit: each member costs GPU
+    memory (compare --members). done(item, error) is called here as each run ends."""
     shares, alone = shares_of(items, commands, most, mixed)
     tasks = [("population", share) for share in shares] + [("alone", item) for item in alone]
-    if jobs <= 1 or len(tasks) == 1:
-        for share in shares:
-            run_population(share, done, commands)
-        for item in alone:
-            done(item, commands.run_one(item))
-        return
     report = lambda task, result: _report(task, result, done)
-    run_pool(commands.task, tasks, min(jobs, len(tasks)), report)
+    run_pool(commands.task, tasks, max(1, min(jobs, len(tasks))), report)
 
 
 def run_task(task: tuple, commands: Commands):
@@ -190,14 +192,19 @@ def run_task(task: tuple, commands: Commands):
     return population_share(what, commands) if kind == "population" else commands.run_one(what)
 
 
-def _report(task: tuple, results, done) -> None:
+def _report(task: tuple, results, done) -> list:
+    """A task's results, done(item, error) for each run -> the tasks to run again: where a
+    population's worker died (a member's reward called os._exit, say), each of its runs alone, so
+    the others finish and the one that kills its process is named by its own death."""
     kind, what = task
     if kind == "alone":
-        return done(what, results)
-    if isinstance(results, str):  # the worker died: every run of its share failed with its error
-        results = [(item, results) for item in what]
+        done(what, results)
+        return []
+    if isinstance(results, str):
+        return [("alone", item) for item in what]
     for item, error in results:
         done(item, error)
+    return []
 
 
 def population_share(items: list, commands: Commands) -> list:

@@ -85,7 +85,10 @@ def run_one(task, mains: dict, runner=run_in_process) -> str | None:
     _, _, cmd, folder = task  # cmd is [python, "-m", module, ...]
     if cmd[2] not in mains:
         raise ValueError(f"{cmd[2]} is none of the commands given: {', '.join(mains)}")
-    start_folder(task)
+    try:
+        start_folder(task)
+    except OSError as e:  # its folder cannot be made afresh: its error, the worker goes on
+        return f"{type(e).__name__}: {e}"
     return end_folder(task, runner(mains[cmd[2]], cmd[3:]))
 
 
@@ -189,9 +192,10 @@ class _Worker:
 def run_pool(fn, items: list, jobs: int, done) -> None:
     """fn(item) for every item in `jobs` worker processes (started fresh with 'spawn': each imports
     what fn needs once; fn and the items are pickled, so fn is a module-level function), calling
-    done(item, result) here as each finishes. A worker that dies gives its item the result "the
-    worker process died (exit code N)". A worker with nothing left to do exits while the others
-    still run, so what it holds (a GPU's memory and context) goes early."""
+    done(item, result) here as each finishes; what done returns (a list of items) is done too. A
+    worker that dies gives its item the result "the worker process died (exit code N)". A worker
+    with nothing left to do exits while the others still run, so what it holds (a GPU's memory and
+    context) goes early."""
     ctx = multiprocessing.get_context("spawn")  # never fork a parent that holds torch's threads
     todo, workers, stop = list(items), [], ctx.Event()
     try:
@@ -199,7 +203,8 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
         while todo or any(w.item is not None for w in workers):
             for i, w in enumerate(workers):
                 if w.item is None and todo:
-                    if not w.proc.is_alive():  # it died between two runs
+                    # it died between two runs, or was let go before `done` gave more work
+                    if w.conn.closed or not w.proc.is_alive():
                         workers[i] = w = _Worker(ctx, fn, stop)
                     w.item = todo.pop(0)
                     w.conn.send(w.item)
@@ -214,10 +219,10 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
                         w.proc.join()
                         result = f"the worker process died (exit code {w.proc.exitcode})"
                     item, w.item = w.item, None
+                    todo.extend(done(item, result) or ())  # more work it asks for, if any
                     # nothing left for it: it exits now, its memory (a GPU's too) freed for the rest
                     if not todo:
                         w.conn.close()
-                    done(item, result)
     except KeyboardInterrupt:  # the runs in flight got the Ctrl-C too: let them checkpoint and end
         stop.set()
         print(f"\n{STOPPING_LINE}", flush=True)
