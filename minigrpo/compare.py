@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 from minigrpo import dpo, grpo, ppo
-from minigrpo.population.engine import Commands, describe, run_populations, run_task, shares_of
+from minigrpo.population import engine as population
 from minigrpo.rl.config import default_out
 from minigrpo.rl.report import INTERRUPTED
 from minigrpo.tools import pool
@@ -64,7 +64,7 @@ from minigrpo.tools.compare_config import CompareConfig, trainer_args
 from minigrpo.tools.intervals import Bootstraps, ask_early
 from minigrpo.tools.pool import brief, gpu_note, run_pool
 from minigrpo.tools.shards import join
-from minigrpo.tools.stamps import claim_runs, finished_by
+from minigrpo.tools.stamps import claim_runs, finished, finished_by
 from minigrpo.tools.sweep_report import curves, write_outputs
 from minigrpo.util.cli import UsageError, finish_unread, main_guard, parse_config, require
 from minigrpo.util.outputs import prepare_out
@@ -121,11 +121,11 @@ def run_one(task) -> str | None:
 def population_task(task):
     """A pool worker's task of the population engine (population/engine.run_task) with compare's
     trainers; a function of this module for the same reason as run_one."""
-    return run_task(task, COMMANDS)
+    return population.run_task(task, COMMANDS)
 
 
 # what the population engine runs (it sits below the commands: they are handed down from here)
-COMMANDS = Commands({t.__name__: t for t in TRAINERS.values()}, run_one, population_task)
+COMMANDS = population.Commands({t.__name__: t for t in TRAINERS.values()}, run_one, population_task)
 
 
 def check_all(algos: list[str], cfg: CompareConfig, passthrough: list[str], task: str) -> str:
@@ -279,10 +279,17 @@ def main(argv=None):
         for a in algos
         for s in range(cfg.seeds)
     ]
+    gpu = on_gpu(device)
+    engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
+    # a run's engine is part of what it is: a lockstep member rounds otherwise than its run alone
+    stepped = lambda t: (
+        engine == "population" and population.lockstep_key(t, COMMANDS, gpu) is not None
+    )
+    intact = lambda t: finished_by(t[3], t[2], stepped(t))
     # a run finished by the same command is kept; PPO's runs (four updates a step: about twice
     # GRPO's) go first, so the sweep ends on short runs, not on one core idle beside a long one
     todo = sorted(
-        (t for t in tasks if not finished_by(t[3], t[2])),
+        (t for t in tasks if not intact(t)),
         key=lambda t: base_of(t[0]) not in PPO_ALGOS,
     )
     shard.barrier()  # every rank has read the same finished runs before any starts one
@@ -294,7 +301,7 @@ def main(argv=None):
     # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
     def done(run, err):
         # a run counts only finished and intact, whatever its engine said (a population cut short)
-        if err is None and not finished_by(run[3], run[2]):
+        if err is None and not finished(run[3]):
             err = "the run did not finish: no intact summary.json and metrics.jsonl"
         said = (
             "ok"
@@ -321,14 +328,12 @@ def main(argv=None):
                     },
                 )
 
-    gpu = on_gpu(device)
-    engine = cfg.engine if cfg.engine != "auto" else "population" if gpu else "pool"
     lockstep = engine == "population"
     shares, alone = (
-        shares_of(shard.mine(todo), COMMANDS, cfg.members, gpu) if lockstep else ([], [])
+        population.shares_of(shard.mine(todo), COMMANDS, cfg.members, gpu) if lockstep else ([], [])
     )
     processes = min(jobs, len(shares) + len(alone) if lockstep else len(shard.mine(todo)))
-    at_once = f"{describe(shares, alone) if lockstep else ''}{processes} at a time"
+    at_once = f"{population.describe(shares, alone) if lockstep else ''}{processes} at a time"
     at_once += gpu_note(processes, gpu)  # a CUDA context each
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
     if shard.rank == 0:
@@ -343,7 +348,7 @@ def main(argv=None):
         done(kept, None)
     try:
         if engine == "population":
-            run_populations(shard.mine(todo), jobs, done, COMMANDS, cfg.members, gpu)
+            population.run_populations(shard.mine(todo), jobs, done, COMMANDS, cfg.members, gpu)
         else:
             run_pool(run_one, shard.mine(todo), max(1, jobs), done)
     except KeyboardInterrupt:
@@ -368,10 +373,10 @@ def main(argv=None):
     # finished runs of the SAME flags stay in the table
     for algo in [a for a in ALGOS if a not in algos]:
         same = [out / f"{algo}-s{s}" for s in range(cfg.seeds)]
-        if all(
-            finished_by(f, command(algo, s, cfg, passthrough, task, out))
-            for s, f in enumerate(same)
-        ):
+        runs = [
+            (algo, s, command(algo, s, cfg, passthrough, task, out), f) for s, f in enumerate(same)
+        ]
+        if all(map(intact, runs)):
             results[algo] = [curves(f) for f in same]
     budget = f"{cfg.budget} budget" + (f", {cfg.steps} steps" if cfg.steps else "")
     title = f"{', '.join(results)} x {cfg.seeds} seeds, reward {cfg.reward or task}, {budget}"

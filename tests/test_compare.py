@@ -647,3 +647,14 @@ def test_the_library_starts_no_cuda_mps_daemon():
     from test_layers import MODULES
 
     assert not [n for n, (_, src) in MODULES.items() if "nvidia-cuda-mps-control" in src]
+
+
+def test_a_run_of_one_engine_is_never_kept_for_the_other(tmp_path):
+    """A lockstep member rounds otherwise than its run alone (0.007 apart in final target after 40
+    steps): its stamp says it ran in lockstep, so --engine pool makes the run again, and the other
+    way round."""
+    cmd = [sys.executable, "-m", "minigrpo.grpo", "--out", str(tmp_path / "run")]
+    run = finished_run(tmp_path / "run", cmd)
+    assert stamps.finished_by(run, cmd) and not stamps.finished_by(run, cmd, lockstep=True)
+    (run / "compare_command.json").write_text(json.dumps(stamps.stamp_of(cmd, lockstep=True)))
+    assert stamps.finished_by(run, cmd, lockstep=True) and not stamps.finished_by(run, cmd)

@@ -114,7 +114,7 @@ def run_lockstep(items: list, done, commands: Commands) -> bool:
     started = []
     for item, cfg in zip(items, cfgs):
         try:  # a folder that cannot be made afresh fails its run only
-            start_folder(item)
+            start_folder(item, lockstep=True)
             started.append((item, cfg))
         except OSError as e:
             done(item, f"{type(e).__name__}: {e}")

@@ -92,14 +92,14 @@ def run_one(task, mains: dict, runner=run_in_process) -> str | None:
     return end_folder(task, runner(mains[cmd[2]], cmd[3:]))
 
 
-def start_folder(task) -> None:
+def start_folder(task, lockstep: bool = False) -> None:
     """A run's folder made afresh (a run of another command, or an unfinished one, is replaced), its
-    command stamped."""
+    command stamped (and that it runs as a lockstep member: stamps.stamp_of)."""
     _, _, cmd, folder = task
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    (folder / STAMP).write_text(json.dumps(stamp_of(cmd)))
+    (folder / STAMP).write_text(json.dumps(stamp_of(cmd, lockstep)))
 
 
 def end_folder(task, error: str | None) -> str | None:

@@ -85,28 +85,38 @@ def local_imports(source: Path) -> set[Path]:
     return seen - {source.resolve()}
 
 
-def stamp_of(cmd: list[str]) -> dict:
+def stamp_of(cmd: list[str], lockstep: bool = False) -> dict:
     """What compare_command.json holds: the run's command line (after the interpreter), the code
-    that ran it and the content of the files it names. A finished run is kept only if all three
-    match: a re-pretrained --init checkpoint, an edited reward file or reward module makes the run
-    again."""
-    return {"command": cmd[1:], "code": code_version(), "files": named_files(cmd)}
+    that ran it and the content of the files it names, and whether it ran as a lockstep member. A
+    finished run is kept only if all match: a re-pretrained --init checkpoint, an edited reward
+    file or reward module makes the run again, and so does the other engine (a lockstep member
+    rounds otherwise than its run alone: another experiment)."""
+    stamp = {"command": cmd[1:], "code": code_version(), "files": named_files(cmd)}
+    return {**stamp, "lockstep": True} if lockstep else stamp
 
 
-def finished_by(folder: Path, cmd: list[str]) -> bool:
-    """Whether `folder` holds a finished, intact run made by exactly this command and this code
-    (code_version): its stamp, and a summary.json with a stop reason whose step is the last line of
-    its metrics.jsonl (a torn or lost record is a run to make again, never a row of the table)."""
+def finished_by(folder: Path, cmd: list[str], lockstep: bool = False) -> bool:
+    """Whether `folder` holds a finished, intact run (finished) made by exactly this command, this
+    code (code_version) and this engine (`lockstep`)."""
     try:
         stamp = json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):  # missing, unreadable, not JSON (UnicodeDecodeError too)
+        return False
+    return stamp == stamp_of(cmd, lockstep) and finished(folder)
+
+
+def finished(folder: Path) -> bool:
+    """Whether `folder` holds a run that finished and whose record is intact: a summary.json with a
+    stop reason, at the step of the last line of its metrics.jsonl (a torn or lost record is a run
+    to make again, never a row of a table)."""
+    try:
         summary = json.loads((folder / "summary.json").read_text())
         lines = (folder / "metrics.jsonl").read_text().splitlines()
         last = json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):  # missing, unreadable, not JSON (UnicodeDecodeError too)
+    except (OSError, ValueError):
         return False
     return (
-        stamp == stamp_of(cmd)
-        and isinstance(summary, dict)
+        isinstance(summary, dict)
         and summary.get("stop_reason") is not None
         and isinstance(last, dict)
         and last.get("step") == summary.get("step")
