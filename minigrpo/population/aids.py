@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from minigrpo.population.anchor import own_rows
 from minigrpo.population.evaluation import SharedForward
-from minigrpo.population.rows import Rows
 from minigrpo.population.sampling import PromptTable
 from minigrpo.population.stale import StaleWeights
 from minigrpo.rl.trust_region import StepGuard
@@ -46,11 +45,8 @@ class Aids:
                 if id(r.anchor) not in probes:
                     probes[id(r.anchor)] = r.anchor_probe_rows()
             gens, weights, groups = zip(*[probes[id(r.anchor)] for r in runs])
-            if len(probes) == 1:
-                self.anchor_rows = (Rows.shared(gens[0], len(runs)), weights[0], groups[0])
-            else:
-                rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
-                self.anchor_rows = (rows, w, g)
+            rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
+            self.anchor_rows = (rows, w, g)
         self.evaluation.adopt([m.run.policy for _, m in members])
         for j, (_, m) in enumerate(members):
             m.run.slot = j  # its slices of the stacks (its checkpoint's)
