@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 from minigrpo.population.anchor import own_rows
 from minigrpo.population.evaluation import SharedForward
-from minigrpo.population.guard import Guard
-from minigrpo.population.rows import Rows
 from minigrpo.population.sampling import PromptTable
 from minigrpo.population.stale import StaleWeights
+from minigrpo.rl.trust_region import StepGuard
 
 
 @dataclass
@@ -32,7 +31,8 @@ class Aids:
     # the anchor probe's (Rows, weights, group) for these members, the same objects
     anchor_rows: tuple | None = None
     # every step: one --person's rows shared, else each member's own (anchor.own_rows)
-    guard: Guard | None = None  # the last step's trust region (its final logits of the anchor rows)
+    # the last step's trust region (its final logits of the anchor rows)
+    guard: StepGuard | None = None
 
     def adopt(self, members: list) -> None:
         """Member j's slot in the stacks, its GPT kept current for its evaluation (and its sampler's
@@ -45,13 +45,21 @@ class Aids:
                 if id(r.anchor) not in probes:
                     probes[id(r.anchor)] = r.anchor_probe_rows()
             gens, weights, groups = zip(*[probes[id(r.anchor)] for r in runs])
-            if len(probes) == 1:
-                self.anchor_rows = (Rows.shared(gens[0], len(runs)), weights[0], groups[0])
-            else:
-                rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
-                self.anchor_rows = (rows, w, g)
+            rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
+            self.anchor_rows = (rows, w, g)
         self.evaluation.adopt([m.run.policy for _, m in members])
         for j, (_, m) in enumerate(members):
             m.run.slot = j  # its slices of the stacks (its checkpoint's)
             if self.stale is not None:
                 m.algo.sampler = self.stale.member(m.algo.sampler, j)
+
+    def trust_region(self, stack, probes: list) -> StepGuard | None:
+        """The step's trust region over the members' stacked weights and rows (rl/trust_region.py:
+        their logits through population/rows.Rows), following the last step's; None without
+        probes."""
+        self.guard = (
+            StepGuard(stack, probes, previous=self.guard, forward=lambda s, r: r.logprobs(s)[1])
+            if probes
+            else None
+        )
+        return self.guard

@@ -6,8 +6,8 @@ one forward over their trees.
     term = anchor.term(stack, ref, anchors)     # (P,) --preserve-coef × each member's anchor loss
                                                 # (differentiable); anchors: each member's
                                                 # rl/preserve.Anchor
-    rows, (w, g) = own_rows(gens, [ws, gs])     # members' rows of their own, padded to one count
-                                                # (the probes')
+    rows, (w, g) = own_rows(gens, [ws, gs])     # the members' rows: one --person's shared, else
+                                                # each its own, padded to one count (the probes')
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ from minigrpo.rl.preserve import Anchor, weighted_kl
 def own_rows(
     gens: list[Generation], per_row: list[list[torch.Tensor]]
 ) -> tuple[Rows, list[torch.Tensor]]:
-    """Each member's own rows (gens[p], M_p of them) as one Rows, member p's padded to the most rows
-    by repeating its last row (no node its prefix tree lacks) -> the Rows, and each list of per_row
-    (member p's (M_p, ...) tensors) stacked (P, M, ...), its padding rows 0 (False), a second dim of
-    completion positions padded to the Rows'."""
+    """Each member's rows (gens[p], M_p of them) as one Rows -> the Rows, and each list of per_row
+    (member p's (M_p, ...) tensors) as one tensor. One Generation for all (one --person's anchor):
+    its rows shared (Rows.shared), each list's first tensor. Else member p's rows padded to the most
+    rows by repeating its last row (no node its prefix tree lacks), the tensors stacked (P, M, ...),
+    their padding rows 0 (False), a second dim of completion positions padded to the Rows'."""
+    if all(g is gens[0] for g in gens):
+        return Rows.shared(gens[0], len(gens)), [tensors[0] for tensors in per_row]
     M = max(len(g.ids) for g in gens)
     rows = Rows.of(
         [
@@ -51,36 +54,18 @@ def own_rows(
 
 class MembersAnchor:
     def __init__(self, cfg):
-        self.cfg, self.anchors, self.rows, self.where, self.weights, self.ref_logits = (
-            cfg,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        self.cfg, self.anchors = cfg, None
 
     def term(self, stack: Stack, ref: Stack, anchors: list[Anchor]) -> torch.Tensor:
-        """--preserve-coef × each member's anchor loss, against π_ref's logits on the anchor
-        computed once by the forward the members' own go through (the anchor's own, of the tree
-        forward, differ by rounding, and where π_θ = π_ref a gradient of rounding noise is what
-        Adam's first step would amplify). One anchor for all (one --person): its rows, shared; else
-        each member's own rows (own_rows)."""
-        # members came or left
-        if self.anchors is None or [id(a) for a in anchors] != [id(a) for a in self.anchors]:
-            self.anchors = anchors
-            where = lambda a: a.gen.completion_mask if a.kl_mask is None else a.kl_mask
-            if all(a is anchors[0] for a in anchors):
-                self.rows, self.where, self.weights = (
-                    Rows.shared(anchors[0].gen, len(anchors)),
-                    where(anchors[0]),
-                    anchors[0].weights,
-                )
-            else:
-                self.rows, (self.where, self.weights) = own_rows(
-                    [a.gen for a in anchors],
-                    [[where(a) for a in anchors], [a.weights for a in anchors]],
-                )
+        """--preserve-coef × each member's anchor loss (rl/preserve.weighted_kl over the members'
+        rows, own_rows), against π_ref's logits on the anchor computed once by the forward the
+        members' own go through (the anchor's own, of the tree forward, differ by rounding, and
+        where π_θ = π_ref a gradient of rounding noise is what Adam's first step would amplify)."""
+        if self.anchors is None or list(map(id, anchors)) != list(map(id, self.anchors)):
+            self.anchors = anchors  # at the start, and when members left
+            self.rows, (self.where, self.weights) = own_rows(
+                [a.gen for a in anchors], [[a.where for a in anchors], [a.weights for a in anchors]]
+            )
             with torch.no_grad():
                 self.ref_logits = self.rows.logprobs(ref)[1]
         return self.cfg.preserve_coef * weighted_kl(

@@ -15,8 +15,8 @@ each step does what rl/loop.run does, for all members at once:
     update        the trainer's update over a leading member dim (population/grpo_update.py,
                   ppo_update.py): one backward, one AdamW step on the stacked weights
                   (lm/optim.AdamW, a count and a rate per member)
-    trust region  every member's step halved until its own probes allow it (population/guard.py; the
-                  anchor rows' logits carried from one step to the next, as a single run's)
+    trust region  every member's step halved until its own probes allow it (rl/trust_region.py over
+                  the stack; the anchor rows' logits carried from one step to the next)
     the rest      each member's own: Run.end_step (exact evaluation, one forward for all:
                   population/evaluation.py; stop rule, metrics, checkpoints: checkpoint.py)
                   and, once it stops, Run.finish (summary.json, ...)
@@ -48,7 +48,6 @@ from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, MemberRun, share_copies
 from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
 from minigrpo.population.grpo_recipe import RECIPE
-from minigrpo.population.guard import Guard
 from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
@@ -240,7 +239,7 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update, cfg, aids
     if aids.anchor_rows is not None:
         anchor_rows, weights, group = aids.anchor_rows
         probes.append(("anchor", anchor_rows, cfg.trust_region_anchor, weights, group))
-    guard = aids.guard = Guard(stack, probes, aids.guard) if probes else None
+    guard = aids.trust_region(stack, probes)
     figures = update(
         stack,
         ref,

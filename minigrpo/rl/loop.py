@@ -68,7 +68,7 @@ def run(
                 guard = StepGuard(r.policy, probes, previous=guard) if probes else None
                 stats = algo.update(batch, opt)
                 if guard is not None:
-                    stats.update(guard.enforce(r.policy))
+                    stats.update({k: v.item() for k, v in guard.enforce(r.policy).items()})
                 r.end_step(algo, opt, batch, stats, time.perf_counter() - t0, logger)
                 last_batch = batch
     # a user reward raised or returned a non-finite value: one line, no traceback

@@ -79,6 +79,11 @@ class Anchor:
     # host_state's, once made
     host: dict | None = field(default=None, init=False, repr=False, compare=False)
 
+    @property
+    def where(self) -> torch.Tensor:
+        """(M, T) bool: the positions whose KL counts (kl_mask, else every completion position)."""
+        return self.gen.completion_mask if self.kl_mask is None else self.kl_mask
+
     def state_dict(self) -> dict:
         return {
             **self.gen.to_dict(),
@@ -208,8 +213,9 @@ def anchor_loss(
     # all rows: the anchor's own kept prefix tree
     sub = anchor.gen if rows is None else anchor.gen.select(rows)
     _, logits = generation_logprobs(policy, sub, return_logits=True)  # (m, T, V)
-    where = sub.completion_mask if anchor.kl_mask is None else anchor.kl_mask[every]
-    return weighted_kl(logits, anchor.ref_logits[every], where, anchor.weights[every], direction)
+    return weighted_kl(
+        logits, anchor.ref_logits[every], anchor.where[every], anchor.weights[every], direction
+    )
 
 
 def weighted_kl(

@@ -86,14 +86,17 @@ class Sampler:
     def pick(self, policy: GPT) -> GPT:
         if self.stale == 0:
             return policy
-        self.states = self.states + [
-            {k: v.detach().clone() for k, v in policy.state_dict().items()}
-        ]
-        self.states = self.states[-(self.stale + 1) :]
         if self.frozen is None:
             self.frozen = copy.deepcopy(policy).eval().requires_grad_(False)
-        self.frozen.load_state_dict(self.states[0])
+        self.frozen.load_state_dict(self.record(policy.state_dict()))
         return self.frozen
+
+    def record(self, weights: dict) -> dict:
+        """Keep a copy of `weights` (tensors by name: one model's, or P models' stacked (P, ...)),
+        the newest of the last stale + 1 -> the oldest kept: the weights to sample from."""
+        self.states = self.states + [{k: v.detach().clone() for k, v in weights.items()}]
+        self.states = self.states[-(self.stale + 1) :]
+        return self.states[0]
 
     def state_dict(self) -> dict:
         return {"states": self.states}

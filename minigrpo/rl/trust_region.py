@@ -20,9 +20,16 @@ than sqrt(KL/2)). If either exceeds its limit δ, the step is halved, θ = θ_ol
 and measured again (backtracking line search, as in TRPO, Schulman et al. 2015, §6), at most
 `max_halvings` times; a step still too large is rejected (θ = θ_old). The optimiser's state keeps
 the update it computed. It uses no ground truth: only the policy's own distributions.
+
+Written once for one model or P stacked ones (a lockstep population, population/stacked.Stack):
+every tensor may carry leading member dims (the probe logits' dims before (N, T, V)); each member is
+halved until its own probes allow it, and a member within its limits keeps its step while the others
+go on halving. On the CPU each member's figures are its single run's to the bit.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -44,29 +51,38 @@ def sequence_kl(
     mask: torch.Tensor,
     weights: torch.Tensor | None = None,
     group: torch.Tensor | None = None,
-) -> float:
+    groups: int | None = None,
+) -> torch.Tensor:
     """Σ_t exact KL(old ‖ new) over each row's valid completion positions, the weighted mean over
-    the rows of each group (group (N,) long, e.g. one per off-target person; None: one group;
-    weights (N,), None: equal), and the largest group mean returned: (N, T, V) x2, (N, T) ->
-    float."""
-    # (N,)
+    the rows of each group (group (..., N) long, e.g. one per off-target person; None: one group;
+    weights (..., N), None: equal), and the largest group mean: (..., N, T, V) x2, (..., N, T) ->
+    (...), each leading index (a member) on its own. groups: the number of groups, if known
+    (group.max() + 1 by default: a read of the device); a member with fewer has empty groups of
+    mean 0. The group sums are one index_add_ over the members' groups side by side: on the CPU,
+    each member's sums in its single run's order."""
     kl = torch.where(mask, exact(old_logits, new_logits), torch.zeros((), device=mask.device)).sum(
-        1
-    )
-    w = torch.ones_like(kl) if weights is None else weights.to(kl.dtype)
+        -1
+    )  # (..., N)
+    lead = kl.shape[:-1]
+    w = torch.ones_like(kl) if weights is None else weights.to(kl.dtype).expand_as(kl)
     g = torch.zeros(kl.shape, dtype=torch.long, device=kl.device) if group is None else group
-    n = int(g.max()) + 1
-    num = torch.zeros(n, dtype=kl.dtype, device=kl.device).index_add_(0, g, kl * w)
-    den = torch.zeros(n, dtype=kl.dtype, device=kl.device).index_add_(0, g, w)
-    return (num / den.clamp(min=1e-30)).max().item()
+    n = groups if groups is not None else 1 if group is None else int(group.max()) + 1
+    # member m's group j: slot m·n + j
+    g = (g + n * torch.arange(math.prod(lead), device=kl.device).view(*lead, 1)).flatten()
+    num = torch.zeros(math.prod(lead) * n, dtype=kl.dtype, device=kl.device)
+    num = num.index_add_(0, g, (kl * w).flatten())
+    den = torch.zeros_like(num).index_add_(0, g, w.flatten())
+    return (num / den.clamp(min=1e-30)).view(*lead, n).amax(-1)
 
 
 class StepGuard:
     """Snapshot before a step (`StepGuard(policy, probes)`), then `enforce(policy)` after it.
 
-    probes: [(name, generation, limit, weights, group)]: each limit the largest allowed
-    sequence-level KL in nats, checked on the worst group of rows (the anchor: one group per person;
-    `sequence_kl`)."""
+    policy: anything with `parameters()`, a GPT or stacked weights (P, ...). probes: [(name, rows,
+    limit, weights, group)]: each limit the largest allowed sequence-level KL in nats, checked on
+    the worst group of rows (the anchor: one group per person; `sequence_kl`). forward(policy,
+    rows) -> the probe's logits (..., N, T, V): a Generation's (default), or a population's rows'
+    (population/rows.Rows, weights and group then (P, N) where each member's rows are its own)."""
 
     def __init__(
         self,
@@ -74,72 +90,101 @@ class StepGuard:
         probes: list[tuple],
         max_halvings: int = 5,
         previous: "StepGuard | None" = None,
+        forward=_logits,
     ):
-        self.params = [p.detach().clone() for p in policy.parameters()]
+        self.forward, self.max_halvings = forward, max_halvings
         self.probes = [
-            (name, gen, limit, _snapshot(previous, policy, name, gen), (w, g))
-            for name, gen, limit, w, g in probes
+            (name, rows, limit, _snapshot(previous, policy, name, rows, forward), (w, g))
+            for name, rows, limit, w, g in probes
         ]
-        self.max_halvings = max_halvings
-        # after enforce: (the weights' versions, {probe name: (its generation, its logits)})
+        self.lead = self.probes[0][3].shape[:-3]  # the members' dims: () for one model
+        self.old = _flat(policy.parameters(), self.lead)  # the weights before the update
+        self.groups = {name: _groups(previous, name, g) for name, _, _, _, (_, g) in self.probes}
+        self.last: dict = {}  # each probe's logits at the weights last measured
+        # after enforce: (the weights' stamp, {probe name: (its rows, its logits)})
         self.final = None
 
-    def _kls(self, policy) -> dict[str, float]:
-        self.last = {name: _logits(policy, gen) for name, gen, _, _, _ in self.probes}
-        return {
-            name: sequence_kl(old, self.last[name], gen.completion_mask, *wg)
-            for name, gen, _, old, wg in self.probes
+    def _kls(self, policy) -> tuple[dict, torch.Tensor]:
+        """-> ({probe: (...) KL}, (...) bool: every probe within its limit)."""
+        self.last = {name: self.forward(policy, rows) for name, rows, _, _, _ in self.probes}
+        kls = {
+            name: sequence_kl(old, self.last[name], rows.completion_mask, *wg, self.groups[name][1])
+            for name, rows, _, old, wg in self.probes
         }
+        # compared in float64, as the numbers they are
+        ok = [kls[name].double() <= limit for name, _, limit, _, _ in self.probes]
+        return kls, torch.stack(ok).all(0)
 
     @torch.no_grad()
-    def enforce(self, policy) -> dict:
+    def enforce(self, policy) -> dict[str, torch.Tensor]:
         """Shrink (or reject) the step just taken until every probe's KL is within its limit.
-        -> {'tr_scale': share of the step kept (1 = all, 0 = rejected), 'tr_kl_<probe>': KL
-        kept}."""
+        -> {'tr_scale': share of the step kept (1 = all, 0 = rejected), 'tr_kl_<probe>': KL kept},
+        each (...) (a 0-dim tensor for one model)."""
         params = list(policy.parameters())
-        new = [p.detach().clone() for p in params]
-        scale, kls = 1.0, self._kls(policy)
+        new = now = _flat(params, self.lead)  # the update's weights, and the weights now
+        kls, ok = self._kls(policy)
+        scale = torch.ones(ok.shape, device=ok.device)
         for _ in range(self.max_halvings):
-            if all(kls[name] <= limit for name, _, limit, _, _ in self.probes):
+            if bool(ok.all()):
                 break
-            scale /= 2
-            for p, old, upd in zip(params, self.params, new):
-                p.copy_(old + scale * (upd - old))
-            kls = self._kls(policy)
-        else:
-            if not all(kls[name] <= limit for name, _, limit, _, _ in self.probes):
-                for p, old in zip(params, self.params):
-                    p.copy_(old)
-                scale, kls = 0.0, {name: 0.0 for name in kls}
-                self.last = {name: old for name, _, _, old, _ in self.probes}
+            # the members within their limits keep their step
+            scale = torch.where(ok, scale, scale / 2)
+            now = torch.where(ok[..., None], now, self.old + scale[..., None] * (new - self.old))
+            _write(params, now, self.lead)
+            again, within = self._kls(policy)
+            kls = {name: torch.where(ok, kls[name], again[name]) for name in kls}
+            ok = ok | within
+        if not bool(ok.all()):  # still too large after every halving: the step is rejected
+            _write(params, torch.where(ok[..., None], now, self.old), self.lead)
+            scale = torch.where(ok, scale, 0.0)
+            kls = {name: torch.where(ok, v, 0.0) for name, v in kls.items()}
+            self.last = {
+                name: torch.where(ok[..., None, None, None], self.last[name], old)
+                for name, _, _, old, _ in self.probes
+            }
         self.final = (
-            _versions(policy),
-            {name: (gen, self.last[name]) for name, gen, _, _, _ in self.probes},
+            _stamp(policy),
+            {name: (rows, self.last[name]) for name, rows, _, _, _ in self.probes},
         )
         return {"tr_scale": scale, **{f"tr_kl_{name}": v for name, v in kls.items()}}
 
 
-def _versions(policy) -> tuple[int, ...]:
-    """The in-place version counter of every weight: any change to the weights (an optimiser step, a
-    copy_) bumps one."""
-    return tuple(p._version for p in policy.parameters())
+def _flat(params, lead: tuple) -> torch.Tensor:
+    """The weights as one row per member (..., n): arithmetic on all of them in one call."""
+    return torch.cat([p.detach().reshape(*lead, -1) for p in params], -1)
 
 
-def _snapshot(previous: StepGuard | None, policy, name: str, gen: Generation) -> torch.Tensor:
+def _write(params: list[torch.Tensor], flat: torch.Tensor, lead: tuple) -> None:
+    """Copy the rows (..., n) of _flat back into the weights."""
+    sizes = [p.shape[len(lead) :].numel() for p in params]
+    for p, x in zip(params, flat.split(sizes, -1)):
+        p.copy_(x.view(p.shape))
+
+
+def _stamp(policy) -> tuple:
+    """Which tensors hold the weights and their in-place versions: any change to the weights (an
+    optimiser step, a copy_, members leaving a population) changes it."""
+    return tuple((id(p), p._version) for p in policy.parameters())
+
+
+def _groups(previous: StepGuard | None, name: str, group: torch.Tensor | None) -> tuple:
+    """Probe `name`'s (group, its number of groups): the previous step's where its group was this
+    very tensor (the anchor probe's: the same each step), so read from the device once."""
+    if group is None:
+        return None, 1
+    if previous is not None and previous.groups.get(name, (None,))[0] is group:
+        return previous.groups[name]
+    return group, int(group.max()) + 1
+
+
+@torch.no_grad()
+def _snapshot(previous: StepGuard | None, policy, name: str, rows, forward) -> torch.Tensor:
     """The policy's logits on a probe now: the previous step's final logits of the same rows if the
     weights have not changed since, else one forward. The anchor probe is the same rows every step,
     so its snapshot is the last step's final measurement (bit for bit: the same forward of the same
     weights): one no-grad forward of the anchor rows saved per step."""
-    logits = carried(previous, _versions(policy), name, gen)
-    return _logits(policy, gen) if logits is None else logits
-
-
-def carried(previous, stamp: tuple, name: str, rows) -> torch.Tensor | None:
-    """A trust region's final logits of probe `name` (its `final`: (the weights' stamp, {name:
-    (rows, logits)})) if they were measured on these very rows at weights whose stamp is `stamp`,
-    else None."""
-    if previous is not None and previous.final is not None and previous.final[0] == stamp:
+    if previous is not None and previous.final is not None and previous.final[0] == _stamp(policy):
         old_rows, logits = previous.final[1].get(name, (None, None))
         if old_rows is rows:
             return logits
-    return None
+    return forward(policy, rows)
