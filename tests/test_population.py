@@ -233,6 +233,7 @@ NOISE = {
     "adv_mean": 5e-7,  # the mean of normalised advantages: 0 but for rounding (7.5e-8)
     "sampler_kl": 1e-7,  # a stale sampler's KL to the trainer, ~3e-8 (1.8e-8)
     "approx_kl": 1e-8,  # PPO's sampled KL estimate (3.8e-10)
+    "loss": 5e-6,  # PPO's, near 0 some steps (-1.7e-4): whitened advantages' terms (1.0e-6)
 }
 
 

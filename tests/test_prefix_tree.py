@@ -9,8 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minigrpo.lm.logprobs import shifted_forward
-from minigrpo.lm.model import GPT, GPTConfig
-from minigrpo.lm.prefix_tree import build_prefix_tree
+from minigrpo.lm.model import GPT, GPTConfig, Weights
+from minigrpo.lm.prefix_tree import build_prefix_tree, next_token_tree
 
 V = 10
 torch.manual_seed(0)
@@ -294,3 +294,60 @@ def test_a_batch_with_nothing_to_predict_still_gives_the_plain_forwards_shapes()
             want_logits, want_hidden = shifted_forward(MODEL, ids, key_mask, shared_prefixes=False)
         assert logits.shape == want_logits.shape and hidden.shape == want_hidden.shape
         assert torch.isfinite(logits).all() and torch.isfinite(hidden).all()
+
+
+def three_trees(ids, key_mask):
+    """Rows of one shape for three trees: the batch, its rows reversed, its first row repeated."""
+    return (
+        torch.stack([ids, ids.flip(0), ids[:1].expand_as(ids)]),
+        torch.stack([key_mask, key_mask.flip(0), key_mask[:1].expand_as(key_mask)]),
+    )
+
+
+@SET
+@given(batches(), st.sampled_from([2, 96]))
+def test_a_batch_of_trees_is_each_tree_built_alone(batch, group_size):
+    """ids (M, B, T): M trees from one build, each the tree of its rows alone (its structure, its
+    node count), each row's index inside its own tree's slots, and gather reading each row's node;
+    unbind gives them back one by one."""
+    many, masks = three_trees(*batch)
+    tree = build_prefix_tree(many, masks, group_size)
+    M, G, N = tree.tokens.shape
+    assert tree.mask.shape == (M * G, 1, N, N) and tree.index.shape == many.shape
+    assert (tree.index // (G * N) == torch.arange(M).view(M, 1, 1)).all(), "a row left its tree"
+    assert torch.equal(tree.gather(tree.tokens[..., None])[..., 0][masks], many[masks])
+    alone = [build_prefix_tree(i, k, group_size) for i, k in zip(many, masks)]
+    assert tree.num_nodes == sum(t.num_nodes for t in alone)
+    for i, k, part, want in zip(many, masks, tree.unbind(), alone):
+        assert_structure(i, k, part)
+        assert part.num_nodes == want.num_nodes and part.tokens.size(0) == G
+
+
+@SMALL
+@given(batches())
+def test_stacked_weights_compute_each_models_plain_forward_through_its_tree(batch):
+    """Two models' weights stacked (lm/model.Weights (2, ...)) over a batch of two trees (each its
+    own rows), and over one tree expanded for both: each model's logits and hidden states are its
+    plain forward's alone at every real slot; the stacked plain forward too."""
+    ids, key_mask = batch
+    models = [MODEL, perturbed(MODEL, 0.3, seed=1)]
+    named = [dict(m.named_parameters()) for m in models]
+    w = Weights(MODEL.cfg, {n: torch.stack([p[n] for p in named]) for n in named[0]})
+    many, masks = three_trees(ids, key_mask)
+    many, masks = many[:2], masks[:2]
+    one = (ids.expand(2, *ids.shape), key_mask.expand(2, *key_mask.shape))
+    with torch.no_grad():
+        for (r_ids, r_mask), tree in (
+            ((many, masks), None),
+            (one, next_token_tree(ids, key_mask).expand(2)),
+        ):
+            got = [
+                shifted_forward(w, r_ids, r_mask, tree=tree),
+                shifted_forward(w, r_ids, r_mask, shared_prefixes=False),
+            ]
+            for m, model in enumerate(models):
+                want = shifted_forward(model, r_ids[m], r_mask[m], shared_prefixes=False)
+                real = predicts_a_token(r_ids[m], r_mask[m])
+                for logits_hidden in got:
+                    for a, b in zip(logits_hidden, want):
+                        assert (a[m] - b)[real].abs().max() < 1e-5 if real.any() else True

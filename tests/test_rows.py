@@ -1,18 +1,44 @@
-"""population/rows.py: the members' rows through their prefix trees (one build, each member a
-segment) against the plain forward, and PPO's minibatches selected together (their trees built as
-one) against each selected alone."""
-
-from dataclasses import replace
+"""population/rows.py: each member scores its rows (padded among the others', through a batch of
+prefix trees built as one) as its single run scores them (lm/logprobs.generation_logprobs of its own
+Generation and GPT), and as the plain forward does; PPO's minibatches selected together (their trees
+built as one) as each selected alone; rows every member shares through their one tree."""
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_population import members
 
+from minigrpo.lm.logprobs import completion_token_logprobs, generation_logprobs, shifted_forward
+from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
-from minigrpo.population.rows import Rows, Trees
+from minigrpo.population.rows import Rows
 from minigrpo.population.stacked import Stack
+
+
+def generation(ids, key_mask, width):
+    """A Generation of rows ids, key_mask (N, width + T) whose completions start at `width`."""
+    n, t = ids.size(0), ids.size(1) - width
+    return Generation(
+        ids.masked_fill(~key_mask, PAD_ID),
+        key_mask,
+        width,
+        key_mask[:, width:],
+        torch.zeros(n, t),
+        torch.ones(n, dtype=torch.bool),
+    )
+
+
+def plain_logprobs(stack, rows, temperature=1.0):
+    """The completion tokens' log-probs of rows through the plain forward (every slot, no tree)."""
+    logits, _ = shifted_forward(stack, rows.ids, rows.key_mask, temperature, shared_prefixes=False)
+    P, N, L = rows.ids.shape
+    return completion_token_logprobs(
+        logits.flatten(0, 1),
+        rows.ids.flatten(0, 1),
+        rows.prompt_len,
+        rows.completion_mask.flatten(0, 1),
+    ).view(P, N, -1)
 
 
 @settings(max_examples=25, deadline=None)
@@ -24,14 +50,12 @@ from minigrpo.population.stacked import Stack
     st.sampled_from([None, 2]),
     st.booleans(),
 )
-def test_the_members_prefix_trees_give_the_plain_forwards_log_probs_states_and_gradients(
-    shapes, seed, group_size, twin
-):
-    """Rows.of's forward through the members' prefix trees (population/rows.Trees: one tree build,
-    each member a segment), against the same rows' plain forward (its oracle): members with other
-    prompt widths and completion lengths (left and right padding), rows that repeat (shared
-    prefixes; a member's rows the same as another's), trees of several packed sequences (a small
-    group size)."""
+def test_each_member_scores_its_rows_as_its_single_run_does(shapes, seed, group_size, twin):
+    """Rows.of's log-probs, logits, states and gradients, member by member, against its single
+    run's generation_logprobs over its own Generation (and the plain forward's log-probs): members
+    with other prompt widths and completion lengths (left and right padding), rows that repeat
+    (shared prefixes; a member's rows the same as another's), trees of several packed sequences (a
+    small group size)."""
     torch.manual_seed(seed)
     models = members(3, seed)[: len(shapes)]
     gens = []
@@ -41,69 +65,74 @@ def test_the_members_prefix_trees_give_the_plain_forwards_log_probs_states_and_g
         ids[1 : 1 + copies] = ids[0]  # shared prefixes
         key_mask = torch.ones_like(ids, dtype=torch.bool)
         key_mask[-1, : width - 1] = False  # a shorter prompt, left-padded
-        ends = torch.randint(1, length + 1, (4,))
-        completion_mask = torch.arange(length)[None] < ends[:, None]
-        key_mask[:, width:] = completion_mask
-        ids = ids.masked_fill(~key_mask, PAD_ID)
-        gens.append(
-            Generation(
-                ids,
-                key_mask,
-                width,
-                completion_mask,
-                torch.zeros(4, length),
-                torch.ones(4, dtype=torch.bool),
-            )
-        )
+        key_mask[:, width:] = torch.arange(length)[None] < torch.randint(1, length + 1, (4, 1))
+        gens.append(generation(ids, key_mask, width))
     # the last member's rows are the first's: still its own nodes, through its weights
     if twin and len(gens) > 1:
         gens[-1] = gens[0]
-    fast = Rows.of(gens)
+    rows, stack = Rows.of(gens), Stack(models)
     if group_size is not None:
-        fast.tree = Trees.build(fast.ids, fast.key_mask, group_size)
-    plain = replace(fast, tree=None)
-    stack = Stack(models)
-    got, want = fast.logprobs(stack, 0.8, states=True), plain.logprobs(stack, 0.8, states=True)
-    real = fast.completion_mask
-    for a, b in zip(got, want):
-        assert torch.allclose(a[real], b[real], atol=1e-5)
-    grads = []
-    for rows in (fast, plain):
-        for m in models:
-            m.zero_grad()
-        logp, _, h = rows.logprobs(stack, 0.8, states=True)
-        (logp.sum() + h[real].square().sum()).backward()
-        grads.append([p.grad.clone() for m in models for p in m.parameters()])
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-3) for a, b in zip(*grads))
+        rows.tree = next_token_tree(rows.ids, rows.key_mask, group_size)
+    logp, logits, h = rows.logprobs(stack, 0.8, states=True)
+    real = rows.completion_mask
+    assert torch.allclose(logp[real], plain_logprobs(stack, rows, 0.8)[real], atol=1e-5)
+    assert not logp[~real].any(), "a padded slot counts"
+    (logp.sum() + h[real].square().sum()).backward()
+    together = [p.grad.clone() for m in models for p in m.parameters()]
+    for m in models:
+        m.zero_grad()
+    for p, (m, g) in enumerate(zip(models, gens)):
+        t, mask = g.completion_mask.size(1), g.completion_mask
+        want = generation_logprobs(m, g, 0.8, return_logits=True, return_hidden=True)
+        for got, alone in zip((logp, logits, h), want):
+            assert torch.allclose(got[p, :, :t][mask], alone[mask], atol=1e-5), p
+        (want[0].sum() + want[2][mask].square().sum()).backward()
+    alone = [p.grad for m in models for p in m.parameters()]
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-3) for a, b in zip(together, alone))
 
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 2**16), st.sampled_from([(2, 2), (3, 1), (1, 3)]))
 def test_minibatches_selected_together_are_each_selected_alone(seed, sizes):
-    """PPO's minibatches of a step: their rows picked for each member, their trees built as one
-    (each (minibatch, member) a segment, Trees.split), give each minibatch's rows and the log-probs
-    of its own tree and of the plain forward; minibatches of other sizes get a tree each."""
+    """PPO's minibatches of a step: their rows picked for each member, their trees built as one (a
+    batch of (minibatch, member) trees, unbound), give each minibatch's rows and the log-probs of
+    the tree of its own rows and of the plain forward; minibatches of other sizes get a tree
+    each."""
     torch.manual_seed(seed)
     models, N, W, T = members(2, seed), 4, 3, 4
     ids = torch.randint(3, 20, (N, W + T))
     ids[1] = ids[0]  # a shared prefix
     key_mask = torch.ones_like(ids, dtype=torch.bool)
     key_mask[:, W:] = torch.arange(T)[None] < torch.randint(1, T + 1, (N, 1))
-    gen = Generation(
-        ids.masked_fill(~key_mask, PAD_ID),
-        key_mask,
-        W,
-        key_mask[:, W:],
-        torch.zeros(N, T),
-        torch.ones(N, dtype=torch.bool),
-    )
+    gen = generation(ids, key_mask, W)
     rows, stack = Rows.of([gen, gen]), Stack(models)
     order = torch.stack([torch.randperm(N), torch.randperm(N)])
     indices = list(order.split(list(sizes), dim=1))
     together = rows.select(indices)
     for index, sub in zip(indices, together):
-        alone = rows.select([index])[0]
+        alone = Rows(sub.ids, sub.key_mask, sub.prompt_len, sub.completion_mask)
         for name in ("ids", "key_mask", "completion_mask"):
-            assert torch.equal(getattr(sub, name), getattr(alone, name)), name
-        got, mine, plain = (r.logprobs(stack)[0] for r in (sub, alone, replace(alone, tree=None)))
-        assert torch.allclose(got, mine, atol=1e-6) and torch.allclose(got, plain, atol=1e-5)
+            want = torch.stack([getattr(rows, name)[p, index[p]] for p in range(2)])
+            assert torch.equal(getattr(sub, name), want), name
+        got, mine = (r.logprobs(stack)[0] for r in (sub, alone))
+        assert torch.allclose(got, mine, atol=1e-6)
+        assert torch.allclose(got, plain_logprobs(stack, alone), atol=1e-5)
+
+
+def test_rows_every_member_shares_go_through_their_one_tree_each_members_weights_its_own():
+    """Rows.shared (the anchor's): one Generation for P members, its one prefix tree expanded, each
+    member's log-probs and logits those of its single run over that Generation."""
+    models, N, W, T = members(3, 1), 5, 3, 4
+    ids = torch.randint(3, 20, (N, W + T))
+    ids[2:] = ids[0]
+    key_mask = torch.ones_like(ids, dtype=torch.bool)
+    key_mask[:, W:] = torch.arange(T)[None] < torch.tensor([[4], [2], [3], [1], [4]])
+    gen = generation(ids, key_mask, W)
+    with torch.no_grad():
+        logp, logits = Rows.shared(gen, 3).logprobs(Stack(models), 1.3)
+        for p, m in enumerate(models):
+            want = generation_logprobs(m, gen, 1.3, return_logits=True)
+            for got, alone in zip((logp, logits), want):
+                assert torch.allclose(
+                    got[p][gen.completion_mask], alone[gen.completion_mask], atol=1e-5
+                )

@@ -14,6 +14,12 @@ or positions.
                                evaluation
     completion_logprobs_many   the same for several models, as one forward where their weights are
                                stacked (a population's)
+
+Stacked weights. `model` is a GPT or its lm/model.Weights; every function also takes M models'
+weights stacked (Weights of (M, ...) tensors) with rows (M, B, ...) and a batch of M prefix trees
+(prefix_tree.py), one for each model's rows: each model computes its own rows, in one forward, as
+it would alone (to float rounding). A population's members score their rows so
+(population/rows.py).
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from minigrpo.lm.model import GPT, Weights, positions
+from minigrpo.lm.model import GPT, Weights, causal_mask, positions
 from minigrpo.lm.prefix_tree import PrefixTree, next_token_tree
 from minigrpo.lm.tokenizer import CharTokenizer
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target]: logits (B, T, V), targets (B, T) -> (B, T)."""
+    """log softmax(logits)[target]: logits (..., T, V), targets (..., T) -> (..., T)."""
     return F.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
@@ -50,7 +56,7 @@ def completion_token_logprobs(
 
 
 def shifted_forward(
-    model: GPT,
+    model: GPT | Weights,
     ids: torch.Tensor,
     key_mask: torch.Tensor | None = None,
     temperature: float = 1.0,
@@ -63,12 +69,10 @@ def shifted_forward(
     runs once per distinct prefix (prefix_tree.py; `tree`: next_token_tree(ids, key_mask) if the
     caller keeps one); shared_prefixes=False runs every slot of every row: the plain forward, kept
     as the tests' oracle (the two agree to float rounding, about 1e-6 on the logits, wherever the
-    target is real)."""
-    km = key_mask[:, :-1] if key_mask is not None else None
-    if not shared_prefixes or ids.size(1) < 2:
-        hidden = model.hidden(
-            ids[:, :-1], pos=positions(km) if km is not None else None, key_mask=km
-        )
+    target is real). Stacked weights: ids, key_mask (M, B, T), tree a batch of M trees."""
+    km = key_mask[..., :-1] if key_mask is not None else None
+    if not shared_prefixes or ids.size(-1) < 2:
+        hidden = plain_hidden(model, ids[..., :-1], km)
         return model.head(hidden) / temperature, hidden
     tree = tree if tree is not None else next_token_tree(ids, key_mask)
     # (G, N, C): each node once
@@ -78,8 +82,21 @@ def shifted_forward(
     return tree.gather(logits if temperature == 1.0 else logits / temperature), tree.gather(hidden)
 
 
+def plain_hidden(
+    model: GPT | Weights, ids: torch.Tensor, key_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The plain forward's final hidden states at every slot of left-padded rows ids (..., B, T)
+    (key_mask alike, or None = all real): GPT.hidden with a key mask, of each model's rows."""
+    w, T = model.weights() if isinstance(model, GPT) else model, ids.size(-1)
+    w.cfg.check_length(T)
+    if key_mask is None:
+        return w.hidden(ids, torch.arange(T, device=ids.device).expand(ids.shape))
+    rows = key_mask.flatten(0, -2)  # (R, T): each model's rows in turn
+    return w.hidden(ids, positions(rows).view(ids.shape), causal_mask(0, T, rows, ids.device))
+
+
 def generation_logprobs(
-    model: GPT,
+    model: GPT | Weights,
     gen,
     temperature: float = 1.0,
     return_logits: bool = False,
@@ -90,19 +107,26 @@ def generation_logprobs(
     T, C) hidden states of the states before each completion token (for a value head).
     Differentiable: use no_grad for π_old/π_ref. (completion_logprobs is its text-level sibling:
     prompt and completion strings in, one summed log-prob per pair out, for exact evaluation; both
-    run shifted_forward.)"""
-    P = gen.prompt_len
+    run shifted_forward.) `gen`: any rows with a Generation's ids, key_mask, prompt_len,
+    completion_mask and prefix_tree(); stacked weights: (M, N, ...) rows, (M, N, T) log-probs."""
+    P, mask = gen.prompt_len, gen.completion_mask
     # (N, P+T−1, ·)
     logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature, gen.prefix_tree())
-    logp = completion_token_logprobs(logits, gen.ids, P, gen.completion_mask)  # (N, T)
-    extra = ([logits[:, P - 1 :]] if return_logits else []) + (
-        [hidden[:, P - 1 :]] if return_hidden else []
+    # (N, T); stacked weights' rows as (M·N) rows
+    logp = completion_token_logprobs(
+        logits.flatten(0, -3), gen.ids.flatten(0, -2), P, mask.flatten(0, -2)
+    ).view(mask.shape)
+    extra = ([logits[..., P - 1 :, :]] if return_logits else []) + (
+        [hidden[..., P - 1 :, :]] if return_hidden else []
     )
     return (logp, *extra) if extra else logp
 
 
 def sequence_logprobs(
-    model: GPT, ids: torch.Tensor, key_mask: torch.Tensor | None = None, temperature: float = 1.0
+    model: GPT | Weights,
+    ids: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """Next-token log-probs of a batch of (left-padded) sequences in one forward pass.
 
@@ -111,7 +135,7 @@ def sequence_logprobs(
     Entries whose target is padding are meaningless; callers mask them.
     """
     logits, _ = shifted_forward(model, ids, key_mask, temperature)  # (B, T-1, V)
-    return gather_logprobs(logits, ids[:, 1:])
+    return gather_logprobs(logits, ids[..., 1:])
 
 
 def pad_left(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,23 +164,30 @@ def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def completion_logprobs(
-    model: GPT, tok: CharTokenizer, prompts: list[str], completions: list[str], end: bool = True
+    model: GPT | Weights,
+    tok: CharTokenizer,
+    prompts: list[str],
+    completions: list[str],
+    end: bool = True,
 ) -> torch.Tensor:
     """log π(completion [+ EOS] | BOS + prompt) for each (prompt, completion) pair, one forward
     pass.
 
     Teacher-forced scoring: the exact probability that sampling (temperature 1) produces exactly
-    this completion and then stops. -> (N,) float tensor of summed log-probs.
+    this completion and then stops. -> (N,) float tensor of summed log-probs; M models' weights
+    stacked: (M, N), each model over the one prefix tree.
     """
+    wte = model.wte.weight if isinstance(model, GPT) else model.w["wte.weight"]
+    lead = wte.shape[:-2]  # () for one model
     ids, mask, is_completion, tree = scoring_batch(
-        tok, tuple(prompts), tuple(completions), end, model.wte.weight.device
+        tok, tuple(prompts), tuple(completions), end, wte.device
     )
-    logits, _ = shifted_forward(model, ids, mask, tree=tree)
+    every = lambda x: x.expand(*lead, *x.shape)  # the same rows for each model
+    logits, _ = shifted_forward(model, every(ids), every(mask), tree=tree.expand(*lead))
     # (N, width-1) summed per row
-    return sequence_logp(gather_logprobs(logits, ids[:, 1:]), is_completion)
+    return sequence_logp(gather_logprobs(logits, every(ids[:, 1:])), is_completion)
 
 
-@torch.no_grad()
 def completion_logprobs_many(
     models: list[GPT] | Weights,
     tok: CharTokenizer,
@@ -166,19 +197,10 @@ def completion_logprobs_many(
 ) -> torch.Tensor:
     """completion_logprobs of each of M models -> (M, N). models: GPTs, each scored alone; or the M
     models' weights stacked (Weights of (M, ...) tensors), scored in one forward over the prefix
-    tree, one log-softmax and one gather for all (each model's figures its own alone's to float
-    rounding)."""
-    if not isinstance(models, Weights):
-        return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in models])
-    wte = models.w["wte.weight"]
-    ids, mask, is_completion, tree = scoring_batch(
-        tok, tuple(prompts), tuple(completions), end, wte.device
-    )
-    every = lambda x: x[None].expand(wte.size(0), *x.shape)  # the same rows for each model
-    # the tree's nodes (M, G, n, C); the mask's rows model by model
-    h = models.hidden(every(tree.tokens), every(tree.pos), every(tree.mask).flatten(0, 1))
-    logits = models.head(h).flatten(1, 2)[:, tree.index]  # each model's tree.gather: (M, N, L, V)
-    return sequence_logp(gather_logprobs(logits, every(ids[:, 1:])), is_completion)
+    tree (each model's figures its own alone's to float rounding)."""
+    if isinstance(models, Weights):
+        return completion_logprobs(models, tok, prompts, completions, end)
+    return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in models])
 
 
 @functools.lru_cache(maxsize=16)

@@ -15,6 +15,12 @@ batch's distinct prefixes out as the nodes of a tree and runs the model ONCE per
     h_rows = tree.gather(h)                      # (B, T, C): each row's state at each of its slots
     # logprobs.shifted_forward does this (with next_token_tree); sampling.Generation keeps its tree
 
+A batch of trees. ids (M, B, T) (any leading dims): M trees, one of each ids[m] (each the tree of
+its rows alone), built as one (each a segment) and padded to one shape: tokens, pos (M, G, K), the
+mask's rows tree by tree (M·G, 1, K, K), index (M, B, T) into all M·G·K slots; for M weights stacked
+(lm/model.Weights over (M, ...) tensors), each through its own tree. `expand(M)`: one tree for M
+weights; `unbind()`: a batch's trees one by one.
+
 Tree attention. The nodes are packed into G sequences of N slots (about GROUP_SIZE nodes each, cut
 between rows in sorted order; unused slots are padding). Node i attends to node j iff j is an
 ancestor of i or i itself (`mask`), at position id = its depth: exactly the keys and positions it
@@ -34,6 +40,7 @@ fraction of the slots (`python -m minigrpo.bench --only prefix`; docs/performanc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +52,9 @@ GROUP_SIZE = 96  # nodes per packed sequence, about: attention costs Σ N², the
 
 @dataclass
 class PrefixTree:
+    """Shapes of one tree; a batch of M trees (module docstring) puts (M, ...) before G, and M·G
+    sequences in the mask's first dim."""
+
     tokens: torch.Tensor  # (G, N) long: each node's token (PAD in unused slots)
     pos: torch.Tensor  # (G, N) long: each node's position id, its depth (0 = the first real token)
     mask: torch.Tensor  # (G, 1, N, N) bool: node i may attend to node j (its ancestors and itself)
@@ -54,11 +64,41 @@ class PrefixTree:
     num_nodes: int
     # (G,) long: each sequence's segment (build_prefix_tree's `segment`)
     segment: torch.Tensor | None = None
+    sizes: torch.Tensor | None = None  # (G,) long: each sequence's nodes
 
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
-        """(G, N, ...) per-node values -> (B, T, ...) per-row values (padding slots: some node's
+        """(G, N, D) per-node values -> (B, T, D) per-row values (padding slots: some node's
         value)."""
-        return node_values.flatten(0, 1)[self.index]
+        return node_values.flatten(0, self.tokens.dim() - 1)[self.index]
+
+    def expand(self, *lead: int) -> PrefixTree:
+        """This one tree as a batch of trees (*lead, ...), the same for each (e.g. M weights
+        stacked over one set of rows); the mask is copied, the rest expanded."""
+        if not lead:
+            return self
+        M, (G, N) = math.prod(lead), self.tokens.shape
+        grow = lambda x: x.expand(*lead, *x.shape)
+        base = torch.arange(M, device=self.index.device).view(*lead, 1, 1) * (G * N)
+        return PrefixTree(
+            grow(self.tokens),
+            grow(self.pos),
+            grow(self.mask).reshape(M * G, 1, N, N),
+            grow(self.index) + base,
+            self.num_nodes * M,
+            None,
+            None if self.sizes is None else grow(self.sizes),
+        )
+
+    def unbind(self) -> list[PrefixTree]:
+        """A batch of trees (n, ...) -> its n parts (...), in order, each indexing its own slots."""
+        n, slots = self.tokens.size(0), self.tokens[0].numel()
+        masks, nodes = self.mask.view(n, -1, *self.mask.shape[1:]), self.sizes.flatten(1).sum(1)
+        return [
+            PrefixTree(
+                self.tokens[i], self.pos[i], masks[i], self.index[i] - i * slots, k, None, sizes
+            )
+            for i, (k, sizes) in enumerate(zip(nodes.tolist(), self.sizes))
+        ]
 
 
 def build_prefix_tree(
@@ -70,8 +110,8 @@ def build_prefix_tree(
     """The tree of the distinct prefixes of rows `ids` (B, T) whose real tokens (key_mask (B, T)
     bool, None = all real) are contiguous: left padding, the tokens, right padding. segment (B,)
     long, None = one: rows of other segments share no node and no sequence, each segment a tree of
-    its own (the members of a lockstep population, each through its own weights). Vectorised, no
-    loop over rows, tokens or segments:
+    its own. ids (..., B, T): a batch of trees (module docstring), one build with each leading index
+    a segment. Vectorised, no loop over rows, tokens or segments:
 
     1. left-align each row's real tokens: L (B, T), −1 after the row's end;
     2. sort the distinct rows: a row's new nodes are its slots past the longest common prefix (lcp)
@@ -86,6 +126,8 @@ def build_prefix_tree(
        once in each sequence;
     4. node i sees node j iff j is on i's path, at position id = its depth.
     """
+    if ids.dim() > 2:
+        return batch_of_trees(ids, key_mask, group_size)
     B, T = ids.shape
     dev = ids.device
     key_mask = torch.ones_like(ids, dtype=torch.bool) if key_mask is None else key_mask
@@ -98,6 +140,7 @@ def build_prefix_tree(
             torch.zeros(B, T, dtype=torch.long, device=dev),
             0,
             None if segment is None else segment[:1],
+            torch.zeros(1, dtype=torch.long, device=dev),
         )
     length = key_mask.sum(1)  # (B,)
     j = torch.arange(T, device=dev)
@@ -152,14 +195,58 @@ def build_prefix_tree(
     # each sequence's, in order
     segments = None if segment is None else seg[:, None].expand(U, T)[new][first]
     return PrefixTree(
-        tokens.view(G, N), pos.view(G, N), mask.view(G, 1, N, N), index, tok.numel(), segments
+        tokens.view(G, N),
+        pos.view(G, N),
+        mask.view(G, 1, N, N),
+        index,
+        tok.numel(),
+        segments,
+        count,
     )
 
 
-def next_token_tree(ids: torch.Tensor, key_mask: torch.Tensor | None = None) -> PrefixTree:
+def batch_of_trees(
+    ids: torch.Tensor, key_mask: torch.Tensor | None, group_size: int = GROUP_SIZE
+) -> PrefixTree:
+    """The trees of ids[m] (ids (..., B, T), key_mask alike or None), each as build_prefix_tree
+    builds it alone, from one build (each m a segment): tree m's sequences padded to G of N slots
+    (a padding slot holds PAD at depth 0 and attends to itself only; no node attends to it)."""
+    lead, (B, T), dev = ids.shape[:-2], ids.shape[-2:], ids.device
+    M = math.prod(lead)
+    flat = lambda x: None if x is None else x.reshape(M * B, T)
+    t = build_prefix_tree(
+        flat(ids), flat(key_mask), group_size, torch.arange(M, device=dev).repeat_interleave(B)
+    )
+    S, N = t.tokens.shape  # S sequences, each one tree's
+    count = torch.bincount(t.segment, minlength=M)  # each tree's sequences
+    rank = torch.arange(S, device=dev) - (count.cumsum(0) - count)[t.segment]  # within its tree
+    G = int(count.max())
+    tokens = torch.full((M, G, N), PAD_ID, dtype=ids.dtype, device=dev)
+    pos = torch.zeros((M, G, N), dtype=torch.long, device=dev)
+    mask = torch.eye(N, dtype=torch.bool, device=dev).repeat(M, G, 1, 1)
+    sizes = torch.zeros((M, G), dtype=torch.long, device=dev)
+    at = (t.segment, rank)
+    tokens[at], pos[at], mask[at], sizes[at] = t.tokens, t.pos, t.mask[:, 0], t.sizes
+    # each (row, slot)'s slot within its tree (a padding slot: its tree's first), then among all M
+    index = (rank[t.index // N] * N + t.index % N).view(M, B, T)
+    index = index + torch.arange(M, device=dev).view(M, 1, 1) * (G * N)
+    return PrefixTree(
+        tokens.view(*lead, G, N),
+        pos.view(*lead, G, N),
+        mask.view(M * G, 1, N, N),
+        index.view(*lead, B, T),
+        t.num_nodes,
+        None,
+        sizes.view(*lead, G),
+    )
+
+
+def next_token_tree(
+    ids: torch.Tensor, key_mask: torch.Tensor | None = None, group_size: int = GROUP_SIZE
+) -> PrefixTree:
     """The tree a next-token forward over ids (B, T) needs: the input slots ids[:, :-1] whose target
     ids[:, t+1] is a real token (a row's last real token predicts padding: nobody reads it; its slot
-    maps to some node)."""
+    maps to some node). ids (..., B, T): a batch of trees, one of each ids[m]."""
     if key_mask is None:
-        return build_prefix_tree(ids[:, :-1])
-    return build_prefix_tree(ids[:, :-1], key_mask[:, :-1] & key_mask[:, 1:])
+        return build_prefix_tree(ids[..., :-1], group_size=group_size)
+    return build_prefix_tree(ids[..., :-1], key_mask[..., :-1] & key_mask[..., 1:], group_size)

@@ -25,6 +25,7 @@ from torch.func import vmap
 
 from minigrpo.lm.model import linear
 from minigrpo.lm.optim import AdamW, clip_grad_norm
+from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.population.anchor import MembersAnchor
@@ -133,8 +134,14 @@ class ExactValues:
         rows, (tree, place) = step.rows, self.tree(step.runs)
         P, device = rows.ids.size(0), rows.ids.device
         grow = lambda x: x[None].expand(P, *x.shape)
-        # every token a target
-        support = Rows(grow(tree.ids), grow(tree.key_mask), 1, grow(tree.key_mask[:, 1:]))
+        # every token a target; every member's weights over the support's one prefix tree
+        support = Rows(
+            grow(tree.ids),
+            grow(tree.key_mask),
+            1,
+            grow(tree.key_mask[:, 1:]),
+            next_token_tree(tree.ids, tree.key_mask).expand(P),
+        )
         V = tree.values(
             support.logprobs(stack, self.temperature)[0],
             support.logprobs(ref, self.temperature)[0],

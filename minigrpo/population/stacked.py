@@ -28,7 +28,7 @@ import copy
 
 import torch
 
-from minigrpo.lm.model import GPT, Weights, causal_mask, positions
+from minigrpo.lm.model import GPT, Weights
 
 
 class Stack(Weights):
@@ -70,10 +70,3 @@ class Stack(Weights):
             [own[name] for own in params for name in names],
             [each[name][p] for p in rows for name in names],
         )
-
-    def states(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """The final hidden states of left-padded rows, the plain forward (GPT.hidden with a key
-        mask, member by member): ids, key_mask (P, B, L) -> (P, B, L, C)."""
-        P, B, L = ids.shape
-        km = key_mask.reshape(P * B, L)
-        return self.hidden(ids, positions(km).view(P, B, L), causal_mask(0, L, km, ids.device))
