@@ -192,8 +192,11 @@ class Draws:
         out = (probs.new_empty if whole else probs.new_ones)((P, *steps, B, V))
         for p in self.going:
             b, generator = self.rows[p], self.requests[p].generator
-            part = out[p, : n_max[p]] if steps else out[p]
-            part = part[..., :b, :] if b < B else part
+            if P == 1:  # the batch is its own
+                part = out
+            else:
+                part = out[p, : n_max[p]] if steps else out[p]
+                part = part[..., :b, :] if b < B else part
             if part.is_contiguous():
                 part.exponential_(generator=generator)
             else:
