@@ -176,31 +176,34 @@ class Draws:
         return self.go_on()
 
     def noise(self, probs: torch.Tensor) -> torch.Tensor:
-        """Exp(1) noise (P, B, V) of token `steps`: drawn now, or (ahead) at the first
-        token for the whole call, (P, n_max, B, V)."""
+        """Exp(1) noise (P, B, V) of token `steps`: drawn now, or (ahead) at the first token for the
+        whole call, (P, n_max, B, V); 1 where no member draws."""
+        every = self.whole and len(self.going) == len(self.n_max)  # no slot left undrawn
         if not self.ahead:
-            return self.exponential((), probs)
+            return self.exponential(torch.empty_like(probs) if every else torch.ones_like(probs))
         if self.steps == 0:
-            self.ahead_noise = self.exponential((max(self.n_max),), probs)
+            N = max(self.n_max)
+            shape, every = (len(self.n_max), N, *probs.shape[1:]), every and min(self.n_max) == N
+            self.ahead_noise = self.exponential(
+                probs.new_empty(shape) if every else probs.new_ones(shape), ahead=True
+            )
         return self.ahead_noise[:, self.steps]
 
-    def exponential(self, steps: tuple, probs: torch.Tensor) -> torch.Tensor:
-        """Exp(1) of shape (P, *steps, B, V): each going member's rows (steps: its n_max) from its
-        own generator, as its own call draws them; 1 where no member draws."""
-        (P, B, V), n_max = probs.shape, self.n_max
-        whole = self.whole and len(self.going) == P and not (steps and min(n_max) < steps[0])
-        out = (probs.new_empty if whole else probs.new_ones)((P, *steps, B, V))
+    def exponential(self, out: torch.Tensor, ahead: bool = False) -> torch.Tensor:
+        """Fill out (P, B, V), ahead (P, n_max, B, V), with each going member's Exp(1) from its own
+        generator, as its own call draws them: its rows (ahead: and its n_max)."""
+        P, B = out.size(0), out.size(-2)
         for p in self.going:
             b, generator = self.rows[p], self.requests[p].generator
             if P == 1:  # the batch is its own
                 part = out
             else:
-                part = out[p, : n_max[p]] if steps else out[p]
+                part = out[p, : self.n_max[p]] if ahead else out[p]
                 part = part[..., :b, :] if b < B else part
             if part.is_contiguous():
                 part.exponential_(generator=generator)
             else:
-                part.copy_(probs.new_empty(part.shape).exponential_(generator=generator))
+                part.copy_(out.new_empty(part.shape).exponential_(generator=generator))
         return out
 
     def record(self, nxt: torch.Tensor, lp: torch.Tensor) -> None:
