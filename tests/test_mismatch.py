@@ -14,8 +14,8 @@ from test_grpo import TIME_KEYS, cfg_for, fake_run, loss_inputs
 
 from minigrpo.grpo import GRPO, GRPOConfig, grpo_loss, main, train
 from minigrpo.lm.checkpoint import read_checkpoint
+from minigrpo.lm.draws import process_logits
 from minigrpo.lm.logprobs import generation_logprobs, shifted_forward
-from minigrpo.lm.sampling import process_logits
 from minigrpo.objectives.importance import correction
 from minigrpo.ppo import main as ppo_main
 from minigrpo.rl.rollout import Sampler, collect

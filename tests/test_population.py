@@ -11,16 +11,10 @@ import torch
 
 from minigrpo.compare import COMMANDS, run_one
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
-from minigrpo.lm.sampling import decode_completions, generate
+from minigrpo.lm.sampling import Request, decode_completions, generate, generate_all
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from minigrpo.population.engine import lockstep_key, run_population, run_populations, shares_of
-from minigrpo.population.sampling import (
-    Request,
-    StackedDraws,
-    _generate_all,
-    generate_all,
-    read_completions,
-)
+from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.util.jsonl import read_jsonl
 
@@ -67,7 +61,7 @@ def test_batched_sampling_draws_what_each_member_draws_alone(settings, noise_dra
         requests.append(Request(ids, mask, 8, t, k, top_p, torch.Generator().manual_seed(p)))
         drawn_alone.append(torch.Generator().manual_seed(p))
         alone.append(generate(models[p], ids, mask, 8, t, k, top_p, drawn_alone[-1]))
-    for p, (got, want) in enumerate(zip(generate_all(models, requests), alone)):
+    for p, (got, want) in enumerate(zip(generate_all(Stack(models), requests), alone)):
         for f in ("ids", "key_mask", "completion_mask", "finished"):
             assert torch.equal(getattr(got, f), getattr(want, f)), (p, f)
         assert got.prompt_len == want.prompt_len and torch.allclose(
@@ -78,10 +72,10 @@ def test_batched_sampling_draws_what_each_member_draws_alone(settings, noise_dra
 
 
 def test_members_of_other_prompt_widths_draw_each_what_it_draws_alone(noise_drawn):
-    """Members whose prompts differ in width draw each with its own lm/sampling.Draws in the one
-    batch: each member's tokens, log-probs and generator state are its own generate()'s, one whose
-    block leaves fewer new tokens (a 20-token prompt in a 24-token block) and one whose weights are
-    NaN (its error) included."""
+    """Members whose prompts differ in width draw in the one batch (lm/sampling.generate_all, the
+    single run's loop): each member's tokens, log-probs and generator state are its own
+    generate()'s, one whose block leaves fewer new tokens (a 20-token prompt in a 24-token block)
+    and one whose weights are NaN (its error) included."""
     models = members(4)
     with torch.no_grad():
         models[3].wte.weight.fill_(float("nan"))
@@ -96,7 +90,7 @@ def test_members_of_other_prompt_widths_draw_each_what_it_draws_alone(noise_draw
             alone.append(generate(models[p], ids, mask, 8, 0.8, generator=gens[-1]))
         except ValueError as e:
             alone.append(e)
-    got = generate_all(models, requests)
+    got = generate_all(Stack(models), requests)
     assert isinstance(got[3], ValueError) and str(got[3]) == str(alone[3])
     for p in range(3):
         for f in ("ids", "key_mask", "completion_mask", "finished"):
@@ -107,10 +101,9 @@ def test_members_of_other_prompt_widths_draw_each_what_it_draws_alone(noise_draw
 
 
 def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
-    """Members with the same rows and plain sampling draw as one (population/sampling.StackedDraws),
-    each stopping where it stops alone: one rarely ends, one ends within a few tokens, one at its
-    first; one whose weights are NaN gets its error. Each member's tokens, log-probs and generator
-    state are its own generate()'s."""
+    """Members with the same rows and plain sampling, each stopping where it stops alone: one
+    rarely ends, one ends within a few tokens, one at its first; one whose weights are NaN gets its
+    error. Each member's tokens, log-probs and generator state are its own generate()'s."""
     models = members(4)
     # the head shares the embedding: a final bias along EOS's raises EOS's logit by `how`
     with torch.no_grad():
@@ -123,11 +116,10 @@ def test_members_alike_draw_as_one_what_each_draws_alone(noise_drawn):
     requests = lambda: [
         Request(ids, mask, 12, 0.8, None, None, torch.Generator().manual_seed(p)) for p in range(4)
     ]
-    assert isinstance(_generate_all(models, requests(), None), StackedDraws)  # drawn as one
     gens = [torch.Generator().manual_seed(p) for p in range(4)]
     alone = [generate(m, ids, mask, 12, 0.8, generator=g) for m, g in zip(models[:3], gens)]
     asked = requests()
-    got = generate_all(models, asked)
+    got = generate_all(Stack(models), asked)
     assert isinstance(got[3], ValueError)
     for p in range(3):
         for f in ("ids", "key_mask", "completion_mask", "finished"):
@@ -151,7 +143,7 @@ def test_a_member_that_cannot_sample_gets_its_error_and_the_others_sample_as_alo
         Request(ids, None, 6, t, None, None, torch.Generator().manual_seed(0))
         for t in (1.0, 1.0, 0.0)
     ]
-    got = generate_all(models, requests)
+    got = generate_all(Stack(models), requests)
     assert isinstance(got[1], ValueError) and "non-finite" in str(got[1])
     assert isinstance(got[2], ValueError) and "temperature" in str(got[2])
     assert torch.equal(
@@ -174,7 +166,7 @@ def test_each_members_completions_are_read_as_its_own_decode_reads_them():
         Request(ids, None, n, 1.0, None, None, torch.Generator().manual_seed(seed))
         for n, seed in [(8, 0), (3, 1), (8, 2), (8, 0)]
     ]
-    gens = generate_all(models, requests)
+    gens = generate_all(Stack(models), requests)
     got = read_completions(tok, gens)
     assert got[2] is None and isinstance(gens[2], ValueError)
     for p in (0, 1, 3):

@@ -1,15 +1,10 @@
 import pytest
 import torch
 
+from minigrpo.lm.draws import exponential_race, process_logits
 from minigrpo.lm.logprobs import sequence_logprobs
 from minigrpo.lm.model import GPT, GPTConfig, positions
-from minigrpo.lm.sampling import (
-    decode_completions,
-    encode_prompts,
-    exponential_race,
-    generate,
-    process_logits,
-)
+from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
 
 PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # different lengths

@@ -34,9 +34,10 @@ import torch.nn.functional as F
 
 from minigrpo.bench.common import ROW_HEADER, run_all, run_module, seed_row, table
 from minigrpo.lm.checkpoint import load_checkpoint
+from minigrpo.lm.draws import process_logits
 from minigrpo.lm.logprobs import pad_left, shifted_forward
 from minigrpo.lm.model import GPT, positions
-from minigrpo.lm.sampling import Generation, process_logits
+from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from minigrpo.objectives.importance import mis_weights, tis_weights
 from toy_tasks import food

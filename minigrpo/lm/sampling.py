@@ -1,19 +1,31 @@
-"""Batched sampling with a KV cache, and the slow full-recompute path kept as its test oracle.
+"""Batched sampling with a KV cache, for one model or P models at once, and the slow full-recompute
+path kept as its test oracle.
 
     out = generate(model, prompt_ids, prompt_mask, max_new_tokens=16, generator=g)
+    outs = generate_all(weights, requests)   # weights stacked (P, ...) (model.Weights), requests[p]
+                                             # member p's generate() arguments -> its Generation
 
-Prompts of different lengths are LEFT-PADDED (see `logprobs.pad_left`) and carry a key mask;
-position ids count real tokens only, so a padded row samples exactly what it would alone. The
-prompts are run once (prefill; a run of neighbouring rows holding one prompt, a GRPO group, once,
-its keys and values copied to them) and then one token per step for the whole batch, both through
-decode.Decoder (the model's fast KV-cache forward). Each row stops at its first EOS (later slots
-hold PAD and are masked out); the loop stops as soon as every row has stopped.
+One loop (`_sample`) over P members' rows (P, B, ...); generate() is that loop with P = 1 over one
+model's weights. Prompts of different lengths are LEFT-PADDED (see `logprobs.pad_left`) and carry a
+key mask; position ids count real tokens only, so a padded row samples exactly what it would alone
+(a member's prompts are padded further on the left to the widest member's, a member of fewer rows
+gets padding rows). The prompts are run once (`prefill`; a run of a member's neighbouring rows
+holding one prompt, a GRPO group, once, its keys and values copied to them) and then one token per
+step for every row, both through decode.Decoder (the fast KV-cache forward). Each row stops at its
+first EOS (later slots hold PAD and are masked out); a member stops once all its rows have or at its
+n_max, the loop once every member has.
+
+Randomness is an argument: each member draws from its own generator exactly as often as its own
+generate() call (a member that has stopped draws no more), so member p's Generation is
+generate(model_p, *requests[p])'s: the same tokens, log-probs to float rounding (a stacked forward
+rounds otherwise; tests/test_population.py). A member whose request is refused (temperature, room in
+the block) or whose probabilities are not finite gets its ValueError; the others are untouched.
 
 Each token is drawn by an exponential race (`exponential_race`: torch.multinomial's own draws). On a
-GPU (NOISE_AHEAD) a call draws all its noise, (n_max, B, V), at its first token: one kernel a call,
-not one a token, where a decoding step is launch-bound and a population's members each draw their
-own (population/sampling.py). The same seed then draws other samples there than on a CPU: a run on a
-GPU is another experiment anyway.
+GPU (NOISE_AHEAD) a member draws all its noise, (n_max, B, V), at its first token: one kernel a
+call, not one a token, where a decoding step is launch-bound; the loop then reads whether every row
+has ended one token late (LateRead), so it may run a step past the end (masked, cut off). The same
+seed then draws other samples there than on a CPU: a run on a GPU is another experiment anyway.
 
 Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p), which at
 temperature 1 without filtering are the model's own. `use_cache=False` recomputes the whole sequence
@@ -22,259 +34,122 @@ at every step: the slow, obviously-correct path that tests and `bench` compare t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from minigrpo.lm.decode import Decoder
+from minigrpo.lm.draws import Draws, Generation
 from minigrpo.lm.logprobs import pad_left
-from minigrpo.lm.model import GPT, KVCache, positions
-from minigrpo.lm.prefix_tree import PrefixTree, next_token_tree
-from minigrpo.lm.tokenizer import EOS_ID, PAD_ID, CharTokenizer
+from minigrpo.lm.model import GPT, KVCache, Weights, causal_mask, positions
+from minigrpo.lm.tokenizer import PAD_ID, CharTokenizer
 
-GENERATION_FIELDS = ("ids", "key_mask", "prompt_len", "completion_mask", "logprobs", "finished")
-
-
-@dataclass
-class Generation:
-    ids: torch.Tensor  # (B, P+N) left-padded prompt, then completion (PAD after the first EOS)
-    key_mask: torch.Tensor  # (B, P+N) bool: real prompt tokens and completion tokens
-    prompt_len: int  # P, the padded prompt width
-    # (B, N) bool: completion tokens up to and including the first EOS
-    completion_mask: torch.Tensor
-    # (B, N) log-prob of each sampled token under the sampling distribution (0 where masked)
-    logprobs: torch.Tensor
-    finished: torch.Tensor  # (B,) bool: the row produced an EOS
-    _tree: PrefixTree | None = field(default=None, init=False, repr=False, compare=False)
-
-    def prefix_tree(self) -> PrefixTree:
-        """The tree of the distinct prefixes the next-token forward needs (prefix_tree.py), built on
-        first use and kept: every forward over these rows (π_ref, π_old, each update, the trust
-        region) shares it. A Generation's tensors are never changed in place."""
-        if self._tree is None:
-            self._tree = next_token_tree(self.ids, self.key_mask)
-        return self._tree
-
-    @property
-    def completion_ids(self) -> torch.Tensor:  # (B, N)
-        return self.ids[:, self.prompt_len :]
-
-    def to_dict(self) -> dict:
-        """The fields by name (what checkpoints store: tensors and the prompt width)."""
-        return {f: getattr(self, f) for f in GENERATION_FIELDS}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Generation":
-        return cls(*(d[f] for f in GENERATION_FIELDS))
-
-    def clone(self) -> "Generation":
-        """A copy of every tensor (made outside inference_mode: ordinary tensors that autograd may
-        save)."""
-        return Generation.from_dict(
-            {k: v.clone() if torch.is_tensor(v) else v for k, v in self.to_dict().items()}
-        )
-
-    def select(self, rows: torch.Tensor) -> "Generation":
-        """The rows `rows` (a 1-D index tensor) of every per-row tensor."""
-        return Generation(
-            self.ids[rows],
-            self.key_mask[rows],
-            self.prompt_len,
-            self.completion_mask[rows],
-            self.logprobs[rows],
-            self.finished[rows],
-        )
-
-
-def process_logits(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> torch.Tensor:
-    """(B, V) logits -> (B, V) logits of the sampling distribution (filtered entries are -inf)."""
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) k-th largest
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        # keep the smallest prefix reaching top_p
-        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def exponential_race(
-    probs: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
-) -> torch.Tensor:
-    """One draw per row of (B, V) probabilities: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. The
-    race is exact: E_i / p_i ~ Exp(p_i), and the smallest of independent exponentials is i with
-    probability p_i / Σ_j p_j. It is how torch.multinomial(probs, 1) draws one sample (same
-    generator calls, same draws: tests/test_sampling.py), minus that function's input checks (two
-    reductions and a sync: about half its time on a few rows; generate checks its log-probs once
-    instead). `noise`: the E (B, V) already drawn (NOISE_AHEAD). -> (B,) long."""
-    return (
-        probs
-        / (torch.empty_like(probs).exponential_(generator=generator) if noise is None else noise)
-    ).argmax(-1)
-
-
-# the devices where a generate() call draws its noise at its first token (module docstring)
+# the devices where a member draws its call's noise at its first token (module docstring)
 NOISE_AHEAD = ("cuda",)
 
 
-def noise_ahead(draws: "Draws", shape: tuple) -> torch.Tensor:
-    """A call's noise drawn at once from its generator: Exp(1) of (n_max, *shape), token n's the [n]
-    slice."""
-    device = draws.prompt_ids.device
-    return torch.empty((draws.n_max, *shape), device=device).exponential_(
-        generator=draws.settings[3]
-    )
+@dataclass
+class Request:
+    """One generate() call's arguments (a member's, in generate_all)."""
+
+    prompt_ids: torch.Tensor  # (B, L) left-padded
+    prompt_mask: torch.Tensor | None = None  # (B, L) bool, None = all real
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: torch.Generator | None = None
+    # the longest row's real prompt tokens, where the caller knows it (a population's prompt
+    # table); else read from prompt_mask (on a GPU, a wait for the device)
+    prompt_len: int | None = None
+
+    def new_tokens(self, block_size: int) -> int:
+        """The most tokens the call draws, n_max; ValueError where it may draw none."""
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        L, mask, longest = self.prompt_ids.size(1), self.prompt_mask, self.prompt_len
+        if longest is None:
+            longest = L if mask is None else int(mask.sum(1).max())
+        n_max = min(self.max_new_tokens, block_size - longest)
+        if n_max < 1:
+            raise ValueError(f"prompt of {L} tokens leaves no room in block_size {block_size}")
+        return n_max
 
 
-NON_FINITE = "sampling met non-finite probabilities: the model's weights hold NaN or inf"
+def lay_out(requests: list[Request], n_max: list[int], device) -> tuple:
+    """The members' prompts in one batch: ids, prompt_mask (P, B, W), each member's right-aligned
+    in its first rows (a refused one's: none); key_mask (P*B, W+N) over them and the N new tokens;
+    real (P, B) bool: the members' own rows."""
+    live, P, N = [p for p, n in enumerate(n_max) if n], len(requests), max(n_max)
+    ids = [requests[p].prompt_ids for p in live]
+    masks = [requests[p].prompt_mask for p in live]
+    masks = [torch.ones_like(x, dtype=torch.bool) if m is None else m for x, m in zip(ids, masks)]
+    B, W = max(x.size(0) for x in ids), max(x.size(1) for x in ids)
+    if len(live) == P and all(x.shape == (B, W) for x in ids):  # they fill the batch (one run's)
+        ids, prompt_mask = (xs[0][None] if P == 1 else torch.stack(xs) for xs in (ids, masks))
+        real = torch.ones((P, B), dtype=torch.bool, device=device)
+    else:  # a member's prompts padded further on the left, its rows by padding rows
+        ids, prompt_mask = pad_members(ids, masks, live, P, B, W)
+        rows = [requests[p].prompt_ids.size(0) if n else 0 for p, n in enumerate(n_max)]
+        real = torch.arange(B, device=device) < torch.tensor(rows, device=device)[:, None]
+    key_mask = torch.cat([prompt_mask, real[..., None].expand(P, B, N)], -1).view(P * B, W + N)
+    return ids, prompt_mask, key_mask, real
 
 
-class Draws:
-    """One generate() call's draws so far: the new tokens of each row, their log-probs under the
-    sampling distribution, which are real (up to and including the row's first EOS), and the rows
-    that have ended. The one bookkeeping of sampling, for one model (`_generate`) and for a
-    population's members (population/sampling.py).
-
-        d = Draws(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator,
-                  block_size)
-        while d.take(logits):   # logits (B, V) of each row's next token -> draw it; False once
-                                # every row ended
-            ...                 # the next logits, after d.tokens[:, d.steps - 1]
-        gen = d.generation()
-
-    Every row draws at every step, ended or not, so a generator's stream depends only on the rows
-    and the steps."""
-
-    def __init__(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor | None,
-        max_new_tokens: int,
-        temperature: float,
-        top_k: int | None,
-        top_p: float | None,
-        generator: torch.Generator | None,
-        block_size: int,
-        prompt_len: int | None = None,
-        allocate: bool = True,
-    ):
-        """prompt_len: the longest row's real prompt tokens, where the caller knows it (a
-        population's prompt table); else read from prompt_mask (on a GPU, a wait for the device).
-        allocate=False: no bookkeeping tensors yet (a population's members alike keep theirs
-        stacked: population/sampling.StackedDraws; else `allocate()` before the first draw)."""
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        P = prompt_ids.size(1)
-        self.prompt_ids, self.settings = prompt_ids, (temperature, top_k, top_p, generator)
-        self.prompt_mask = (
-            torch.ones_like(prompt_ids, dtype=torch.bool) if prompt_mask is None else prompt_mask
-        )
-        longest = int(self.prompt_mask.sum(1).max()) if prompt_len is None else prompt_len
-        self.n_max = min(max_new_tokens, block_size - longest)
-        if self.n_max < 1:
-            raise ValueError(f"prompt of {P} tokens leaves no room in block_size {block_size}")
-        self.steps, self.ahead, self.noise = 0, prompt_ids.device.type in NOISE_AHEAD, None
-        if allocate:
-            self.allocate()
-
-    def allocate(self) -> None:
-        self.tokens, self.logprobs, self.completion_mask, self.done = Draws.fresh(
-            (self.prompt_ids.size(0),), self.n_max, self.prompt_ids.device
-        )
-
-    @staticmethod
-    def fresh(rows: tuple, n_max: int, device) -> tuple:
-        """The bookkeeping before any draw, for rows of shape `rows` ((B,), or a population's (P,
-        B)): tokens (PAD), their log-probs, the completion mask (rows, n_max), and which rows have
-        ended (rows)."""
-        return (
-            torch.full((*rows, n_max), PAD_ID, dtype=torch.long, device=device),
-            torch.zeros((*rows, n_max), device=device),
-            torch.zeros((*rows, n_max), dtype=torch.bool, device=device),
-            torch.zeros(rows, dtype=torch.bool, device=device),
-        )
-
-    def take(self, logits: torch.Tensor) -> bool:
-        """Draw token `steps` of every row from logits (B, V) (PAD, log-prob 0 where the row has
-        ended); -> whether another step follows (False once every row has ended or n_max tokens are
-        drawn)."""
-        n, (temperature, top_k, top_p, generator) = self.steps, self.settings
-        logp_all = F.log_softmax(process_logits(logits, temperature, top_k, top_p), -1)  # (B, V)
-        if self.ahead and n == 0:
-            self.noise = noise_ahead(self, logp_all.shape)
-        # (B,)
-        nxt = exponential_race(logp_all.exp(), generator, self.noise[n] if self.ahead else None)
-        self.record(n, nxt, logp_all.gather(1, nxt[:, None]).squeeze(1))
-        self.steps = n + 1
-        return not (bool(self.done.all()) or self.steps == self.n_max)
-
-    def record(self, n: int, nxt: torch.Tensor, lp: torch.Tensor) -> None:
-        """Token n of every row: nxt and its log-prob lp (rows (B,), or any leading dims: a
-        population's stacked draws), PAD and 0 where the row has ended; a row that drew EOS has
-        ended."""
-        self.tokens[..., n], self.logprobs[..., n] = (
-            nxt.masked_fill(self.done, PAD_ID),
-            lp.masked_fill(self.done, 0.0),
-        )
-        self.completion_mask[..., n] = ~self.done
-        self.done = self.done | (self.tokens[..., n] == EOS_ID)
-
-    def generation(self) -> Generation:
-        N = self.steps
-        # torch.multinomial's input check, once per call
-        if not bool(torch.isfinite(self.logprobs[:, :N]).all()):
-            raise ValueError(NON_FINITE)
-        return Generation(
-            ids=torch.cat([self.prompt_ids, self.tokens[:, :N]], 1),
-            key_mask=torch.cat([self.prompt_mask, self.completion_mask[:, :N]], 1),
-            prompt_len=self.prompt_ids.size(1),
-            completion_mask=self.completion_mask[:, :N],
-            logprobs=self.logprobs[:, :N],
-            finished=self.done,
-        )
+def pad_members(ids: list, masks: list, live: list[int], P: int, B: int, W: int) -> tuple:
+    """Members live[i]'s prompts ids[i], masks[i] (b, w) right-aligned in the first b rows of a
+    batch (P, B, W) of padding: -> ids, prompt_mask (P, B, W)."""
+    out = torch.full((P, B, W), PAD_ID, dtype=torch.long, device=ids[0].device)
+    prompt_mask = torch.zeros((P, B, W), dtype=torch.bool, device=ids[0].device)
+    shapes: dict[tuple, list[int]] = {}  # members of one prompt shape are copied in as one
+    for i, x in enumerate(ids):
+        shapes.setdefault(tuple(x.shape), []).append(i)
+    for (b, w), js in shapes.items():
+        at = torch.tensor([live[j] for j in js], device=out.device)
+        out[at, :b, W - w :] = torch.stack([ids[j] for j in js])
+        prompt_mask[at, :b, W - w :] = torch.stack([masks[j] for j in js])
+    return out, prompt_mask
 
 
 def prefill(
-    model: GPT,
     decode: Decoder,
     prompt_ids: torch.Tensor,
     pos: torch.Tensor,
     key_mask: torch.Tensor | None,
     t_max: int,
 ) -> tuple[torch.Tensor, KVCache]:
-    """Run the (left-padded) prompts (B, P) through the model into a new KV cache of t_max slots: ->
-    the logits (B, V) of each row's first completion token, and the cache of B rows. A run of rows
-    holding the same prompt (a GRPO group: G copies of one, side by side) is computed once and its
-    keys and values copied: unlike a decoding step, a prefill is arithmetic and grows with the rows.
-    Only neighbours are compared (torch.unique(dim=0) would cost about a decoding step)."""
+    """Run the (left-padded) prompts (P, B, L) of decode's weights' P members (P = 1 over one
+    model's) into a new KV cache of t_max slots: -> the logits (P, B, V) of each row's first
+    completion token, and the cache of P*B rows. key_mask None or (P*B, L). A run of a member's
+    neighbouring rows holding the same prompt (a GRPO group: G copies of one, side by side) is
+    computed once and its keys and values copied: unlike a decoding step, a prefill is arithmetic
+    and grows with the rows. Only neighbours are compared (torch.unique(dim=0) would cost about a
+    decoding step)."""
+    (P, B, L), device = prompt_ids.shape, prompt_ids.device
     # padding compares equal
-    key = prompt_ids if key_mask is None else prompt_ids.masked_fill(~key_mask, -1)
-    new_run = torch.ones(key.size(0), dtype=torch.bool, device=key.device)
-    # (B,) True where a row differs from the one before it
-    new_run[1:] = (key[1:] != key[:-1]).any(1)
-    B, U = key.size(0), int(new_run.sum())
+    key = prompt_ids if key_mask is None else prompt_ids.masked_fill(~key_mask.view(P, B, L), -1)
+    new_run = torch.ones((P, B), dtype=torch.bool, device=device)
+    # (P, B) True where a row differs from the one before it
+    new_run[:, 1:] = (key[:, 1:] != key[:, :-1]).any(-1)
+    U = int(new_run.sum(1).max())
     if U == B:  # no two neighbours alike: nothing to share
-        cache = model.new_cache(B, t_max)
+        cache = decode.weights.new_cache(P * B, t_max)
         return decode(prompt_ids, pos, cache, key_mask), cache
-    # (U,) each run's first row; (B,) its run
-    first, inverse = new_run.nonzero().squeeze(1), new_run.cumsum(0) - 1
-    cache = model.new_cache(U, t_max)
+    # (P*U,) each run's first row among the P*B (a member of fewer runs computes some rows twice)
+    offset = torch.arange(P, device=device)[:, None]
+    first = (torch.sort(~new_run, dim=1, stable=True).indices[:, :U] + offset * B).flatten()
+    run = (new_run.cumsum(1) - 1 + offset * U).flatten()  # (P*B,) each row's run among the P*U
+    at = lambda x: x.flatten(0, 1)[first]  # (P*U, ...)
+    cache = decode.weights.new_cache(P * U, t_max)
     logits = decode(
-        prompt_ids[first], pos[first], cache, None if key_mask is None else key_mask[first]
+        at(prompt_ids).view(P, U, L),
+        at(pos).view(P, U, L),
+        cache,
+        None if key_mask is None else key_mask[first],
     )
-    # (n_layer, B, H, t_max, D): row i is its prompt's
-    cache.k, cache.v = cache.k[:, inverse], cache.v[:, inverse]
-    return logits[inverse], cache
+    # (n_layer, P*B, H, t_max, D): row i is its prompt's
+    cache.k, cache.v = cache.k[:, run], cache.v[:, run]
+    return logits.flatten(0, 1)[run].view(P, B, -1), cache
 
 
 def generate(
@@ -288,71 +163,69 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
 ) -> Generation:
-    """Sample up to `max_new_tokens` tokens after each (left-padded) prompt row. See module
-    docstring."""
+    """Sample up to `max_new_tokens` tokens after each (left-padded) prompt row: generate_all of one
+    request over the model's weights. See module docstring."""
+    asked = Request(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator)
+    (gen,) = generate_all(model.weights(), [asked], use_cache)
+    if isinstance(gen, ValueError):
+        raise gen
+    return gen
+
+
+def generate_all(
+    weights: Weights, requests: list[Request], use_cache: bool = True
+) -> list[Generation | ValueError]:
+    """Each request's generate() in one batch, member p's through its weights (stacked (P, ...);
+    one model's for a single request) -> its Generation, or the ValueError its own call raises."""
+    n_max, refused = [], {}
+    for p, r in enumerate(requests):
+        try:
+            n_max.append(r.new_tokens(weights.cfg.block_size))
+        except ValueError as e:
+            n_max.append(0)
+            refused[p] = e
+    if not any(n_max):
+        return list(refused.values())
     # inference_mode, not no_grad: no version counters or autograd dispatch (docs/performance.md,
-    # "The sampler's
-    # forward"); its tensors cannot be saved for backward later, so the results leave as ordinary
-    # copies
+    # "The sampler's forward"); its tensors cannot be saved for backward later, so the results
+    # leave as ordinary copies
     with torch.inference_mode():
-        gen = _generate(
-            model,
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            generator,
-            use_cache,
-        )
-    return gen.clone()
+        draws, ids, prompt_mask = _sample(weights, requests, n_max, refused, use_cache)
+    return draws.generations(ids, prompt_mask)
 
 
-def _generate(
-    model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator, use_cache
-) -> Generation:
-    d = Draws(
-        prompt_ids,
-        prompt_mask,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        generator,
-        model.cfg.block_size,
-    )
-    (B, P), N = prompt_ids.shape, d.n_max
-    key_mask = torch.cat(
-        [d.prompt_mask, torch.ones((B, N), dtype=torch.bool, device=prompt_ids.device)], 1
-    )
-    # (B, P+N) position ids of every slot; generated slots are real keys
-    pos_all = positions(key_mask)
-    padded = not bool(d.prompt_mask.all())  # without padding, plain causal attention needs no mask
-    km = key_mask if padded else None
-    if use_cache:
-        # the fast forward through the KV cache (decode.py); GPT.forward is its oracle
-        decode = Decoder(model)
-        logits, cache = prefill(
-            model, decode, prompt_ids, pos_all[:, :P], km[:, :P] if padded else None, P + N
-        )
+def _sample(
+    weights, requests, n_max, refused, use_cache
+) -> tuple[Draws, torch.Tensor, torch.Tensor]:
+    """The one sampling loop: -> the Draws and the prompts as laid out (P, B, W)."""
+    ids, prompt_mask, key_mask, real = lay_out(requests, n_max, requests[0].prompt_ids.device)
+    (P, B, W), N = ids.shape, max(n_max)
+    d = Draws(requests, n_max, real, refused, ids.device.type in NOISE_AHEAD)
+    # (P, B, W+N) position ids of every slot; a member that stops early stays within the block
+    pos = positions(key_mask).view(P, B, W + N).clamp(max=weights.cfg.block_size - 1)
+    # without padding, plain causal attention needs no mask
+    km = key_mask if not bool(key_mask.all()) else None
+    cut = lambda t: None if km is None else km[:, :t]
+    if use_cache:  # the fast forward through the KV cache (decode.py)
+        decode = Decoder(weights)
+        logits, cache = prefill(decode, ids, pos[..., :W], cut(W), W + N)
     else:  # slow path: recompute everything at every step
-        logits = model(prompt_ids, pos=pos_all[:, :P], key_mask=km[:, :P] if padded else None)[
-            :, -1
-        ]
+        full = lambda x, t: weights.head(
+            weights.hidden(x, pos[..., :t], causal_mask(0, t, cut(t), x.device))
+        )[..., -1, :]
+        logits = full(ids, W)
+    # a decoding step's rows as the weights take them: (P, B), or (B,) for one model's (P = 1)
+    rows = (P, B) if weights.w["wte.weight"].dim() == 3 else (B,)
+    step_pos = pos.view(*rows, W + N)
     while d.take(logits):
-        t = P + d.steps  # the slot after the token just drawn
+        n = d.steps
+        t = W + n  # the slot after the token just drawn
         if use_cache:
-            logits = decode(
-                d.tokens[:, d.steps - 1 : d.steps],
-                pos_all[:, t - 1 : t],
-                cache,
-                km[:, :t] if padded else None,
-            )
+            x = d.tokens[n - 1].view(*rows, 1)
+            logits = decode(x, step_pos[..., t - 1 : t], cache, cut(t)).view(P, B, -1)
         else:
-            ids = torch.cat([prompt_ids, d.tokens[:, : d.steps]], 1)
-            logits = model(ids, pos=pos_all[:, :t], key_mask=km[:, :t] if padded else None)[:, -1]
-    return d.generation()
+            logits = full(torch.cat([ids, d.tokens[:n].permute(1, 2, 0)], -1), t)
+    return d, ids, prompt_mask
 
 
 def encode_prompts(tok: CharTokenizer, prompts: list[str], device=None):

@@ -9,7 +9,7 @@ Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop 
 each step does what rl/loop.run does, for all members at once:
 
     sample        every member's prompts and completions from its own generators, one KV-cache batch
-                  (population/sampling.generate_all), scored by its reward
+                  (lm/sampling.generate_all), scored by its reward
     π_ref         one no-grad forward of every member's rows through their prefix trees
                   (population/rows.Rows)
     update        the trainer's update over a leading member dim (population/grpo_update.py,
@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from minigrpo.lm.optim import AdamW
+from minigrpo.lm.sampling import Request, generate_all
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.aids import Aids
 from minigrpo.population.anchor import MembersAnchor
@@ -51,7 +52,7 @@ from minigrpo.population.grpo_recipe import RECIPE
 from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.sampling import PromptTable, Request, generate_all, read_completions
+from minigrpo.population.sampling import PromptTable, read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.population.stale import StaleWeights
 from minigrpo.rl.loop import Run
@@ -320,7 +321,7 @@ def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
         )
         for r, (ids, mask) in zip(runs, table.encode(prompts))
     ]
-    gens = generate_all(None, requests, stack)
+    gens = generate_all(stack, requests)
     batches, scored = [], []
     # one read
     for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):
