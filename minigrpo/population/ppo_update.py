@@ -9,13 +9,15 @@ tensor with a leading member dim.
     row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics
                                                    # row's part
 
-The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by
-the population's optimiser after the policy (`stacks`); `oracle` is each member's exact values
-(`ExactValues`: toy_tasks/value_tree.py over every member at once; the learned critics'
-explained_variance_oracle reads them too). Each member shuffles its minibatches with its own
-generator, so they are its single run's rows, gathered (Rows.select: every minibatch of the step at
-once, their prefix trees built as one). Each member's figures are its single run's to float rounding
-(tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled anchor.
+The critic's values are the single run's functions over the members' stacked weights
+(rl/critics.head_values, exact_values); this module keeps their stacking and life-cycle: `separate`
+and `head` are `Critics`, the members' heads (and trunks) stacked, trained by the population's
+optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`: one
+value tree for the members' rewards and prompts; the learned critics' explained_variance_oracle
+reads them too). GAE runs over the (P, N, T) rows as they are. Each member shuffles its minibatches
+with its own generator, so they are its single run's rows, gathered (Rows.select: every minibatch of
+the step at once, their prefix trees built as one). Each member's figures are its single run's to
+float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled anchor.
 """
 
 from __future__ import annotations
