@@ -1,5 +1,6 @@
 """PPO's critic objects (minigrpo/rl/critics.py), one at a time on a real rollout."""
 
+import copy
 import dataclasses
 from types import SimpleNamespace
 
@@ -8,11 +9,20 @@ import torch
 from oracle_values import prefix_values
 
 from minigrpo.lm.logprobs import generation_logprobs
+from minigrpo.lm.model import Weights
+from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.objectives.losses import aggregate, value_loss
 from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.ppo import PPO, PPOConfig
 from minigrpo.rl.config import parse_rl_config
-from minigrpo.rl.critics import CRITICS, HeadCritic, OracleCritic, SeparateCritic
+from minigrpo.rl.critics import (
+    CRITICS,
+    HeadCritic,
+    OracleCritic,
+    SeparateCritic,
+    exact_values,
+    head_values,
+)
 from minigrpo.rl.loop import Run
 from minigrpo.rl.rollout import collect
 from minigrpo.util.cli import UsageError
@@ -212,3 +222,46 @@ def test_the_state_dict_round_trips_into_a_fresh_critic(tmp_path, tiny_pretraine
     assert other.beta == 0.123
     with torch.no_grad():
         assert torch.equal(other.critic.values(batch), c.values(batch))
+
+
+def test_values_over_stacked_weights_are_each_models_alone(tmp_path, tiny_pretrained):
+    """rl/critics' value functions take M models' weights stacked (a population's members): each
+    model's values are its own critic's alone, to rounding; the oracle's under each model's β."""
+    init, _, tok = tiny_pretrained
+    run, a, batch = setup(tmp_path, init, tok, "separate")
+    b = SeparateCritic(run)
+    oracles = [OracleCritic(run), OracleCritic(run)]
+    policies = [run.policy, copy.deepcopy(run.policy)]
+    with torch.no_grad():
+        for p in [*b.named_weights().values(), *policies[1].parameters()]:
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+    stack = lambda named: Weights(
+        run.policy.cfg, {k: torch.stack([n[k] for n in named]) for k in named[0]}
+    )
+    grow = lambda x: torch.stack([x, x])
+    gen = batch.gen
+    rows = SimpleNamespace(
+        ids=grow(gen.ids), key_mask=grow(gen.key_mask), prompt_len=gen.prompt_len,
+        completion_mask=grow(gen.completion_mask),
+        prefix_tree=lambda: next_token_tree(grow(gen.ids), grow(gen.key_mask)),
+    )  # fmt: skip
+    with torch.no_grad():
+        w = stack([a.named_weights(), b.named_weights()])
+        got = head_values(w.w["head.weight"], w.w["head.bias"], rows, trunk=w)
+        assert torch.allclose(got, torch.stack([a.values(batch), b.values(batch)]), atol=1e-5)
+        betas = [0.0, 0.1]
+        want = []
+        for o, policy, beta in zip(oracles, policies, betas):
+            run.policy, o.beta = policy, beta
+            want.append(o.values(batch))
+        index = torch.tensor([[oracles[0].place[x] for x in batch.prompts]] * 2)
+        policy = stack([dict(p.named_parameters()) for p in policies])
+        ref = stack([dict(run.ref.named_parameters())] * 2)
+        got = exact_values(
+            oracles[0].tree, policy, ref, betas, run.cfg.temperature, index,
+            grow(gen.completion_ids), rows.completion_mask,
+        )  # fmt: skip
+        assert torch.allclose(got, torch.stack(want), atol=1e-5)
+    # a member's checkpoint state from its weights by name is its critic's own
+    state = b.state_dict(b.named_weights())
+    assert all(torch.equal(state[k][n], t) for k, s in b.state_dict().items() for n, t in s.items())

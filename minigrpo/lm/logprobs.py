@@ -127,14 +127,16 @@ def sequence_logprobs(
     ids: torch.Tensor,
     key_mask: torch.Tensor | None = None,
     temperature: float = 1.0,
+    tree: PrefixTree | None = None,
 ) -> torch.Tensor:
     """Next-token log-probs of a batch of (left-padded) sequences in one forward pass.
 
     ids (B, T), key_mask (B, T) bool (real tokens; None = all real)
     -> logp (B, T-1) with logp[:, t] = log π(ids[:, t+1] | ids[:, :t+1]) at the given temperature.
-    Entries whose target is padding are meaningless; callers mask them.
+    Entries whose target is padding are meaningless; callers mask them. tree: shifted_forward's
+    (stacked weights over one set of rows: that set's tree, expanded).
     """
-    logits, _ = shifted_forward(model, ids, key_mask, temperature)  # (B, T-1, V)
+    logits, _ = shifted_forward(model, ids, key_mask, temperature, tree)  # (B, T-1, V)
     return gather_logprobs(logits, ids[..., 1:])
 
 

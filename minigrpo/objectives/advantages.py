@@ -158,24 +158,25 @@ def gae(
         δ_t = r_t + γ·V_{t+1} − V_t             (TD error)
         A_t = δ_t + γλ·A_{t+1}                  (= Σ_k (γλ)^k δ_{t+k})
         R_t = A_t + V_t                         (the value target, "returns")
-    rewards, values, mask: (B, T); mask (bool) is right-padded: valid tokens first, then padding.
-    Returns (advantages, returns), both (B, T). After the last valid token V = A = 0: the episode
-    ended there, nothing is bootstrapped (a masked slot inside a row would also end the episode).
+    rewards, values, mask: (..., B, T); mask (bool) is right-padded: valid tokens first, then
+    padding. Returns (advantages, returns), both (..., B, T). After the last valid token V = A =
+    0: the episode ended there, nothing is bootstrapped (a masked slot inside a row would also end
+    the episode).
     λ = 1 gives reward-to-go − V (Monte-Carlo); λ = 0 gives the one-step TD error.
     Masked positions are 0 in both outputs whatever rewards/values hold there (NaN included).
     """
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     r = torch.where(mask, rewards, zero)  # garbage in padding never enters the recursion
     v = torch.where(mask, values, zero)
-    B, T = r.shape
+    B, T = r.shape[:-1], r.size(-1)
     adv = torch.zeros_like(v)
     next_value = torch.zeros(B, dtype=v.dtype, device=v.device)  # V_{t+1}; 0 past the end
     next_adv = torch.zeros(B, dtype=v.dtype, device=v.device)  # A_{t+1}
     for t in reversed(range(T)):  # reverse scan over time, vectorised over the batch
-        delta = r[:, t] + gamma * next_value - v[:, t]
-        adv_t = torch.where(mask[:, t], delta + gamma * lam * next_adv, zero)
-        adv[:, t] = adv_t
-        next_value, next_adv = v[:, t], adv_t  # both already 0 at masked slots
+        delta = r[..., t] + gamma * next_value - v[..., t]
+        adv_t = torch.where(mask[..., t], delta + gamma * lam * next_adv, zero)
+        adv[..., t] = adv_t
+        next_value, next_adv = v[..., t], adv_t  # both already 0 at masked slots
     returns = torch.where(mask, adv + v, zero)
     return adv, returns
 

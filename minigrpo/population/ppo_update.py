@@ -9,13 +9,15 @@ tensor with a leading member dim.
     row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics
                                                    # row's part
 
-The critic: `separate` and `head` are `Critics`, the members' heads (and trunks) stacked, trained by
-the population's optimiser after the policy (`stacks`); `oracle` is each member's exact values
-(`ExactValues`: toy_tasks/value_tree.py over every member at once; the learned critics'
-explained_variance_oracle reads them too). Each member shuffles its minibatches with its own
-generator, so they are its single run's rows, gathered (Rows.select: every minibatch of the step at
-once, their prefix trees built as one). Each member's figures are its single run's to float rounding
-(tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled anchor.
+The critic's values are the single run's functions over the members' stacked weights
+(rl/critics.head_values, exact_values); this module keeps their stacking and life-cycle: `separate`
+and `head` are `Critics`, the members' heads (and trunks) stacked, trained by the population's
+optimiser after the policy (`stacks`); `oracle` is each member's exact values (`ExactValues`: one
+value tree for the members' rewards and prompts; the learned critics' explained_variance_oracle
+reads them too). GAE runs over the (P, N, T) rows as they are. Each member shuffles its minibatches
+with its own generator, so they are its single run's rows, gathered (Rows.select: every minibatch of
+the step at once, their prefix trees built as one). Each member's figures are its single run's to
+float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled anchor.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
-from minigrpo.lm.model import linear
+from minigrpo.lm.model import Weights
 from minigrpo.lm.optim import AdamW, clip_grad_norm
-from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.ppo_objective import ppo_objective
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.stacked import Stack
+from minigrpo.rl.critics import exact_values, head_values
 from minigrpo.rl.report import combine_stats, packed, unpacked
 from toy_tasks.support import reward_table
 from toy_tasks.value_tree import ValueTree
@@ -44,56 +46,41 @@ def unsupported(cfgs: list) -> str | None:
 
 
 class Critics(Stack):
-    """The members' learned critics (rl/critics.py), their heads' weights (P, 1, C) and biases (P,
-    1) stacked, trainable, first, then (the separate critic) their trunks: the single run's order of
-    parameters. The head critic has no trunk: its values come from the policy's hidden states, and
-    their gradient reaches the policy."""
+    """The members' learned critics (rl/critics.py), their weights stacked by name
+    (Critic.named_weights: the heads' weights (P, 1, C) and biases (P, 1), then the separate
+    critic's trunks), trainable: the single run's order of parameters. Their values are
+    rl/critics.head_values over these weights. The head critic has no trunk: its values come from
+    the policy's hidden states, and their gradient reaches the policy."""
 
-    def __init__(self, critics: list):
-        trunks = [c.trunk for c in critics if c.trunk is not None]
-        if trunks:
-            super().__init__(trunks, trainable=True)
-        else:
-            self.w = {}
-        head = {
-            f"head.{k}": torch.stack([getattr(c.head.linear, k) for c in critics])
-            for k in ("weight", "bias")
+    def __init__(self, critics: list, cfg):
+        named = [c.named_weights() for c in critics]
+        stacked = {
+            k: torch.stack([n[k] for n in named]).detach().requires_grad_() for k in named[0]
         }
-        self.w = {**{k: v.detach().requires_grad_() for k, v in head.items()}, **self.w}
-        self.separate = bool(trunks)
+        Weights.__init__(self, cfg, stacked)
+        self.separate = critics[0].trunk is not None
 
-    def values(self, rows: Rows, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked.
-        hidden: the policy's states there (P, N, T, C), the head critic's input; the separate
+    def values(self, rows: Rows, policy: Stack, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """V(s_t) before each completion token of every member's rows -> (P, N, T), 0 where masked
+        (Critic.values of each member). hidden: the policy's states there (P, N, T, C), the head
+        critic's input where the caller has them (else the policy's forward); the separate
         critic's trunks make their own."""
+        w, b = self.w["head.weight"], self.w["head.bias"]
         if self.separate:
-            hidden = rows.states(self)[:, :, rows.prompt_len - 1 :]
-        P, N, T, C = hidden.shape
-        v = linear(hidden.reshape(P, N * T, C), self.w["head.weight"], self.w["head.bias"]).view(
-            P, N, T
-        )
-        return torch.where(rows.completion_mask, v, 0.0)
+            return head_values(w, b, rows, trunk=self)
+        return head_values(w, b, rows, hidden, policy)
 
     def host_state(self, critic, copies, p: int) -> dict:
         """Member p's critic.state_dict() (rl/critics.Critic's keys) from the host copies of the
         step's stacks (their group "critic": this stack's), in the layout of its own critic's
         tensors."""
-        head = {f"head.{k}": w for k, w in critic.head.linear.named_parameters()}
-        trunk = dict(critic.trunk.named_parameters()) if critic.trunk is not None else {}
-        host = copies.member("critic", p, {**head, **trunk})
-        state = critic.state_dict()  # its keys and structure (its own tensors are not kept current)
-        for k in state["value_head"]:  # "linear.weight" -> "head.weight"
-            state["value_head"][k] = host["head." + k.removeprefix("linear.")]
-        for k in state["critic_trunk"] or {}:
-            state["critic_trunk"][k] = host[k]
-        return state
+        return critic.state_dict(copies.member("critic", p, critic.named_weights()))
 
 
 class ExactValues:
-    """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once: every
-    member's log-probs of the support's rows in one forward through the stack (and π_ref's), then
-    toy_tasks/value_tree.py, under each member's reward (one tree for all where they share it), over
-    every member's prompts (its --person's)."""
+    """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once:
+    rl/critics.exact_values over the stacked weights (and π_ref's), under each member's reward (one
+    tree for all where they share it), over every member's prompts (its --person's)."""
 
     def __init__(self, run):
         self.run, self.trees, self.temperature = run, {}, run.cfg.temperature
@@ -112,12 +99,7 @@ class ExactValues:
             table = lambda x: (
                 x.rewards
                 if alone
-                else reward_table(
-                    x.reward,
-                    prompts,
-                    x.task.support,
-                    x.task.OFF_SUPPORT_PROBES,
-                )
+                else reward_table(x.reward, prompts, x.task.support, x.task.OFF_SUPPORT_PROBES)
             )
             tables = [table(x) for x in runs] if isinstance(key[0], tuple) else table(runs[0])
             self.trees[key] = (
@@ -126,35 +108,20 @@ class ExactValues:
             )
         return self.trees[key]
 
-    @torch.no_grad()
     def __call__(
         self, stack: Stack, ref: Stack, step: Rollouts, betas: list[float]
     ) -> torch.Tensor:
         """-> (P, N, T), 0 where masked (any value in a failed member's slot)."""
         rows, (tree, place) = step.rows, self.tree(step.runs)
-        P, device = rows.ids.size(0), rows.ids.device
-        grow = lambda x: x[None].expand(P, *x.shape)
-        # every token a target; every member's weights over the support's one prefix tree
-        support = Rows(
-            grow(tree.ids),
-            grow(tree.key_mask),
-            1,
-            grow(tree.key_mask[:, 1:]),
-            next_token_tree(tree.ids, tree.key_mask).expand(P),
-        )
-        V = tree.values(
-            support.logprobs(stack, self.temperature)[0],
-            support.logprobs(ref, self.temperature)[0],
-            torch.tensor(betas, device=device),
-        )
+        N = rows.ids.size(1)
         index = torch.tensor(
-            [
-                [place[x] for x in b.prompts] if b is not None else [0] * rows.ids.size(1)
-                for b in step.batches
-            ],
-            device=device,
+            [[place[x] for x in b.prompts] if b is not None else [0] * N for b in step.batches],
+            device=rows.ids.device,
         )
-        return tree.prefix_values(V, index, rows.ids[..., rows.prompt_len :], rows.completion_mask)
+        completions = rows.ids[..., rows.prompt_len :]
+        return exact_values(
+            tree, stack, ref, betas, self.temperature, index, completions, rows.completion_mask
+        )
 
 
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -169,7 +136,8 @@ class LockstepPPO:
 
     def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
         self.cfg, self.anchor = cfg, anchor
-        self.critics = Critics([a.critic for a in algos]) if algos[0].critic.learned else None
+        learned = algos[0].critic.learned
+        self.critics = Critics([a.critic for a in algos], algos[0].policy.cfg) if learned else None
         self.exact = ExactValues(algos[0].run)
         self.learned = self.critics is not None
         self.whiten = vmap(whiten)
@@ -197,22 +165,11 @@ class LockstepPPO:
         exact_values = self.exact(stack, ref, step, betas)
         if not self.learned:
             old_values = exact_values
-        # the head critic reads the policy's states: a forward of its own, as HeadCritic.values
-        else:
-            hidden = (
-                None
-                if self.critics.separate
-                else step.rows.logprobs(stack, cfg.temperature, states=True)[2]
-            )
-            old_values = self.critics.values(step.rows, hidden)
+        else:  # the head critic reads the policy's states: a forward of its own, as HeadCritic's
+            old_values = self.critics.values(step.rows, stack)
         beta = torch.tensor(betas, device=mask.device)[:, None, None]  # each member's
         r, kl_seq = kl_shaped_rewards(step.rewards, step.old_logp, step.ref_logp, mask, beta)
-        adv, returns = (
-            x.view(mask.shape)
-            for x in gae(
-                r.flatten(0, 1), old_values.flatten(0, 1), mask.flatten(0, 1), cfg.gamma, cfg.lam
-            )
-        )
+        adv, returns = gae(r, old_values, mask, cfg.gamma, cfg.lam)
         return old_values, adv, returns, kl_seq, exact_values if self.learned else None
 
     def __call__(self, stack: Stack, ref: Stack, opt: AdamW, step: Rollouts) -> dict:
@@ -237,7 +194,7 @@ class LockstepPPO:
             logp, logits, hidden = sub.logprobs(stack, cfg.temperature, states=True)
             ref_logits = _take(step.ref_logits, rows)
             if self.learned:
-                values, v_old = self.critics.values(sub, hidden), _take(old_values, rows)
+                values, v_old = self.critics.values(sub, stack, hidden), _take(old_values, rows)
                 loss, s = self.objective(
                     logp, old, a, logits, ref_logits, m, values, v_old, _take(returns, rows)
                 )

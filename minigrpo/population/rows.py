@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.lm.logprobs import generation_logprobs, shifted_forward
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.prefix_tree import PrefixTree, next_token_tree
 from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
@@ -105,11 +105,6 @@ class Rows:
             Rows(ids, key_mask, self.prompt_len, completion, tree)
             for (ids, key_mask, completion), tree in zip(picked, trees)
         ]
-
-    def states(self, stack: Stack) -> torch.Tensor:
-        """The final hidden states (P, N, L − 1, C) at every input slot of the next-token forward,
-        each member through its own weights (lm/logprobs.shifted_forward over its tree)."""
-        return shifted_forward(stack, self.ids, self.key_mask, tree=self.prefix_tree())[1]
 
     def logprobs(self, stack: Stack, temperature: float = 1.0, states: bool = False) -> tuple:
         """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T,

@@ -15,6 +15,11 @@ The value loss each learned critic is fitted with is PPO's (objectives/ppo_objec
 Shapes: a rollout of N completions, T completion slots, C the model width; values are (N, T), 0
 where masked. `run` is the shared RL run (rl/loop.py's Run): the critics read its policy, device,
 tokenizer, prompts, task support, reward table and temperature.
+
+The values are computed once, by two functions over weights that may be stacked (M models', every
+tensor and row with a leading (M, ...)): `head_values` (a learned critic's head on its trunk's or
+the policy's states) and `exact_values` (the oracle's, over a ValueTree). The critics call them
+with one model's weights; a lockstep population (population/ppo_update.py) with its members'.
 """
 
 from __future__ import annotations
@@ -26,15 +31,76 @@ import torch
 import torch.nn as nn
 
 from minigrpo.lm.logprobs import sequence_logprobs, shifted_forward
+from minigrpo.lm.model import GPT, Weights, linear
+from minigrpo.lm.prefix_tree import next_token_tree
 from toy_tasks.value_tree import ValueTree
 
 
-def completion_hidden(model, gen) -> torch.Tensor:
+def completion_hidden(model: GPT | Weights, gen) -> torch.Tensor:
     """(N, T, C) final hidden states of `model` at the states before each completion token of a
-    Generation (the input of a value head); one forward over the rollout's distinct prefixes."""
+    Generation (the input of a value head); one forward over the rollout's distinct prefixes.
+    Stacked weights: rows (M, N, ...) with a batch of M trees (population/rows.Rows) -> (M, N, T,
+    C)."""
     # (N, P+T−1, C)
     _, hidden = shifted_forward(model, gen.ids, gen.key_mask, tree=gen.prefix_tree())
-    return hidden[:, gen.prompt_len - 1 :]
+    return hidden[..., gen.prompt_len - 1 :, :]
+
+
+def value_head(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """V = w·h + b: h (..., C), weight (1, C), bias (1,) -> (...); stacked weight (M, 1, C), bias
+    (M, 1) and h (M, ..., C), each model's own head."""
+    return linear(h, weight, bias).squeeze(-1)
+
+
+def head_values(
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    gen,
+    hidden: torch.Tensor | None = None,
+    trunk: GPT | Weights | None = None,
+) -> torch.Tensor:
+    """A learned critic's V(s_t) = w·h_t + b before each completion token of the rows `gen` (a
+    Generation: ids, key_mask, prompt_len, completion_mask, prefix_tree()), 0 where masked: weight
+    (1, C), bias (1,); h_t the states `hidden` (N, T, C) where given (the policy's, the head
+    critic's), else the trunk's completion_hidden. -> (N, T). Stacked: weight (M, 1, C), bias (M,
+    1), a trunk of M models' weights and rows (M, N, ...) -> (M, N, T)."""
+    hidden = completion_hidden(trunk, gen) if hidden is None else hidden
+    return torch.where(gen.completion_mask, value_head(hidden, weight, bias), 0.0)
+
+
+def support_logprobs(model: GPT | Weights, tree: ValueTree, temperature: float) -> torch.Tensor:
+    """Every next-token log-prob of the tree's support rows -> (M, rows, W − 1) under M models: one
+    GPT (M = 1) or M models' stacked weights, each over the rows' one prefix tree."""
+    wte = model.wte.weight if isinstance(model, GPT) else model.w["wte.weight"]
+    lead = wte.shape[:-2]  # () for one model
+    every = lambda x: x.expand(*lead, *x.shape)
+    prefixes = next_token_tree(tree.ids, tree.key_mask).expand(*lead)
+    logp = sequence_logprobs(model, every(tree.ids), every(tree.key_mask), temperature, prefixes)
+    return logp if lead else logp[None]
+
+
+@torch.no_grad()
+def exact_values(
+    tree: ValueTree,
+    policy: GPT | Weights,
+    ref: GPT | Weights | None,
+    betas: list[float],
+    temperature: float,
+    index: torch.Tensor,
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """The oracle's V(s_t) of M models' rows (toy_tasks/value_tree.py): each model's log-probs of
+    the support (and π_ref's where some β ≠ 0), the tree's recursion under each model's β, read at
+    each row's prefixes. policy, ref: one GPT (M = 1) or M models' stacked weights; betas (M,);
+    index (M, N) each row's prompt's place in the tree's prompts; completion_ids, mask (M, N, T)
+    -> (M, N, T) float32, 0 where masked."""
+    logp = support_logprobs(policy, tree, temperature)  # (M, rows, W − 1)
+    ref_logp = (  # β = 0: no penalty, no forward of π_ref
+        support_logprobs(ref, tree, temperature) if ref is not None and any(betas) else None
+    )
+    V = tree.values(logp, ref_logp, torch.tensor(betas, device=logp.device))
+    return tree.prefix_values(V, index, completion_ids, mask)
 
 
 class ValueHead(nn.Module):
@@ -48,7 +114,7 @@ class ValueHead(nn.Module):
 
     def forward(self, h):
         """h (N, T, C) -> (N, T)."""
-        return self.linear(h).squeeze(-1)
+        return value_head(h, self.linear.weight, self.linear.bias)
 
 
 class Critic(ABC):
@@ -62,9 +128,16 @@ class Critic(ABC):
     head: ValueHead | None = None
     trunk: nn.Module | None = None
 
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """Its parameters by name, in the optimiser's order: "head.weight", "head.bias", then the
+        trunk's (GPT names); what a population stacks (population/ppo_update.Critics)."""
+        head = {} if self.head is None else dict(self.head.linear.named_parameters(prefix="head"))
+        trunk = {} if self.trunk is None else dict(self.trunk.named_parameters())
+        return {**head, **trunk}
+
     def parameters(self) -> list[nn.Parameter]:
         """What the optimiser updates besides the policy: the head's, then the trunk's."""
-        return [p for m in (self.head, self.trunk) if m is not None for p in m.parameters()]
+        return list(self.named_weights().values())
 
     @abstractmethod
     def values(self, batch, hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,9 +145,19 @@ class Critic(ABC):
         unless run under no_grad. hidden: the policy's (N, T, C) completion_hidden if the caller has
         it (else recomputed)."""
 
-    def state_dict(self) -> dict:
-        own = lambda m: m.state_dict() if m is not None else None
-        return {"value_head": own(self.head), "critic_trunk": own(self.trunk)}
+    def state_dict(self, weights: dict[str, torch.Tensor] | None = None) -> dict:
+        """Its checkpoint state; weights: tensors by named_weights' names to save in place of its
+        own (a population member's, from its host copies)."""
+        state = {
+            "value_head": None if self.head is None else self.head.state_dict(),
+            "critic_trunk": None if self.trunk is None else self.trunk.state_dict(),
+        }
+        if weights is not None:  # "linear.weight" -> "head.weight"; the trunk's names are its own
+            for k in state["value_head"] or {}:
+                state["value_head"][k] = weights["head." + k.removeprefix("linear.")]
+            for k in state["critic_trunk"] or {}:
+                state["critic_trunk"][k] = weights[k]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         for name, m in (("value_head", self.head), ("critic_trunk", self.trunk)):
@@ -91,8 +174,8 @@ class HeadCritic(Critic):
         self.head = ValueHead(run.policy.cfg.n_embd).to(run.device)
 
     def values(self, batch, hidden=None):
-        hidden = completion_hidden(self.policy, batch.gen) if hidden is None else hidden
-        return torch.where(batch.mask, self.head(hidden), 0.0)
+        w = self.head.linear
+        return head_values(w.weight, w.bias, batch.gen, hidden, self.policy)
 
 
 class SeparateCritic(Critic):
@@ -104,15 +187,15 @@ class SeparateCritic(Critic):
         self.trunk = copy.deepcopy(run.policy)
 
     def values(self, batch, hidden=None):
-        return torch.where(batch.mask, self.head(completion_hidden(self.trunk, batch.gen)), 0.0)
+        w = self.head.linear
+        return head_values(w.weight, w.bias, batch.gen, trunk=self.trunk)
 
 
 class OracleCritic(Critic):
     """The exact V(s_t) = E_π[r − β·Σ_{j≥t} k1_j | prefix] of PPO's return under the policy now
-    (π_old before the first update): teacher-forced forwards of the policy and π_ref over the task's
-    support, then the support's value tree (toy_tasks/value_tree.py) with one model. The tree is
-    made at the first call and kept (it depends only on the run's prompts, support and reward). No
-    parameters, no value loss."""
+    (π_old before the first update): `exact_values` of the run's policy (and π_ref) over the value
+    tree of its prompts' support. The tree is made at the first call and kept (it depends only on
+    the run's prompts, support and reward). No parameters, no value loss."""
 
     learned = False
     tree: ValueTree | None = None
@@ -126,16 +209,13 @@ class OracleCritic(Critic):
         if self.tree is None:
             self.tree = ValueTree(r.tok, r.prompts, r.task.support, r.rewards, r.device)
             self.place = {x: i for i, x in enumerate(r.prompts)}
-        tree, T = self.tree, r.cfg.temperature
-        logp = sequence_logprobs(r.policy, tree.ids, tree.key_mask, T)[None]  # (1, M, W − 1)
-        ref_logp = (  # β = 0: no penalty, no forward of π_ref
-            sequence_logprobs(r.ref, tree.ids, tree.key_mask, T)[None]
-            if r.ref is not None and self.beta
-            else None
+        index = torch.tensor(
+            [[self.place[x] for x in batch.prompts]], device=self.tree.roots.device
         )
-        V = tree.values(logp, ref_logp, torch.tensor([float(self.beta)], device=logp.device))
-        index = torch.tensor([[self.place[x] for x in batch.prompts]], device=tree.roots.device)
-        v = tree.prefix_values(V, index, batch.gen.completion_ids[None], batch.mask[None])[0]
+        v = exact_values(
+            self.tree, r.policy, r.ref, [float(self.beta)], r.cfg.temperature,
+            index, batch.gen.completion_ids[None], batch.mask[None],
+        )[0]  # fmt: skip
         return torch.where(batch.mask, v.to(batch.mask.device), 0.0)
 
 
