@@ -5,10 +5,10 @@ step for all members.
     update = LockstepGRPO(cfg, anchor, grpo, cfgs)  # cfg: the first member's GRPOConfig, cfgs:
                                                     # every member's; anchor: population/anchor.py;
                                                     # grpo: the trainer (minigrpo.grpo)
-    figures = update(stack, ref, opt, step)        # step: the members' rollouts
-                                                   # (population/rows.Rollouts)
-    row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics
-                                                   # row's part
+    figures = update(stack, ref, opt, step)         # step: the members' rollouts
+                                                    # (population/rows.Rollouts)
+    row = update.row(mine, algo)                    # member p's figures {name: float} -> its
+                                                    # metrics row's part
 
 -> figures {name: (P,)}: the step's, and each inner update's (rl/report.packed), read back by the
 caller in one go; `row` combines a member's inner updates as its single run combines them
