@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.objectives.advantages import equal_groups
 from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.loop import purpose_seed, run
@@ -63,7 +62,8 @@ from minigrpo.variants.advantages import (
     AdvantageFlags,
     advantages,
     kept_rows,
-    update_rewards,
+    random_rewards,
+    signal,
 )
 from minigrpo.variants.entropy import EntropyBonus, EntropyFlags, fork_mask
 from minigrpo.variants.kl import (
@@ -71,7 +71,6 @@ from minigrpo.variants.kl import (
     KLFlags,
     kl_figures,
     kl_per_token,
-    kl_reward_penalty,
 )
 from minigrpo.variants.policy_losses import PolicyLossFlags, policy_loss_per_token, reduction
 from minigrpo.variants.presets import PRESETS
@@ -86,6 +85,7 @@ __all__ = [
     "kl_per_token",
     "main",
     "train",
+    "update_figures",
 ]
 
 
@@ -246,29 +246,15 @@ class GRPO:
             self.sampler.load_state_dict(state["sampler"])
 
     def update(self, batch: RolloutBatch, opt) -> dict:
-        cfg, G, stats = self.cfg, self.cfg.group_size, {}
-        # 1. rewards -> one advantage per completion
-        rewards = update_rewards(batch.rewards, cfg, self.gens["random_reward"], stats)
-        greedy = None
-        # ReMax: the reward of π_old's greedy completion of each prompt
-        if BASELINES[cfg.baseline].needs_greedy:
-            greedy = greedy_rewards(
-                self.policy,
-                self.run.tok,
-                self.run.reward,
-                batch.prompts[::G],
-                cfg.max_new_tokens,
-                cfg.unfinished_reward,
-            )
-            stats["greedy_reward_mean"] = greedy.mean().item()
-        if self.needs_old_logp:  # --kl-in reward: β·Σ_t k(π_old, π_ref) off each sequence's reward
-            penalty = kl_reward_penalty(batch.old_logp, batch.ref_logp, batch.mask, cfg)
-            rewards = rewards - penalty
-            stats["kl_reward_penalty"] = penalty.mean().item()
-        equal = equal_groups(rewards.view(-1, G))  # (prompts,)
-        stats["equal_groups"] = equal.float().mean().item()
-        adv = advantages(rewards, cfg, greedy)
-        stats.update(adv_mean=adv.mean().item(), adv_std=adv.std().item())
+        cfg = self.cfg
+        # 1. rewards -> one advantage per completion (variants/advantages.signal), from the sampled
+        # rewards or --random-reward's draws, with ReMax's greedy rewards
+        drawn = random_rewards(batch.rewards, cfg, self.gens["random_reward"])
+        greedy = self.greedy_rewards(batch)
+        adv, equal, figures = signal(
+            batch.rewards, cfg, drawn, greedy, batch.old_logp, batch.ref_logp, batch.mask
+        )
+        stats = {k: v.item() for k, v in figures.items()}
         keep = kept_rows(equal, cfg)  # DAPO, REINFORCE-Rej: only the groups whose rewards differ
         if keep is not None:
             if len(keep) == 0:  # no RL signal in this batch; preservation still gets its updates
@@ -305,21 +291,34 @@ class GRPO:
             anchor = self.run.anchor_term()
             if anchor is not None:
                 loss = loss + anchor
-            # the first of μ > 1 updates has ρ ≡ 1: it would halve what the clip saw
-            if i > 0 or cfg.updates == 1:
-                s = surrogate_stats(
-                    logp, batch.old_logp, adv[:, None], mask, cfg.clip_low, cfg.clip_high, cfg.ratio
-                )
-                ratio_stats.append({k: v.item() for k, v in s.items()})
-            per_update.append(
-                update_stats(
-                    cfg, policy_loss, loss, kl_tok, logits, batch.ref_logits, ent, mask, anchor
-                )
+            figures, ratio = update_figures(
+                cfg, i, logp, batch.old_logp, adv, kl_tok, logits, batch.ref_logits, ent, mask
             )
+            if ratio:  # not at the first of μ > 1 updates
+                ratio_stats.append({k: v.item() for k, v in ratio.items()})
+            s = {"policy_loss": policy_loss, "loss": loss, **figures}
+            if anchor is not None:
+                s["preserve_loss"] = anchor
+            per_update.append({k: v.item() for k, v in s.items()})
             per_update[-1]["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
         # losses: the mean over the μ updates; ratio and clip statistics: over updates 2..μ (max
         # ratio: the max)
         return {**stats, **combine_stats(per_update), **combine_stats(ratio_stats)}
+
+    def greedy_rewards(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """ReMax's baseline: the rewards of π_old's greedy completions of the batch's prompts
+        (prompts,); None for another --baseline."""
+        if not BASELINES[self.cfg.baseline].needs_greedy:
+            return None
+        cfg, run = self.cfg, self.run
+        return greedy_rewards(
+            self.policy,
+            run.tok,
+            run.reward,
+            batch.prompts[:: cfg.group_size],
+            cfg.max_new_tokens,
+            cfg.unfinished_reward,
+        )
 
     def preservation_only(self, opt) -> dict:
         """A step whose every group had equal rewards: the dropped groups add nothing, so its μ
@@ -340,18 +339,20 @@ class GRPO:
 
 
 @torch.no_grad()
-def update_stats(cfg, policy_loss, loss, kl_tok, logits, ref_logits, ent, mask, anchor) -> dict:
-    """What one inner update logs: its losses, the KL per token (the chosen estimator's and the
-    exact one; not without π_ref: variants/kl.kl_figures) and the entropy, token-means over the
-    completions."""
-    kl = kl_figures(kl_tok, logits, ref_logits, mask, cfg)
-    return {
-        "policy_loss": policy_loss.item(),
-        "loss": loss.item(),
-        **{k: v.item() for k, v in kl.items()},
-        "entropy": aggregate(ent, mask, "token-mean").item(),
-        **({"preserve_loss": anchor.item()} if anchor is not None else {}),
+def update_figures(cfg, i, logp, old_logp, adv, kl_tok, logits, ref_logits, ent, mask) -> tuple:
+    """What inner update i logs beside its losses -> (figures, ratio figures), 0-dim tensors: the KL
+    per token (the chosen estimator's and the exact one; none without π_ref: variants/kl.kl_figures)
+    and the entropy, token-means over the completions; the ratio's (losses.surrogate_stats), none
+    ({}) at the first of μ > 1 updates, whose ρ ≡ 1 would halve what the clip saw. Shapes as
+    grpo_loss's; mappable over a leading member dim (population/grpo_recipe.py)."""
+    figures = {
+        **kl_figures(kl_tok, logits, ref_logits, mask, cfg),
+        "entropy": aggregate(ent, mask, "token-mean"),
     }
+    if i == 0 and cfg.updates > 1:
+        return figures, {}
+    args = (cfg.clip_low, cfg.clip_high, cfg.ratio)
+    return figures, surrogate_stats(logp, old_logp, adv[:, None], mask, *args)
 
 
 PANELS = (

@@ -25,6 +25,7 @@ from minigrpo.objectives.kl import k3, k3_iw
 from minigrpo.objectives.losses import entropy
 from minigrpo.rl.rollout import collect
 from minigrpo.util.jsonl import read_jsonl
+from minigrpo.variants import advantages as adv_family
 from minigrpo.variants import entropy as entropy_family
 from toy_tasks import food
 from toy_tasks.rewards import make_reward
@@ -240,7 +241,7 @@ def test_remax_subtracts_the_reward_of_each_prompts_greedy_completion(tiny_pretr
         old_logp=False,
     )
     calls = []
-    spy(monkeypatch, "advantages", calls)
+    spy(monkeypatch, "advantages", calls, module=adv_family)  # signal's
     cfg = GRPOConfig(group_size=3, max_new_tokens=12, **PRESETS["remax"])
     run = SimpleNamespace(**vars(fake_run(cfg, model)), tok=tok, reward=reward)
     want = []
@@ -265,7 +266,7 @@ def test_random_rewards_ignore_the_completions_and_reproduce_by_seed(
 ):
     init, _, _ = tiny_pretrained
     calls = []
-    spy(monkeypatch, "advantages", calls)
+    spy(monkeypatch, "advantages", calls, module=adv_family)  # signal's
     draws, weights, sampled = {}, {}, {}
     for name, reward, seed in (
         ("pizza", "pizza", 0),

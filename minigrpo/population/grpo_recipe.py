@@ -1,19 +1,25 @@
 """One GRPO recipe's advantages and loss for a lockstep population's members that follow it
-(grpo_update.py drives them): the pure functions of grpo.py (`GRPO.update`), mapped over a leading
-member dim with torch.func.vmap.
+(grpo_update.py drives them): the single run's own stages of `GRPO.update` (grpo.py), mapped over a
+leading member dim with torch.func.vmap: variants/advantages.signal (rewards -> advantages and their
+figures), the trainer's grpo_loss and update_figures (passed down by population/lockstep.KINDS).
 
-    recipe = Recipe(cfg, grpo_loss)          # cfg: its first member's GRPOConfig
+    recipe = Recipe(cfg, grpo)               # cfg: its first member's GRPOConfig; grpo: the trainer
     sig = recipe.signal(step)                # its members' rollouts (population/rows.Rollouts) ->
                                              # advantages, mask
     loss, figures, ratio = recipe.loss(sig, i, logp, logits)   # inner update i's (P_r,) loss,
                                                                # without the anchor
 
+What stays here is what a population does otherwise than a run alone: the randomness and the
+decodes each member makes for its signal (its --random-reward draws, its ReMax greedy rewards: the
+single run's own methods, member by member), β per member, masks for --skip-equal-groups, and the
+entropy controls' loss member by member.
+
 RECIPE names what members may differ in beyond lockstep.OWN: the policy loss, the KL estimator and
 where it goes, the baselines and scales, the entropy controls, the aggregation, β (and a preset's
 name); none of them is read outside the update. Members with β's of their own (all > 0, or all 0)
 follow one Recipe: β is a number inside grpo_loss, which vmap cannot map, so the loss is mapped
-without its KL term and each member's β·agg(KL_t) is added after it (--kl-in reward: the penalty of
-β = 1, times each β); the same arithmetic as the single run's where the entropy bonus is off.
+without its KL term and each member's β·agg(KL_t) is added after it; `signal` takes each member's β
+(--kl-in reward).
 
 What it runs: every variant whose functions are pure over one member's tensors (the policy losses,
 KL estimators, baselines and scales, aggregations; --random-reward's draws, each member's from its
@@ -38,13 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from minigrpo.objectives.advantages import equal_groups
-from minigrpo.objectives.losses import aggregate, surrogate_stats
+from minigrpo.objectives.losses import aggregate
 from minigrpo.population.rows import Rollouts
-from minigrpo.rl.rollout import greedy_rewards
-from minigrpo.variants.advantages import BASELINES, AdvantageFlags, advantages, update_rewards
+from minigrpo.variants.advantages import BASELINES, AdvantageFlags, random_rewards, signal
 from minigrpo.variants.entropy import EntropyFlags, fork_mask
-from minigrpo.variants.kl import kl_figures, kl_reward_penalty
 from minigrpo.variants.policy_losses import PolicyLossFlags, reduction
 from minigrpo.variants.sampler import weights
 
@@ -69,49 +72,21 @@ def recipe_of(cfg) -> tuple:
 class Recipe:
     """One recipe's advantages and loss, over its members' leading dim (cfg: its first member's)."""
 
-    def __init__(self, cfg, grpo_loss):
-        self.cfg, self.grpo_loss = cfg, grpo_loss
+    def __init__(self, cfg, trainer):
+        # the single run's loss and its inner update's figures (minigrpo.grpo's)
+        self.cfg, self.grpo_loss, self.figures = cfg, trainer.grpo_loss, trainer.update_figures
         # what the caller computes first
         self.needs_ref = cfg.rollout_kl or cfg.beta > 0 or cfg.fork_entropy > 0
         self.needs_old_logp = cfg.beta > 0 and cfg.kl_in == "reward"
-        ref = 0 if self.needs_ref else None  # without π_ref's log-probs: None for every member
-        loss = lambda c: vmap(
-            lambda lp, old, rlp, lg, rlg, adv, m, w: grpo_loss(  # w: the sampler's
-                lp, old, rlp, lg, rlg, adv, m, c, is_weights=w
-            ),
-            in_dims=(0, 0, ref, 0, ref, 0, 0, 0 if cfg.is_correction != "none" else None),
-        )
         # the entropy controls (filters that rank by a count read from the data, Clip-Cov's draws
-        # from each member's
-        # generator, a coefficient of each member's own) cannot be mapped: their loss is taken
-        # member by member
-        self.each = (cfg.cov_control, cfg.top_entropy, cfg.fork_entropy, cfg.entropy_target) != (
-            "none",
-            1,
-            0,
-            None,
-        )
-        self.mapped = loss(cfg)
-        self.ratio_stats = vmap(
-            lambda lp, old, a, m: surrogate_stats(
-                lp, old, a[:, None], m, cfg.clip_low, cfg.clip_high, cfg.ratio
-            )
-        )
-        self.mean = vmap(lambda x, m: aggregate(x, m, "token-mean"))
-        self.kl_figures = vmap(lambda kl, lg, rlg, m: kl_figures(kl, lg, rlg, m, cfg))
-        # ReMax's baseline: each member's (P, prompts)
-        greedy = 0 if BASELINES[cfg.baseline].needs_greedy else None
-        self.advantages = vmap(lambda r, g: advantages(r, cfg, g), in_dims=(0, greedy))
-        self.penalty = vmap(lambda old, ref, m: kl_reward_penalty(old, ref, m, cfg))
+        # from each member's generator, a coefficient of each member's own) cannot be mapped: their
+        # loss is taken member by member
+        off = ("none", 1, 0, None)
+        self.each = (cfg.cov_control, cfg.top_entropy, cfg.fork_entropy, cfg.entropy_target) != off
         # members with β's of their own (a number inside grpo_loss, not a tensor vmap maps): the
-        # loss without its KL
-        # term and the penalty per unit of β, then times each member's β
-        self.mapped_apart = loss(replace(cfg, beta=0.0))
+        # loss without its KL term, then each member's β times it
+        self.apart = replace(cfg, beta=0.0)
         self.kl_term = vmap(lambda kl, m: aggregate(kl, m, cfg.loss_agg, cfg.max_new_tokens))
-        self.penalty_per_beta = vmap(
-            lambda old, ref, m: kl_reward_penalty(old, ref, m, replace(cfg, beta=1.0))
-        )
-        self.equal = vmap(lambda r: equal_groups(r.view(-1, cfg.group_size)))  # (P, prompts) bool
         # the step's figures a skipped member logs; its figures in its run's order
         self.before, self.order = [], []
 
@@ -179,55 +154,27 @@ class Recipe:
 
     def signal(self, step: Rollouts) -> SimpleNamespace:
         """Rewards -> one advantage per completion, the tokens that count and who updates (its
-        members' step)."""
-        cfg, stats, rewards = self.cfg, {}, step.rewards
+        members' step): variants/advantages.signal mapped, with each member's own draws, greedy
+        rewards and β."""
+        cfg, rewards, drawn, greedy, betas = self.cfg, step.rewards, None, None, None
         # each member's Bernoulli(0.5) draws from its own stream (on the CPU, as alone)
         if cfg.random_reward:
-            rewards = torch.stack(
-                [
-                    update_rewards(torch.zeros(rewards.size(1)), cfg, a.gens["random_reward"], {})
-                    for a in step.algos
-                ]
-            ).to(rewards)
-            stats["random_reward_mean"] = rewards.mean(-1)
-        greedy = None
-        # ReMax: each member's greedy completions, by its own GPT (π_old)
+            gens = [a.gens["random_reward"] for a in step.algos]
+            drawn = torch.stack([random_rewards(r, cfg, g) for r, g in zip(rewards, gens)])
+        # ReMax: each member's greedy completions, by its own GPT (π_old); a failed member's: 0
         if BASELINES[cfg.baseline].needs_greedy:
+            none = torch.zeros(cfg.prompts_per_step, device=rewards.device)
             greedy = torch.stack(
                 [
-                    greedy_rewards(
-                        r.policy,
-                        r.tok,
-                        r.reward,
-                        b.prompts[:: cfg.group_size],
-                        cfg.max_new_tokens,
-                        cfg.unfinished_reward,
-                    )
-                    if b is not None
-                    else torch.zeros(cfg.prompts_per_step, device=rewards.device)
-                    for r, b in zip(step.runs, step.batches)
+                    none if b is None else a.greedy_rewards(b)
+                    for a, b in zip(step.algos, step.batches)
                 ]
             )
-            stats["greedy_reward_mean"] = greedy.mean(-1)
         # members of β's of their own (cfg: the first's)
-        apart = any(r.cfg.beta != cfg.beta for r in step.runs)
-        betas = (
-            torch.tensor([r.cfg.beta for r in step.runs], device=rewards.device) if apart else None
-        )
-        # β·Σ_t k(π_old, π_ref) off each sequence's reward
-        if cfg.beta > 0 and cfg.kl_in == "reward":
-            mask = step.rows.completion_mask
-            penalty = (
-                self.penalty(step.old_logp, step.ref_logp, mask)
-                if not apart
-                else betas[:, None] * self.penalty_per_beta(step.old_logp, step.ref_logp, mask)
-            )
-            rewards = rewards - penalty
-            stats["kl_reward_penalty"] = penalty.mean(-1)
-        equal = self.equal(rewards)
-        stats["equal_groups"] = equal.float().mean(-1)
-        adv = self.advantages(rewards, greedy)
-        stats.update(adv_mean=adv.mean(-1), adv_std=adv.std(-1))
+        if any(r.cfg.beta != cfg.beta for r in step.runs):
+            betas = torch.tensor([r.cfg.beta for r in step.runs], device=rewards.device)
+        args = (rewards, drawn, greedy, step.old_logp, step.ref_logp, step.rows.completion_mask)
+        adv, equal, stats = _map(lambda r, *a: signal(r, cfg, *a), *args, betas)
         mask, active, drop = step.rows.completion_mask, None, None
         # DAPO, REINFORCE-Rej: only the groups whose rewards differ, their rows' tokens kept
         if cfg.skip_equal_groups:
@@ -270,27 +217,27 @@ class Recipe:
                 *args, step.algos, sig.stats if i == 0 else None, sig.is_w
             )
         else:
-            loss, policy_loss, kl_tok, ent = (
-                self.mapped_apart if sig.betas is not None else self.mapped
-            )(*args, sig.is_w)
+            c = cfg if sig.betas is None else self.apart
+            loss, policy_loss, kl_tok, ent = _map(  # w: the sampler correction's weights
+                lambda *a: self.grpo_loss(*a[:-1], c, is_weights=a[-1]), *args, sig.is_w
+            )
             # grpo_loss's β·agg(KL_t), each member's β
             if sig.betas is not None and cfg.kl_in == "loss":
                 loss = loss + sig.betas * self.kl_term(kl_tok, mask)
         # masked rows still count in a mean over sequences: rescale each term that is one
         if sig.drop is not None:
-            scale = lambda mode: (
-                sig.drop if mode != "token-mean" else 1.0
-            )  # grpo_loss's two reductions
+            # grpo_loss's two reductions
+            scale = lambda mode: sig.drop if mode != "token-mean" else 1.0
             loss = policy_loss * scale(reduction(cfg)) + (loss - policy_loss) * scale(cfg.loss_agg)
             policy_loss = policy_loss * scale(reduction(cfg))
-        ratio = (
-            self.ratio_stats(logp.detach(), sig.old_logp, sig.adv, mask)
-            if i > 0 or cfg.updates == 1
-            else None
+        figures, ratio = _map(
+            lambda *a: self.figures(cfg, i, *a),
+            *(logp.detach(), sig.old_logp, sig.adv, kl_tok, logits, step.ref_logits, ent, mask),
         )
-        with torch.no_grad():  # grpo.update_stats, per member
-            s = {"policy_loss": policy_loss, "loss": loss}
-            if kl_tok is not None:
-                s.update(self.kl_figures(kl_tok, logits, step.ref_logits, mask))
-            s["entropy"] = self.mean(ent, mask)
-        return loss, s, ratio
+        s = {"policy_loss": policy_loss, "loss": loss, **figures}
+        return loss, s, ratio or None
+
+
+def _map(fn, *args):
+    """fn mapped over the leading member dim of each of its tensor arguments (None: not mapped)."""
+    return vmap(fn, in_dims=tuple(None if a is None else 0 for a in args))(*args)

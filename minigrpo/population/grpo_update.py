@@ -2,13 +2,13 @@
 on its members' slice (population/grpo_recipe.py), and one forward, one backward and one optimiser
 step for all members.
 
-    update = LockstepGRPO(cfg, anchor, grpo_loss, cfgs)  # cfg: the first member's GRPOConfig, cfgs:
-                                                         # every member's; anchor:
-                                                         # population/anchor.py
-    figures = update(stack, ref, opt, step)        # step: the members' rollouts
-                                                   # (population/rows.Rollouts)
-    row = update.row(mine, algo)                   # member p's figures {name: float} -> its metrics
-                                                   # row's part
+    update = LockstepGRPO(cfg, anchor, grpo, cfgs)  # cfg: the first member's GRPOConfig, cfgs:
+                                                    # every member's; anchor: population/anchor.py;
+                                                    # grpo: the trainer (minigrpo.grpo)
+    figures = update(stack, ref, opt, step)         # step: the members' rollouts
+                                                    # (population/rows.Rollouts)
+    row = update.row(mine, algo)                    # member p's figures {name: float} -> its
+                                                    # metrics row's part
 
 -> figures {name: (P,)}: the step's, and each inner update's (rl/report.packed), read back by the
 caller in one go; `row` combines a member's inner updates as its single run combines them
@@ -44,8 +44,8 @@ def unsupported(cfgs: list) -> str | None:
 
 
 class LockstepGRPO:
-    def __init__(self, cfg, anchor: MembersAnchor | None, grpo_loss, cfgs: list):
-        self.cfg, self.anchor, self.grpo_loss, self.recipes = cfg, anchor, grpo_loss, {}
+    def __init__(self, cfg, anchor: MembersAnchor | None, trainer, cfgs: list):
+        self.cfg, self.anchor, self.trainer, self.recipes = cfg, anchor, trainer, {}
         self.stacks = []  # nothing to train but the policy (a critic's weights: ppo_update.py)
         recipes = [self.recipe(c) for c in cfgs]
         self.needs_ref = any(r.needs_ref for r in recipes)  # what the caller computes first
@@ -55,7 +55,7 @@ class LockstepGRPO:
         """The Recipe a member of this config follows (made for its first member)."""
         key = recipe_of(cfg)
         if key not in self.recipes:
-            self.recipes[key] = Recipe(cfg, self.grpo_loss)
+            self.recipes[key] = Recipe(cfg, self.trainer)
         return self.recipes[key]
 
     def host_state(self, algo, copies, p: int) -> dict:

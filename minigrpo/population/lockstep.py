@@ -93,9 +93,7 @@ KINDS = {
         "grpo",
         t.check_config,
         t.GRPO,
-        lambda cfg, anchor, algos: grpo_update.LockstepGRPO(
-            cfg, anchor, t.grpo_loss, [a.cfg for a in algos]
-        ),
+        lambda cfg, anchor, algos: grpo_update.LockstepGRPO(cfg, anchor, t, [a.cfg for a in algos]),
         grpo_update.unsupported,
     ),
     "ppo": lambda t: Kind(

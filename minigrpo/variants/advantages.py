@@ -9,8 +9,9 @@ Baselines (the math: objectives/advantages.py): the group mean (GRPO), leave-one
 2503.20783), or GPG's α = N/#(A ≠ 0) on the unscaled advantages (2504.02546). With the group
 baseline, "batch" divides by the std of the RAW rewards (TRL scale_rewards="batch"); with the
 others, by the std of the centred values (REINFORCE++). Also here: what the update does with the
-rewards before the baseline (the random-reward control of 2506.10947) and after it (DAPO's and
-REINFORCE-Rej's filter of groups whose rewards are all equal).
+rewards before the baseline (the random-reward control of 2506.10947, --kl-in reward's penalty) and
+after it (DAPO's and REINFORCE-Rej's filter of groups whose rewards are all equal), and `signal`,
+GRPO's whole first stage, rewards -> advantages and their figures, pure for a population to map.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import torch
 
 from minigrpo.objectives.advantages import (
     batch_scaled,
+    equal_groups,
     gpg_scale,
     group_advantages,
     remax_advantages,
     rloo_advantages,
 )
 from minigrpo.util.cli import UsageError, meta
+from minigrpo.variants.kl import kl_reward_penalty
 
 
 def _then_batch_std(centre: Callable) -> Callable:
@@ -132,16 +135,13 @@ def advantages(
     return baseline.advantages(r, cfg.adv_scale, cfg, greedy_rewards).flatten()
 
 
-def update_rewards(
-    rewards: torch.Tensor, cfg, generator: torch.Generator, stats: dict
-) -> torch.Tensor:
-    """The rewards the update learns from: the sampled ones, or with --random-reward Bernoulli(0.5)
-    draws from their own stream, blind to the completions (the control of 2506.10947)."""
+def random_rewards(rewards: torch.Tensor, cfg, generator: torch.Generator) -> torch.Tensor | None:
+    """--random-reward's rewards, which replace the sampled ones: Bernoulli(0.5) draws from their
+    own stream, blind to the completions (the control of 2506.10947), shaped and typed as rewards;
+    None without the flag."""
     if not cfg.random_reward:
-        return rewards
-    drawn = torch.bernoulli(torch.full(rewards.shape, 0.5), generator=generator).to(rewards)
-    stats["random_reward_mean"] = drawn.mean().item()
-    return drawn
+        return None
+    return torch.bernoulli(torch.full(rewards.shape, 0.5), generator=generator).to(rewards)
 
 
 def kept_rows(equal: torch.Tensor, cfg) -> torch.Tensor | None:
@@ -150,6 +150,32 @@ def kept_rows(equal: torch.Tensor, cfg) -> torch.Tensor | None:
     if not cfg.skip_equal_groups:
         return None
     return (~equal).repeat_interleave(cfg.group_size).nonzero().flatten()
+
+
+def signal(
+    rewards, cfg, drawn=None, greedy=None, old_logp=None, ref_logp=None, mask=None, beta=None
+):
+    """GRPO's rewards -> (advantages (N,), equal (prompts,) bool: the groups whose rewards are all
+    equal, figures {name: 0-dim tensor}). rewards (N,) grouped G by G; drawn (N,): --random-reward's
+    rewards, which replace them; greedy (prompts,): ReMax's baseline; old_logp, ref_logp, mask (N,
+    T): for --kl-in reward's β·Σ_t k(π_old, π_ref) off each reward (β: cfg.beta, or `beta`). Pure,
+    the draws and the greedy decodes made by the caller: mappable over a leading member dim
+    (population/grpo_recipe.py). GRPO.update's first stage."""
+    figures = {}
+    if drawn is not None:
+        rewards = drawn
+        figures["random_reward_mean"] = drawn.mean()
+    if greedy is not None:
+        figures["greedy_reward_mean"] = greedy.mean()
+    if cfg.beta > 0 and cfg.kl_in == "reward":
+        penalty = kl_reward_penalty(old_logp, ref_logp, mask, cfg, beta)
+        rewards = rewards - penalty
+        figures["kl_reward_penalty"] = penalty.mean()
+    equal = equal_groups(rewards.view(-1, cfg.group_size))
+    figures["equal_groups"] = equal.float().mean()
+    adv = advantages(rewards, cfg, greedy)
+    figures.update(adv_mean=adv.mean(), adv_std=adv.std())
+    return adv, equal, figures
 
 
 def check(cfg) -> None:
