@@ -658,3 +658,18 @@ def test_a_run_of_one_engine_is_never_kept_for_the_other(tmp_path):
     assert stamps.finished_by(run, cmd) and not stamps.finished_by(run, cmd, lockstep=True)
     (run / "compare_command.json").write_text(json.dumps(stamps.stamp_of(cmd, lockstep=True)))
     assert stamps.finished_by(run, cmd, lockstep=True) and not stamps.finished_by(run, cmd)
+
+
+def test_overwrite_of_a_folder_it_cannot_remove_is_one_line(tmp_path, monkeypatch):
+    """--overwrite on a run folder that cannot be removed (permissions, a busy mount): one line
+    naming it, never a traceback."""
+    cmd = [sys.executable, "-m", "minigrpo.grpo", "--out", str(tmp_path / "grpo-s0")]
+    finished_run(tmp_path / "grpo-s0", cmd)
+
+    def refuse(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(stamps.shutil, "rmtree", refuse)
+    with pytest.raises(stamps.UsageError, match="could not remove .*grpo-s0.*Permission denied"):
+        stamps.claim_runs(tmp_path, lambda name: [sys.executable, "other"], overwrite=True)
+    assert (tmp_path / "grpo-s0" / "summary.json").exists()

@@ -73,7 +73,7 @@ class CompareConfig:
         metadata=meta(
             "pool: worker processes, a few runs at a time; population: populations of at most "
             "--members runs, one per worker process at a time, a GRPO or PPO algorithm's seeds in "
-            "lockstep (GRPO's presets of one μ together), other runs as threads "
+            "lockstep (GRPO's presets of one μ together), other runs alone as the pool runs them "
             "(minigrpo/population); auto: population when the runs' device is a GPU, else pool",
             choices=["auto", "pool", "population"],
         ),

@@ -147,4 +147,10 @@ def claim_runs(out: Path, command_of, overwrite: bool) -> None:
             f"({names}); pass --overwrite to replace them, or another --out"
         )
     for folder in other:
-        shutil.rmtree(folder)
+        try:
+            shutil.rmtree(folder)
+        except OSError as e:  # one line naming it; the runs not yet removed stay as they were
+            raise UsageError(
+                f"--overwrite could not remove {str(folder)!r} ({e.strerror or e}); remove it "
+                "yourself, or pass another --out"
+            ) from None
