@@ -110,8 +110,8 @@ def test_timeline_gives_the_claim_and_the_runs_files_in_seconds_from_the_start(t
 
 def test_a_gpu_row_says_how_compares_processes_shared_the_gpu():
     first = (
-        "compare: 9 algorithms x 128 seeds (1152 to run), 9 lockstep populations, 9 at a time ({}) -> "
-        "runs/x\n  ok\n"
+        "compare: 9 algorithms x 128 seeds (1152 to run), 9 lockstep populations, 9 at a time "
+        "({}) -> runs/x\n  ok\n"
     )
     said = "sharing the GPU through CUDA MPS, a daemon of this command's own"
     assert sweep.sharing(first.format(said)) == said

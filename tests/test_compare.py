@@ -636,7 +636,8 @@ def test_on_a_gpu_compares_first_line_says_how_its_processes_share_it(
     main([*args, "--device", "cpu", "--out", str(tmp_path / "served")])
     printed = capsys.readouterr().out
     first = printed.splitlines()[0]
-    assert "2 lockstep populations, 2 at a time (sharing the GPU through CUDA MPS) ->" in first, printed
+    said = "2 lockstep populations, 2 at a time (sharing the GPU through CUDA MPS) ->"
+    assert said in first, printed
     assert printed.count(": ok") == 4, printed
     assert sorted(p.name for p in pipes.iterdir()) == ["control"]  # nothing of compare's there
 
