@@ -354,7 +354,7 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(
     assert on_gpu("cuda") and not on_gpu("auto") and not on_gpu("cpu")  # tests see no GPU
 
 
-def test_populations_hold_at_most_their_limit_and_the_others_go_alone(tmp_path, tiny_pretrained):
+def test_populations_hold_at_most_their_limit_and_the_others_go_alone():
     """Runs without lockstep (PPO with the sampled anchor) go alone; lockstep's are grouped by
     configuration (every flag but the members' own), each group in nearly equal parts of at most
     `most`, in order."""
@@ -373,19 +373,6 @@ def test_populations_hold_at_most_their_limit_and_the_others_go_alone(tmp_path, 
         for s in range(3)
     ]
     assert seeds(shares_of(lockstep_ppo, COMMANDS)[0]) == [[0, 1, 2], [0, 1, 2]]
-    # in this process, populations of one after another: each run is its single run
-    init, _, _ = tiny_pretrained
-    items = [_run(init, tmp_path / f"pop{s}", s) for s in range(2)]
-    errors = []
-    run_populations(items, 1, lambda item, error: errors.append((item[1], error)), COMMANDS, 1)
-    assert errors == [(0, None), (1, None)]
-    for s in range(2):
-        assert run_one(_run(init, tmp_path / f"alone{s}", s)) is None
-        rows, want = (read_jsonl(tmp_path / f"{t}{s}" / "metrics.jsonl") for t in ("pop", "alone"))
-        assert (
-            len(rows) == len(want) == 4
-            and [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == [[]] * 4
-        )
 
 
 def test_a_population_whose_worker_died_runs_again_each_run_alone():
