@@ -211,3 +211,15 @@ def test_the_commands_printed_name_the_dir_the_learner_gave(tmp_path, capsys, mo
     out = capsys.readouterr().out
     assert (tmp_path / workspace.DEFAULT_DIR / "advantages.py").exists()
     assert "python -m minigrpo.learn check 1" in out and "--dir" not in out, out
+
+
+@pytest.mark.slow
+def test_check_of_a_function_that_ends_its_process_names_the_test_and_os_exit(tmp_path, capsys):
+    """os._exit in a learner's function ends the check's pytest before its report: the check names
+    the test that was running and what ends a process, not "collection"."""
+    plant_loop(tmp_path, "k1", loop="import os\nos._exit(3)")
+    with deadline(120):
+        assert grade.check(find("k1"), tmp_path) is False
+    out = capsys.readouterr().out
+    assert "exit code 3 in this test" in out and "os._exit" in out, out
+    assert re.search(r"test_\w+", out) and "collection" not in out, out

@@ -159,15 +159,22 @@ def run_tests(ex: Exercise, folder, only: set[str] | None = None, log=print) -> 
                     }
                 ],
             }
-        if not report.exists():  # pytest could not even start
+        if not report.exists():  # pytest ended before its report: it could not start, or died
             tail = (out + err).strip().splitlines()[-3:]
+            last = running.read_text() if running.exists() else ""  # the test it was in
+            died = (
+                f"the check's pytest ended with exit code {code} in this test, before its report: "
+                "does your code call os._exit or end the process?"
+                if last
+                else None
+            )
             return {
                 **empty,
                 "results": [
                     {
-                        "test": "collection",
+                        "test": last or "collection",
                         "outcome": "failed",
-                        "message": " | ".join(tail),
+                        "message": " | ".join([died] if died else tail),
                         "example": "",
                     }
                 ],
