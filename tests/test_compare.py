@@ -352,6 +352,7 @@ def test_a_damaged_finished_run_is_made_again_never_tabulated(tmp_path, damage):
     assert not stamps.finished_by(run, cmd)
 
 
+@pytest.mark.slow
 def test_compare_tabulates_only_the_runs_that_finished_whatever_its_engine_said(
     tmp_path, tiny_pretrained, capsys, monkeypatch
 ):

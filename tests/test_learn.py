@@ -247,6 +247,7 @@ def test_the_checks_hypothesis_settings_skip_only_the_explain_phase_and_limit_sh
     assert engine.MAX_SHRINKING_SECONDS == plugin.SHRINK_S
 
 
+@pytest.mark.slow
 def test_an_rloo_that_leaves_rounding_noise_in_an_equal_group_fails_its_check(tmp_path, capsys):
     noisy = """
     G = rewards.size(1)

@@ -4,6 +4,7 @@ training."""
 
 import math
 
+import pytest
 import torch
 
 from minigrpo.lm.model import GPT, GPTConfig
@@ -50,6 +51,7 @@ def test_weighted_distinct_lines_give_the_whole_corpus_loss_and_gradient():
     )
 
 
+@pytest.mark.slow
 def test_pretraining_logs_from_step_0_densely_early_and_its_evaluations_change_nothing(tmp_path):
     """loss.png had 5 points from step 100 on: none of the learning. metrics.jsonl now holds step 0
     (the initial model) and steps 1, 2, 4, 8, ... below --eval-every, then every --eval-every; each
