@@ -70,9 +70,8 @@ def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
     return lines
 
 
-# set by a population (minigrpo/population/engine.py) on Ctrl-C: each member, a run in a thread that
-# receives no
-# signal, stops at the end of its step as a run of its own would
+# set on a Ctrl-C that reached another thread or process first (a pool worker's stop event,
+# population/engine.py): every run that watches it stops at the end of its step, as on its own Ctrl-C
 STOP_ALL = threading.Event()
 
 

@@ -11,8 +11,7 @@ KL between the policy before and after the step on two probe sets a real trainer
 
     KL_rollout = mean over the step's sampled completions y of Σ_t KL(π_old(·|y_<t) ‖ π_new(·|y_<t))
     KL_anchor  = the same on the anchor sequences of each off-target prompt (rl/preserve.py), the
-               largest
-                 over the prompts (every other person, not their average, must stay put)
+                 largest over the prompts (every other person, not their average, must stay put)
 
 (sampled from π_old, the first is an unbiased estimate of KL(π_old ‖ π_new) over whole completions
 of the target prompt; by Pinsker, no event's probability, malformed mass included, moves by more
@@ -21,8 +20,8 @@ and measured again (backtracking line search, as in TRPO, Schulman et al. 2015, 
 `max_halvings` times; a step still too large is rejected (θ = θ_old). The optimiser's state keeps
 the update it computed. It uses no ground truth: only the policy's own distributions.
 
-Written once for one model or P stacked ones (a lockstep population, population/stacked.Stack):
-every tensor may carry leading member dims (the probe logits' dims before (N, T, V)); each member is
+Written once for one model or P models' stacked weights (model.Weights with a leading dim): every
+tensor may carry leading member dims (the probe logits' dims before (N, T, V)); each member is
 halved until its own probes allow it, and a member within its limits keeps its step while the others
 go on halving. On the CPU each member's figures are its single run's to the bit.
 """
