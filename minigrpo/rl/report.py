@@ -71,7 +71,7 @@ def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
 
 
 # set on a Ctrl-C that reached another thread or process first (a pool worker's stop event,
-# population/engine.py): every run that watches it stops at the end of its step, as on its own Ctrl-C
+# population/engine.py): every run watching it stops at the end of its step, as on its own Ctrl-C
 STOP_ALL = threading.Event()
 
 
