@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from minigrpo.tools.bars import BARS, first_reaching
-from minigrpo.tools.stats import improvement_interval, iqm_interval
+from minigrpo.tools.stats import Estimate, improvement_interval, iqm_interval
 
 # score -> (its column's title, higher is better)
 SCORES = {
@@ -121,8 +121,10 @@ def ask_early(boot: Bootstraps, order: list[str], ended: dict[str, list[dict]]) 
     calls = []
     for a, runs in ended.items():
         calls += _score_calls(runs, order.index(a), SCORES) + _band_calls(runs)
-        calls += [
-            _pair_call(runs, ended[b], order.index(a), order.index(b)) for b in ended if b != a
+        calls += [  # each pair once, the earlier algorithm first (improvement_table)
+            _pair_call(runs, ended[b], order.index(a), order.index(b))
+            for b in ended
+            if order.index(a) < order.index(b)
         ]
     boot.ask(calls)
 
@@ -168,9 +170,13 @@ def improvement_table(results: dict[str, list[dict]], boot: Bootstraps | int = 1
     """P(row > column) on the final exact target rate, with its 95 % interval; 0.5 = no
     difference."""
     algos = [a for a, runs in results.items() if runs]
-    pairs = [(i, j) for i in range(len(algos)) for j in range(len(algos)) if i != j]
+    # one bootstrap per pair: P(B > A) = 1 − P(A > B) (ties count half), on the same resamples, so
+    # a cell and its mirror agree exactly, their intervals too
+    pairs = [(i, j) for i in range(len(algos)) for j in range(i + 1, len(algos))]
     calls = [_pair_call(results[algos[i]], results[algos[j]], i, j) for i, j in pairs]
     found = dict(zip(pairs, Bootstraps.of(boot).made(calls)))
+    mirror = lambda e: Estimate(1 - e.value, 1 - e.high, 1 - e.low)
+    found.update({(j, i): mirror(e) for (i, j), e in found.items()})
     lines = ["| P(row > column) | " + " | ".join(algos) + " |", "|---" * (1 + len(algos)) + "|"]
     for i, a in enumerate(algos):
         cells = ["-" if i == j else found[i, j].text("{:.2f}") for j in range(len(algos))]
