@@ -579,6 +579,7 @@ def test_compare_prints_a_short_table_of_what_judges_each_algorithm():
     assert "regret" not in short_table(results, regret=False)
 
 
+@pytest.mark.slow
 def test_the_runs_outside_the_bars_are_named_with_what_they_missed_and_a_peaks_step(tmp_path):
     from minigrpo.tools.sweep_report import curves, outside_bars, write_outputs
     from minigrpo.util.jsonl import JsonlLogger

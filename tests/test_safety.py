@@ -226,6 +226,7 @@ def test_pretrain_refuses_bad_lr_and_warmup(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_pretrain_refuses_to_mix_runs_unless_overwrite(tmp_path, capsys):
     out = str(tmp_path / "p")
     pretrain.main(["--out", out, *TINY])
@@ -527,6 +528,7 @@ def finished_run(tmp_path_factory, tiny_pretrained):
     ],
     ids=["no-lr", "no-reward", "lr-abc", "group-size-float", "preserve-str"],
 )
+@pytest.mark.slow
 def test_resume_refuses_a_config_json_that_lost_a_setting_or_holds_another_type(
     finished_run, tmp_path, capsys, damage, said
 ):
@@ -546,6 +548,7 @@ def test_resume_refuses_a_config_json_that_lost_a_setting_or_holds_another_type(
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_whose_metrics_jsonl_is_gone_is_refused_not_restarted(
     finished_run, tmp_path, capsys
 ):
