@@ -73,7 +73,7 @@ from toy_tasks.arithmetic_world import (
     make_corpus,
     value,
 )
-from toy_tasks.support import reward_figures_many
+from toy_tasks.support import peak_text, reward_figures_many
 
 # the task's contract (toy_tasks/contract.py) and the world's names, importable from here
 __all__ = [
@@ -258,6 +258,5 @@ def format_rl_eval(ev: dict, cfg) -> str:
         f"exact P(best declared answer) prompts {ev['target_rate']:.3f} | exact E[r] "
         f"{ev['exact_reward']:.3f} (best {ev['best_reward']:.3g}) | heldout "
         f"{ev['heldout_rate']:.3f} | right number {ev['correct_rate']:.3f} | well-formed "
-        f"{ev['format_rate']:.3f} | malformed {ev['malformed']:.3f}"
-        + (f" (peak {ev['peak_malformed']:.3f})" if "peak_malformed" in ev else "")
+        f"{ev['format_rate']:.3f} | malformed {ev['malformed']:.3f}{peak_text(ev, 'malformed', 3)}"
     )

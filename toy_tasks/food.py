@@ -20,7 +20,7 @@ import torch
 from minigrpo.exact import frontier
 from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many
 from toy_tasks import largest_remainder
-from toy_tasks.support import reward_figures_many
+from toy_tasks.support import peak_text, reward_figures_many
 
 NAME = "food"
 BLOCK_SIZE = 32  # BOS + longest line (23 characters) + EOS fits with room to spare
@@ -295,12 +295,6 @@ def format_rl_eval(ev: dict, cfg) -> str:
     return (
         f"{cfg.person}'s exact P({target}) {ev['target_rate']:.3f} | exact E[r] "
         f"{ev['exact_reward']:.3f} (best {ev['best_reward']:.3g}) | worst other-person drift (TV) "
-        f"{ev['worst_drift']:.3f}{_peak(ev, 'worst_drift', 3)} | malformed (the worst "
-        f"person's) {ev['malformed']:.4f}{_peak(ev, 'malformed', 4)}"
+        f"{ev['worst_drift']:.3f}{peak_text(ev, 'worst_drift', 3)} | malformed (the worst "
+        f"person's) {ev['malformed']:.4f}{peak_text(ev, 'malformed', 4)}"
     )
-
-
-def _peak(ev: dict, name: str, digits: int) -> str:
-    """' (peak x)': the run's highest value so far of a figure (rl/stopping.Peaks), where known."""
-    peak = ev.get(f"peak_{name}")
-    return "" if peak is None else f" (peak {peak:.{digits}f})"

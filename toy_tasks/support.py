@@ -111,3 +111,10 @@ def reward_figures_many(
         1,
     )  # (M, 5)
     return [dict(zip(names, row)) for row in figures.tolist()]
+
+
+def peak_text(ev: dict, name: str, digits: int) -> str:
+    """' (peak x)': a run's highest value so far of an evaluation's figure (rl/stopping.Peaks logs
+    it as peak_<name>), for a task's closing line; '' where it is not known."""
+    peak = ev.get(f"peak_{name}")
+    return "" if peak is None else f" (peak {peak:.{digits}f})"
