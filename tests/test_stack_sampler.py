@@ -34,8 +34,10 @@ def test_a_busy_thread_is_found_in_its_function_and_a_parked_one_counts_as_waiti
         parked.set()
         for t in threads:
             t.join()
-    top = dict((name, share) for share, name in sampler.top(5))
-    assert top.get(ROOT, 0) > 0.9, top  # every working sample of `busy` is in it
+    # every sample with this project's code on its stack (`busy`'s calls) is in aggregate: counted
+    # against those, not every working sample (pytest-xdist's own thread works beside it)
+    ours = sum(sampler.own.values())
+    assert sampler.cumulative[ROOT] > 0.9 * ours, (sampler.cumulative, ours)
     assert sampler.waiting > 0 and sampler.working() > 20, (sampler.samples, sampler.waiting)
     own = dict((name, share) for share, name in sampler.top(5, own=True))
     # a callee's time is its own
