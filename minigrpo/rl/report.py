@@ -5,6 +5,7 @@ the step in flight."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import signal
 import threading
 from pathlib import Path
@@ -94,9 +95,12 @@ class StopOnCtrlC:
         if self._requested:
             raise KeyboardInterrupt
         self._requested = True
-        print(
-            "\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True
-        )
+        # in a pool's worker (a lockstep population) the parent says it once for every run
+        if multiprocessing.parent_process() is None:
+            print(
+                "\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)",
+                flush=True,
+            )
 
     def __exit__(self, *exc):
         if self.previous is not None:
