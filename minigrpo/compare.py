@@ -268,7 +268,7 @@ def main(argv=None):
     refused = None
     if shard.rank == 0:  # one process claims the folder; the others learn whether it was refused
         try:
-            claim_runs(prepare_out(out), command_of, cfg.overwrite)
+            claim_runs(prepare_out(out, runs_inside="compare"), command_of, cfg.overwrite)
         except UsageError as e:
             refused = str(e)
     refused = shard.share(refused)

@@ -223,3 +223,45 @@ def test_check_of_a_function_that_ends_its_process_names_the_test_and_os_exit(tm
     out = capsys.readouterr().out
     assert "exit code 3 in this test" in out and "os._exit" in out, out
     assert re.search(r"test_\w+", out) and "collection" not in out, out
+
+
+@pytest.mark.slow
+def test_check_of_a_function_that_calls_sys_exit_names_it_in_each_test(tmp_path, capsys):
+    """sys.exit in a learner's function failed its tests as a bare "SystemExit" and ended the
+    check's pytest in the mistakes' probes, which then read as "os._exit or end the process": each
+    test and the probes name sys.exit with its code, and the report is whole."""
+    plant_loop(tmp_path, "k1", loop="import sys\nsys.exit(7)")
+    with deadline(120):
+        assert grade.check(find("k1"), tmp_path) is False
+    out = capsys.readouterr().out
+    said = "your code called sys.exit(7): a graded function returns its result"
+    assert out.count(said) >= 2 and "in the probes of the catalogued mistakes" in out, out
+    assert "os._exit" not in out and "exit code" not in out and "collection" not in out, out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow
+def test_a_process_a_learners_code_starts_ends_with_the_check(tmp_path, capsys):
+    """A process started by the learner's function (here `sleep 600`) outlived the check, its parent
+    pytest gone: the check's pytest leads a process group of its own, killed when the check ends."""
+    started = tmp_path / "started"
+    body = (
+        f"import pathlib, subprocess\nmark = pathlib.Path({str(started)!r})\n"
+        "if not mark.exists():\n"
+        "    mark.write_text(str(subprocess.Popen(['sleep', '600']).pid))\n"
+        "return logp - ref_logp"
+    )
+    plant_loop(tmp_path, "k1", loop=body)
+    try:
+        with deadline(120):
+            grade.check(find("k1"), tmp_path)
+        capsys.readouterr()
+        pid = int(started.read_text())
+        for _ in range(50):  # SIGKILL is sent as the check ends; /proc shows it at once or soon
+            if not alive(pid):
+                break
+            time.sleep(0.1)
+        assert not alive(pid), f"the learner's process {pid} outlived the check"
+    finally:
+        if started.exists() and alive(int(started.read_text())):
+            os.kill(int(started.read_text()), signal.SIGKILL)  # the orphan this test made

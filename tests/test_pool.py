@@ -1,11 +1,16 @@
 """tools/pool.run_pool: every item done once, in worker processes; a worker with nothing left exits
-early."""
+early; compare killed or stopped twice leaves no worker's traceback or warning behind."""
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from minigrpo.tools.pool import gpu_note, run_pool
+import pytest
+
+from minigrpo.tools.pool import STOPPING_LINE, StopFlag, gpu_note, run_pool
 
 
 def _pid_or_wait(item):
@@ -82,3 +87,78 @@ def test_the_note_on_one_gpu_says_whether_a_cuda_mps_daemon_serves(tmp_path, mon
     (tmp_path / "control").touch()  # the daemon's pipe (a FIFO; its name is what counts)
     assert gpu_note(2, True) == " (sharing the GPU through CUDA MPS)"
     assert gpu_note(1, True) == gpu_note(2, False) == ""
+
+
+def test_the_stop_flag_is_set_once_the_parents_end_is_closed():
+    """StopFlag, the pool's stop event without a semaphore: unset until the parent sets it (closes
+    its end, as the parent's death does), set from then on; a worker gets the read end only."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    flag = StopFlag(ctx)
+    assert not flag.is_set() and flag.wait(0.01) is False
+    flag.set()
+    assert flag.is_set() and flag.wait() is True
+    assert StopFlag(ctx).__getstate__()["_writer"] is None, "a worker never holds the write end"
+
+
+def _compare(out: Path, init, engine: str) -> subprocess.Popen:
+    """A compare of two endless default runs on the tiny model, in a session of its own (so that a
+    Ctrl-C can reach its whole process group, as a terminal's does), its output in one pipe."""
+    cmd = [sys.executable, "-m", "minigrpo.compare", "--engine", engine, "--algos", "default"]
+    cmd += ["--seeds", "2", "--jobs", "2", "--members", "1", "--steps", "100000"]
+    cmd += ["--out", str(out), "--init", str(init), "--group-size", "4", "--prompts-per-step", "2"]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("engine", ["pool", "population"])
+@pytest.mark.parametrize("stop", ["kill_9", "ctrl_c_twice"])
+def test_a_compare_killed_or_ctrl_c_twice_prints_no_worker_traceback_or_warning(
+    tmp_path, tiny_pretrained, engine, stop
+):
+    """`kill -9` of compare left the resource tracker's "leaked semaphore objects" warning on the
+    terminal, and a second Ctrl-C a worker's ConnectionResetError traceback (and, in a population,
+    each worker's own "stopping at the end of this step" line). Now kill -9 prints nothing more and
+    each run keeps its checkpoint at its last step; Ctrl-C twice prints the pool's line once, then
+    "interrupted", exit 130; no worker outlives it."""
+    init, _, _ = tiny_pretrained
+    out = tmp_path / "cmp"
+    p = _compare(out, init, engine)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not all(
+            (out / f"default-s{s}" / "metrics.jsonl").exists()
+            and len((out / f"default-s{s}" / "metrics.jsonl").read_text().splitlines()) > 2
+            for s in (0, 1)
+        ):
+            time.sleep(0.2)
+        if stop == "kill_9":
+            p.kill()
+        else:
+            os.killpg(p.pid, signal.SIGINT)
+            time.sleep(1.0)
+            os.killpg(p.pid, signal.SIGINT)
+        # the workers hold the pipe too: it ends when the last of them has
+        printed, _ = p.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # what this test started, if any is left
+        except ProcessLookupError:
+            pass
+    lines = printed.strip().splitlines()
+    assert "Traceback" not in printed and "Error" not in printed, printed
+    assert "semaphore" not in printed and "Warning" not in printed, printed
+    assert "stopping at the end of this step" not in printed, "the parent says it once for all"
+    assert lines[0].startswith("compare:"), printed
+    if stop == "kill_9":
+        assert p.returncode == -signal.SIGKILL and len(lines) == 1, printed
+        for s in (0, 1):  # each run ended at a step with its checkpoint, unfinished
+            run = out / f"default-s{s}"
+            assert (run / "model.pt").exists() and not (run / "summary.json").exists(), s
+    else:
+        assert p.returncode == 130 and lines[-1] == "interrupted", printed
+        assert printed.count(STOPPING_LINE) == 1, printed

@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minigrpo.grpo import GRPOConfig, main, train
 from minigrpo.rl.loop import GENERATORS, Run
@@ -402,8 +404,9 @@ FOOD_ROW = {
 
 
 def test_the_progress_line_fits_a_terminal_and_verbose_shows_it_all():
-    """The line was ~230 characters: by default at most 120 (step, reward, the exact target rate,
-    drift and malformed mass with their running maxima, the time), the whole line with --verbose
+    """The line was ~230 characters: by default at most 140 (the step, skipped, the trust region's
+    cut, the reward, the exact target rate, drift and malformed mass now beside their end bars and
+    their running maxima beside their every-step bars, the time), the whole line with --verbose
     (metrics.jsonl holds every field)."""
     from minigrpo.rl.report import progress_line
 
@@ -415,10 +418,12 @@ def test_the_progress_line_fits_a_terminal_and_verbose_shows_it_all():
             progress_line(145, 200, row, True),
             progress_line(145, 200, row, True, verbose=True),
         )
-        assert len(short) <= 120, (len(short), short)
-        assert short.startswith("step 145/200 | reward 0.984") and short.endswith("| 155 ms"), short
-        assert "target 0.986" in short and "malformed 0.0015 (max 0.0015)" in short, short
-        assert ("drift 0.027 (max 0.030)" in short) == ("worst_drift" in row), short
+        assert len(short) <= 140, (len(short), short)
+        head = "step 145/200 skipped x0.5" if "skipped" in row else "step 145/200 x0.5"
+        assert short.startswith(f"{head} | reward 0.984"), short
+        assert short.endswith("| 155 ms"), short
+        assert "target 0.986" in short and "malformed 0.0015≤0.01 max 0.0015≤0.02" in short, short
+        assert ("drift 0.027≤0.03 max 0.030≤0.05" in short) == ("worst_drift" in row), short
         assert ("held-out 0.812" in short) == ("heldout_rate" in row), short
         assert ("skipped" in short) == ("skipped" in row), short
         assert (
@@ -432,6 +437,45 @@ def test_the_progress_line_fits_a_terminal_and_verbose_shows_it_all():
         ), full
     assert len(progress_line(145, 200, FOOD_ROW, False)) <= 60, (
         "a step without an evaluation: the reward, the time"
+    )
+    whole = {**FOOD_ROW, "tr_scale": 1.0}
+    assert progress_line(145, 200, whole, False).startswith("step 145/200 | reward"), (
+        "a step the trust region kept whole shows no cut"
+    )
+
+
+def test_the_progress_line_says_which_bar_a_figure_is_beyond():
+    """`drift 0.033 (max 0.033)` read as a breach of the goal's 0.03 bar while the every-step bar is
+    0.05: the figure now stands beside its end bar, the max beside its every-step bar, and the sign
+    says on which side of it the unrounded figure lies (0.0303 prints 0.030 and is beyond 0.03)."""
+    from minigrpo.rl.report import bars_line, progress_line
+
+    row = {**FOOD_ROW, "worst_drift": 0.0303, "peak_worst_drift": 0.0303, "peak_malformed": 0.021}
+    line = progress_line(7, 200, row, True)
+    assert "drift 0.030>0.03 max 0.030≤0.05" in line, line
+    assert "malformed 0.0015≤0.01 max 0.0210>0.02" in line, line
+    assert "target" in line and "x0.5" in line, line
+    row = {**row, "target_rate": 0.9499, "peak_worst_drift": float("nan")}
+    closing = bars_line(row)
+    assert closing.startswith("bars: final target 0.950<0.95 | drift end 0.030>0.03"), closing
+    assert "every step nan>0.05" in closing, "NaN is never within a bar"
+    assert "drift" not in bars_line({k: v for k, v in row.items() if "drift" not in k})
+
+
+@given(st.floats(0, 1), st.floats(0.001, 1), st.integers(1, 5), st.booleans())
+def test_a_figure_beside_its_bar_says_the_side_it_is_on(value, bar, digits, higher):
+    from minigrpo.rl.report import against
+
+    text = against(value, bar, digits, higher)
+    sign = next(c for c in text if c in "≤≥<>")
+    shown, bar_text = text.split(sign)
+    within = value >= bar if higher else value <= bar
+    assert shown == f"{value:.{digits}f}" and bar_text == f"{bar:g}"
+    assert (
+        sign
+        == {(True, True): "≥", (True, False): "<", (False, True): "≤", (False, False): ">"}[
+            (higher, within)
+        ]
     )
 
 

@@ -74,6 +74,32 @@ def test_an_existing_run_is_refused_and_kept(tmp_path):
     release_out(run)
 
 
+def test_compare_and_bench_refuse_a_run_folder_without_asking_for_an_overwrite_they_ignore(
+    tmp_path, capsys
+):
+    """`compare --out <a run's folder> --overwrite` said "pass --overwrite to replace it": compare
+    and bench write folders of runs and no flag of theirs replaces a run, so the line says so and
+    what to do instead, with or without --overwrite; the run is kept."""
+    from minigrpo import compare
+    from minigrpo.bench.suite import main as bench
+
+    run = old_run(tmp_path / "run")
+    for main, argv in (
+        (compare.main, ["--out", str(run), "--overwrite", "--seeds", "1", "--algos", "default"]),
+        (compare.main, ["--out", str(run), "--seeds", "1", "--algos", "default"]),
+        (bench, ["--out", str(run), "--only", "sampling"]),
+    ):
+        err = one_line_error(main, argv, capsys)
+        assert str(run) in err and "give another --out" in err and "pass --overwrite" not in err
+        assert (run / "model.pt").read_text() == "old model.pt", err
+    with pytest.raises(UsageError, match="holds a run's own files"):
+        prepare_out(str(run), overwrite=True, runs_inside="compare")
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        [".lock", "model.pt", "metrics.jsonl", "summary.json", "config.json", "loss.png"]
+        + ["samples.txt", "notes.txt"]
+    )
+
+
 def test_overwrite_removes_the_old_runs_files_only(tmp_path):
     run = old_run(tmp_path / "run")
     prepare_out(str(run), overwrite=True)

@@ -165,7 +165,7 @@ def main(argv=None):
     jobs = cfg.jobs or cores()
     device = setup_runtime(cfg.threads, cfg.device)
     # one line for an impossible or read-only folder; one bench per folder
-    out = prepare_out(cfg.out)
+    out = prepare_out(cfg.out, runs_inside="bench")
     print(
         f"machine: {platform.machine()} {cores()} cores | torch {torch.__version__} | device "
         f"{device} | threads {torch.get_num_threads()} | python {platform.python_version()}",

@@ -3,10 +3,13 @@ command.
 
 `run` starts a child (the grading pytest, the capstone's training run) that cannot outlive the
 command: the command's SIGTERM and SIGHUP become a SystemExit while it waits, its Ctrl-C a
-KeyboardInterrupt, and on every way out the child is terminated, then killed. Where the command
-itself is killed (SIGKILL), the child, having called `die_with_parent` first, is killed by Linux
-(PR_SET_PDEATHSIG). `time_limit` stops a learner's code in this process that has run too long, with
-`RanPastLimit`.
+KeyboardInterrupt, and on every way out the child is terminated, then killed. The child leads a
+process group of its own (a session: the terminal's Ctrl-C reaches the command, which ends it), so
+the processes a learner's code started in it (`subprocess.Popen`, `multiprocessing`) end with it:
+the group is killed once the child has ended. Where the command itself is killed (SIGKILL), the
+child, having called `die_with_parent` first, is killed by Linux (PR_SET_PDEATHSIG); what it started
+is then left (a process that leaves the group with its own session, too). `time_limit` stops a
+learner's code in this process that has run too long, with `RanPastLimit`.
 """
 
 from __future__ import annotations
@@ -93,8 +96,10 @@ def _signals_end_the_wait():
                 signal.signal(s, handler)
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
-    """End proc: SIGTERM, then SIGKILL if it has not ended after grace_s."""
+def stop(proc: subprocess.Popen, grace_s: float = 3.0, group: bool = False) -> None:
+    """End proc: SIGTERM, then SIGKILL if it has not ended after grace_s; with `group` (proc leads a
+    process group of its own: `run`'s children), then SIGKILL to what is left of that group, the
+    processes proc started and left behind."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -102,6 +107,11 @@ def stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if group:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # the group is gone: nothing was left
+            pass
 
 
 def run(
@@ -117,7 +127,16 @@ def run(
         _signals_end_the_wait(),
     ):
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True, **popen)
+        own_group = hasattr(os, "killpg")  # POSIX
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err,
+            env=env,
+            text=True,
+            start_new_session=own_group,
+            **popen,
+        )
         try:
             code = None
             while code is None:
@@ -127,7 +146,7 @@ def run(
                     if watch is not None and watch(time.monotonic() - start):
                         break
         finally:
-            stop(proc)
+            stop(proc, group=own_group)
         out.seek(0)
         err.seek(0)
         return code, out.read(), err.read()

@@ -183,9 +183,23 @@ def falsifying_example(text: str) -> str:
     return ""
 
 
+def called_sys_exit(code) -> str:
+    """What a check says of a learner's code that raised SystemExit (`sys.exit(code)`, `exit()`),
+    which would otherwise end the check's pytest, or read as a failed assertion."""
+    return (
+        f"your code called sys.exit({'' if code is None else repr(code)}): a graded function "
+        "returns its result and never ends the process"
+    )
+
+
 def _message(report) -> str:
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
+    # pytest's text of it: 'SystemExit: 3', 'SystemExit: bye', 'SystemExit' (Hypothesis adds lines)
+    exited = re.fullmatch(r"SystemExit(?:: (.*))?", text.split("\n")[0])
+    if exited:
+        code = exited.group(1)
+        return called_sys_exit(int(code) if code and code.lstrip("-").isdigit() else code)
     # the line that names the test and its limit, alone
     text = re.sub(r"^[\w.]*RanPastLimit: ", "", text)
     # the author's message, not pytest's rewritten expression
@@ -220,7 +234,8 @@ def _mistakes() -> list[str]:
     folder = os.environ.get("MINIGRPO_LEARN_DIR")
     if not folder or _report["load_error"] or any(r.get("timeout") for r in _results):
         return []
-    _say_running("the probes of the catalogued mistakes")
+    probes = "the probes of the catalogued mistakes"
+    _say_running(probes)
     found = []
     try:
         with time_limit(_limit(), "the probes ran past their limit"):
@@ -231,6 +246,15 @@ def _mistakes() -> list[str]:
                 )
     except RanPastLimit:
         pass
+    except SystemExit as e:  # it would end pytest before its report: a failure of its own
+        _results.append(
+            {
+                "test": probes,
+                "outcome": "failed",
+                "message": f"{called_sys_exit(e.code)} (in {probes})",
+                "example": "",
+            }
+        )
     return found
 
 

@@ -23,6 +23,8 @@ import torch
 
 from minigrpo.lm.optim import scheduled_lr
 from minigrpo.rl.report import (
+    PROGRESS_LEGEND,
+    bars_line,
     batch_figures,
     closing_hint,
     draw_figure,
@@ -59,7 +61,7 @@ class RunBookkeeping:
             + "\nat most "
             f"{cfg.steps} steps"
             + (f", stops at exact target >= {cfg.goal:g}" if cfg.goal else "")
-            + ("" if cfg.verbose else " | max: the worst so far; --verbose: every figure")
+            + ("" if cfg.verbose else f" | --verbose: every figure\n{PROGRESS_LEGEND}")
         )
         self.last_eval = self.evaluate(evaluation)
         if not self.resume_state:
@@ -164,6 +166,7 @@ class RunBookkeeping:
             )
         )
         self.log(self.task.format_rl_eval(last_eval, cfg))
+        self.log(bars_line(last_eval))
         # e.g. food: every person's shares
         details = {k: v for k, v in last_eval.items() if k not in numbers}
         summary = {

@@ -5,6 +5,7 @@ the step in flight."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import signal
 import threading
 from pathlib import Path
@@ -94,9 +95,12 @@ class StopOnCtrlC:
         if self._requested:
             raise KeyboardInterrupt
         self._requested = True
-        print(
-            "\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True
-        )
+        # in a pool's worker (a lockstep population) the parent says it once for every run
+        if multiprocessing.parent_process() is None:
+            print(
+                "\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)",
+                flush=True,
+            )
 
     def __exit__(self, *exc):
         if self.previous is not None:
@@ -140,23 +144,61 @@ def flat(ev: dict) -> dict:
     return {k: v for k, v in ev.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def against(value: float, bar: float, digits: int, higher: bool = False) -> str:
+    """A figure beside the bar it is held to: '0.027≤0.03' within it, '0.033>0.03' beyond it (a
+    bar to reach, `higher`: '0.986≥0.95', '0.505<0.95'); NaN is never within."""
+    within = value >= bar if higher else value <= bar
+    sign = ("≥" if within else "<") if higher else ("≤" if within else ">")
+    return f"{value:.{digits}f}{sign}{bar:g}"
+
+
+# the default progress line's legend (bookkeeping prints it under the opening lines)
+PROGRESS_LEGEND = (
+    "bars: a figure now against its end bar, max (the worst so far) against the every-step bar; "
+    "x0.5: the trust region halved the step"
+)
+
+
+def bars_line(ev: dict) -> str:
+    """A run's closing verdict: each figure of its last evaluation beside the bar it is held to
+    (BARS: final target, end and every-step drift where the task has it, end and every-step
+    malformed mass), e.g. 'bars: final target 0.933<0.95 | drift end 0.015≤0.03, every step
+    0.030≤0.05 | ...'."""
+    parts = [f"final target {against(ev['target_rate'], BARS['final'], 3, higher=True)}"]
+    for name, key, digits in (("drift", "worst_drift", 3), ("malformed", "malformed", 4)):
+        if key in ev and f"peak_{key}" in ev:
+            parts.append(
+                f"{name} end {against(ev[key], BARS[key], digits)}, every step "
+                f"{against(ev[f'peak_{key}'], BARS[f'peak_{key}'], digits)}"
+            )
+    return "bars: " + " | ".join(parts)
+
+
 def progress_line(step: int, steps: int, row: dict, evaluated: bool, verbose: bool = False) -> str:
     """One line per step, the exact figures only on the steps that evaluated them. By default what a
-    person watches, in at most 120 characters: the reward, the exact target rate, the drift and
-    malformed mass with their running maxima (the bars judge those), the time; `verbose` adds
-    everything else (metrics.jsonl always holds it all)."""
+    person watches, in at most 140 characters: the step (`skipped` where every group had equal
+    rewards, `x0.5` where the trust region halved it); the reward; the exact target rate; the drift
+    and malformed mass now beside their end bars and their running maxima beside their every-step
+    bars (rl/stopping.BARS: `drift 0.033>0.03 max 0.033≤0.05` is beyond the end bar and within the
+    every-step bar); the time. `verbose` adds everything else (metrics.jsonl holds it all)."""
     if verbose:
         return full_progress_line(step, steps, row, evaluated)
-    parts = [f"step {step:{len(str(steps))}d}/{steps}", f"reward {row['reward_mean']:.3f}"]
+    head = f"step {step:{len(str(steps))}d}/{steps}"
+    if row.get("skipped"):  # every group had equal rewards: no policy update
+        head += " skipped"
+    if row.get("tr_scale", 1.0) < 1.0:  # the trust region shrank (or, at 0, rejected) this step
+        head += f" x{row['tr_scale']:.3g}"
+    parts = [head, f"reward {row['reward_mean']:.3f}"]
     if evaluated:
         parts.append(f"target {row['target_rate']:.3f}")
-        if "worst_drift" in row:
-            parts.append(f"drift {row['worst_drift']:.3f} (max {row['peak_worst_drift']:.3f})")
-        parts.append(f"malformed {row['malformed']:.4f} (max {row['peak_malformed']:.4f})")
+        for name, key, digits in (("drift", "worst_drift", 3), ("malformed", "malformed", 4)):
+            if key in row:
+                parts.append(
+                    f"{name} {against(row[key], BARS[key], digits)} max "
+                    f"{against(row[f'peak_{key}'], BARS[f'peak_{key}'], digits)}"
+                )
         if "heldout_rate" in row:
             parts.append(f"held-out {row['heldout_rate']:.3f}")
-    if row.get("skipped"):
-        parts.append("skipped")
     return " | ".join(parts + [f"{1000 * row['step_time']:.0f} ms"])
 
 

@@ -154,17 +154,43 @@ STOPPING_LINE = "Ctrl-C: every run stops at the end of its step (Ctrl-C again to
 STOPPING = []
 
 
+class StopFlag:
+    """The pool's stop event, set once by the parent and seen by every worker: the read end of a
+    pipe whose write end the parent alone holds; `set` closes that end, and a reader then sees the
+    pipe's end (as it does when the parent dies). No semaphore: a multiprocessing Event's are named
+    under 'spawn' and left to the resource tracker when the parent is killed (kill -9), which then
+    warns of "leaked semaphore objects" on the terminal."""
+
+    def __init__(self, ctx):
+        self._reader, self._writer = ctx.Pipe(duplex=False)
+
+    def __getstate__(self) -> dict:  # a worker gets the read end only
+        return {"_reader": self._reader, "_writer": None}
+
+    def set(self) -> None:
+        """In the parent: every worker's `is_set` is True from now on."""
+        self._writer.close()
+
+    def is_set(self) -> bool:
+        return self._reader.poll()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until set (or the parent's end) or `timeout` seconds -> whether it is set."""
+        return self._reader.poll(timeout)
+
+
 def _worker(conn, fn, stop) -> None:
-    """A worker's life: fn(item) for each item the parent sends, until the parent closes the pipe.
-    It starts with Ctrl-C ignored (inherited, see _Worker: an import cut short would print a
-    traceback), which `run_in_process` turns back on for the length of a run; after a Ctrl-C
-    (`stop`), no new item starts."""
+    """A worker's life: fn(item) for each item the parent sends, until the parent closes the pipe
+    (or resets it: a second Ctrl-C ends the parent before it reads a result sent). It starts with
+    Ctrl-C ignored (inherited, see _Worker: an import cut short would print a traceback), which
+    `run_in_process` turns back on for the length of a run; after a Ctrl-C (`stop`), no new item
+    starts."""
     STOPPING.append(stop)
     _stop_with_parent()
     while True:
         try:
             item = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         result = None if stop.is_set() else fn(item)
         try:
@@ -197,7 +223,7 @@ def run_pool(fn, items: list, jobs: int, done) -> None:
     with nothing left to do exits while the others still run, so what it holds (a GPU's memory and
     context) goes early."""
     ctx = multiprocessing.get_context("spawn")  # never fork a parent that holds torch's threads
-    todo, workers, stop = list(items), [], ctx.Event()
+    todo, workers, stop = list(items), [], StopFlag(ctx)
     try:
         workers = [_Worker(ctx, fn, stop) for _ in range(min(jobs, len(todo)))]
         while todo or any(w.item is not None for w in workers):

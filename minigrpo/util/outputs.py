@@ -32,15 +32,19 @@ STALE_TEMP_GLOBS = (".*.pt.tmp[0-9]*", ".*.json.tmp[0-9]*", "*.json.tmp")
 _LOCKS: dict[str, typing.IO] = {}
 
 
-def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path:
+def prepare_out(
+    out: str, overwrite: bool = False, resume: bool = False, runs_inside: str | None = None
+) -> Path:
     """Claim the output folder `out` for this process and return it as a Path.
 
     Creates it; refuses '' and paths that cannot be folders; takes an exclusive lock on
     `<out>/.lock` (held until the process ends, so a killed process never leaves it stuck); refuses
     a folder that already holds a run unless `overwrite` (the files a run writes, RUN_OUTPUTS, are
     then removed first, and only in a folder a run of ours wrote: `ours`) or `resume` (kept);
-    deletes temp files a killed write left behind; marks the folder as ours (in its .lock). Every
-    refusal is a one-line UsageError."""
+    deletes temp files a killed write left behind; marks the folder as ours (in its .lock). A
+    command whose --out holds run folders, not a run (`runs_inside`: its name, compare or bench),
+    refuses a folder that holds a run's own files whatever its flags: no flag of it replaces one.
+    Every refusal is a one-line UsageError."""
     out = str(out)
     if not out.strip():
         raise UsageError("--out is empty; give a folder path such as runs/my-run")
@@ -55,6 +59,13 @@ def prepare_out(out: str, overwrite: bool = False, resume: bool = False) -> Path
         ) from None
     lock_out(path)
     old = [name for name in RUN_FILES if (path / name).exists()]
+    if old and runs_inside:
+        release_out(path)
+        raise UsageError(
+            f"--out {out!r} holds a run's own files ({', '.join(old)}); {runs_inside} writes a "
+            "folder of run folders and replaces no run: give another --out (nothing there was "
+            "touched)"
+        )
     if old and not (overwrite or resume):
         release_out(path)
         raise UsageError(
