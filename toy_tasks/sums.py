@@ -157,7 +157,7 @@ def rl_baseline(model, tokenizer, cfg) -> None:
 
 
 def support(prompt: str) -> list[str]:
-    """The declared completions of a prompt (6 to 34, direct and worked, every slip):
+    """The declared completions of a prompt (53 to 77: every direct answer 0-49, every worked slip):
     toy_tasks/support.py takes exact E[r] over them."""
     return completions(prompt)
 

@@ -16,7 +16,7 @@ and p(y) = π(y + EOS | x):
     malformed      mean_x 1 − Σ_{y ∈ S(x)} p(y)                     the mass outside the support
 
 A conditional length of a prompt with no mass on its condition (no right answer at all) leaves the
-prompt out of that mean. Supports differ in size (6 to 34 completions): they are laid out as
+prompt out of that mean. Supports differ in size (53 to 77 completions): they are laid out as
 (P, K_max) with zero probability in a shorter row's padding.
 """
 
@@ -141,7 +141,9 @@ def declared_figures(prompts: list[str]) -> dict[str, float]:
 
 # ---- the pretraining report: per number of operands, every figure within BAR of the student -----
 
-BAR = {"exact_accuracy": 0.05, "exact_think_rate": 0.05, "malformed": 0.03, "mean_tv": 0.10}
+# malformed: held closer than arithmetic's 0.03, under the RL runs' every-step bar of 0.02; mean TV:
+# over 50 + 27 completions per prompt, looser than arithmetic's 0.10 over 12
+BAR = {"exact_accuracy": 0.05, "exact_think_rate": 0.05, "malformed": 0.015, "mean_tv": 0.15}
 
 
 def report_row(probs: torch.Tensor, prompts: list[str]) -> dict[str, float]:
@@ -175,7 +177,7 @@ def format_report(report: dict) -> str:
         lines.append(f"{name:<14}" + "".join(f"{r['got'][c]:>13.4f}" for c in cols))
         lines.append(f"{'  declared':<14}" + "".join(f"{r['declared'][c]:>13.4f}" for c in cols))
     verdict = "PASS" if report["ok"] else "FAIL"
-    lines.append(f"{'bar ±':<14}" + "".join(f"{BAR[c]:>13.2f}" for c in cols) + f"   {verdict}")
+    lines.append(f"{'bar ±':<14}" + "".join(f"{BAR[c]:>13.3f}" for c in cols) + f"   {verdict}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 declared student in one of two styles, so the probability of every line is known exactly.
 
   direct   "9."                   the sum at once, off by a declared offset: right with probability
-                                  DIRECT_RIGHT[n] (0.8, 0.4, 0.2 for n = 2, 3, 4 operands)
+                                  DIRECT_RIGHT[n] (0.8, 0.4, 0.2 for n = 2, 3, 4 operands),
+                                  up to 1, 2, 3 off
   worked   "3+4=7,7+2=9;9."        one step per operand after the first, each writing the sum of the
                                   last result and the next operand, right with probability
                                   STEP_RIGHT (0.95), else one off (+1 or -1, each STEP_SLIP); a
@@ -16,7 +17,7 @@ thinks, although working pays for every n: 0.95 (n = 2), 0.904 (3), 0.859 (4) ri
   EXPRESSIONS, PROMPTS, HELDOUT  every prompt (all 81 of 2 operands, seeded samples of 243 of 3 and
                                  of 4); the RL prompts; a fixed seeded tenth never used in RL
   outcomes(prompt)               the declared completions of a prompt: Outcome(text, probability,
-                                 worked, answer), every direct offset and every chain of slips
+                                 worked, answer), every direct answer 0-49 and every chain of slips
   make_corpus(n, seed)           lines uniform over EXPRESSIONS with the student's choices
   entropy_floor()                the corpus entropy in nats per predicted token: the best loss
 
@@ -45,6 +46,9 @@ DIRECT_OFFSETS = {
     3: {0: 0.4, 1: 0.2, -1: 0.2, 2: 0.1, -2: 0.1},
     4: {0: 0.2, 1: 0.15, -1: 0.15, 2: 0.15, -2: 0.15, 3: 0.1, -3: 0.1},
 }
+# the support lists every well-formed direct answer "0." to "49." (most of probability 0 in the
+# corpus), so a model's imprecise sum is a wrong answer, not malformed text
+DIRECT_ANSWERS = range(50)
 DIRECT_RIGHT = {n: offsets[0] for n, offsets in DIRECT_OFFSETS.items()}
 STEP_RIGHT, STEP_SLIP = 0.95, 0.025  # a worked step: right, or +1 / -1 (each)
 STEP_OFFSETS = {0: STEP_RIGHT, 1: STEP_SLIP, -1: STEP_SLIP}
@@ -89,14 +93,14 @@ def worked_text(xs: list[int], slips: tuple[int, ...]) -> tuple[str, int]:
 
 
 def outcomes(prompt: str) -> list[Outcome]:
-    """Every declared completion of a prompt (distinct texts): the direct offsets in
-    DIRECT_OFFSETS order, then the worked chains in STEP_OFFSETS order, step by step."""
+    """Every declared completion of a prompt (distinct texts): the direct answers (the declared
+    offsets in DIRECT_OFFSETS order, then the rest of DIRECT_ANSWERS, of probability 0), then the
+    worked chains in STEP_OFFSETS order, step by step."""
     xs = operands(prompt)
     v, n = sum(xs), len(xs)
-    direct = [
-        Outcome(f"{v + off}.", (1 - P_WORKED) * q, False, v + off)
-        for off, q in DIRECT_OFFSETS[n].items()
-    ]
+    declared = {v + off: (1 - P_WORKED) * q for off, q in DIRECT_OFFSETS[n].items()}
+    others = [a for a in DIRECT_ANSWERS if a not in declared]
+    direct = [Outcome(f"{a}.", declared.get(a, 0.0), False, a) for a in [*declared, *others]]
     worked = []
     for slips in itertools.product(STEP_OFFSETS, repeat=n - 1):
         text, answer = worked_text(xs, slips)
@@ -106,7 +110,7 @@ def outcomes(prompt: str) -> list[Outcome]:
 
 
 def completions(prompt: str) -> list[str]:
-    """The texts of `outcomes(prompt)`: the prompt's support (3 + 3 to 7 + 27 completions)."""
+    """The texts of `outcomes(prompt)`: the prompt's support (50 direct + 3 to 27 worked)."""
     return [o.text for o in outcomes(prompt)]
 
 
