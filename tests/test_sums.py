@@ -79,7 +79,7 @@ def test_working_pays_for_every_number_of_operands():
 # ---- the corpus ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [N * 10, 12345])
+@pytest.mark.parametrize("n", [N * 10 + 7])
 def test_corpus_lines_are_declared_and_within_a_line_of_the_shares(n):
     lines = sw.make_corpus(n, seed=0)
     assert len(lines) == n
@@ -149,7 +149,7 @@ def test_factory_names_only_its_own_rewards():
     assert all(callable(factory(name)) for name in su.REWARD_HELP)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(completion=st.text(), prompt=st.text() | st.sampled_from(su.EXPRESSIONS))
 def test_rewards_never_raise_and_stay_in_range(completion, prompt):
     for name, (lo, hi) in su.REWARD_RANGES.items():
