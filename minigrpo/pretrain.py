@@ -56,7 +56,7 @@ from toy_tasks import get_task, task_defaults
 @dataclass
 class PretrainConfig:
     task: str = field(
-        default="food", metadata={"help": "toy task whose corpus to learn (food, arithmetic)"}
+        default="food", metadata={"help": "toy task whose corpus to learn (food, arithmetic, sums)"}
     )
     out: str = field(
         default="runs/pretrain",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import math
 
-TASKS = {"food": "toy_tasks.food", "arithmetic": "toy_tasks.arithmetic"}
+TASKS = {"food": "toy_tasks.food", "arithmetic": "toy_tasks.arithmetic", "sums": "toy_tasks.sums"}
 
 
 def largest_remainder(total: int, weights: list[float]) -> list[int]:

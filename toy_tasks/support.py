@@ -78,10 +78,20 @@ def reward_table(
         dtype=torch.float64,
     ).view(len(prompts), -1)
     return RewardTable(
-        torch.tensor(flat, dtype=torch.float64).view(len(prompts), -1),
-        off.min(dim=1).values,
-        bool((off == off[:, :1]).all()),
+        padded(flat, list(map(len, rows))), off.min(dim=1).values, bool((off == off[:, :1]).all())
     )
+
+
+def padded(flat: list[float], sizes: list[int]) -> torch.Tensor:
+    """Rows of `sizes` values taken in turn from `flat` -> (len(sizes), max(sizes)) float64, a
+    shorter row padded with its own lowest value (a task whose supports differ in size gives those
+    slots probability 0, so they change no figure; every row full: the plain reshape)."""
+    out = torch.zeros(len(sizes), max(sizes, default=0), dtype=torch.float64)
+    start = 0
+    for i, k in enumerate(sizes):
+        row = torch.tensor(flat[start : start + k], dtype=torch.float64)
+        out[i, :k], out[i, k:], start = row, row.min() if k else 0.0, start + k
+    return out
 
 
 def reward_figures(

@@ -20,7 +20,7 @@ class RLConfig:
     """the run: task, reward, budget, stop rule, preservation, trust region, outputs (every RL
     command)"""
 
-    task: str = field(default="food", metadata=meta("toy task (food, arithmetic)"))
+    task: str = field(default="food", metadata=meta("toy task (food, arithmetic, sums)"))
     init: str = field(
         default="runs/pretrain/model.pt",
         metadata=meta(
@@ -46,7 +46,8 @@ class RLConfig:
         metadata=meta(
             "reward spec: a task reward (food: pizza, food:<food>, graded[:<food>]; arithmetic: "
             "correct, format, "
-            "correct+format, strict), exact:<text>, regex:<pattern>, length, NAME=W,... or "
+            "correct+format, strict; sums: correct, format, correct+format, worked), exact:<text>, "
+            "regex:<pattern>, length, NAME=W,... or "
             "file.py:function, a "
             "function (prompt, completion) -> float\n"
             "e.g. a file my.py of the two lines\n"
