@@ -1,4 +1,4 @@
-"""minigrpo/population/grpo_recipe.py and grpo_update.py's parts: members of several GRPO recipes in
+"""minigrpo/population/grpo_update.py's recipes: members of several GRPO recipes in
 one lockstep population, each against its single run (its oracle), and the merge of the recipes'
 figures."""
 
@@ -11,8 +11,7 @@ from test_population import UNTIMED, _run, close
 
 from minigrpo import grpo
 from minigrpo.compare import run_one
-from minigrpo.population.grpo_recipe import RECIPE, recipe_of
-from minigrpo.population.grpo_update import _Merge
+from minigrpo.population.grpo_update import RECIPE, _Merge, recipe_of
 from minigrpo.population.lockstep import train_lockstep, unsupported
 from minigrpo.util.jsonl import read_jsonl
 

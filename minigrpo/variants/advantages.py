@@ -145,11 +145,12 @@ def random_rewards(rewards: torch.Tensor, cfg, generator: torch.Generator) -> to
 
 
 def kept_rows(equal: torch.Tensor, cfg) -> torch.Tensor | None:
-    """--skip-equal-groups: the rows (indices into N) of the groups whose rewards differ, from equal
-    (prompts,) bool: the groups whose rewards are all equal; None without the flag (every row)."""
+    """--skip-equal-groups: the rows (..., N) bool of the groups whose rewards differ, from equal
+    (..., prompts) bool: the groups whose rewards are all equal (leading dims: members); None
+    without the flag (every row)."""
     if not cfg.skip_equal_groups:
         return None
-    return (~equal).repeat_interleave(cfg.group_size).nonzero().flatten()
+    return (~equal).repeat_interleave(cfg.group_size, -1)
 
 
 def signal(
@@ -160,7 +161,7 @@ def signal(
     rewards, which replace them; greedy (prompts,): ReMax's baseline; old_logp, ref_logp, mask (N,
     T): for --kl-in reward's β·Σ_t k(π_old, π_ref) off each reward (β: cfg.beta, or `beta`). Pure,
     the draws and the greedy decodes made by the caller: mappable over a leading member dim
-    (population/grpo_recipe.py). GRPO.update's first stage."""
+    (population/grpo_update.py). GRPO.update's first stage."""
     figures = {}
     if drawn is not None:
         rewards = drawn
