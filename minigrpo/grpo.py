@@ -166,7 +166,6 @@ def grpo_loss(
     policy_mask=None,
     generator=None,
     is_weights=None,
-    beta=None,
 ):
     """The loss of one GRPO update (preservation, added by the run, aside) -> (loss, policy_loss,
     KL_t, H_t).
@@ -181,8 +180,7 @@ def grpo_loss(
     clipped surrogate), its token filters and entropy controls (`generator` draws Clip-Cov's
     tokens); is_weights (N, T): the sampler correction's constants. agg: --loss-agg over mask with
     max_len --max-new-tokens. KL_t enters the loss only with β > 0 and --kl-in loss (None without
-    π_ref's log-probs), times cfg.beta or `beta` (a member's own, mapped); H_t = the entropy of
-    π_θ's next-token distribution.
+    π_ref's log-probs); H_t = the entropy of π_θ's next-token distribution.
     """
     agg = lambda x: aggregate(x, mask, cfg.loss_agg, cfg.max_new_tokens)  # one reduction for all
     ent = entropy(logits)
@@ -199,7 +197,7 @@ def grpo_loss(
     )
     loss = policy_loss
     if cfg.beta > 0 and cfg.kl_in == "loss":
-        loss = loss + (cfg.beta if beta is None else beta) * agg(kl_tok)
+        loss = loss + cfg.beta * agg(kl_tok)
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * agg(ent)
     return loss, policy_loss, kl_tok, ent
@@ -285,7 +283,7 @@ class GRPO:
         cfg = self.cfg
         drawn = m.each(lambda a, r: random_rewards(r, cfg, a.gens["random_reward"]), batch.rewards)
         greedy = m.each(lambda a, b: a.greedy_rewards(b), m.batch)
-        args = (batch.rewards, drawn, greedy, batch.old_logp, batch.ref_logp, batch.mask, m.betas)
+        args = (batch.rewards, drawn, greedy, batch.old_logp, batch.ref_logp, batch.mask)
         adv, equal, stats = m.map(lambda r, *x: signal(r, cfg, *x), *args)
         sig = SimpleNamespace(
             m=m, stats=stats, adv=adv, mask=batch.mask, old_logp=batch.old_logp, skipped=False,
@@ -315,8 +313,8 @@ class GRPO:
             sig.loss_cfg, more = m.each(entropy_bonus, logits, sig.mask)
             sig.stats.update(figures, **more)
         args = (logp, sig.old_logp, sig.ref_logp, logits, sig.ref_logits, sig.adv, sig.mask)
-        args = (*args, sig.policy_mask, sig.is_w, m.betas)
-        loss_of = lambda a, c, *x: grpo_loss(*x[:7], c, x[7], a.gens["clip_cov"], *x[8:])
+        args = (*args, sig.policy_mask, sig.is_w)
+        loss_of = lambda a, c, *x: grpo_loss(*x[:7], c, x[7], a.gens["clip_cov"], x[8])
         # the entropy controls read this run's own generator and coefficient
         if self.own_loss:
             loss, policy_loss, kl_tok, ent = m.each(loss_of, sig.loss_cfg, *args)

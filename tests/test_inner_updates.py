@@ -92,7 +92,6 @@ def test_members_call_each_runs_own_function_on_its_slice_and_a_failed_member_ca
     assert doubled.tolist() == [[0.0, 2.0], [0.0, 2.0], [8.0, 10.0]]  # its slot: another's
     assert figures["n"].tolist() == [1.0, 1.0, 3.0] and objects == ["u", "u", "www"]
     assert none is None and fixed.tolist() == [5, 5, 5], "numbers as a tensor"
-    assert m.betas.tolist() == torch.tensor([0.1, 0.1, 0.2]).tolist()
     assert m.map(lambda v, w: v.sum() + (0 if w is None else w), x, None).tolist() == [
         1.0,
         5.0,

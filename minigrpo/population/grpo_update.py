@@ -13,15 +13,15 @@ caller in one go; `row` makes a member's metrics row of them as its single run m
 (variants/inner_updates.row). Each member's figures are its single run's, to float rounding
 (tests/test_lockstep.py, test_grpo_recipe.py).
 
-What stays here is what is about many members: β per member; DAPO's filter as masks (members keep
-different numbers of rows; one with no group left steps on the anchor alone, or not at all);
-members of several recipes (RECIPE: compare's presets of one μ, say; each member's settings beyond
-its recipe are the others'): their forward, backward, optimiser step and trust region are one, and
-each recipe's stages, its first member's GRPO's, take its members' slice (all of them, no copy,
-where every member follows one). Not in lockstep (`unsupported`): the sampled anchor, each member's
-own rows, whose π_ref logits its single run takes from another forward than its policy's, so that
-at π_θ = π_ref their gradient is rounding that Adam's first step amplifies, and no lockstep member
-could match it; those runs go alone (population/engine.py).
+What stays here is what is about many members: DAPO's filter as masks (members keep different
+numbers of rows; one with no group left steps on the anchor alone, or not at all); members of
+several recipes (RECIPE: compare's presets of one μ, or β's of their own; each member's settings
+beyond its recipe are the others'): their forward, backward, optimiser step and trust region are
+one, and each recipe's stages, its first member's GRPO's, take its members' slice (all of them, no
+copy, where every member follows one). Not in lockstep (`unsupported`): the sampled anchor, each
+member's own rows, whose π_ref logits its single run takes from another forward than its policy's,
+so that at π_θ = π_ref their gradient is rounding that Adam's first step amplifies, and no lockstep
+member could match it; those runs go alone (population/engine.py).
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ RECIPE = (
 
 
 def recipe_of(cfg) -> tuple:
-    """What members of one recipe share: every RECIPE setting but β and the preset's name, and
-    whether β is 0."""
-    return (*(getattr(cfg, k) for k in RECIPE if k not in ("beta", "preset")), cfg.beta > 0)
+    """What members of one recipe share: every RECIPE setting but the preset's name (β too: a
+    number inside GRPO's loss and reward penalty)."""
+    return tuple(getattr(cfg, k) for k in RECIPE if k != "preset")
 
 
 def unsupported(cfgs: list) -> str | None:
@@ -77,8 +77,6 @@ class Members:
         self.failed = {p for p, b in enumerate(step.batches) if b is None}
         self.some = next(p for p in range(len(step.batches)) if p not in self.failed)
         self.batch = [b or step.batches[self.some] for b in step.batches]
-        betas = [r.cfg.beta for r in step.runs]
-        self.betas = None if len(set(betas)) == 1 else torch.tensor(betas, device=self.device)
         self.active = None  # who steps: every member, or those with a group left (`keep`)
 
     def each(self, fn, *args):

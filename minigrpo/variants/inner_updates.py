@@ -8,8 +8,7 @@ term beside each update, a step skipped for want of signal, and the step's metri
 What GRPO's stages map over (`m`): `Alone`, one run, here; P members stacked,
 population/grpo_update.Members. Each has `each(fn, *args)`: fn(a run's algorithm, its tensors)
 run by run; `map(fn, *args)`: a pure fn of one run's tensors, mapped; `keep(sig, keep)`: DAPO's
-filter; `betas`: each run's β where they differ (None: cfg.beta); `batch`: the rollout(s); and
-`sampler_logp`: π_sampler's log-probs.
+filter; `batch`: the rollout(s); and `sampler_logp`: π_sampler's log-probs.
 """
 
 from __future__ import annotations
@@ -26,9 +25,7 @@ from minigrpo.variants.sampler import weights
 class Alone:
     """What GRPO's update maps over in a run alone: this run (a lockstep population's members:
     population/grpo_update.Members). `each` calls fn(its algorithm, its tensors), `map` a pure
-    fn(its tensors); betas None: β is cfg.beta."""
-
-    betas = None
+    fn(its tensors)."""
 
     def __init__(self, algo, batch: RolloutBatch):
         self.algo, self.batch = algo, batch

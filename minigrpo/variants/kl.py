@@ -83,11 +83,10 @@ def kl_per_token(logp, ref_logp, logits, ref_logits, kind: str, old_logp=None) -
     return estimator.fn(*(inputs[name] for name in estimator.needs))
 
 
-def kl_reward_penalty(old_logp, ref_logp, mask, cfg, beta=None) -> torch.Tensor:
-    """--kl-in reward: β·Σ_t k(π_old, π_ref) over each completion's valid tokens, (N, T) -> (N,); β:
-    cfg.beta, or `beta` (a member's own, mapped: population/grpo_update.py)."""
+def kl_reward_penalty(old_logp, ref_logp, mask, cfg) -> torch.Tensor:
+    """--kl-in reward: β·Σ_t k(π_old, π_ref) over each completion's valid tokens, (N, T) -> (N,)."""
     kl_tok = KL_ESTIMATORS[cfg.kl].fn(old_logp, ref_logp)
-    return (cfg.beta if beta is None else beta) * torch.where(mask, kl_tok, 0.0).sum(1)
+    return cfg.beta * torch.where(mask, kl_tok, 0.0).sum(1)
 
 
 @torch.no_grad()
