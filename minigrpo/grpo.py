@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from functools import partial
+from types import SimpleNamespace
 
 import torch
 
@@ -41,7 +43,7 @@ from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.loop import purpose_seed, run
-from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
+from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS
 from minigrpo.rl.rollout import RolloutBatch, greedy_rewards
 from minigrpo.util.cli import (
     UsageError,
@@ -66,6 +68,7 @@ from minigrpo.variants.advantages import (
     signal,
 )
 from minigrpo.variants.entropy import EntropyBonus, EntropyFlags, fork_mask
+from minigrpo.variants.inner_updates import Alone, entropy_bonus, inner_updates, is_weights, row
 from minigrpo.variants.kl import (
     KL_PANEL,
     KLFlags,
@@ -74,7 +77,7 @@ from minigrpo.variants.kl import (
 )
 from minigrpo.variants.policy_losses import PolicyLossFlags, policy_loss_per_token, reduction
 from minigrpo.variants.presets import PRESETS
-from minigrpo.variants.sampler import SamplerFlags, make_sampler, weights
+from minigrpo.variants.sampler import SamplerFlags, make_sampler
 
 __all__ = [
     "GRPO",
@@ -224,6 +227,11 @@ class GRPO:
             ),
         }
         self.entropy_bonus = EntropyBonus(self.cfg)
+        # the entropy controls read a run's own (Clip-Cov's generator, a coefficient, filters that
+        # rank by a count read from the data): a population takes that loss member by member
+        off = ("none", 1, 0, None)
+        c = self.cfg
+        self.own_loss = (c.cov_control, c.top_entropy, c.fork_entropy, c.entropy_target) != off
         # rollouts from π_sampler ≠ π_old (rollout.Sampler), or None
         self.sampler = make_sampler(self.cfg)
 
@@ -246,64 +254,81 @@ class GRPO:
             self.sampler.load_state_dict(state["sampler"])
 
     def update(self, batch: RolloutBatch, opt) -> dict:
-        cfg = self.cfg
-        # 1. rewards -> one advantage per completion (variants/advantages.signal), from the sampled
-        # rewards or --random-reward's draws, with ReMax's greedy rewards
-        drawn = random_rewards(batch.rewards, cfg, self.gens["random_reward"])
-        greedy = self.greedy_rewards(batch)
-        adv, equal, figures = signal(
-            batch.rewards, cfg, drawn, greedy, batch.old_logp, batch.ref_logp, batch.mask
+        """One step: 1. rewards -> one advantage per completion (`signal`); 2. μ updates of the
+        clipped surrogate against π_old with the KL to π_ref (`terms`), each with the preservation
+        term beside it (inner_updates) -> the step's metrics row (`row`). A lockstep population
+        calls the same three over its members (population/grpo_update.py); `m`, what they map over,
+        is here this run alone."""
+        cfg, m = self.cfg, Alone(self, batch)
+        sig = self.signal(batch, m)
+        per_update, ratios = inner_updates(
+            cfg.updates,
+            lambda: generation_logprobs(self.policy, m.batch.gen, cfg.temperature, True),
+            None if sig.skipped else partial(self.terms, sig),
+            self.run.anchor_term,
+            lambda loss: self.run.clip_and_step(opt, loss, self.parameters()),
         )
-        stats = {k: v.item() for k, v in figures.items()}
-        keep = kept_rows(equal, cfg)  # DAPO, REINFORCE-Rej: only the groups whose rewards differ
+        m.batch.old_logp = sig.old_logp  # π_old's log-probs: the first update's, where not given
+        read = lambda d: {k: v.item() if torch.is_tensor(v) else v for k, v in d.items()}
+        return row(
+            read(sig.stats), sig.before, list(map(read, per_update)), list(map(read, ratios))
+        )
+
+    def signal(self, batch, m) -> SimpleNamespace:
+        """Rewards -> one advantage per completion (variants/advantages.signal), from the sampled
+        rewards or --random-reward's draws, with ReMax's greedy rewards; then DAPO's and
+        REINFORCE-Rej's filter, only the groups whose rewards differ (`m.keep`; a step with none
+        left is skipped: its updates carry the preservation term alone). batch: a RolloutBatch (or
+        the members' rollouts, population/rows.Rollouts) -> what the updates read."""
+        cfg = self.cfg
+        drawn = m.each(lambda a, r: random_rewards(r, cfg, a.gens["random_reward"]), batch.rewards)
+        greedy = m.each(lambda a, b: a.greedy_rewards(b), m.batch)
+        args = (batch.rewards, drawn, greedy, batch.old_logp, batch.ref_logp, batch.mask)
+        adv, equal, stats = m.map(lambda r, *x: signal(r, cfg, *x), *args)
+        sig = SimpleNamespace(
+            m=m, stats=stats, adv=adv, mask=batch.mask, old_logp=batch.old_logp, skipped=False,
+            ref_logp=batch.ref_logp, ref_logits=batch.ref_logits, drop=None, loss_cfg=cfg,
+        )  # fmt: skip
+        keep = kept_rows(equal, cfg)  # (N,) bool, or None without the filter
         if keep is not None:
-            if len(keep) == 0:  # no RL signal in this batch; preservation still gets its updates
-                return {**stats, **self.preservation_only(opt), "skipped": 1.0}
-            batch, adv = batch.select(keep), adv[keep]
-        # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
-        mask, per_update, ratio_stats, loss_cfg, is_w = batch.mask, [], [], cfg, {}
+            stats["skipped"] = (~keep.any(-1)).float()
+            m.keep(sig, keep)
+        sig.before = list(stats)
         # --fork-entropy: π_ref's forking tokens
-        policy_mask = fork_mask(batch.ref_logits, mask, cfg)
-        for i in range(cfg.updates):
-            logp, logits = generation_logprobs(
-                self.policy, batch.gen, cfg.temperature, return_logits=True
-            )
-            # first update: π_θ is π_old, so its log-probs are π_old's exactly
-            if batch.old_logp is None:
-                batch.old_logp = logp.detach()
-            # from π_old, once: the sampler correction's weights and this step's entropy bonus
-            if i == 0:
-                is_w = weights(cfg, self.sampler, batch, mask, stats)
-                loss_cfg = self.entropy_bonus.for_step(logits, mask, stats)
-            loss, policy_loss, kl_tok, ent = grpo_loss(
-                logp,
-                batch.old_logp,
-                batch.ref_logp,
-                logits,
-                batch.ref_logits,
-                adv,
-                mask,
-                loss_cfg,
-                policy_mask,
-                self.gens["clip_cov"],
-                **is_w,
-            )
-            anchor = self.run.anchor_term()
-            if anchor is not None:
-                loss = loss + anchor
-            figures, ratio = update_figures(
-                cfg, i, logp, batch.old_logp, adv, kl_tok, logits, batch.ref_logits, ent, mask
-            )
-            if ratio:  # not at the first of μ > 1 updates
-                ratio_stats.append({k: v.item() for k, v in ratio.items()})
-            s = {"policy_loss": policy_loss, "loss": loss, **figures}
-            if anchor is not None:
-                s["preserve_loss"] = anchor
-            per_update.append({k: v.item() for k, v in s.items()})
-            per_update[-1]["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
-        # losses: the mean over the μ updates; ratio and clip statistics: over updates 2..μ (max
-        # ratio: the max)
-        return {**stats, **combine_stats(per_update), **combine_stats(ratio_stats)}
+        sig.policy_mask = m.map(lambda r, mask: fork_mask(r, mask, cfg), sig.ref_logits, sig.mask)
+        return sig
+
+    def terms(self, sig, i: int, logp, logits) -> tuple:
+        """Inner update i's loss (without the preservation term: inner_updates), its figures and
+        its ratio's figures ({} at the first of μ > 1 updates). logp (N, T), logits (N, T, V): π_θ's
+        (generation_logprobs)."""
+        cfg, m = self.cfg, sig.m
+        if sig.old_logp is None:  # first update: π_θ is π_old, so its log-probs are π_old's exactly
+            sig.old_logp = logp.detach()
+        # from π_old, once: the sampler correction's weights and this step's entropy bonus
+        if i == 0:
+            sig.is_w, figures = (None, {})
+            if self.sampler is not None or cfg.is_correction != "none":
+                sig.is_w, figures = m.each(is_weights, sig.old_logp, sig.mask, m.sampler_logp)
+            sig.loss_cfg, more = m.each(entropy_bonus, logits, sig.mask)
+            sig.stats.update(figures, **more)
+        args = (logp, sig.old_logp, sig.ref_logp, logits, sig.ref_logits, sig.adv, sig.mask)
+        args = (*args, sig.policy_mask, sig.is_w)
+        loss_of = lambda a, c, *x: grpo_loss(*x[:7], c, x[7], a.gens["clip_cov"], x[8])
+        # the entropy controls read this run's own generator and coefficient
+        if self.own_loss:
+            loss, policy_loss, kl_tok, ent = m.each(loss_of, sig.loss_cfg, *args)
+        else:
+            loss, policy_loss, kl_tok, ent = m.map(partial(loss_of, self, cfg), *args)
+        if sig.drop is not None:  # rows masked, not dropped (m.keep): a mean over sequences
+            scale = lambda mode: sig.drop if mode != "token-mean" else 1.0  # counts only the kept
+            loss = policy_loss * scale(reduction(cfg)) + (loss - policy_loss) * scale(cfg.loss_agg)
+            policy_loss = policy_loss * scale(reduction(cfg))
+        figures, ratio = m.map(
+            lambda *x: update_figures(cfg, i, *x),
+            *(logp.detach(), sig.old_logp, sig.adv, kl_tok, logits, sig.ref_logits, ent, sig.mask),
+        )
+        return loss, {"policy_loss": policy_loss, "loss": loss, **figures}, ratio
 
     def greedy_rewards(self, batch: RolloutBatch) -> torch.Tensor | None:
         """ReMax's baseline: the rewards of π_old's greedy completions of the batch's prompts
@@ -320,23 +345,6 @@ class GRPO:
             cfg.unfinished_reward,
         )
 
-    def preservation_only(self, opt) -> dict:
-        """A step whose every group had equal rewards: the dropped groups add nothing, so its μ
-        updates carry only the preservation loss (none when it is off), as a step's updates carry it
-        beside the policy loss."""
-        if self.run.anchor is None:
-            return {}
-        per_update = []
-        for _ in range(self.run.cfg.updates):
-            anchor = self.run.anchor_term()
-            per_update.append(
-                {
-                    "preserve_loss": anchor.item(),
-                    "grad_norm": self.run.clip_and_step(opt, anchor, self.parameters()),
-                }
-            )
-        return combine_stats(per_update)
-
 
 @torch.no_grad()
 def update_figures(cfg, i, logp, old_logp, adv, kl_tok, logits, ref_logits, ent, mask) -> tuple:
@@ -344,7 +352,7 @@ def update_figures(cfg, i, logp, old_logp, adv, kl_tok, logits, ref_logits, ent,
     per token (the chosen estimator's and the exact one; none without π_ref: variants/kl.kl_figures)
     and the entropy, token-means over the completions; the ratio's (losses.surrogate_stats), none
     ({}) at the first of μ > 1 updates, whose ρ ≡ 1 would halve what the clip saw. Shapes as
-    grpo_loss's; mappable over a leading member dim (population/grpo_recipe.py)."""
+    grpo_loss's; mappable over a leading member dim (population/grpo_update.py)."""
     figures = {
         **kl_figures(kl_tok, logits, ref_logits, mask, cfg),
         "entropy": aggregate(ent, mask, "token-mean"),

@@ -516,11 +516,14 @@ def test_reinforce_rej_keeps_every_group_with_two_different_rewards_and_leaves_n
 ):
     r = R(rows)
     B, G = r.shape
-    rows_kept = kept_rows(equal_groups(r), SimpleNamespace(skip_equal_groups=True, group_size=G))
+    on = SimpleNamespace(skip_equal_groups=True, group_size=G)
+    rows_kept = kept_rows(equal_groups(r), on)
     want = [b * G + j for b, row in enumerate(rows) if len(set(row)) > 1 for j in range(G)]
-    assert rows_kept.tolist() == want, (
+    assert rows_kept.nonzero().flatten().tolist() == want, (
         "the kept rows are exactly those of the groups with ≥ 2 different rewards"
     )
+    members = torch.stack([equal_groups(r), equal_groups(r.flip(0))])  # two members' groups
+    assert torch.equal(kept_rows(members, on), torch.stack([rows_kept, kept_rows(members[1], on)]))
     assert (
         kept_rows(equal_groups(r), SimpleNamespace(skip_equal_groups=False, group_size=G)) is None
     ), "off: all"

@@ -283,7 +283,7 @@ def test_a_variant_is_a_row_of_its_own_with_its_own_flags(tmp_path, tiny_pretrai
 def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
     """--engine population: NAME@lr=... and NAME@beta=... runs train in NAME's lockstep population
     (each member its own rate and β), and so do GRPO's presets of the same μ (each its recipe:
-    population/grpo_recipe.py), β = 0 too; a preset of another μ (remax's 1) makes a population of
+    population/grpo_update.py), β = 0 too; a preset of another μ (remax's 1) makes a population of
     its own. Over --members, a group's runs split in order: a preset to a part. On a CPU
     (mixed=False) each preset makes its own, spread over the cores."""
     from minigrpo.compare import COMMANDS, CompareConfig, command

@@ -1,4 +1,4 @@
-"""minigrpo/population/grpo_recipe.py and grpo_update.py's parts: members of several GRPO recipes in
+"""minigrpo/population/grpo_update.py's recipes: members of several GRPO recipes in
 one lockstep population, each against its single run (its oracle), and the merge of the recipes'
 figures."""
 
@@ -11,18 +11,17 @@ from test_population import UNTIMED, _run, close
 
 from minigrpo import grpo
 from minigrpo.compare import run_one
-from minigrpo.population.grpo_recipe import RECIPE, recipe_of
-from minigrpo.population.grpo_update import _Merge
+from minigrpo.population.grpo_update import RECIPE, _Merge, recipe_of
 from minigrpo.population.lockstep import train_lockstep, unsupported
 from minigrpo.util.jsonl import read_jsonl
 
 # compare's presets of μ = 2 (default, dr_grpo, dapo, rloo, grpo; gspo's ratio per sequence too), a
-# member of the
-# default's recipe with a β of its own in between, so that the default's members are places 0 and 2
+# member of the default's recipe with a rate of its own in between, so that the default's members
+# are places 0 and 2
 MIXED = [
     (),
     ("--preset", "dr_grpo"),
-    ("--beta", "0.1"),
+    ("--lr", "1e-3"),
     ("--preset", "rloo"),
     ("--preset", "dapo"),
     ("--preset", "grpo"),
@@ -36,7 +35,7 @@ NO_ANCHOR = [
 
 
 @pytest.mark.parametrize(
-    "runs, recipes", [(MIXED, 6), (NO_ANCHOR, 2)], ids=["presets", "no-anchor"]
+    "runs, recipes", [(MIXED, 6), (NO_ANCHOR, 3)], ids=["presets", "no-anchor"]
 )
 @pytest.mark.slow
 def test_members_of_several_recipes_are_their_single_runs(tmp_path, tiny_pretrained, runs, recipes):
@@ -60,7 +59,7 @@ def test_members_of_several_recipes_are_their_single_runs(tmp_path, tiny_pretrai
         for k in range(len(runs))
     ]
     # the DAPO member skipped every step (every group's rewards equal), the others none
-    if recipes == 2:
+    if runs is NO_ANCHOR:
         assert skipped == [[1.0] * 3] + [[0] * 3] * 2, skipped
         # its weights kept: no anchor to update on
         first = torch.load(init, weights_only=True)["model"]

@@ -188,7 +188,7 @@ def bench_population(
 
 def _recipes(folder, init: Path, device: str, seeds: int, steps: int, grow: int) -> str:
     """compare's GRPO presets of μ = 2, `seeds` each, as one lockstep population (each preset a
-    recipe: population/grpo_recipe.py) against one population each, one after another: run-steps/s,
+    recipe: population/grpo_update.py) against one population each, one after another: run-steps/s,
     and kernels a step; then the kernels of one population of `grow` × the seeds (what each member
     adds; none: grow 0 or 1)."""
     gpu, P = device.startswith("cuda"), seeds * len(PRESETS)

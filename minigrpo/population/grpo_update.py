@@ -1,23 +1,23 @@
-"""GRPO's update (grpo.py, `GRPO.update`) for P members at once: each recipe's advantages and loss
-on its members' slice (population/grpo_recipe.py), and one forward, one backward and one optimiser
-step for all members.
+"""GRPO's update (grpo.py: GRPO.signal and GRPO.terms in variants/inner_updates.inner_updates) for
+P members at once: the single run's own stages over a leading member dim (`Members`: its pure
+functions mapped with torch.func.vmap, those that read a run's own objects member by member), with
+one forward, one backward and one optimiser step for all members.
 
-    update = LockstepGRPO(cfg, anchor, grpo, cfgs)  # cfg: the first member's GRPOConfig, cfgs:
-                                                    # every member's; anchor: population/anchor.py;
-                                                    # grpo: the trainer (minigrpo.grpo)
-    figures = update(stack, ref, opt, step)         # step: the members' rollouts
-                                                    # (population/rows.Rollouts)
-    row = update.row(mine, algo)                    # member p's figures {name: float} -> its
-                                                    # metrics row's part
+    update = LockstepGRPO(cfg, anchor, algos)  # cfg: the first member's GRPOConfig; anchor:
+                                               # population/anchor.py; algos: each member's GRPO
+    figures = update(stack, ref, opt, step)    # step: the members' rollouts (population/rows.py)
+    row = update.row(mine, algo)               # member p's figures {name: float} -> its row
 
 -> figures {name: (P,)}: the step's, and each inner update's (rl/report.packed), read back by the
-caller in one go; `row` combines a member's inner updates as its single run combines them
-(rl/report.py). Each member's figures are those of its single run, to float rounding
+caller in one go; `row` makes a member's metrics row of them as its single run makes it
+(variants/inner_updates.row). Each member's figures are its single run's, to float rounding
 (tests/test_lockstep.py, test_grpo_recipe.py).
 
-Members may follow different recipes (grpo_recipe.RECIPE: compare's presets of one μ, say; each
-member's settings beyond its recipe are the others'): their rows, forward, backward, optimiser step
-and trust region are one, and each recipe takes its members' slice of the log-probs (all of them, no
+What stays here is what is about many members: DAPO's filter as masks (members keep different
+numbers of rows; one with no group left steps on the anchor alone, or not at all); members of
+several recipes (RECIPE: compare's presets of one μ, or β's of their own; each member's settings
+beyond its recipe are the others'): their forward, backward, optimiser step and trust region are
+one, and each recipe's stages, its first member's GRPO's, take its members' slice (all of them, no
 copy, where every member follows one). Not in lockstep (`unsupported`): the sampled anchor, each
 member's own rows, whose π_ref logits its single run takes from another forward than its policy's,
 so that at π_θ = π_ref their gradient is rounding that Adam's first step amplifies, and no lockstep
@@ -26,14 +26,38 @@ member could match it; those runs go alone (population/engine.py).
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
+import torch.nn.functional as F
+from torch.func import vmap
 
 from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.population.anchor import MembersAnchor
-from minigrpo.population.grpo_recipe import Recipe, recipe_of
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
-from minigrpo.rl.report import combine_stats, packed, unpacked
+from minigrpo.rl.report import packed, unpacked
+from minigrpo.variants.advantages import AdvantageFlags
+from minigrpo.variants.entropy import EntropyFlags
+from minigrpo.variants.inner_updates import inner_updates, row
+from minigrpo.variants.policy_losses import PolicyLossFlags
+
+# the settings of a member's recipe (its update's own; --rollout-kl, --is-correction and the sampler
+# are the run's)
+RECIPE = (
+    *(f.name for flags in (PolicyLossFlags, AdvantageFlags, EntropyFlags) for f in fields(flags)),
+    "kl",
+    "kl_in",
+    "beta",
+    "loss_agg",
+    "preset",
+)
+
+
+def recipe_of(cfg) -> tuple:
+    """What members of one recipe share: every RECIPE setting but the preset's name (β too: a
+    number inside GRPO's loss and reward penalty)."""
+    return tuple(getattr(cfg, k) for k in RECIPE if k != "preset")
 
 
 def unsupported(cfgs: list) -> str | None:
@@ -43,20 +67,66 @@ def unsupported(cfgs: list) -> str | None:
     return next((name for name, yes in reasons.items() if yes), None)
 
 
-class LockstepGRPO:
-    def __init__(self, cfg, anchor: MembersAnchor | None, trainer, cfgs: list):
-        self.cfg, self.anchor, self.trainer, self.recipes = cfg, anchor, trainer, {}
-        self.stacks = []  # nothing to train but the policy (a critic's weights: ppo_update.py)
-        recipes = [self.recipe(c) for c in cfgs]
-        self.needs_ref = any(r.needs_ref for r in recipes)  # what the caller computes first
-        self.needs_old_logp = any(r.needs_old_logp for r in recipes)
+class Members:
+    """One recipe's members, what GRPO's stages map over (variants/inner_updates.py; a run alone:
+    its Alone)."""
 
-    def recipe(self, cfg) -> Recipe:
-        """The Recipe a member of this config follows (made for its first member)."""
-        key = recipe_of(cfg)
-        if key not in self.recipes:
-            self.recipes[key] = Recipe(cfg, self.trainer)
-        return self.recipes[key]
+    def __init__(self, step: Rollouts):
+        self.algos, self.rows, self.device = step.algos, step.rows, step.rewards.device
+        # a failed member's slot: another's rows and outputs, its update not kept
+        self.failed = {p for p, b in enumerate(step.batches) if b is None}
+        self.some = next(p for p in range(len(step.batches)) if p not in self.failed)
+        self.batch = [b or step.batches[self.some] for b in step.batches]
+        self.active = None  # who steps: every member, or those with a group left (`keep`)
+
+    def each(self, fn, *args):
+        """fn(member p's GRPO, its slice of each tensor or list argument), member by member ->
+        its outputs stacked (numbers as tensors, other objects as a list)."""
+        pick = lambda x, p: x[p] if isinstance(x, (torch.Tensor, list)) else x
+        call = lambda p: fn(self.algos[p], *(pick(x, p) for x in args))
+        outs = {p: call(p) for p in range(len(self.algos)) if p not in self.failed}
+        return _stacked([outs.get(p, outs[self.some]) for p in range(len(self.algos))], self.device)
+
+    def map(self, fn, *args):
+        """A pure fn of one member's tensors, mapped over their leading dim (None: not mapped)."""
+        return vmap(fn, in_dims=tuple(None if a is None else 0 for a in args))(*args)
+
+    @property
+    def sampler_logp(self) -> torch.Tensor:
+        """Each member's π_sampler log-probs (its Generation's), padded to the rows' (P, N, T)."""
+        T = self.rows.completion_mask.size(-1)
+        pad = lambda x: F.pad(x, (0, T - x.size(1)))
+        return torch.stack([pad(b.sampler_logp) for b in self.batch])
+
+    def keep(self, sig, keep: torch.Tensor) -> None:
+        """DAPO's filter (keep (P, N) bool): the dropped rows' tokens masked; a mean over sequences
+        still counts them, so the loss scales it by N / (the rows kept) (sig.drop); a member with no
+        group left takes the anchor's updates alone, or none without an anchor (`active`)."""
+        sig.mask = sig.mask & keep[..., None]
+        sig.drop = keep.size(-1) / keep.sum(-1).clamp(min=1)
+        self.active = keep.any(-1)
+
+
+def _stacked(outs: list, device):
+    """Members' outputs of one kind, stacked: tensors, numbers, tuples and dicts of them; None."""
+    first = outs[0]
+    if first is None:
+        return None
+    if isinstance(first, tuple):
+        return tuple(_stacked(list(x), device) for x in zip(*outs))
+    if isinstance(first, dict):
+        return {k: _stacked([o[k] for o in outs], device) for k in first}
+    if isinstance(first, torch.Tensor):
+        return torch.stack(outs)
+    return torch.tensor(outs, device=device) if isinstance(first, (int, float)) else outs
+
+
+class LockstepGRPO:
+    def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
+        self.cfg, self.anchor = cfg, anchor
+        self.stacks = []  # nothing to train but the policy (a critic's weights: ppo_update.py)
+        self.needs_ref = any(a.needs_ref for a in algos)  # what the caller computes first
+        self.needs_old_logp = any(a.needs_old_logp for a in algos)
 
     def host_state(self, algo, copies, p: int) -> dict:
         """A member's GRPO state (its Clip-Cov generator, its entropy coefficient) is its
@@ -64,109 +134,85 @@ class LockstepGRPO:
         return algo.state_dict()
 
     def parts(self, step: Rollouts) -> list:
-        """[(recipe, its members' places (P_r,) or None (every member), their step)]."""
+        """[(a recipe's first member's GRPO, its members' places (P_r,) or None (every member),
+        their step)]."""
         places: dict = {}
         for p, r in enumerate(step.runs):
             places.setdefault(recipe_of(r.cfg), []).append(p)
         if len(places) == 1:
-            return [(self.recipe(step.runs[0].cfg), None, step)]
+            return [(step.algos[0], None, step)]
         parts = []
         for at in places.values():
-            recipe, index = (
-                self.recipe(step.runs[at[0]].cfg),
-                torch.tensor(at, device=step.rewards.device),
-            )
+            algo, index = step.algos[at[0]], torch.tensor(at, device=step.rewards.device)
             parts.append(
-                (recipe, index, step.members(at, index, recipe.needs_ref, recipe.needs_old_logp))
+                (algo, index, step.members(at, index, algo.needs_ref, algo.needs_old_logp))
             )
         return parts
 
     def __call__(self, stack: Stack, ref: Stack, opt: AdamW, step: Rollouts) -> dict:
         cfg, parts = self.cfg, self.parts(step)
-        # 1. rewards -> one advantage per completion
-        signals = [recipe.signal(mine) for recipe, _, mine in parts]
+        members = [Members(mine) for _, _, mine in parts]
+        signals = [algo.signal(mine, m) for (algo, _, mine), m in zip(parts, members)]
         merge = _Merge([index for _, index, _ in parts])
         active = None  # who updates: every member but those of no group left without an anchor
-        if any(sig.active is not None for sig in signals) and self.anchor is None:
-            active = merge(
-                [
-                    torch.ones_like(sig.adv[:, 0], dtype=torch.bool)
-                    if sig.active is None
-                    else sig.active
-                    for sig in signals
-                ]
-            )
-        # 2. μ updates of the clipped surrogate against π_old, with the KL to π_ref
-        per_update, ratio, own = [], [], [[] for _ in parts]
-        for i in range(cfg.updates):
-            logp, logits = step.rows.logprobs(stack, cfg.temperature)
+        if any(m.active is not None for m in members) and self.anchor is None:
+            every = lambda m: torch.ones(len(m.algos), dtype=torch.bool, device=m.device)
+            active = merge([every(m) if m.active is None else m.active for m in members])
+        names = [([], []) for _ in parts]  # each recipe's figures' names, in its single run's order
+
+        def terms(i: int, logp: torch.Tensor, logits: torch.Tensor) -> tuple:
             outs = [
-                recipe.loss(sig, i, _take(logp, index), _take(logits, index))
-                for (recipe, index, _), sig in zip(parts, signals)
+                algo.terms(sig, i, _take(logp, index), _take(logits, index))
+                for (algo, index, _), sig in zip(parts, signals)
             ]
-            loss, s = merge([out[0] for out in outs]), merge([out[1] for out in outs])
-            anchor = (
-                None
-                if self.anchor is None
-                else self.anchor.term(stack, ref, [r.anchor for r in step.runs])
-            )
-            if anchor is not None:
-                loss = s["loss"] = loss + anchor
-                s["preserve_loss"] = anchor
-            if outs[0][2] is not None:
-                ratio.append(merge([out[2] for out in outs]))
+            for j, (_, s, ratio) in enumerate(outs):
+                names[j] = ([*s], [*ratio] if ratio else names[j][1])
+            ratio = merge([out[2] for out in outs]) if outs[0][2] else None
+            return merge([out[0] for out in outs]), merge([out[1] for out in outs]), ratio
+
+        def update(loss: torch.Tensor) -> torch.Tensor:
             opt.zero_grad()
             loss.sum().backward()  # each member's loss reaches only its own slice of the weights
-            s["grad_norm"] = clip_grad_norm(
-                opt.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), per_slice=True
-            )
+            clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            norm = clip_grad_norm(opt.params, clip, per_slice=True)
             opt.step(active)
-            per_update.append({k: v.detach() for k, v in s.items()})
-            # each recipe's figures' names, in its single run's order
-            for names, out in zip(own, outs):
-                names.append(
-                    (
-                        [*out[1], *["preserve_loss"] * (anchor is not None), "grad_norm"],
-                        [*(out[2] or ())],
-                    )
-                )
-        self.inner = (len(per_update), len(ratio))
+            return norm
+
+        anchors = [r.anchor for r in step.runs]
+        per_update, ratios = inner_updates(
+            cfg.updates,
+            lambda: step.rows.logprobs(stack, cfg.temperature),
+            terms,
+            lambda: None if self.anchor is None else self.anchor.term(stack, ref, anchors),
+            update,
+        )
+        self.inner = (len(per_update), len(ratios))
         # what a member's row takes, in its run's order
-        for (recipe, _, _), sig, names in zip(parts, signals, own):
-            recipe.order = [
-                *sig.stats,
-                *packed([dict.fromkeys(u) for u, _ in names]),
-                *packed([dict.fromkeys(r) for _, r in names if r], "ratio"),
-            ]
+        extra, self.own = [*["preserve_loss"] * (self.anchor is not None), "grad_norm"], {}
+        for (algo, _, _), sig, (own, ratio) in zip(parts, signals, names):
+            self.own[recipe_of(algo.cfg)] = (
+                sig.before,
+                [
+                    *sig.stats,
+                    *packed([dict.fromkeys([*own, *extra])] * len(per_update)),
+                    *packed([dict.fromkeys(ratio)] * len(ratios), "ratio"),
+                ],
+            )
         return {
             **merge([sig.stats for sig in signals]),
             **packed(per_update),
-            **packed(ratio, "ratio"),
+            **packed(ratios, "ratio"),
         }
 
     def row(self, mine: dict, algo) -> dict:
         """Member p's figures (this update's names, read as floats) -> its row as GRPO.update
-        returns it: the step's figures, then its inner updates' combined
-        (rl/report.combine_stats)."""
-        recipe = self.recipe(algo.cfg)
-        if len(self.recipes) > 1:  # its own recipe's figures alone (another's are NaN here)
-            mine = {k: mine[k] for k in recipe.order}
-        head = {k: v for k, v in mine.items() if isinstance(k, str) and k != "skipped"}
+        returns it (variants/inner_updates.row)."""
+        before, order = self.own[recipe_of(algo.cfg)]
+        if len(self.own) > 1:  # its own recipe's figures alone (another's are NaN here)
+            mine = {k: mine[k] for k in order}
         updates, ratios = self.inner
-        inner = unpacked(mine, updates)
-        # every group's rewards equal: the anchor's updates alone, as GRPO.preservation_only
-        if mine.get("skipped"):
-            alone = [
-                {k: d[k] for k in ("preserve_loss", "grad_norm")}
-                for d in inner
-                if "preserve_loss" in d
-            ]
-            return {
-                **{k: head[k] for k in recipe.before if k in head},
-                **combine_stats(alone),
-                "skipped": 1.0,
-            }
-        return {**head, **combine_stats(inner), **combine_stats(unpacked(mine, ratios, "ratio"))}
+        stats = {k: v for k, v in mine.items() if isinstance(k, str)}
+        return row(stats, before, unpacked(mine, updates), unpacked(mine, ratios, "ratio"))
 
 
 def _take(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:

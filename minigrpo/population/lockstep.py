@@ -48,7 +48,6 @@ from minigrpo.population.aids import Aids
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, MemberRun, share_copies
 from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
-from minigrpo.population.grpo_recipe import RECIPE
 from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
@@ -72,7 +71,7 @@ from toy_tasks.rewards import RewardError, score
 OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("grpo", "ppo")}
 # and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update
 # (grpo_update.py)
-RECIPES = {"grpo": RECIPE, "ppo": ()}
+RECIPES = {"grpo": grpo_update.RECIPE, "ppo": ()}
 QUIET = ("overwrite", "quiet", "verbose")
 
 
@@ -90,11 +89,7 @@ class Kind:
 # the trainers lockstep runs, by their command's name (trainer_name)
 KINDS = {
     "grpo": lambda t: Kind(
-        "grpo",
-        t.check_config,
-        t.GRPO,
-        lambda cfg, anchor, algos: grpo_update.LockstepGRPO(cfg, anchor, t, [a.cfg for a in algos]),
-        grpo_update.unsupported,
+        "grpo", t.check_config, t.GRPO, grpo_update.LockstepGRPO, grpo_update.unsupported
     ),
     "ppo": lambda t: Kind(
         "ppo", t.check_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported

@@ -132,6 +132,10 @@ class Rollouts:
     runs: list = field(default_factory=list)
     algos: list = field(default_factory=list)  # each member's algorithm object (PPO's: its β)
 
+    @property
+    def mask(self) -> torch.Tensor:  # (P, N, T) bool: the completion tokens
+        return self.rows.completion_mask
+
     def members(
         self, at: list[int], index: torch.Tensor, ref: bool = True, old: bool = True
     ) -> Rollouts:

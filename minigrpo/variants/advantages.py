@@ -145,22 +145,21 @@ def random_rewards(rewards: torch.Tensor, cfg, generator: torch.Generator) -> to
 
 
 def kept_rows(equal: torch.Tensor, cfg) -> torch.Tensor | None:
-    """--skip-equal-groups: the rows (indices into N) of the groups whose rewards differ, from equal
-    (prompts,) bool: the groups whose rewards are all equal; None without the flag (every row)."""
+    """--skip-equal-groups: the rows (..., N) bool of the groups whose rewards differ, from equal
+    (..., prompts) bool: the groups whose rewards are all equal (leading dims: members); None
+    without the flag (every row)."""
     if not cfg.skip_equal_groups:
         return None
-    return (~equal).repeat_interleave(cfg.group_size).nonzero().flatten()
+    return (~equal).repeat_interleave(cfg.group_size, -1)
 
 
-def signal(
-    rewards, cfg, drawn=None, greedy=None, old_logp=None, ref_logp=None, mask=None, beta=None
-):
+def signal(rewards, cfg, drawn=None, greedy=None, old_logp=None, ref_logp=None, mask=None):
     """GRPO's rewards -> (advantages (N,), equal (prompts,) bool: the groups whose rewards are all
     equal, figures {name: 0-dim tensor}). rewards (N,) grouped G by G; drawn (N,): --random-reward's
     rewards, which replace them; greedy (prompts,): ReMax's baseline; old_logp, ref_logp, mask (N,
-    T): for --kl-in reward's β·Σ_t k(π_old, π_ref) off each reward (β: cfg.beta, or `beta`). Pure,
+    T): for --kl-in reward's β·Σ_t k(π_old, π_ref) off each reward (β: cfg.beta). Pure,
     the draws and the greedy decodes made by the caller: mappable over a leading member dim
-    (population/grpo_recipe.py). GRPO.update's first stage."""
+    (population/grpo_update.py). GRPO.update's first stage."""
     figures = {}
     if drawn is not None:
         rewards = drawn
@@ -168,7 +167,7 @@ def signal(
     if greedy is not None:
         figures["greedy_reward_mean"] = greedy.mean()
     if cfg.beta > 0 and cfg.kl_in == "reward":
-        penalty = kl_reward_penalty(old_logp, ref_logp, mask, cfg, beta)
+        penalty = kl_reward_penalty(old_logp, ref_logp, mask, cfg)
         rewards = rewards - penalty
         figures["kl_reward_penalty"] = penalty.mean()
     equal = equal_groups(rewards.view(-1, cfg.group_size))

@@ -83,11 +83,10 @@ def kl_per_token(logp, ref_logp, logits, ref_logits, kind: str, old_logp=None) -
     return estimator.fn(*(inputs[name] for name in estimator.needs))
 
 
-def kl_reward_penalty(old_logp, ref_logp, mask, cfg, beta=None) -> torch.Tensor:
-    """--kl-in reward: β·Σ_t k(π_old, π_ref) over each completion's valid tokens, (N, T) -> (N,); β:
-    cfg.beta, or `beta` (a member's own, mapped: population/grpo_recipe.py)."""
+def kl_reward_penalty(old_logp, ref_logp, mask, cfg) -> torch.Tensor:
+    """--kl-in reward: β·Σ_t k(π_old, π_ref) over each completion's valid tokens, (N, T) -> (N,)."""
     kl_tok = KL_ESTIMATORS[cfg.kl].fn(old_logp, ref_logp)
-    return (cfg.beta if beta is None else beta) * torch.where(mask, kl_tok, 0.0).sum(1)
+    return cfg.beta * torch.where(mask, kl_tok, 0.0).sum(1)
 
 
 @torch.no_grad()
@@ -95,7 +94,7 @@ def kl_figures(kl_tok, logits, ref_logits, mask, cfg) -> dict[str, torch.Tensor]
     """What an update logs of its KL to π_ref: the token-means of --kl's estimate (kl_<name>) and of
     the exact KL (the same tensor where --kl is exact) -> 0-dim tensors (none without π_ref: kl_tok
     None). kl_tok (N, T), logits and ref_logits (N, T, V), mask (N, T). Mappable over a leading
-    member dim (population/grpo_recipe.py)."""
+    member dim (population/grpo_update.py)."""
     if kl_tok is None:
         return {}
     mean = lambda x: aggregate(x, mask, "token-mean")
