@@ -64,8 +64,8 @@ class CompareConfig:
     members: int = field(
         default=128,
         metadata=meta(
-            "most runs in one population (--engine population; threads: at most 16): more runs "
-            "make more populations, each worker process running one at a time (0 = no limit)"
+            "most runs in one population (--engine population): more runs make more "
+            "populations, each worker process running one at a time (0 = no limit)"
         ),
     )
     engine: str = field(
