@@ -113,9 +113,11 @@ class PPO:
     def parameters(self):
         return list(self.policy.parameters()) + self.critic.parameters()
 
-    # {"value_head", "critic_trunk"} (None where the critic has none) and β
-    def state_dict(self) -> dict:
-        return {**self.critic.state_dict(), "beta": self.beta}
+    def state_dict(self, critic_weights: dict | None = None) -> dict:
+        """{"value_head", "critic_trunk"} (None where the critic has none) and β; critic_weights:
+        the critic's tensors to save in place of its own (Critic.state_dict: a population
+        member's)."""
+        return {**self.critic.state_dict(critic_weights), "beta": self.beta}
 
     def load_state_dict(self, state: dict) -> None:
         self.beta = state["beta"]

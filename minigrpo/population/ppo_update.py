@@ -93,12 +93,6 @@ class Critics(Stack):
             return head_values(w, b, batch.gen, trunk=self)
         return head_values(w, b, batch.gen, hidden, self.members.policy)
 
-    def host_state(self, critic, copies, p: int) -> dict:
-        """Member p's critic.state_dict() (rl/critics.Critic's keys) from the host copies of the
-        step's stacks (their group "critic": this stack's), in the layout of its own critic's
-        tensors."""
-        return critic.state_dict(copies.member("critic", p, critic.named_weights()))
-
 
 class ExactValues:
     """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once:
@@ -177,10 +171,11 @@ class LockstepPPO:
 
     def host_state(self, algo, copies, p: int) -> dict:
         """Member p's PPO.state_dict() for its checkpoint: its learned critic's weights from the
-        host copies."""
+        host copies of the step's stacks (their group "critic": the Critics'), in the layout of
+        its own critic's tensors."""
         if self.critics is None:
             return algo.state_dict()
-        return {**self.critics.host_state(algo.critic, copies, p), "beta": algo.beta}
+        return algo.state_dict(copies.member("critic", p, algo.critic.named_weights()))
 
     def __call__(self, stack: Stack, ref: Stack, opt: AdamW, step: Rollouts) -> dict:
         """PPO.figures of every member -> {name: (P,)}: the rollout's, then each update's
