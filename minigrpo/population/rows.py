@@ -143,18 +143,11 @@ class Rollouts:
     def minibatches(self, indices: list[torch.Tensor]) -> list[Rollouts]:
         """For each index (P, n), member p's rows index[p] (RolloutBatch.minibatches of each member:
         PPO's), their trees built as one (Rows.select)."""
+        rows = self.rows.select(indices)
+        tensors = (self.rewards, self.ref_logp, self.ref_logits, self.old_logp)
         return [
-            Rollouts(
-                rows,
-                take(self.rewards, i),
-                take(self.ref_logp, i),
-                take(self.ref_logits, i),
-                take(self.old_logp, i),
-                self.batches,
-                self.runs,
-                self.algos,
-            )
-            for i, rows in zip(indices, self.rows.select(indices))
+            Rollouts(r, *(take(x, i) for x in tensors), self.batches, self.runs, self.algos)
+            for i, r in zip(indices, rows)
         ]
 
     def members(
