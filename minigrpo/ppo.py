@@ -16,6 +16,8 @@ shared RL run's (rl/loop.py); PPO adds, per rollout of N completions with T comp
   loss        clipped surrogate − c_H·entropy + c_V·clipped value loss (token means), over --epochs
               passes of --minibatches shuffled minibatches per rollout (cleanrl's ppo.py, PPO2
               baselines)
+The update (`PPO.figures`) takes tensors that may carry a leading dim of P members: a lockstep
+population (population/ppo_update.py) runs this same update for all its members at once.
 Departures: β 0.1 by default (InstructGPT-style runs use 0.02–0.05): the k1 penalty summed over a
 completion is J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal
 (docs/experiments.md); lr 3e-4, half GRPO's: at 6e-4 its 4 Adam steps per rollout kept the other
