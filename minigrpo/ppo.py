@@ -16,6 +16,8 @@ shared RL run's (rl/loop.py); PPO adds, per rollout of N completions with T comp
   loss        clipped surrogate − c_H·entropy + c_V·clipped value loss (token means), over --epochs
               passes of --minibatches shuffled minibatches per rollout (cleanrl's ppo.py, PPO2
               baselines)
+The update (`PPO.figures`) takes tensors that may carry a leading dim of P members: a lockstep
+population (population/ppo_update.py) runs this same update for all its members at once.
 Departures: β 0.1 by default (InstructGPT-style runs use 0.02–0.05): the k1 penalty summed over a
 completion is J_β's sequence KL, whose optimum π*_0.1 puts 0.9997 on pizza, clear of the 0.95 goal
 (docs/experiments.md); lr 3e-4, half GRPO's: at 6e-4 its 4 Adam steps per rollout kept the other
@@ -32,6 +34,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from torch.func import vmap
 
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
@@ -40,7 +43,7 @@ from minigrpo.rl.config import RLConfig, parse_rl_config
 from minigrpo.rl.critics import CRITICS, OracleCritic
 from minigrpo.rl.loop import run
 from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
-from minigrpo.rl.rollout import RolloutBatch
+from minigrpo.rl.rollout import RolloutBatch, take
 from minigrpo.util.cli import (
     UsageError,
     check_positive,
@@ -99,18 +102,24 @@ class PPO:
     needs_old_logp = True  # the KL penalty in the reward needs π_old before any update
     sampler = None  # rollouts always from π_old: the sampler-mismatch flags are GRPO's
 
-    def __init__(self, run):
+    def __init__(self, run, critic=None, oracle=None):
+        """run: the shared RL run (rl/loop.Run); or a lockstep population's members as one
+        (population/ppo_update.py: their stacked policy, anchor term and optimiser step), with
+        their stacked critic and exact values."""
         self.run, self.cfg, self.policy = run, run.cfg, run.policy
-        self.critic = CRITICS[self.cfg.critic](run)
-        self.oracle = OracleCritic(run)  # the exact values, to score a learned critic against
-        self.beta = self.cfg.beta
+        self.critic = CRITICS[self.cfg.critic](run) if critic is None else critic
+        # the exact values, to score a learned critic against
+        self.oracle = OracleCritic(run) if oracle is None else oracle
+        self.beta = self.cfg.beta  # a number; a population's: (P, 1, 1), each member's
 
     def parameters(self):
         return list(self.policy.parameters()) + self.critic.parameters()
 
-    # {"value_head", "critic_trunk"} (None where the critic has none) and β
-    def state_dict(self) -> dict:
-        return {**self.critic.state_dict(), "beta": self.beta}
+    def state_dict(self, critic_weights: dict | None = None) -> dict:
+        """{"value_head", "critic_trunk"} (None where the critic has none) and β; critic_weights:
+        the critic's tensors to save in place of its own (Critic.state_dict: a population
+        member's)."""
+        return {**self.critic.state_dict(critic_weights), "beta": self.beta}
 
     def load_state_dict(self, state: dict) -> None:
         self.beta = state["beta"]
@@ -135,52 +144,60 @@ class PPO:
         return old_values, adv, returns, kl_seq
 
     def update(self, batch: RolloutBatch, opt) -> dict:
+        """One rollout's update (`figures`), its figures read as numbers -> the step's row."""
+        per_update, rollout = self.figures(batch, opt, [self.run.gens["shuffle"]])
+        number = lambda figures: {k: float(v) for k, v in figures.items()}
+        return self.row([number(s) for s in per_update], number(rollout), batch.mask.size(0))
+
+    def figures(self, batch: RolloutBatch, opt, shuffles: list) -> tuple[list[dict], dict]:
         """One rollout: V_old, GAE, whitening, then epochs × minibatches of clipped policy and value
-        updates."""
+        updates, each pass's order drawn from `shuffles` -> each update's figures and the
+        rollout's (0-dim tensors, read by the caller). Every tensor may carry a leading dim of P
+        members (a lockstep population: population/ppo_update.py; shuffles: each member's
+        generator): the functions of one run are mapped over it (`each`)."""
         cfg, mask = self.cfg, batch.mask
+        lead, N = mask.shape[:-2], mask.size(-2)
         old_values, adv, returns, kl_seq = self.advantages(batch)
-        adv = whiten(adv, mask)
+        adv = each(whiten, lead)(adv, mask)
         with torch.no_grad():  # the exact values under π_old, to score a learned critic against
             oracle_values = self.oracle.values(batch) if self.critic.learned else None
-        N = mask.size(0)
+        orders = [
+            torch.stack([torch.randperm(N, generator=g) for g in shuffles]).view(*lead, N)
+            for _ in range(cfg.epochs)
+        ]
+        chunks = [rows.to(mask.device) for o in orders for rows in o.chunk(cfg.minibatches, -1)]
+        objective = each(lambda *t: ppo_objective(*t[:6], cfg, *t[6:]), lead)
         per_update = []
-        for _ in range(cfg.epochs):
-            order = torch.randperm(N, generator=self.run.gens["shuffle"]).to(mask.device)
-            for rows in order.chunk(cfg.minibatches):
-                sub = batch.select(rows)
-                logp, logits, hidden = generation_logprobs(
-                    self.policy, sub.gen, cfg.temperature, True, True
-                )
-                # a learned critic's values of these rows (None: the oracle's, nothing to fit)
-                values = self.critic.values(sub, hidden) if self.critic.learned else None
-                loss, figures = ppo_objective(
-                    logp, sub.old_logp, adv[rows], logits, sub.ref_logits, sub.mask, cfg,
-                    values, old_values[rows], returns[rows],
-                )  # fmt: skip
-                anchor = self.run.anchor_term()
-                if anchor is not None:
-                    loss = loss + anchor
-                    figures["preserve_loss"] = anchor.detach()
-                figures = {"policy_loss": figures.pop("policy_loss"), "loss": loss, **figures}
-                stats = {k: v.item() for k, v in figures.items()}
-                stats["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
-                per_update.append(stats)
-        # means over the minibatch updates; the max ratio is the max
+        for rows, sub in zip(chunks, batch.minibatches(chunks)):
+            logp, logits, hidden = generation_logprobs(
+                self.policy, sub.gen, cfg.temperature, True, True
+            )
+            # a learned critic's values of these rows, to fit (the oracle's: nothing to fit)
+            fit = (
+                (self.critic.values(sub, hidden), take(old_values, rows), take(returns, rows))
+                if self.critic.learned
+                else ()
+            )
+            loss, figures = objective(
+                logp, sub.old_logp, take(adv, rows), logits, sub.ref_logits, sub.mask, *fit
+            )
+            anchor = self.run.anchor_term()
+            if anchor is not None:
+                loss = loss + anchor
+                figures["preserve_loss"] = anchor
+            figures = {"policy_loss": figures.pop("policy_loss"), "loss": loss, **figures}
+            figures = {k: v.detach() for k, v in figures.items()}  # numbers, not graphs
+            figures["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
+            per_update.append(figures)
+        return per_update, rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values)
+
+    def row(self, per_update: list[dict], rollout: dict, n: int) -> dict:
+        """The step's row from its figures as numbers: the updates' means (the max ratio is the
+        max), then the rollout's; β adapted after a rollout of n completions."""
         out = combine_stats(per_update)
-        kl_mean = kl_seq.mean().item()
-        self.adapt_beta(kl_mean, N)
-        out.update(
-            kl_k1_seq=kl_mean,
-            beta=self.beta,
-            value_mean=old_values.sum().item() / max(int(mask.sum()), 1),
-            explained_variance=explained_variance(old_values, returns, mask).item(),
-            adv_mean=adv[mask].mean().item(),
-            adv_std=adv[mask].std().item() if mask.sum() > 1 else 0.0,
-        )
-        if oracle_values is not None:
-            out["explained_variance_oracle"] = explained_variance(
-                old_values, oracle_values, mask
-            ).item()
+        self.adapt_beta(rollout["kl_k1_seq"], n)
+        out.update(kl_k1_seq=rollout["kl_k1_seq"], beta=self.beta)
+        out.update(rollout)
         return out
 
     def adapt_beta(self, kl_mean: float, n: int) -> None:
@@ -189,6 +206,36 @@ class PPO:
         if self.cfg.kl_target is not None:
             error = max(-0.2, min(0.2, kl_mean / self.cfg.kl_target - 1))
             self.beta *= 1 + error * n / 1000
+
+
+@torch.no_grad()
+def rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values=None) -> dict:
+    """A rollout's logged figures of its values and advantages (N, T) and its (N,) KL per sequence,
+    each (leading dims as given) a tensor not yet read: the KL's mean, V_old's token mean, the
+    critic's explained variance of the returns (and of the exact values), the whitened advantages'
+    mean and std over the valid tokens."""
+    lead, n = mask.shape[:-2], mask.sum((-2, -1))
+    valid = adv[mask].split(n.flatten().tolist())  # each run's valid advantages
+    zero = adv.new_zeros(())
+    explained = each(explained_variance, lead)
+    out = {
+        "kl_k1_seq": kl_seq.mean(-1),
+        "value_mean": old_values.sum((-2, -1)).double() / n.clamp(min=1),
+        "explained_variance": explained(old_values, returns, mask),
+        "adv_mean": torch.stack([a.mean() for a in valid]).view(lead),
+        "adv_std": torch.stack([a.std() if len(a) > 1 else zero for a in valid]).view(lead),
+    }
+    if oracle_values is not None:
+        out["explained_variance_oracle"] = explained(old_values, oracle_values, mask)
+    return out
+
+
+def each(f, lead: tuple):
+    """f, a function of one run's tensors, mapped over the leading dims `lead` (torch.func.vmap
+    once per dim; none: f itself)."""
+    for _ in lead:
+        f = vmap(f)
+    return f
 
 
 PANELS = (

@@ -33,6 +33,7 @@ from minigrpo.lm.prefix_tree import PrefixTree, next_token_tree
 from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
 from minigrpo.population.stacked import Stack
+from minigrpo.rl.rollout import take
 
 
 @dataclass
@@ -89,9 +90,8 @@ class Rows:
         (RolloutBatch.select of each member: PPO's minibatches) -> one Rows each. Their trees are
         built as one where every n is the same (a batch of len(indices)·P trees), so each
         minibatch's are its single run's (a few calls a step, not a few each)."""
-        pick = lambda x, i: x.gather(1, i.view(*i.shape, 1).expand(-1, -1, x.size(2)))
         picked = [
-            (pick(self.ids, i), pick(self.key_mask, i), pick(self.completion_mask, i))
+            (take(self.ids, i), take(self.key_mask, i), take(self.completion_mask, i))
             for i in indices
         ]
         if len({i.shape for i in indices}) == 1:
@@ -133,8 +133,22 @@ class Rollouts:
     algos: list = field(default_factory=list)  # each member's algorithm object (PPO's: its β)
 
     @property
-    def mask(self) -> torch.Tensor:  # (P, N, T) bool: the completion tokens
+    def gen(self) -> Rows:  # as a single run's RolloutBatch names its rows
+        return self.rows
+
+    @property
+    def mask(self) -> torch.Tensor:  # (P, N, T)
         return self.rows.completion_mask
+
+    def minibatches(self, indices: list[torch.Tensor]) -> list[Rollouts]:
+        """For each index (P, n), member p's rows index[p] (RolloutBatch.minibatches of each member:
+        PPO's), their trees built as one (Rows.select)."""
+        rows = self.rows.select(indices)
+        tensors = (self.rewards, self.ref_logp, self.ref_logits, self.old_logp)
+        return [
+            Rollouts(r, *(take(x, i) for x in tensors), self.batches, self.runs, self.algos)
+            for i, r in zip(indices, rows)
+        ]
 
     def members(
         self, at: list[int], index: torch.Tensor, ref: bool = True, old: bool = True

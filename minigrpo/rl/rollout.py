@@ -67,6 +67,20 @@ class RolloutBatch:
             None if self.ref_logits is None else self.ref_logits[rows],
         )
 
+    def minibatches(self, indices: list[torch.Tensor]) -> list["RolloutBatch"]:
+        """`select` of each index (PPO's minibatches)."""
+        return [self.select(rows) for rows in indices]
+
+
+def take(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """x (..., N, ...) -> (..., n, ...): the rows `rows` (..., n) of each leading slice, in order
+    (x[rows] with no leading dims; a population's members: each its own rows). None -> None."""
+    if x is None:
+        return None
+    at = rows.dim() - 1
+    index = rows.view(*rows.shape, *[1] * (x.dim() - rows.dim()))
+    return x.gather(at, index.expand(*rows.shape, *x.shape[at + 1 :]))
+
 
 class Sampler:
     """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the
