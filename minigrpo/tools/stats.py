@@ -25,10 +25,9 @@ Tibshirani 1993, ch. 14), RESAMPLES draws from numpy's default_rng((SEED, *key))
 reproducible and each estimate has its own draws (`key`: what it estimates). Departures from
 rliable: its intervals are percentile ones and its bootstrap stratified over tasks; a compare sweep
 measures one task, so the bootstrap is the ordinary one over runs, and BCa because the percentile
-interval is too narrow at few runs (simulated, tests/test_stats.py: for two equal algorithms at 5
-runs each the percentile interval of P(A > B) leaves out 0.5 about 13 % of the time, BCa's about
-5 %). Where BCa is undefined (the jackknife values all equal, e.g. every run of A above every run
-of B) the interval is the percentile one of the same draws. Runs all alike (one run, say) give an
+interval is too narrow at few runs (docs/running.md, simulated). Where BCa is undefined (the
+jackknife values all equal, e.g. every run of A above every run of B) the interval is the percentile
+one of the same draws. Runs all alike (one run, say) give an
 interval of their value alone (low = high). A NaN among the runs gives NaN (as rliable): the caller
 leaves such runs out and says so (intervals.py).
 
