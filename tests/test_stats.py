@@ -151,7 +151,7 @@ def scipy_bca(samples, statistic, key, method="BCa"):
     return ci.low, ci.high
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     st.lists(st.floats(0, 1, allow_nan=False), min_size=5, max_size=16, unique=True),
     st.lists(st.floats(0, 1, allow_nan=False), min_size=5, max_size=16, unique=True),
@@ -208,7 +208,7 @@ def exact_permutation_oracle(a, b):
     return min(1.0, 2 * min(np.mean(splits <= seen + slack), np.mean(splits >= seen - slack)))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     st.lists(st.floats(-1, 1, allow_nan=False), min_size=2, max_size=5, unique=True),
     st.lists(st.floats(-1, 1, allow_nan=False), min_size=2, max_size=5, unique=True),
