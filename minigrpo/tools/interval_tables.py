@@ -96,7 +96,7 @@ def statistics_markdown(c: Comparison) -> list[str]:
 def printed_statistics(c: Comparison) -> list[str]:
     """Per figure: each algorithm's runs, IQM [95 % CI] and, against the baseline, the difference
     [95 % CI], p and the verdict, aligned; the statement's lines first."""
-    lines = [*statement(c)]
+    lines = [line.replace("**", "") for line in statement(c)]  # no markdown in a terminal
     for figure in c.figures:
         rows = [
             [
