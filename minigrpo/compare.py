@@ -23,19 +23,22 @@ refused unless --overwrite; a later invocation for a subset of the algorithms ke
 in the table. The arguments are checked before any run starts; a failed run is reported with its
 error while the others finish, and compare then exits with code 1. Writes to <out> (default
 runs/compare-<reward>):
-  curves.png    exact target rate against wall seconds and against sampled tokens (mean and band
-                over seeds)
-  frontier.png  food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes, on the EXACT
-                reward–KL frontier (frontier.py: no policy lies above it); and E[r] against the
-                worst drift
-  table.md      per algorithm, medians over seeds (with min–max) of the steps and seconds to 0.90
-                and 0.95 and of the run's exact figures (target rate, E[r], KL, drift, malformed
-                mass, food's regret to the frontier and implied β, pass@8), then interquartile means
-                with 95 % bootstrap intervals and P(A > B) for every pair (tools/stats.py)
+  curves.png    exact target rate against wall seconds and sampled tokens (mean, min–max band)
+  frontier.png  where the runs ended, per algorithm the median and interquartile range over seeds:
+                food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes on the EXACT
+                reward–KL frontier (frontier.py: no policy lies above it), whole and zoomed; and
+                E[r] against the worst drift
+  table.md      per algorithm, medians over seeds (with min–max) in two tables of at most 10
+                columns (what judges a run; the other figures), the runs outside the bars, then for
+                the final target rate, the steps to 0.95 and (food) the regret: the IQM with its
+                95 % BCa interval, the difference from the first algorithm (the baseline) with its
+                interval and a permutation test, and P(A better than B) for every pair, stating n,
+                the method and its seed (tools/stats.py); below 10 runs no difference is called
+  runs.csv      every run's figures, a row each
   intervals.png those IQMs with their intervals, and the target rate by step (IQM and its band)
-and prints table.md's main columns for a terminal: per algorithm the runs within the bars, then the
-medians of the steps to 0.95, the final target rate, the peak drift and malformed mass and (food)
-the regret; then IQMs, intervals.
+and prints the medians that judge a run for a terminal: per algorithm the runs within the bars,
+the steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret;
+then per figure the IQMs and the differences from the baseline with what the runs support.
 """
 
 from __future__ import annotations
@@ -386,7 +389,7 @@ def main(argv=None):
         print(f"failed: {algo} seed {seed}: {brief(err)}")
     print(
         f"wrote {out / 'curves.png'}, {out / 'frontier.png'}, {out / 'intervals.png'}, "
-        f"{out / 'table.md'} (the full table: ranges over seeds, seconds, E[r], KL, P(A > B), ...)"
+        f"{out / 'table.md'} (ranges, more figures, intervals, P(A better than B)), runs.csv"
     )
     if errors:
         raise SystemExit(1)

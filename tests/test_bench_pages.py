@@ -142,6 +142,13 @@ def test_write_blocks_puts_each_block_on_its_page_with_one_header_line(tmp_path)
     assert (tmp_path / "performance.md").read_text() == perf, (
         "a page none of the run's blocks belong to is left alone"
     )
+    (tmp_path / "experiments.md").write_text("# Experiments\n\nProse.\n")
+    pages.write_blocks(tmp_path, {"comparing": "| c |"}, later)
+    experiments = (tmp_path / "experiments.md").read_text()
+    assert (
+        experiments.startswith("# Experiments\n\nProse.\n") and pages.HEADER not in experiments
+    ), "a page written by hand gets its block, and no header claiming the page"
+    assert "<!-- bench:comparing -->" in experiments and "| c |" in experiments
 
 
 def test_a_section_result_becomes_named_blocks_and_another_task_never_overwrites_food():
@@ -169,6 +176,7 @@ def test_the_repository_pages_hold_balanced_markers_for_the_sections_they_show()
     for name, blocks in {
         "results.md": ("grpo", "rarest", "targets", "presets", "spillover", "pretrain"),
         "performance.md": ("sampling", "prefix", "threads"),
+        "experiments.md": ("comparing",),
     }.items():
         text = (docs / name).read_text()
         for block in blocks:

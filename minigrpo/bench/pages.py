@@ -1,5 +1,6 @@
 """The results pages `python -m minigrpo.bench` writes (docs/results.md, docs/performance.md by
-default).
+default), and the blocks it keeps in a page written by hand (docs/experiments.md:
+EXPERIMENT_BLOCKS).
 
 Each table a section prints lives in its page between two HTML comments, invisible on the rendered
 page:
@@ -11,7 +12,7 @@ page:
 A run replaces the blocks of the sections it ran, in place, and leaves the rest of the page (prose,
 other sections' blocks) as it was; a block the page does not hold yet is appended at its end. The
 page's first line says when, where and on what code it was last written (`header`): date, platform,
-CPUs, GPU, torch, commit.
+CPUs, GPU, torch, commit; a page written by hand gets no such line (its blocks say theirs).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from minigrpo.util.runtime import cores
 
-PERFORMANCE, RESULTS = "performance.md", "results.md"
+PERFORMANCE, RESULTS, EXPERIMENTS = "performance.md", "results.md", "experiments.md"
 TITLES = {PERFORMANCE: "Performance", RESULTS: "Measured results"}
 # blocks whose page is performance.md; every other block (the quality sections) goes to results.md
 SPEED_BLOCKS = {
@@ -37,12 +38,17 @@ SPEED_BLOCKS = {
     "population",
     "sweep",
 }
+# blocks whose page is experiments.md, written by hand around them
+EXPERIMENT_BLOCKS = {"comparing"}
 # how a page's header line starts (and is found again)
 HEADER = "> **Written by `python -m minigrpo.bench`**"
 
 
 def page_of(block: str) -> str:
-    return PERFORMANCE if block.removesuffix("-cuda") in SPEED_BLOCKS else RESULTS
+    name = block.removesuffix("-cuda")
+    if name in EXPERIMENT_BLOCKS:
+        return EXPERIMENTS
+    return PERFORMANCE if name in SPEED_BLOCKS else RESULTS
 
 
 def git_commit(folder) -> str:
@@ -131,18 +137,21 @@ def measured(line: str) -> str:
 def write_blocks(folder, blocks: dict[str, str], line: str) -> list[Path]:
     """Put each {block name: markdown} into its page under `folder` (created with a title when
     missing), each block headed by when and where it was measured, and the header `line` at the top
-    of every page written; -> the pages written."""
+    of every page bench writes whole (not experiments.md); -> the pages written."""
     from minigrpo.util.outputs import write_atomic
 
     folder = Path(folder)
     written = []
     for page_name in dict.fromkeys(page_of(b) for b in blocks):
         path = folder / page_name
-        page = path.read_text(encoding="utf-8") if path.exists() else f"# {TITLES[page_name]}\n"
+        title = TITLES.get(page_name, "Experiments")
+        page = path.read_text(encoding="utf-8") if path.exists() else f"# {title}\n"
         for name, body in blocks.items():
             if page_of(name) == page_name:
                 page = replace_block(page, name, f"{measured(line)}\n\n{body.strip(chr(10))}")
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, set_header(page, line).encode("utf-8"), what="page")
+        if page_name in TITLES:
+            page = set_header(page, line)
+        write_atomic(path, page.encode("utf-8"), what="page")
         written.append(path)
     return written

@@ -16,7 +16,9 @@ time of a 4-layer model; models (models.py): default GRPO and PPO from each of t
 section's models; step (step.py, in process): that GRPO step against TRL's GRPOTrainer, paired, when
 trl is importable (otherwise through a plain/TRL ratio recorded on this machine); population
 (population.py): P default GRPO runs as one lockstep population against P, with where the time goes;
-sweep (sweep.py): compare's default list over 5 seeds (128 on a GPU) as one timed command.
+sweep (sweep.py): compare's default list over 5 seeds (128 on a GPU) as one timed command;
+comparing (comparing.py, only on request: 90 runs): compare's default list over 10 seeds, its IQMs,
+intervals and differences written into docs/experiments.md's "Comparing algorithms".
 Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables
 replace its own block in --docs (default docs/: performance.md for the speed sections, results.md
 for the others; pages.py), the rest of each page kept; --no-docs only prints, and so does --quick
@@ -34,6 +36,7 @@ import torch
 
 from minigrpo.bench import pages
 from minigrpo.bench.common import bench_optimum, pretrain_name
+from minigrpo.bench.comparing import bench_comparing
 from minigrpo.bench.entropy import bench_entropy
 from minigrpo.bench.mismatch import bench_mismatch
 from minigrpo.bench.models import bench_models
@@ -66,7 +69,9 @@ SECTIONS = [
     "step",
     "population",
     "sweep",
+    "comparing",
 ]
+ON_REQUEST = ("scale", "comparing")
 
 
 @dataclass
@@ -129,8 +134,7 @@ def main(argv=None):
     cfg, _ = parse_config(BenchConfig, argv, description=__doc__.split("\n\n")[0])
     # --quick: printed, never written over the pages' figures, unless a --docs is named
     write_docs = write_docs and (not cfg.quick or any(a.startswith("--docs") for a in argv))
-    # scale: on request
-    sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s != "scale"]
+    sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s not in ON_REQUEST]
     # an empty --only is a mistake, not "everything" (a whole bench takes long)
     if cfg.only is not None:
         sections = [s.strip() for s in cfg.only.split(",")]
@@ -197,6 +201,7 @@ def main(argv=None):
         "step": lambda: bench_step(),
         "population": lambda: bench_population(out, task_init(out, "food"), str(device)),
         "sweep": lambda: bench_sweep(out, task_init(out, "food"), str(device)),
+        "comparing": lambda: bench_comparing(out, task_init(out, "food")),
     }
     docs = Path(cfg.docs) if write_docs else None
     if docs is not None and docs.exists() and not docs.is_dir():

@@ -1,55 +1,69 @@
-"""compare's interval estimates (tools/stats.py) from a sweep's runs: per algorithm the IQM of three
-scores with its 95 % bootstrap interval, the probability-of-improvement matrix on the final target
-rate, and intervals.png.
+"""compare's interval estimates (tools/stats.py) from a sweep's runs: for each figure that judges a
+run (final target rate, steps to 0.95, regret) every algorithm's IQM with its 95 % interval, the
+difference of each algorithm's IQM from the baseline's (the first algorithm) with its interval and
+a permutation test, and P(A better than B) for every pair with its interval.
 
-    scores(runs)                   -> {score: [one value per run]}          runs:
-                                   sweep_report.curves(...) of each run
-    score_intervals(results)       -> {algorithm: {score: Estimate}}        results: {algorithm:
-                                   runs}
-    interval_table(results)        -> markdown lines                        (given score_intervals',
-                                   or made)
-    improvement_table(results)     -> markdown lines                        P(row > column) on the
-                                   final target rate
-    draw_intervals(results, path)  -> intervals.png: each score's IQM and interval per algorithm,
-                                   and the target
-                                      rate by step (IQM with its interval as a band)
-    ask_early(boot, order, ended)  -> the bootstraps of the algorithms whose runs have all ended,
-                                   started now
+    scores(runs)                     -> {figure: [one value per run]}   runs: curves(...) of each
+    comparison(results, boot)        -> Comparison                      results: {algorithm: runs}
+    ask_early(boot, order, ended)    -> the bootstraps of the algorithms whose runs have all ended,
+                                        started now
+    verdict(c, figure, algo)         -> what the runs say of algo against the baseline
+
+"Better" is a figure's direction: a higher final target rate, fewer steps to 0.95, a lower regret.
+P(A better than B) is stats.probability_of_improvement on the values signed so that higher is better
+(ties count half). A run whose figure is NaN or infinite is left out of that figure's statistics
+(Comparison.left_out names it); n per algorithm and figure is what remains. Below MIN_RUNS runs a
+bootstrap interval covers less than its nominal 95 % (tests/test_stats.py simulates it), so
+`verdict` calls no difference there; at MIN_RUNS or more a difference is supported when its interval
+leaves out 0 AND the permutation test gives p < ALPHA.
 
 Each takes `boot`: a Bootstraps (each bootstrap made once, in its threads: numpy's partitions and
 sorts let go of the interpreter lock), or a number of threads for one of its own. Each bootstrap is
-seeded by what it estimates (an algorithm's place, a pair's, a step), so the tables are the same
-whatever the threads and whenever it is made: compare asks for an algorithm's as its last run ends
-(ask_early), while the others still run, and the report finds them made.
+keyed by what it estimates (a figure, an algorithm's place, a pair's, a step: stats' generator
+stream), so the tables are the same whatever the threads and whenever it is made: compare asks for
+an algorithm's as its last run ends (ask_early), while the others still run, and the report finds
+them made.
 
 Steps to the goal: a run that never reaches 0.95 counts as its last step + 1, a lower bound (the
 table says how many such runs there are). Regret exists on food only (the exact frontier); elsewhere
-its column is left out.
+it is left out.
 """
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from minigrpo.tools.bars import BARS, first_reaching
-from minigrpo.tools.stats import Estimate, improvement_interval, iqm_interval
+from minigrpo.tools.stats import (
+    Estimate,
+    difference_interval,
+    improvement_interval,
+    iqm_interval,
+    permutation_p,
+)
 
-# score -> (its column's title, higher is better)
+# figure -> (what it is, higher is better)
 SCORES = {
     "final target": ("final exact target rate", True),
     "steps to 0.95": ("steps to 0.95", False),
     "regret": ("regret: frontier's E[r] at the run's KL minus its own", False),
 }
+MIN_RUNS = 10  # fewer runs per algorithm: intervals unreliable, no difference called
+ALPHA = 0.05
+
+
+def _steps_to_goal(c: dict) -> float:
+    """The first step whose target rate is >= 0.95 (step 0 too); never: the last step + 1."""
+    step = first_reaching(c["steps"], c["target"], BARS["final"])
+    return c["final"]["steps"] + 1 if step is None else step
 
 
 def scores(runs: list[dict]) -> dict[str, list[float]]:
     out = {
         "final target": [c["final"]["target_rate"] for c in runs],
-        "steps to 0.95": [
-            first_reaching(c["steps"], c["target"], BARS["final"]) or c["final"]["steps"] + 1
-            for c in runs
-        ],
+        "steps to 0.95": [_steps_to_goal(c) for c in runs],
     }
     regrets = [c["final"].get("regret") for c in runs]
     if all(r is not None for r in regrets):
@@ -59,6 +73,20 @@ def scores(runs: list[dict]) -> dict[str, list[float]]:
 
 def never(runs: list[dict]) -> int:
     return sum(first_reaching(c["steps"], c["target"], BARS["final"]) is None for c in runs)
+
+
+def finite_scores(algo: str, runs: list[dict]) -> tuple[dict[str, tuple], dict[str, list[str]]]:
+    """-> ({figure: its finite values, a tuple}, {figure: one line per value left out, naming its
+    run})."""
+    kept, left_out = {}, {}
+    for figure, values in scores(runs).items():
+        kept[figure] = tuple(float(v) for v in values if v is not None and math.isfinite(v))
+        left_out[figure] = [
+            f"{c.get('run', f'{algo} run {i}')}: {figure} is {v}, left out of its statistics"
+            for i, (c, v) in enumerate(zip(runs, values))
+            if v is None or not math.isfinite(v)
+        ]
+    return kept, left_out
 
 
 class Bootstraps:
@@ -91,147 +119,115 @@ class Bootstraps:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _score_calls(runs: list[dict], place: int, present) -> list[tuple]:
-    """The IQM of each score in `present` that the runs have, each seeded by the algorithm's
-    place."""
-    sc = scores(runs)
-    return [(iqm_interval, sc[s], place) for s in present if s in sc]
+def signed(figure: str, values: tuple) -> tuple:
+    """The values with higher = better (a lower-is-better figure negated)."""
+    return values if SCORES[figure][1] else tuple(-v for v in values)
 
 
-def _band_calls(runs: list[dict]) -> list[tuple]:
-    """The target rate's IQM at every step the runs all reached, each seeded by its step."""
+def _calls(order: list[str], values: dict[str, dict], present: list[str]) -> dict[tuple, tuple]:
+    """{(what, figure, algo[, other]): its call} for the algorithms in `values` ({algorithm: its
+    finite_scores}), each at its place in `order` (order[0]: the baseline): their IQMs, each pair's
+    P(A better than B) once (the earlier algorithm first), and against the baseline (when it is
+    among them) the difference of IQMs and its permutation test."""
+    calls, base = {}, order[0]
+    for f, figure in enumerate(present):
+        for a, x in values.items():
+            i = order.index(a)
+            calls["iqm", figure, a] = (iqm_interval, x[figure], (1, f, i))
+            for b, y in values.items():
+                j = order.index(b)
+                if i < j:
+                    pair = (improvement_interval, signed(figure, x[figure]))
+                    calls["p", figure, a, b] = (*pair, signed(figure, y[figure]), (3, f, i, j))
+            if base in values and a != base:
+                them = (x[figure], values[base][figure])
+                calls["difference", figure, a] = (difference_interval, *them, (4, f, i))
+                calls["test", figure, a] = (permutation_p, *them, (5, f, i))
+    return calls
+
+
+def band_calls(runs: list[dict]) -> list[tuple]:
+    """The target rate's IQM at every step the runs all reached (its finite values), each keyed by
+    its step."""
     return [
-        (iqm_interval, [c["target"][t] for c in runs], t)
+        (iqm_interval, tuple(c["target"][t] for c in runs if math.isfinite(c["target"][t])), (2, t))
         for t in range(min(len(c["target"]) for c in runs))
     ]
 
 
-def _pair_call(a: list[dict], b: list[dict], i: int, j: int) -> tuple:
-    """P(A > B) of the algorithms at places i, j (among those with runs) on the final target
-    rate."""
-    return improvement_interval, scores(a)["final target"], scores(b)["final target"], 97 * i + j
+def _present(values: dict[str, dict]) -> list[str]:
+    return [s for s in SCORES if all(s in x for x in values.values())]
 
 
 def ask_early(boot: Bootstraps, order: list[str], ended: dict[str, list[dict]]) -> None:
     """Start the bootstraps of the algorithms in `ended` (those whose runs have all ended,
     {algorithm: runs}) as the report will ask for them, each algorithm at its place in `order` (the
-    report's results, every algorithm with runs): its score intervals, its band and the pairs of
-    them. A call the report makes otherwise (an algorithm before it without runs) is not found made,
-    and is made then: the report is the same."""
-    calls = []
-    for a, runs in ended.items():
-        calls += _score_calls(runs, order.index(a), SCORES) + _band_calls(runs)
-        calls += [  # each pair once, the earlier algorithm first (improvement_table)
-            _pair_call(runs, ended[b], order.index(a), order.index(b))
-            for b in ended
-            if order.index(a) < order.index(b)
-        ]
-    boot.ask(calls)
+    report's results, every algorithm with runs): its IQMs, its band, its pairs with the others
+    ended and, once the baseline has ended, its difference from it. A call the report makes
+    otherwise (an algorithm before it without runs, a figure another algorithm lacks) is not found
+    made, and is made then: the report is the same."""
+    values = {a: finite_scores(a, runs)[0] for a, runs in ended.items() if runs}
+    calls = list(_calls(order, values, _present(values)).values())
+    boot.ask(calls + [c for runs in ended.values() if runs for c in band_calls(runs)])
 
 
-def score_intervals(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> dict[str, dict]:
-    """{algorithm: {score: its IQM's Estimate}} of each algorithm with runs, its bootstraps seeded
-    by its place in `results` (what interval_table writes and draw_intervals draws: made once for
-    both)."""
-    sc = {a: scores(runs) for a, runs in results.items() if runs}
-    present = [s for s in SCORES if all(s in x for x in sc.values())]
-    seeds = {algo: seed for seed, algo in enumerate(results)}
-    found = iter(
-        Bootstraps.of(boot).made(
-            [c for a in sc for c in _score_calls(results[a], seeds[a], present)]
-        )
-    )
-    return {a: {s: next(found) for s in present} for a in sc}
+@dataclass
+class Comparison:
+    """What the report's tables and intervals.png show (module docstring)."""
+
+    algos: list[str]  # with runs; algos[0] the baseline
+    figures: list[str]  # those every algorithm has
+    n: dict[str, dict[str, int]]  # {algo: {figure: runs counted}}
+    iqm: dict[str, dict[str, Estimate]]  # {algo: {figure: IQM}}
+    better: dict[str, dict[tuple, Estimate]]  # {figure: {(a, b): P(a better than b)}}, both ways
+    difference: dict[str, dict[str, Estimate]]  # {figure: {algo: IQM(algo) − IQM(baseline)}}
+    p: dict[str, dict[str, float]]  # {figure: {algo: the permutation test's p}}
+    never: dict[str, int]  # {algo: runs that never reached 0.95}
+    left_out: list[str] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> str:
+        return self.algos[0]
 
 
-def interval_table(
-    results: dict[str, list[dict]], boot: Bootstraps | int = 1, estimates: dict | None = None
-) -> list[str]:
-    """One row per algorithm: the run count, then 'IQM [low, high]' of each score (`estimates`:
-    score_intervals', else made here)."""
-    estimates = estimates or score_intervals(results, boot)
-    present = list(next(iter(estimates.values()), {}))
-    lines = [
-        "| algorithm | runs | " + " | ".join(f"{s}: IQM [95 % CI]" for s in present) + " |",
-        "|---" * (2 + len(present)) + "|",
-    ]
-    for algo, found in estimates.items():
-        runs = results[algo]
-        cells = [
-            found[s].text()
-            + (f", {never(runs)} never" if s == "steps to 0.95" and never(runs) else "")
-            for s in present
-        ]
-        lines.append(f"| {algo} | {len(runs)} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def improvement_table(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> list[str]:
-    """P(row > column) on the final exact target rate, with its 95 % interval; 0.5 = no
-    difference."""
+def comparison(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> Comparison:
+    """Every estimate of the algorithms with runs, in `results`' order (module docstring)."""
     algos = [a for a, runs in results.items() if runs]
-    # one bootstrap per pair: P(B > A) = 1 − P(A > B) (ties count half), on the same resamples, so
-    # a cell and its mirror agree exactly, their intervals too
-    pairs = [(i, j) for i in range(len(algos)) for j in range(i + 1, len(algos))]
-    calls = [_pair_call(results[algos[i]], results[algos[j]], i, j) for i, j in pairs]
-    found = dict(zip(pairs, Bootstraps.of(boot).made(calls)))
+    found = {a: finite_scores(a, results[a]) for a in algos}
+    values = {a: kept for a, (kept, _) in found.items()}
+    present = _present(values)
+    calls = _calls(algos, values, present)
+    made = dict(zip(calls, Bootstraps.of(boot).made(list(calls.values()))))
     mirror = lambda e: Estimate(1 - e.value, 1 - e.high, 1 - e.low)
-    found.update({(j, i): mirror(e) for (i, j), e in found.items()})
-    lines = ["| P(row > column) | " + " | ".join(algos) + " |", "|---" * (1 + len(algos)) + "|"]
-    for i, a in enumerate(algos):
-        cells = ["-" if i == j else found[i, j].text("{:.2f}") for j in range(len(algos))]
-        lines.append(f"| {a} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def draw_intervals(
-    results: dict[str, list[dict]],
-    path: Path,
-    title: str,
-    boot: Bootstraps | int = 1,
-    estimates: dict | None = None,
-) -> None:
-    """intervals.png (module docstring); `estimates`: score_intervals', else made here."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    boot = Bootstraps.of(boot)
-    estimates = estimates or score_intervals(results, boot)
-    algos, present = list(estimates), list(next(iter(estimates.values()), {}))
-    lengths = {a: min(len(c["target"]) for c in results[a]) for a in algos}
-    found = iter(boot.made([c for a in algos for c in _band_calls(results[a])]))
-    fig, axes = plt.subplots(
-        1, len(present) + 1, figsize=(4.2 * (len(present) + 1), 0.8 + 0.35 * len(algos) + 1.5)
+    better = {s: {} for s in present}
+    for (what, figure, a, *b), e in made.items():
+        if what == "p":  # one bootstrap per pair: P(B better) = 1 − P(A better), same resamples
+            better[figure][a, b[0]], better[figure][b[0], a] = e, mirror(e)
+    pick = lambda what: {
+        s: {k[2]: e for k, e in made.items() if k[:2] == (what, s)} for s in present
+    }
+    return Comparison(
+        algos=algos,
+        figures=present,
+        n={a: {s: len(values[a][s]) for s in present} for a in algos},
+        iqm={a: {s: made["iqm", s, a] for s in present} for a in algos},
+        better=better,
+        difference=pick("difference"),
+        p=pick("test"),
+        never={a: never(results[a]) for a in algos},
+        left_out=[line for a in algos for s in present for line in found[a][1][s]],
     )
-    fig.suptitle(f"{title}\nIQM and 95 % bootstrap interval over seeds", fontsize=9)
-    for ax, s in zip(axes, present):
-        for y, a in enumerate(algos):
-            e = estimates[a][s]
-            ax.plot(
-                [e.low, e.high], [y, y], color=f"C{y % 10}", lw=4, alpha=0.5, solid_capstyle="butt"
-            )
-            ax.plot([e.value], [y], "o", color=f"C{y % 10}")
-        ax.set_yticks(range(len(algos)), algos if ax is axes[0] else [""] * len(algos))
-        ax.set_xlabel(
-            f"{SCORES[s][0]} ({'higher' if SCORES[s][1] else 'lower'} is better)", fontsize=8
-        )
-        ax.set_ylim(len(algos) - 0.5, -0.5)  # the first algorithm on top
-        ax.grid(alpha=0.3, axis="x")
-    ax = axes[-1]
-    for k, a in enumerate(algos):
-        steps = results[a][0]["steps"][: lengths[a]]
-        band = [next(found) for _ in steps]
-        ax.plot(steps, [e.value for e in band], color=f"C{k % 10}", label=a)
-        ax.fill_between(
-            steps, [e.low for e in band], [e.high for e in band], color=f"C{k % 10}", alpha=0.2
-        )
-    ax.axhline(BARS["final"], color="black", ls="--", lw=0.8, label=f"goal {BARS['final']}")
-    ax.set_xlabel("step", fontsize=8)
-    ax.set_ylabel("exact target rate (higher is better)", fontsize=8)
-    ax.legend(fontsize=6)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+
+
+def verdict(c: Comparison, figure: str, algo: str) -> str:
+    """What the runs say of `algo` against the baseline on `figure`: 'better' or 'worse' (its
+    difference's interval leaves out 0 and p < ALPHA, with MIN_RUNS runs or more on both sides),
+    'no difference shown', or that there are too few runs to say."""
+    fewest = min(c.n[algo][figure], c.n[c.baseline][figure])
+    if fewest < MIN_RUNS:
+        return f"n < {MIN_RUNS}: none called"
+    d, p = c.difference[figure][algo], c.p[figure][algo]
+    if not (d.excludes(0.0) and p < ALPHA):
+        return "no difference shown"
+    higher = SCORES[figure][1]
+    return "better" if (d.value > 0) == higher else "worse"
