@@ -38,6 +38,7 @@ distribution P(p < 0.05) <= 0.05, which no bootstrap interval guarantees at 5 ru
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -149,7 +150,9 @@ def _interval(samples: tuple, statistic, key) -> Estimate:
 
     # BCa's acceleration divides by the spread of the jackknife values: none, no BCa
     defined = any(np.ptp(_jackknife(samples, i, statistic)) > 0 for i in free)
-    with np.errstate(all="ignore"):
+    # scipy warns where BCa is degenerate (NaN ends): the percentile interval stands in, below
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         ci = bootstrap("BCa") if defined else None
     if ci is None or not (np.isfinite(ci.low) and np.isfinite(ci.high)):
         ci = bootstrap("percentile")
