@@ -18,10 +18,7 @@ numbers of rows; one with no group left steps on the anchor alone, or not at all
 several recipes (RECIPE: compare's presets of one μ, or β's of their own; each member's settings
 beyond its recipe are the others'): their forward, backward, optimiser step and trust region are
 one, and each recipe's stages, its first member's GRPO's, take its members' slice (all of them, no
-copy, where every member follows one). Not in lockstep (`unsupported`): the sampled anchor, each
-member's own rows, whose π_ref logits its single run takes from another forward than its policy's,
-so that at π_θ = π_ref their gradient is rounding that Adam's first step amplifies, and no lockstep
-member could match it; those runs go alone (population/engine.py).
+copy, where every member follows one).
 """
 
 from __future__ import annotations
@@ -32,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from minigrpo.lm.optim import AdamW, clip_grad_norm
+from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
+from minigrpo.population.optim import clip_and_step
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import packed, unpacked
@@ -58,13 +56,6 @@ def recipe_of(cfg) -> tuple:
     """What members of one recipe share: every RECIPE setting but the preset's name (β too: a
     number inside GRPO's loss and reward penalty)."""
     return tuple(getattr(cfg, k) for k in RECIPE if k != "preset")
-
-
-def unsupported(cfgs: list) -> str | None:
-    """Why a lockstep population cannot run these members' configs (None: it can)."""
-    cfg = cfgs[0]
-    reasons = {"--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
-    return next((name for name, yes in reasons.items() if yes), None)
 
 
 class Members:
@@ -170,21 +161,13 @@ class LockstepGRPO:
             ratio = merge([out[2] for out in outs]) if outs[0][2] else None
             return merge([out[0] for out in outs]), merge([out[1] for out in outs]), ratio
 
-        def update(loss: torch.Tensor) -> torch.Tensor:
-            opt.zero_grad()
-            loss.sum().backward()  # each member's loss reaches only its own slice of the weights
-            clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-            norm = clip_grad_norm(opt.params, clip, per_slice=True)
-            opt.step(active)
-            return norm
-
         anchors = [r.anchor for r in step.runs]
         per_update, ratios = inner_updates(
             cfg.updates,
             lambda: step.rows.logprobs(stack, cfg.temperature),
             terms,
             lambda: None if self.anchor is None else self.anchor.term(stack, ref, anchors),
-            update,
+            lambda loss: clip_and_step(opt, loss, cfg.grad_clip, active),
         )
         self.inner = (len(per_update), len(ratios))
         # what a member's row takes, in its run's order

@@ -83,17 +83,12 @@ class Kind:
     check: Callable  # its flags' check: cfg -> None, or a UsageError
     algorithm: Callable  # run -> a member's algorithm object (its state: its checkpoint's)
     update: Callable  # (cfg, anchor, algos) -> the members' update (population/*_update.py)
-    unsupported: Callable  # cfg -> why lockstep cannot run it, or None
 
 
 # the trainers lockstep runs, by their command's name (trainer_name)
 KINDS = {
-    "grpo": lambda t: Kind(
-        "grpo", t.check_config, t.GRPO, grpo_update.LockstepGRPO, grpo_update.unsupported
-    ),
-    "ppo": lambda t: Kind(
-        "ppo", t.check_config, t.PPO, ppo_update.LockstepPPO, ppo_update.unsupported
-    ),
+    "grpo": lambda t: Kind("grpo", t.check_config, t.GRPO, grpo_update.LockstepGRPO),
+    "ppo": lambda t: Kind("ppo", t.check_config, t.PPO, ppo_update.LockstepPPO),
 }
 
 
@@ -103,7 +98,10 @@ def trainer_name(trainer) -> str:
 
 
 def unsupported(trainer, cfgs: list) -> str | None:
-    """Why these configs of `trainer` cannot run in lockstep (None: they can)."""
+    """Why these configs of `trainer` cannot run in lockstep (None: they can). Not in lockstep: the
+    sampled anchor, each member's own rows, whose π_ref logits its single run takes from another
+    forward than its policy's, so that at π_θ = π_ref their gradient is rounding that Adam's first
+    step amplifies, and no lockstep member could match it."""
     name = trainer_name(trainer)
     if name not in KINDS:
         return f"{trainer.__name__} has no lockstep"
@@ -115,7 +113,9 @@ def unsupported(trainer, cfgs: list) -> str | None:
         )
     if cfgs[0].resume is not None:
         return "--resume"
-    return KINDS[name](trainer).unsupported(cfgs)
+    if cfgs[0].preserve and cfgs[0].preserve_anchor == "sampled":
+        return "--preserve-anchor sampled"
+    return None
 
 
 class Member:

@@ -5,13 +5,14 @@ lm/optim.clip_grad_norm(..., per_slice=True) (a member's checkpoint: checkpoint.
 
     opt = AdamW(params, lr, t=torch.zeros(P, dtype=torch.long))
     keep([stack], opt, members)     # only these members from now on (the others have ended)
+    norms = clip_and_step(opt, loss, grad_clip)  # every member's rl/run_state.Run.clip_and_step
 """
 
 from __future__ import annotations
 
 import torch
 
-from minigrpo.lm.optim import AdamW
+from minigrpo.lm.optim import AdamW, clip_grad_norm
 from minigrpo.population.stacked import Stack
 
 
@@ -31,3 +32,17 @@ def keep(stacks: list[Stack], opt: AdamW, members: list[int]) -> None:
     opt.params = [w for stack in stacks for w in stack.parameters()]
     opt.m = [m.index_select(0, index) for m in opt.m]
     opt.v = [v.index_select(0, index) for v in opt.v]
+
+
+def clip_and_step(
+    opt: AdamW, loss: torch.Tensor, grad_clip: float, active: torch.Tensor | None = None
+) -> torch.Tensor:
+    """rl/run_state.Run.clip_and_step of every member: one backward of the members' losses (P,)
+    summed (each reaches only its own slices of the weights), each member's gradient clipped on its
+    own, one AdamW step (of the members `active`, (P,) bool; None: all) -> (P,) gradient norms (a
+    member whose norm is not finite ends with its single run's error: lockstep.py)."""
+    opt.zero_grad()
+    loss.sum().backward()
+    norm = clip_grad_norm(opt.params, grad_clip if grad_clip > 0 else float("inf"), per_slice=True)
+    opt.step(active)
+    return norm

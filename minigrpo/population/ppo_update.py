@@ -15,8 +15,7 @@ learned critics (`separate`, `head`; trained by the population's optimiser after
 member's oracle at once (rl/critics.exact_values: one value tree for the members' rewards and
 prompts). Each member shuffles its minibatches with its own generator, so they are its single run's
 rows (their prefix trees built as one: Rollouts.minibatches). Each member's figures are its single
-run's to float rounding (tests/test_lockstep.py). Not in lockstep (`unsupported`): the sampled
-anchor.
+run's to float rounding (tests/test_lockstep.py).
 """
 
 from __future__ import annotations
@@ -24,21 +23,15 @@ from __future__ import annotations
 import torch
 
 from minigrpo.lm.model import Weights
-from minigrpo.lm.optim import AdamW, clip_grad_norm
+from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
+from minigrpo.population.optim import clip_and_step
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.critics import exact_values, head_values
 from minigrpo.rl.report import packed, unpacked
 from toy_tasks.support import reward_table
 from toy_tasks.value_tree import ValueTree
-
-
-def unsupported(cfgs: list) -> str | None:
-    """Why a lockstep population cannot run these members' configs (None: it can)."""
-    cfg = cfgs[0]
-    reasons = {"--preserve-anchor sampled": cfg.preserve and cfg.preserve_anchor == "sampled"}
-    return next((name for name, yes in reasons.items() if yes), None)
 
 
 class Members:
@@ -57,14 +50,8 @@ class Members:
         return self.anchor.term(self.policy, self.ref, [r.anchor for r in self.runs])
 
     def clip_and_step(self, opt: AdamW, loss: torch.Tensor, params) -> torch.Tensor:
-        """Run.clip_and_step of every member -> (P,) gradient norms (a member whose norm is not
-        finite ends with its single run's error: lockstep.py)."""
-        opt.zero_grad()
-        loss.sum().backward()  # each member's loss reaches only its own slices of the weights
-        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        norm = clip_grad_norm(opt.params, clip, per_slice=True)
-        opt.step()
-        return norm
+        """Run.clip_and_step of every member (population/optim.clip_and_step)."""
+        return clip_and_step(opt, loss, self.cfg.grad_clip)
 
 
 class Critics(Stack):
