@@ -18,7 +18,7 @@ def saved(tmp_path):
     model(torch.ones(1, 3, dtype=torch.long)).sum().backward()
     opt.step()
     path = tmp_path / "model.pt"
-    save_checkpoint(path, model, tok, task="food", step=7, optimizer=opt, extra={"note": "x"})
+    save_checkpoint(path, model, tok, "food", 7, opt.state_dict(), extra={"note": "x"})
     return path, model, tok
 
 

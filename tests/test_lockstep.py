@@ -9,8 +9,8 @@ from test_population import UNTIMED, _run, breaking_reward, close
 
 from minigrpo import grpo, ppo
 from minigrpo.compare import run_one
-from minigrpo.population.checkpoint import HostCopies, MemberRun
-from minigrpo.population.lockstep import train_lockstep, unsupported
+from minigrpo.population.checkpoint import HostCopies
+from minigrpo.population.lockstep import Member, train_lockstep, unsupported
 from minigrpo.util.jsonl import read_jsonl
 
 
@@ -262,10 +262,9 @@ def test_members_share_the_first_members_pi_ref_and_the_population_never_writes_
     population's stack's, so the shared module keeps the starting weights and each member's
     checkpoint holds its own renewed π_ref (its policy)."""
     init, _, _ = tiny_pretrained
-    made, original = [], MemberRun.__init__
-    monkeypatch.setattr(
-        MemberRun, "__init__", lambda self, *a, **k: (original(self, *a, **k), made.append(self))[0]
-    )
+    made, original = [], Member.__init__
+    made_run = lambda self, *a, **k: (original(self, *a, **k), made.append(self.run))[0]
+    monkeypatch.setattr(Member, "__init__", made_run)
     cfgs = [_cfg(init, tmp_path / f"s{s}", s, ("--ref-update-every", "1")) for s in range(3)]
     assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 3)] == [3, 3, 3]
     assert (

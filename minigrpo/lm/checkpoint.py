@@ -1,6 +1,6 @@
 """Checkpoints: one file holding plain data only (tensors, numbers, strings), written atomically.
 
-    save_checkpoint(path, model, tokenizer, task="food", step=600, optimizer=opt, extra={...})
+    save_checkpoint(path, model, tokenizer, "food", 600, opt.state_dict(), extra={...})
     model, tokenizer, meta = load_checkpoint(path)
 
 The file is a dict {"format": "minigrpo-checkpoint", "version", "model" (state_dict), "config"
@@ -70,11 +70,12 @@ def save_checkpoint(
     tokenizer: CharTokenizer,
     task: str,
     step: int,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer_state: dict | None = None,
     extra: dict | None = None,
     weights: dict | None = None,
 ) -> None:
-    """`weights`: the model's state_dict already on the host (else copied here)."""
+    """`optimizer_state`: the optimiser's state_dict (saved as "optimizer"); `weights`: the model's
+    state_dict already on the host (else copied here)."""
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -84,8 +85,8 @@ def save_checkpoint(
         "task": task,
         "step": step,
     }
-    if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
+    if optimizer_state is not None:
+        state["optimizer"] = optimizer_state
     if extra is not None:
         state["extra"] = extra
     atomic_save(state, path)

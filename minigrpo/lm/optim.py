@@ -102,18 +102,19 @@ class AdamW:
             x[off] = old
 
     def state_dict(self) -> dict:
-        return {
-            "t": self.t,
-            "m": [m.cpu() for m in self.m],
-            "v": [v.cpu() for v in self.v],
-            "lr": self.param_groups[0]["lr"],
-        }
+        return adamw_state(self.t, self.param_groups[0]["lr"], self.m, self.v)
 
     def load_state_dict(self, state: dict) -> None:
         self.t = state["t"]
         self.param_groups[0]["lr"] = state["lr"]
         for mine, saved in zip(self.m + self.v, state["m"] + state["v"]):
             mine.copy_(saved)
+
+
+def adamw_state(t, lr, m: list, v: list) -> dict:
+    """AdamW's checkpoint state: its step count, rate and moments (on the host). The arithmetic is
+    elementwise, so a slice of stacked moments (a lockstep member's) is a single run's state."""
+    return {"t": t, "m": [x.cpu() for x in m], "v": [x.cpu() for x in v], "lr": lr}
 
 
 @torch.no_grad()

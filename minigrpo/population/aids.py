@@ -3,7 +3,7 @@
 rows, a stale sampler's weights, the last step's trust region.
 
     aids = Aids(SharedForward(), PromptTable(tok, prompts, device), anchor_probe, stale)
-    aids.adopt(members)       # at the start and whenever members leave: their slots, forwards and
+    aids.adopt(members)       # at the start and whenever members leave: their forwards and
                               # anchor rows
 """
 
@@ -35,8 +35,8 @@ class Aids:
     guard: StepGuard | None = None
 
     def adopt(self, members: list) -> None:
-        """Member j's slot in the stacks, its GPT kept current for its evaluation (and its sampler's
-        recorded weights); the anchor probe's rows for these members."""
+        """Member j's GPT kept current for its evaluation (and its sampler's recorded weights); the
+        anchor probe's rows for these members."""
         self.guard = None
         if self.anchor_probe:
             runs, probes = [m.run for _, m in members], {}
@@ -48,9 +48,8 @@ class Aids:
             rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
             self.anchor_rows = (rows, w, g)
         self.evaluation.adopt([m.run.policy for _, m in members])
-        for j, (_, m) in enumerate(members):
-            m.run.slot = j  # its slices of the stacks (its checkpoint's)
-            if self.stale is not None:
+        if self.stale is not None:
+            for j, (_, m) in enumerate(members):
                 m.algo.sampler = self.stale.member(m.algo.sampler, j)
 
     def trust_region(self, stack, probes: list) -> StepGuard | None:

@@ -1,12 +1,9 @@
 """A lockstep member's checkpoint from its population's stacked tensors copied to the host once for
 all members.
 
-    share_copies(stack, ref, opt, runs, critics)  # each MemberRun's run.copies: nothing copied yet
-    run.slot = p                              # its checkpoint's weights: its slices of the copies
-                                              # (HostCopies)
-    MemberOptimizer(opt, run)                 # and so is its optimiser's state (the stacked
-                                              # AdamW's, optim.py)
-    MemberAlgorithm(algo, update, run)        # and its algorithm's (PPO's learned critic)
+    copies = host_copies(stack, ref, opt, critics)  # each step's; nothing copied yet
+    trained = member_trained(copies, p, member, update, opt)  # member p's Run.trained: its
+                                  # slices of the copies (its weights, moments, PPO's critic)
 
 A single run's checkpoint copies each of its tensors to the host
 (rl/checkpoints.RunCheckpoints.save); P members' checkpoints, each on its own, would copy P times as
@@ -20,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from minigrpo.rl.loop import Run
+from minigrpo.lm.optim import adamw_state
 
 
 class HostCopies:
@@ -56,60 +53,28 @@ def _apply(tensors: dict | list, f) -> dict | list:
     return [f(k, t) for k, t in enumerate(tensors)]
 
 
-class MemberRun(Run):
-    """A lockstep member's rl/loop.Run: its checkpoint's weights (the policy's, π_ref's) are its
-    slices of the population's host copies of the step."""
-
-    copies: HostCopies | None = None  # set by the population each step
-    slot: int = 0  # the member's place in the stacks (it changes as members leave)
-
-    def host_weights(self) -> tuple[dict, dict]:
-        return tuple(
-            self.copies.member(group, self.slot, dict(model.named_parameters()))
-            for group, model in (("policy", self.policy), ("ref", self.ref))
-        )
-
-    def renew_ref(self) -> None:
-        """Nothing: the population renews its stacked π_ref, once for all (lockstep.py); the
-        member's own GPTs give its checkpoint only their layout."""
-
-
-class MemberAlgorithm:
-    """A member's algorithm object for its checkpoint (rl/loop.Run.save reads its state_dict): what
-    the population trains of it (PPO's learned critic) is its slices of the run's host copies of the
-    step, as its weights are."""
-
-    def __init__(self, algo, update, run: MemberRun):
-        self.algo, self.update, self.run = algo, update, run
-
-    def state_dict(self) -> dict:
-        return self.update.host_state(self.algo, self.run.copies, self.run.slot)
+def member_trained(copies: HostCopies, p: int, member, update, opt) -> dict:
+    """Member p's trained state for its checkpoint, as rl/checkpoints.RunCheckpoints.trained makes
+    a single run's: its slices of the copies (its policy's and π_ref's in the layout of its own
+    GPTs), its algorithm's state (update.host_state: PPO's learned critic from the copies too), and
+    the stacked AdamW's (lm/optim.AdamW, a count and a rate per member) state for its slices."""
+    run, layout = member.run, lambda model: dict(model.named_parameters())
+    lr = opt.param_groups[0]["lr"]  # a number, or each member's (P,)
+    return {
+        "policy": copies.member("policy", p, layout(run.policy)),
+        "ref": copies.member("ref", p, layout(run.ref)),
+        "algo": update.host_state(member.algo, copies, p),
+        "optimizer": adamw_state(
+            int(opt.t[p]),
+            float(lr[p]) if torch.is_tensor(lr) else lr,
+            copies.member("m", p),
+            copies.member("v", p),
+        ),
+    }
 
 
-class MemberOptimizer:
-    """A member's view of the stacked AdamW (lm/optim.AdamW, t and lr per member), for its
-    checkpoint (rl/loop.Run.save): lm/optim.AdamW.state_dict's format, its moments its slices of the
-    run's host copies of the step."""
-
-    def __init__(self, opt, run: MemberRun):
-        self.opt, self.run = opt, run
-
-    def state_dict(self) -> dict:
-        copies, p = self.run.copies, self.run.slot
-        lr = self.opt.param_groups[0]["lr"]  # a number, or each member's (P,)
-        return {
-            "t": int(self.opt.t[p]),
-            "m": copies.member("m", p),
-            "v": copies.member("v", p),
-            "lr": float(lr[p]) if torch.is_tensor(lr) else lr,
-        }
-
-
-def share_copies(stack, ref, opt, runs: list[MemberRun], critics=None) -> None:
-    """Give the members' runs the host copies of their population's stacked policy, π_ref, AdamW
-    moments and learned critics (PPO's; None: none) as they are now (made on the first checkpoint
-    that asks)."""
+def host_copies(stack, ref, opt, critics=None) -> HostCopies:
+    """The host copies of a population's stacked policy, π_ref, AdamW moments and learned critics
+    (PPO's; None: none) as they are now (made on the first checkpoint that asks)."""
     groups = {"policy": stack.w, "ref": ref.w, "m": opt.m, "v": opt.v}
-    copies = HostCopies(groups if critics is None else {**groups, "critic": critics.w})
-    for run in runs:
-        run.copies = copies
+    return HostCopies(groups if critics is None else {**groups, "critic": critics.w})

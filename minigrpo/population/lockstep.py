@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 
@@ -46,7 +47,7 @@ from minigrpo.lm.sampling import Request, generate_all
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.aids import Aids
 from minigrpo.population.anchor import MembersAnchor
-from minigrpo.population.checkpoint import MemberAlgorithm, MemberOptimizer, MemberRun, share_copies
+from minigrpo.population.checkpoint import host_copies, member_trained
 from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
 from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
@@ -123,7 +124,7 @@ class Member:
 
     def __init__(self, kind: Kind, cfg, log, like: Run | None = None):
         kind.check(cfg)
-        self.run = MemberRun(cfg, kind.name, log, like)
+        self.run = Run(cfg, kind.name, log, like)
         self.algo = kind.algorithm(self.run)
         self.logger, self.batch, self.error = None, None, None
 
@@ -171,7 +172,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
         if alike(m.run.cfg) not in start:
             start[alike(m.run.cfg)] = m.run.exact_evaluation()
     for _, m in members:
-        m.logger = m.run.begin(m.algo, MemberOptimizer(opt, m.run), start[alike(m.run.cfg)])
+        m.logger = m.run.begin(start[alike(m.run.cfg)])
     progress = Progress([m.run for _, m in members])
     try:
         with StopOnCtrlC() as stop:
@@ -199,9 +200,9 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     finally:
         for _, m in members:
             m.logger.close()
-    share_copies(stack, ref, opt, [m.run for _, m in members], *update.stacks)
-    for k, m in members:  # Ctrl-C: each member's step in flight was finished; its checkpoint
-        m.run.save(MemberAlgorithm(m.algo, update, m.run), MemberOptimizer(opt, m.run))
+    copies = host_copies(stack, ref, opt, *update.stacks)
+    for j, (k, m) in enumerate(members):  # Ctrl-C: each member's step in flight was finished; its
+        m.run.save(member_trained(copies, j, m, update, opt))  # checkpoint
         results[k] = interrupted_line(m.run.step, m.run.out)
     return results
 
@@ -264,19 +265,18 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update, cfg, aids
     ]
     evaluations = evaluate_members([m for m in finite if m.run.evaluating()])
     figures = _figures(rewards, completion_mask, list(rows))
-    # π_ref ← π_θ, as each end_step's
-    if cfg.ref_update_every and (runs[0].step + 1) % cfg.ref_update_every == 0:
+    # π_ref ← π_θ, as rl/loop.run's
+    if runs[0].renews_ref():
         with torch.no_grad():
             for name, w in ref.w.items():
                 w.copy_(stack.w[name])
     # the checkpoints' host copies: made on the first, once for all
-    share_copies(stack, ref, opt, runs, *update.stacks)
+    copies = host_copies(stack, ref, opt, *update.stacks)
     for j, row in rows.items():
         m = members[j][1]
         try:
             m.run.end_step(
-                MemberAlgorithm(m.algo, update, m.run),
-                MemberOptimizer(opt, m.run),
+                partial(member_trained, copies, j, m, update, opt),
                 batches[j],
                 row,
                 step_time,

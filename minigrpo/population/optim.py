@@ -1,7 +1,7 @@
 """What a population adds to its optimiser: members leave. P members' optimiser is lm/optim.AdamW
 over their stacked weights (P, ...), a step count and a learning rate per member (a member whose
 step is skipped, --skip-equal-groups, keeps its weights, moments and count); the gradient clip is
-lm/optim.clip_grad_norm(..., per_slice=True) (a member's checkpoint: checkpoint.MemberOptimizer).
+lm/optim.clip_grad_norm(..., per_slice=True) (a member's checkpoint: checkpoint.member_trained).
 
     opt = AdamW(params, lr, t=torch.zeros(P, dtype=torch.long))
     keep([stack], opt, members)     # only these members from now on (the others have ended)

@@ -1,6 +1,6 @@
 """The parts of an RL step that are not the algorithm's: Run's bookkeeping (rl/run_state.py) before
-the first step (restore, config.json, the opening lines, the first evaluation), at each step (the
-learning rate, the step's prompts, the losses' check, π_ref's renewal, the exact evaluation, the
+the first step (config.json, the opening lines, the first evaluation), at each step (the learning
+rate, the step's prompts, whether π_ref is renewed, the losses' check, the exact evaluation, the
 stop rule, the metrics row and the progress line, the checkpoint when due) and after the last
 (metrics.png, samples.txt, summary.json, the closing lines), and on Ctrl-C. run() (rl/loop.py) calls
 them around the algorithm's update, and so does each member of a lockstep population.
@@ -42,13 +42,11 @@ class RunBookkeeping:
     """rl/run_state.Run's per-step bookkeeping (a base class: it reads and sets the run's own
     attributes)."""
 
-    def begin(self, algo, opt, evaluation: dict | None = None) -> JsonlLogger:
-        """Before step 1 (or the resumed step): restore a resumed run, write config.json, open
-        metrics.jsonl, say what runs, and evaluate (logged as step 0 on a fresh run; `evaluation`:
-        already made) -> the metrics logger."""
+    def begin(self, evaluation: dict | None = None) -> JsonlLogger:
+        """Before step 1 (or the resumed step, once restored: rl/checkpoints.py): write config.json,
+        open metrics.jsonl, say what runs, and evaluate (logged as step 0 on a fresh run;
+        `evaluation`: already made) -> the metrics logger."""
         cfg = self.cfg
-        if self.resume_state:
-            self.restore(algo, opt)
         write_json(self.out / "config.json", {"algo": self.algo_name, **asdict(cfg)})
         logger = JsonlLogger(
             self.out / "metrics.jsonl", truncate_after_step=self.step if self.resume_state else None
@@ -86,10 +84,13 @@ class RunBookkeeping:
         """Whether the step about to end is evaluated: every --eval-every steps, and the last."""
         return (self.step + 1) % self.cfg.eval_every == 0 or self.step + 1 == self.cfg.steps
 
+    def renews_ref(self) -> bool:
+        """Whether π_ref ← π_θ after the step about to end (--ref-update-every; iterative GRPO)."""
+        return bool(self.cfg.ref_update_every) and (self.step + 1) % self.cfg.ref_update_every == 0
+
     def end_step(
         self,
-        algo,
-        opt,
+        trained,
         batch,
         stats: dict,
         step_time: float,
@@ -97,11 +98,11 @@ class RunBookkeeping:
         evaluation: dict | None = None,
         figures: list | None = None,
     ) -> None:
-        """After the update (and the trust region): check the losses, count the step, renew π_ref
-        when due (--ref-update-every), evaluate (every --eval-every steps), apply the stop rule, log
-        the row and the progress line, checkpoint when due. A lockstep population's member gets its
-        step's exact `evaluation` and its batch's `figures` (batch_figures') already made, every
-        member's at once."""
+        """After the update, the trust region and π_ref's renewal (`renews_ref`): check the losses,
+        count the step, evaluate (every --eval-every steps), apply the stop rule, log the row and
+        the progress line, checkpoint when due (trained() -> what `save` takes: Run.trained's,
+        made only then). A lockstep population's member gets its step's exact `evaluation` and its
+        batch's `figures` (batch_figures') already made, every member's at once."""
         cfg = self.cfg
         if not all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss")):
             raise UsageError(
@@ -109,8 +110,6 @@ class RunBookkeeping:
                 f"the run stopped; checkpoints already written are intact"
             )
         self.step += 1
-        if cfg.ref_update_every and self.step % cfg.ref_update_every == 0:  # iterative GRPO
-            self.renew_ref()
         if figures is None:
             # one read, not four
             figures = batch_figures(batch.rewards, batch.mask.sum(1).float()).tolist()
@@ -136,15 +135,11 @@ class RunBookkeeping:
         logger.log(row)
         self.log(progress_line(self.step, cfg.steps, row, evaluated, cfg.verbose))
         if self.step % cfg.ckpt_every == 0 or self.stop_reason is not None:
-            self.save(algo, opt)
+            self.save(trained())
 
-    def renew_ref(self) -> None:
-        """π_ref ← π_θ (--ref-update-every)."""
-        self.ref.load_state_dict(self.policy.state_dict())
-
-    def interrupted(self, algo, opt) -> None:
+    def interrupted(self, trained: dict) -> None:
         """Ctrl-C: the step in flight was finished: a consistent checkpoint, then exit 130."""
-        self.save(algo, opt)
+        self.save(trained)
         print(
             f"\n{interrupted_line(self.step, self.out)}; continue with --resume {self.out}",
             flush=True,

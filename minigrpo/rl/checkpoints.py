@@ -46,15 +46,26 @@ class RunCheckpoints:
             )
         return state
 
-    def save(self, algo, opt) -> None:
-        """A regular checkpoint (loadable by sample.py, usable as --init) plus the run's state under
-        extra["rl"], so --resume continues exactly."""
-        weights, ref = self.host_weights()
+    def trained(self, algo, opt) -> dict:
+        """What the run has trained, for its checkpoint (`save`): {"policy": the policy's weights,
+        "ref": π_ref's, on the host; "algo": the algorithm's state_dict, "optimizer": the
+        optimiser's}."""
+        return {
+            "policy": host_state(self.policy),
+            "ref": host_state(self.ref),
+            "algo": algo.state_dict(),
+            "optimizer": opt.state_dict(),
+        }
+
+    def save(self, trained: dict) -> None:
+        """A regular checkpoint (loadable by sample.py, usable as --init) of the run's `trained`
+        state (as Run.trained makes it) plus the rest of the run under extra["rl"], so --resume
+        continues exactly."""
         rl_state = {
             "algo": self.algo_name,
             "config": asdict(self.cfg),
-            "ref": ref,
-            "algo_state": to_host(algo.state_dict()),
+            "ref": trained["ref"],
+            "algo_state": to_host(trained["algo"]),
             "gens": {k: g.get_state() for k, g in self.gens.items()},
             "anchor": self.anchor.host_state() if self.anchor is not None else None,
             "baseline": self.baseline,
@@ -70,15 +81,10 @@ class RunCheckpoints:
             self.tok,
             self.cfg.task,
             self.step,
-            optimizer=opt,
+            trained["optimizer"],
             extra={"rl": rl_state},
-            weights=weights,
+            weights=trained["policy"],
         )
-
-    def host_weights(self) -> tuple[dict, dict]:
-        """The policy's and π_ref's weights copied to the host, for a checkpoint (a lockstep
-        member's: its slices of its population's copies, population/checkpoint.py)."""
-        return host_state(self.policy), host_state(self.ref)
 
     def restore(self, algo, opt) -> None:
         state = self.resume_state

@@ -40,7 +40,10 @@ def run(
     r = Run(cfg, algo_name, log)
     algo = algo_factory(r)
     opt = AdamW(algo.parameters(), lr=cfg.lr)
-    logger = r.begin(algo, opt)
+    if r.resume_state:
+        r.restore(algo, opt)
+    logger = r.begin()
+    trained = lambda: r.trained(algo, opt)  # what a checkpoint holds of the training
     last_batch, guard = None, None
     try:
         with StopOnCtrlC() as stop:
@@ -69,7 +72,9 @@ def run(
                 stats = algo.update(batch, opt)
                 if guard is not None:
                     stats.update({k: v.item() for k, v in guard.enforce(r.policy).items()})
-                r.end_step(algo, opt, batch, stats, time.perf_counter() - t0, logger)
+                if r.renews_ref():
+                    r.ref.load_state_dict(r.policy.state_dict())
+                r.end_step(trained, batch, stats, time.perf_counter() - t0, logger)
                 last_batch = batch
     # a user reward raised or returned a non-finite value: one line, no traceback
     except RewardError as e:
@@ -80,5 +85,5 @@ def run(
         logger.close()
     # Ctrl-C: the step in flight was finished: a consistent checkpoint
     if stop.requested and r.stop_reason is None:
-        r.interrupted(algo, opt)
+        r.interrupted(trained())
     return r.finish(last_batch, panels)
