@@ -6,7 +6,8 @@ computation.
     # cfgs[p]: member p's config; results[p]: its summary, or its error line
 
 Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop rule, files), and
-each step does what rl/loop.run does, for all members at once:
+each step does what rl/loop.run does, with its pieces (Run's, rl/rollout's, rl/trust_region's), for
+all members at once:
 
     sample        every member's prompts and completions from its own generators, one KV-cache batch
                   (lm/sampling.generate_all), scored by its reward
@@ -17,6 +18,7 @@ each step does what rl/loop.run does, for all members at once:
                   (lm/optim.AdamW, a count and a rate per member)
     trust region  every member's step halved until its own probes allow it (rl/trust_region.py over
                   the stack; the anchor rows' logits carried from one step to the next)
+    π_ref ← π_θ   the stack's, when Run.renews_ref
     the rest      each member's own: Run.end_step (exact evaluation, one forward for all:
                   population/evaluation.py; stop rule, metrics, checkpoints: checkpoint.py)
                   and, once it stops, Run.finish (summary.json, ...)
@@ -55,20 +57,25 @@ from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.sampling import PromptTable, read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.population.stale import StaleWeights
+from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import STOP_ALL, StopOnCtrlC, batch_figures, interrupted_line
-from minigrpo.rl.rollout import RolloutBatch
+from minigrpo.rl.report import (
+    STOP_ALL,
+    StopOnCtrlC,
+    batch_figures,
+    interrupted_line,
+    stopped_line,
+)
+from minigrpo.rl.rollout import RolloutBatch, drawn, grouped
 from minigrpo.rl.run_state import nonfinite_gradient
+from minigrpo.rl.trust_region import step_probes
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
 
 # what members may differ in, each a flag with a value (lr: optim.py; reward: each member's scores,
-# evaluation and
-# PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each member's
-# already, adapted on its
-# own; person: each member's prompts, anchor (anchor.py) and trust region's anchor rows), and
-# settings that change no
-# result
+# evaluation and PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each
+# member's already, adapted on its own; person: each member's prompts, anchor (anchor.py) and trust
+# region's anchor rows), and settings that change no result
 OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("grpo", "ppo")}
 # and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update
 # (grpo_update.py)
@@ -165,9 +172,9 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     )
     aids.adopt(members)
     # step 0: every member's weights are the first's, evaluated by its own forward once for each
-    # reward,
+    # reward, β and person (alike) as its single run (figures that compare π_θ with π_ref see them
+    # equal)
     start = {}
-    # β and person (alike) as its single run (figures that compare π_θ with π_ref see them equal)
     for _, m in members:
         if alike(m.run.cfg) not in start:
             start[alike(m.run.cfg)] = m.run.exact_evaluation()
@@ -230,11 +237,8 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update, cfg, aids
             rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
         )
         old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
-    probes = [("rollout", rows, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
-    if aids.anchor_rows is not None:
-        anchor_rows, weights, group = aids.anchor_rows
-        probes.append(("anchor", anchor_rows, cfg.trust_region_anchor, weights, group))
-    guard = aids.trust_region(stack, probes)
+    anchor_rows = None if aids.anchor_rows is None else lambda: aids.anchor_rows
+    guard = aids.trust_region(stack, step_probes(cfg, rows, anchor_rows))
     figures = update(
         stack,
         ref,
@@ -253,17 +257,9 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update, cfg, aids
     trust = guard.enforce(stack) if guard is not None else {}
     aids.evaluation.fresh(stack)  # the members' evaluation, one forward for all
     step_time, rows = time.perf_counter() - t0, _rows(members, update, figures, trust)
-    finite = [
-        members[j][1]
-        for j, row in rows.items()
-        if all(
-            math.isfinite(v)
-            for k, v in row.items()
-            # else end_step says so
-            if k.endswith("loss")
-        )
-    ]
-    evaluations = evaluate_members([m for m in finite if m.run.evaluating()])
+    # a member whose losses are not finite ends in end_step, unevaluated
+    evaluated = [members[j][1] for j, row in rows.items() if finite_losses(row)]
+    evaluations = evaluate_members([m for m in evaluated if m.run.evaluating()])
     figures = _figures(rewards, completion_mask, list(rows))
     # π_ref ← π_θ, as rl/loop.run's
     if runs[0].renews_ref():
@@ -297,38 +293,24 @@ def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
     failed (its error set: a sampling that met NaN, a reward that raised)."""
     # GRPO's --sample-*: alike for all
     runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler
-    temperature = (
-        cfg.temperature if sampler is None or sampler.temperature is None else sampler.temperature
-    )
-    prompts = [[p for p in r.step_prompts() for _ in range(cfg.group_size)] for r in runs]
+    (temperature, top_p), n = drawn(cfg.temperature, sampler), cfg.max_new_tokens
+    prompts = [grouped(r.step_prompts(), cfg.group_size) for r in runs]
     requests = [
-        Request(
-            ids,
-            mask,
-            cfg.max_new_tokens,
-            temperature,
-            None,
-            sampler and sampler.top_p,
-            r.gens["rollout"],
-            ids.size(1),
-        )
+        Request(ids, mask, n, temperature, None, top_p, r.gens["rollout"], ids.size(1))
         for r, (ids, mask) in zip(runs, table.encode(prompts))
     ]
     gens = generate_all(stack, requests)
     batches, scored = [], []
     # one read
     for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):
-        try:
-            if isinstance(gen, Exception):
-                raise UsageError(
-                    f"{gen} (stopped at step {m.run.step}; checkpoints already written are intact)"
-                )
+        if isinstance(gen, Exception):  # a sampling that met NaN
+            m.error = stopped_line(gen, m.run.step)
+        else:
             completions, finished = read
-            rewards = score(m.run.reward, rows, completions, finished, cfg.unfinished_reward)
-        except RewardError as e:
-            m.error = f"{e} (stopped at step {m.run.step}; checkpoints already written are intact)"
-        except UsageError as e:
-            m.error = str(e)
+            try:
+                rewards = score(m.run.reward, rows, completions, finished, cfg.unfinished_reward)
+            except RewardError as e:
+                m.error = stopped_line(e, m.run.step)
         # it leaves after this step; its rows still fill the batch (its update is never kept)
         if m.error:
             batches.append(None)

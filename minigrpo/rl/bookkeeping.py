@@ -38,6 +38,11 @@ from minigrpo.util.jsonl import JsonlLogger
 from minigrpo.util.outputs import write_json
 
 
+def finite_losses(stats: dict) -> bool:
+    """Whether every loss of a step's figures is finite (else end_step stops the run)."""
+    return all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss"))
+
+
 class RunBookkeeping:
     """rl/run_state.Run's per-step bookkeeping (a base class: it reads and sets the run's own
     attributes)."""
@@ -104,7 +109,7 @@ class RunBookkeeping:
         made only then). A lockstep population's member gets its step's exact `evaluation` and its
         batch's `figures` (batch_figures') already made, every member's at once."""
         cfg = self.cfg
-        if not all(math.isfinite(v) for k, v in stats.items() if k.endswith("loss")):
+        if not finite_losses(stats):
             raise UsageError(
                 f"the loss became non-finite at step {self.step + 1} (lr {cfg.lr:g}): "
                 f"the run stopped; checkpoints already written are intact"

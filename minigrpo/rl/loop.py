@@ -21,7 +21,7 @@ from collections.abc import Callable
 from minigrpo.lm.optim import AdamW
 from minigrpo.rl.algorithm import Algorithm, rollout_flags
 from minigrpo.rl.config import RLConfig
-from minigrpo.rl.report import StopOnCtrlC
+from minigrpo.rl.report import StopOnCtrlC, stopped_line
 from minigrpo.rl.rollout import collect
 from minigrpo.rl.run_state import GENERATORS, Run, purpose_seed
 from minigrpo.rl.trust_region import StepGuard
@@ -78,9 +78,7 @@ def run(
                 last_batch = batch
     # a user reward raised or returned a non-finite value: one line, no traceback
     except RewardError as e:
-        raise UsageError(
-            f"{e} (stopped at step {r.step}; checkpoints already written are intact)"
-        ) from None
+        raise UsageError(stopped_line(e, r.step)) from None
     finally:
         logger.close()
     # Ctrl-C: the step in flight was finished: a consistent checkpoint

@@ -111,6 +111,11 @@ class StopOnCtrlC:
 INTERRUPTED = "interrupted"
 
 
+def stopped_line(error, step: int) -> str:
+    """What a run stopped at `step` by an error of its reward or sampling says."""
+    return f"{error} (stopped at step {step}; checkpoints already written are intact)"
+
+
 def interrupted_line(step: int, out: Path) -> str:
     """What a run that Ctrl-C ended says: where its checkpoint is."""
     return f"{INTERRUPTED}: checkpoint at step {step} written to {out / 'model.pt'}"

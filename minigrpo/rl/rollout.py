@@ -119,6 +119,19 @@ class Sampler:
         self.states = list(state["states"])
 
 
+def grouped(prompts: list[str], group_size: int) -> list[str]:
+    """A rollout's rows: each prompt `group_size` times, prompt by prompt."""
+    return [p for p in prompts for _ in range(group_size)]
+
+
+def drawn(temperature: float, sampler: Sampler | None) -> tuple[float, float | None]:
+    """The temperature and top-p a rollout is drawn at: the run's --temperature and no nucleus, or
+    the sampler's (its temperature where it has one)."""
+    if sampler is None:
+        return temperature, None
+    return (temperature if sampler.temperature is None else sampler.temperature), sampler.top_p
+
+
 @torch.no_grad()
 def collect(
     policy: GPT,
@@ -141,24 +154,13 @@ def collect(
     distribution, score them, and compute π_ref's (with ref_logp; else None) and, with old_logp,
     π_old's log-probs of every completion token at `temperature`."""
     device = policy.wte.weight.device
-    # grouped: prompt 0 x G, prompt 1 x G, ...
-    rows = [p for p in prompts for _ in range(group_size)]
+    rows = grouped(prompts, group_size)
     ids, mask = encode_prompts(tok, rows, device)
     was_training = policy.training
     policy.eval()
-    if sampler is None:
-        gen = generate(policy, ids, mask, max_new_tokens, temperature, generator=generator)
-    else:
-        t = temperature if sampler.temperature is None else sampler.temperature
-        gen = generate(
-            sampler.pick(policy),
-            ids,
-            mask,
-            max_new_tokens,
-            t,
-            top_p=sampler.top_p,
-            generator=generator,
-        )
+    t, top_p = drawn(temperature, sampler)
+    model = policy if sampler is None else sampler.pick(policy)
+    gen = generate(model, ids, mask, max_new_tokens, t, top_p=top_p, generator=generator)
     completions = decode_completions(tok, gen)
     rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward, progress)
     old = generation_logprobs(policy, gen, temperature) if old_logp else None

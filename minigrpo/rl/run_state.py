@@ -25,6 +25,7 @@ from minigrpo.rl.checkpoints import RunCheckpoints
 from minigrpo.rl.config import RLConfig, check_rl_config
 from minigrpo.rl.preserve import anchor_loss, make_anchor
 from minigrpo.rl.stopping import Peaks, StopRule
+from minigrpo.rl.trust_region import step_probes
 from minigrpo.util.cli import UsageError
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import setup_runtime
@@ -159,16 +160,10 @@ class Run(RunBookkeeping, RunCheckpoints):
         return {**ev, **self.peaks.update(ev)}
 
     def probes(self, batch) -> list:
-        """What the step's trust region measures (trust_region.py): the rollout, the anchor set."""
-        out = (
-            [("rollout", batch.gen, self.cfg.trust_region, None, None)]
-            if self.cfg.trust_region > 0
-            else []
-        )
-        if self.anchor is not None and self.cfg.trust_region_anchor > 0:
-            gen, weights, group = self.anchor_probe_rows()
-            out.append(("anchor", gen, self.cfg.trust_region_anchor, weights, group))
-        return out
+        """What the step's trust region measures (trust_region.step_probes): the rollout, the anchor
+        set."""
+        anchor_rows = self.anchor_probe_rows if self.anchor is not None else None
+        return step_probes(self.cfg, batch.gen, anchor_rows)
 
     def anchor_probe_rows(self) -> tuple:
         """The anchor rows the trust region measures -> (generation, weights, group), chosen once:

@@ -37,6 +37,18 @@ from minigrpo.lm.sampling import Generation
 from minigrpo.objectives.kl import exact
 
 
+def step_probes(cfg, rollout, anchor_rows=None) -> list:
+    """What a step's trust region measures, as StepGuard takes it [(name, rows, δ, weights, group)]:
+    the step's rollout (a Generation, or a population's rows) within --trust-region, and the anchor
+    rows within --trust-region-anchor (anchor_rows() -> (rows, weights, group); None: no anchor);
+    a limit of 0 is not measured."""
+    out = [("rollout", rollout, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
+    if anchor_rows is not None and cfg.trust_region_anchor > 0:
+        rows, weights, group = anchor_rows()
+        out.append(("anchor", rows, cfg.trust_region_anchor, weights, group))
+    return out
+
+
 @torch.no_grad()
 def _logits(policy, gen: Generation) -> torch.Tensor:
     _, logits = generation_logprobs(policy, gen, return_logits=True)
