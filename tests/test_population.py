@@ -336,11 +336,11 @@ def test_compare_runs_populations_in_worker_processes_as_the_pool_runs_them(
     printed = capsys.readouterr().out
     assert (
         "2 lockstep populations, 2 at a time" in printed
-        and "interquartile means with their 95 % bootstrap" in printed
+        and "interquartile means (IQM) with 95 % BCa bootstrap" in printed
     )
     assert printed.count("seed 0: ok") == 2 and printed.count("seed 1: ok") == 2
     table = (tmp_path / "population" / "table.md").read_text()
-    assert "P(row > column)" in table and "| default | 2 |" in table
+    assert "P(row better than column)" in table and "| default | 2 ok |" in table
     assert (tmp_path / "population" / "intervals.png").stat().st_size > 0
     main([*flags, "--engine", "pool", "--out", str(tmp_path / "pool")])
     for run in ("default-s0", "default-s1", "ppo-s0", "ppo-s1"):
