@@ -128,6 +128,30 @@ def test_a_stacked_step_is_each_slices_own_adamw_and_a_skipped_slice_is_untouche
         assert all(torch.equal(a, w[p]) for a, w in zip(o.m + o.v, together.m + together.v)), p
 
 
+def test_the_per_slice_clip_sums_each_slice_in_its_own_layout():
+    """Slices laid out as transposes (a GPT's Linear weights: lm/model.in_out_order; a population
+    stacks them so, population/stacked.stacked): each slice's norm is that of a run alone whose
+    gradient has that layout, to the bit (a norm sums in memory order: summed in the contiguous
+    order, about a third of these differ in the last bit)."""
+    from minigrpo.lm.model import in_out_order
+
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        grads = [torch.randn(3, 96, 32, generator=gen) * 10.0 ** -(seed % 4) for _ in range(3)]
+        stacked = [
+            torch.nn.Parameter(g.transpose(1, 2).contiguous().transpose(1, 2)) for g in grads
+        ]
+        for w, g in zip(stacked, grads):
+            w.grad = g.transpose(1, 2).contiguous().transpose(1, 2)
+        norms = clip_grad_norm(stacked, 1e-3, per_slice=True)
+        for p in range(3):
+            alone = [torch.nn.Parameter(in_out_order(g[p])) for g in grads]
+            for a, g in zip(alone, grads):
+                a.grad = in_out_order(g[p])
+            assert torch.equal(clip_grad_norm(alone, 1e-3), norms[p]), (seed, p)
+            assert all(torch.equal(a.grad, w.grad[p]) for a, w in zip(alone, stacked))
+
+
 def test_the_per_slice_clip_keeps_a_nan_in_its_own_slice():
     g = torch.ones(3, 4)
     g[1, 2] = float("nan")

@@ -75,8 +75,11 @@ def shifted_forward(
         hidden = plain_hidden(model, ids[..., :-1], km)
         return model.head(hidden) / temperature, hidden
     tree = tree if tree is not None else next_token_tree(ids, key_mask)
-    # (G, N, C): each node once
-    hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)
+    # (G, N, C): each node once; stacked weights on the CPU: each model's attention over its own
+    # tree's width (model.own_lengths: as it computes alone, to the bit)
+    widths = None if tree.tokens.is_cuda else tree.widths()
+    own = {} if widths is None else {"lengths": widths}
+    hidden = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask, **own)
     logits = model.head(hidden)
     # x / 1 is x
     return tree.gather(logits if temperature == 1.0 else logits / temperature), tree.gather(hidden)

@@ -96,7 +96,7 @@ def causal_mask(
 
 
 def attention(
-    q, k, v, attn_mask=None, cache: KVCache | None = None, layer: int = 0
+    q, k, v, attn_mask=None, cache: KVCache | None = None, layer: int = 0, lengths=None
 ) -> torch.Tensor:
     """Causal scaled dot-product attention of T new queries, over the cached keys too:
     softmax(QKᵀ/√D)·V.
@@ -108,8 +108,11 @@ def attention(
     written. Without attn_mask: plain causal attention (query i sees keys 0..i) when there is no
     cache; with a cache, GPT.hidden passes a mask whenever T > 1, and a single query (T = 1) sees
     every key.
+    lengths: None, or (stacked weights, no cache) each model's own length: see own_lengths.
     -> (B, H, T, D). (Vaswani et al. 2017, 1706.03762 eq. 1; the cache: GPT-2 inference.)
     """
+    if lengths is not None and min(lengths) < q.size(2):
+        return own_lengths(q, k, v, attn_mask, lengths)
     if cache is not None:
         L, T = cache.length, q.size(2)
         cache.k[layer, :, :, L : L + T] = k
@@ -122,6 +125,31 @@ def attention(
     if attn_mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=q.size(2) > 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
+def own_lengths(q, k, v, attn_mask, lengths: list[int]) -> torch.Tensor:
+    """attention() of P models' rows, each over its own length: q, k, v (P·G, H, T, D), model p's G
+    rows first; attn_mask None or bool (P·G, 1, T, T); lengths (P,) ints ≤ T. Model p's queries and
+    keys are cut to their first lengths[p] slots, one call per distinct length; the slots past a
+    model's length (padding that nobody reads) get 0. -> (P·G, H, T, D).
+
+    Why: the CPU's fused attention (flash) kernel splits the queries into blocks whose size depends
+    on their count, and a block of another size rounds otherwise, so rows padded to the widest
+    model's length do not compute what the same rows of that model compute alone (to the bit);
+    each model over its own length does."""
+    P, T = len(lengths), q.size(2)
+    parts, order = [], []
+    for n in sorted(set(lengths)):
+        at = [p for p, m in enumerate(lengths) if m == n]
+        index = torch.tensor(at, device=q.device)
+        mine = lambda x: x.unflatten(0, (P, -1))[index]  # (models, G, ...)
+        cut = lambda x: mine(x)[..., :n, :].flatten(0, 1)  # (models·G, H, n, D)
+        mask = None if attn_mask is None else mine(attn_mask)[..., :n, :n].flatten(0, 1)
+        y = attention(cut(q), cut(k), cut(v), mask)
+        parts.append(F.pad(y, (0, 0, 0, T - n)).unflatten(0, (len(at), -1)))
+        order += at
+    back = torch.tensor(order, device=q.device).argsort()
+    return torch.cat(parts)[back].flatten(0, 1)
 
 
 def one_query_attention(q, k, v, attn_mask=None) -> torch.Tensor:
@@ -171,8 +199,38 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     b (C,); or stacked, w, b (P, C) and x (P, ..., C), each model its own scale and shift."""
     if w.dim() == 1:
         return F.layer_norm(x, w.shape, w, b, EPS)
+    if not x.is_cuda:
+        return StackedLayerNorm.apply(x, w, b)
     shape = (w.size(0),) + (1,) * (x.dim() - 2) + (-1,)
     return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:], eps=EPS), w.view(shape))
+
+
+class StackedLayerNorm(torch.autograd.Function):
+    """layer_norm of stacked weights on the CPU: x (P, ..., C), w, b (P, C). The forward is the
+    stacked one (normalise, then b + x̂·w: the same numbers as F.layer_norm's fused kernel); the
+    backward is F.layer_norm's own (aten.native_layer_norm_backward with w[p], b[p]), model by
+    model. Why: that kernel computes the input's gradient as (rstd·dy)·w, a chain rule through the
+    stacked forward as rstd·(dy·w), which rounds otherwise; model p's gradients are then those of
+    its run alone to the bit. A GPU takes the stacked autograd (one launch, not P)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        x_hat, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], None, None, EPS)
+        ctx.save_for_backward(x, w, b, mean, rstd)
+        shape = (w.size(0),) + (1,) * (x.dim() - 2) + (-1,)
+        return torch.addcmul(b.view(shape), x_hat, w.view(shape))
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, mean, rstd = ctx.saved_tensors
+        need = list(ctx.needs_input_grad)
+        each = [
+            torch.ops.aten.native_layer_norm_backward(
+                dy[p], x[p], x.shape[-1:], mean[p], rstd[p], w[p], b[p], need
+            )
+            for p in range(w.size(0))
+        ]
+        return tuple(torch.stack(g) if want else None for g, want in zip(zip(*each), need))
 
 
 def embedding(idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -198,6 +256,7 @@ class Weights:
         attn_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         last: bool = False,
+        lengths: list[int] | None = None,
     ) -> torch.Tensor:
         """The forward up to the head: final hidden states (B, T, C), stacked (P, B, T, C); last:
         only each row's last position, (B, C) or (P, B, C).
@@ -205,7 +264,9 @@ class Weights:
         idx, pos (B, T) long, stacked (P, B, T): tokens and their position ids. attn_mask: None
         (plain causal attention, no cache or one query) or bool (R or 1, 1, T, T_keys), True = may
         attend, over the R = B (stacked: P*B, member by member) rows. cache: None or a KVCache of R
-        rows holding L keys (T_keys = L + T; see attention()); its length advances by T."""
+        rows holding L keys (T_keys = L + T; see attention()); its length advances by T. lengths:
+        None, or (stacked, no cache) each model's own T (its rows' slots past it are padding): its
+        attention over those slots only, as it computes alone (own_lengths)."""
         w, (B, T), lead = self.w, idx.shape[-2:], idx.shape[:-2]
         C, H, R = self.cfg.n_embd, self.cfg.n_head, math.prod(idx.shape[:-1])
         x = (embedding(idx, w["wte.weight"]) + embedding(pos, w["wpe.weight"])).view(
@@ -219,7 +280,8 @@ class Weights:
             h = layer_norm(x, *ln1)
             # 3 x (R, H, T, D)
             q, k, v = linear(h, *qkv).view(R, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
-            y = attention(q, k, v, attn_mask, cache, i).transpose(1, 2).reshape(*lead, B * T, C)
+            y = attention(q, k, v, attn_mask, cache, i, lengths)
+            y = y.transpose(1, 2).reshape(*lead, B * T, C)
             x = x + linear(y, *proj)
             x = x + linear(F.gelu(linear(layer_norm(x, *ln2), *fc)), *out)
         if cache is not None:

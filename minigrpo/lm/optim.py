@@ -132,9 +132,11 @@ def clip_grad_norm(params, max_norm: float, per_slice: bool = False) -> torch.Te
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    if per_slice:  # each row's norms: the two reductions below, row by row
-        rows = [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]
-        norm = torch.linalg.vector_norm(torch.stack(rows, 1), dim=1)
+    if per_slice:  # each slice's norms: the two reductions below, slice by slice, each slice in
+        # its own memory layout (a tensor's norm sums in memory order)
+        rows = torch._foreach_norm([x for g in grads for x in g.unbind(0)])
+        each = torch.stack(rows).view(len(grads), -1).t().contiguous()  # (P, tensors)
+        norm = torch.linalg.vector_norm(each, dim=1)
     else:
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     coef = max_norm / (norm + 1e-6)

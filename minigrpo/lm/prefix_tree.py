@@ -89,6 +89,13 @@ class PrefixTree:
             None if self.sizes is None else grow(self.sizes),
         )
 
+    def widths(self) -> list[int] | None:
+        """A batch of trees: each tree's own N, the most nodes of its sequences (what it pads to
+        alone) -> [N_m for each m]; one tree, or sizes unknown: None."""
+        if self.tokens.dim() < 3 or self.sizes is None:
+            return None
+        return self.sizes.flatten(0, -2).amax(-1).clamp(min=1).tolist()
+
     def unbind(self) -> list[PrefixTree]:
         """A batch of trees (n, ...) -> its n parts (...), in order, each indexing its own slots."""
         n, slots = self.tokens.size(0), self.tokens[0].numel()

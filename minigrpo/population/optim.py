@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minigrpo.lm.optim import AdamW, clip_grad_norm
-from minigrpo.population.stacked import Stack
+from minigrpo.population.stacked import Stack, select
 
 
 @torch.no_grad()
@@ -26,12 +26,10 @@ def keep(stacks: list[Stack], opt: AdamW, members: list[int]) -> None:
     if torch.is_tensor(lr):
         opt.param_groups[0]["lr"] = lr[torch.tensor(members)]
     for stack in stacks:
-        stack.w = {
-            name: w.detach().index_select(0, index).requires_grad_() for name, w in stack.w.items()
-        }
+        stack.w = {name: select(w.detach(), index).requires_grad_() for name, w in stack.w.items()}
     opt.params = [w for stack in stacks for w in stack.parameters()]
-    opt.m = [m.index_select(0, index) for m in opt.m]
-    opt.v = [v.index_select(0, index) for v in opt.v]
+    opt.m = [select(m, index) for m in opt.m]
+    opt.v = [select(v, index) for v in opt.v]
 
 
 def clip_and_step(

@@ -31,15 +31,34 @@ import torch
 from minigrpo.lm.model import GPT, Weights
 
 
+def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack of tensors of one shape and one memory layout -> (P, ...), each slice laid out as
+    they are (a GPT's Linear weights lie transposed: lm/model.in_out_order). Why: the CPU's kernels
+    pick their order by layout, so a slice in its model's layout computes its matmuls and its
+    gradient's norm (lm/optim.clip_grad_norm, per slice) as its model alone does, to the bit; a
+    gradient takes its leaf's layout. Differentiable."""
+    first = tensors[0]
+    order = sorted(range(first.dim()), key=lambda d: -first.stride(d))  # outermost dim first
+    back = [0, *(1 + order.index(d) for d in range(first.dim()))]
+    return torch.stack([t.permute(order) for t in tensors]).permute(back)
+
+
+def select(w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """w.index_select(0, index) with each slice laid out as w's are (a new tensor; see stacked)."""
+    order = [0, *sorted(range(1, w.dim()), key=lambda d: -w.stride(d))]
+    back = [order.index(d) for d in range(w.dim())]
+    return w.permute(order).index_select(0, index).permute(back)
+
+
 class Stack(Weights):
     """The weights of `models` (GPTs of one config) stacked along a new first dim, in the models'
-    order. trainable=False: a differentiable stack of the models' own parameters (their gradients
-    reach them); trainable=True: a copy whose stacked tensors are leaves of their own
-    (`parameters()`, one optimiser for all)."""
+    order, each slice in its model's memory layout (`stacked`). trainable=False: a differentiable
+    stack of the models' own parameters (their gradients reach them); trainable=True: a copy whose
+    stacked tensors are leaves of their own (`parameters()`, one optimiser for all)."""
 
     def __init__(self, models: list[GPT], trainable: bool = False):
         named = [dict(m.named_parameters()) for m in models]
-        w = {name: torch.stack([n[name] for n in named]) for name in named[0]}
+        w = {name: stacked([n[name] for n in named]) for name in named[0]}
         if trainable:
             w = {name: t.detach().requires_grad_() for name, t in w.items()}
         super().__init__(models[0].cfg, w)
@@ -52,7 +71,7 @@ class Stack(Weights):
         leaves)."""
         out = copy.copy(self)
         index = torch.tensor(members, device=self.w["wte.weight"].device)
-        out.w = {name: w.detach().index_select(0, index) for name, w in self.w.items()}
+        out.w = {name: select(w.detach(), index) for name, w in self.w.items()}
         return out
 
     def copy_to(self, models: list[GPT], rows: list[int] | None = None) -> None:
