@@ -31,7 +31,7 @@ def noise_drawn(request, monkeypatch):
 
 
 # the property tests' hypothesis budget
-SET = settings(deadline=None, max_examples=40, derandomize=True)
+SET = settings(deadline=None, max_examples=30, derandomize=True)
 NAN = float("nan")
 
 
