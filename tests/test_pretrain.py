@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
+from minigrpo import pretrain
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
-from minigrpo.pretrain import distinct_lines, encode_lines, lm_loss
+from minigrpo.pretrain import distinct_lines, encode_lines, eval_loss, lm_loss
 from toy_tasks import food
 
 
@@ -52,6 +53,25 @@ def test_weighted_distinct_lines_give_the_whole_corpus_loss_and_gradient():
 
 
 @pytest.mark.slow
+def test_a_large_evaluation_in_parts_is_the_whole_mean(monkeypatch):
+    """eval_loss over more than EVAL_ROWS rows (a large --n-lines, which held every row's
+    activations at once) is the mean of the whole, weighted by counts too, to float rounding."""
+    torch.manual_seed(0)
+    tok = CharTokenizer(food.ALPHABET)
+    model = GPT(
+        GPTConfig(
+            vocab_size=tok.vocab_size, block_size=food.BLOCK_SIZE, n_layer=1, n_head=2, n_embd=16
+        )
+    )
+    lines, counts = distinct_lines(food.make_corpus(800, seed=0))
+    data, counts = encode_lines(tok, lines, food.BLOCK_SIZE), torch.tensor(counts).float()
+    whole = [eval_loss(model, data, tok.pad_id), eval_loss(model, data, tok.pad_id, counts)]
+    monkeypatch.setattr(pretrain, "EVAL_ROWS", 7)  # parts of unequal lengths and weights
+    parts = [eval_loss(model, data, tok.pad_id), eval_loss(model, data, tok.pad_id, counts)]
+    assert len(data) > 7 and parts == pytest.approx(whole, rel=1e-6), (parts, whole)
+    assert parts[0] != pytest.approx(parts[1], rel=1e-4)  # the counts weigh the parts
+
+
 def test_pretraining_logs_from_step_0_densely_early_and_its_evaluations_change_nothing(tmp_path):
     """loss.png had 5 points from step 100 on: none of the learning. metrics.jsonl now holds step 0
     (the initial model) and steps 1, 2, 4, 8, ... below --eval-every, then every --eval-every; each
