@@ -42,8 +42,9 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
 @pytest.mark.slow
 def test_the_recipes_table_says_what_each_member_adds_a_step(tmp_path, tiny_pretrained):
     """One population of 2 × the seeds: most of a step's kernels are made once for all members; each
-    member adds a few (its noise drawn once a step, as on a GPU; its rows copied with the
-    others')."""
+    member adds a few (its noise drawn once a step, as on a GPU; its rows copied with the others'),
+    and on the CPU its own layer norm backward and attention calls of its trees' widths, which keep
+    it its single run's to the bit (lm/model.py; a GPU takes neither): 44 a member measured."""
     init, _, _ = tiny_pretrained
     folder = lambda name: (shutil.rmtree(tmp_path / name, ignore_errors=True), tmp_path / name)[1]
     text = population._recipes(folder, init, "cpu", 2, 1, 2)
@@ -56,4 +57,4 @@ def test_the_recipes_table_says_what_each_member_adds_a_step(tmp_path, tiny_pret
     added = (kernels["one population of 28 (2 × the seeds)"] - kernels["one population"]) / (
         28 - 14
     )
-    assert 0 < added < 4, text
+    assert 0 < added < 64, text
