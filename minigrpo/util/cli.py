@@ -323,6 +323,9 @@ def main_guard(main):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(141)  # 128 + SIGPIPE
         except KeyboardInterrupt:  # Ctrl-C outside a training loop (which handles its own)
+            # decided: a later Ctrl-C (during the exit's clean-up) no longer turns 130 into a death
+            # by SIGINT
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             print("\ninterrupted", file=sys.stderr)
             raise SystemExit(130)
         except OSError as e:  # a full disk under a writer without its own check (metrics, plots)
