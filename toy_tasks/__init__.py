@@ -33,6 +33,18 @@ def largest_remainder(total: int, weights: list[float]) -> list[int]:
     return counts
 
 
+def apportion(n: int, weights: list[float]) -> list[int]:
+    """Choices for n successive lines: each goes to the choice furthest below its share w_k / W of
+    the lines so far (ties to the lower index), so every prefix's counts stay within one line of
+    their shares."""
+    total, counts, out = sum(weights), [0] * len(weights), []
+    for t in range(1, n + 1):
+        k = max(range(len(weights)), key=lambda i: t * weights[i] - total * counts[i])
+        counts[k] += 1
+        out.append(k)
+    return out
+
+
 def default_pretrain_dir(task: str) -> str:
     """runs/pretrain for the food task (the first commands of the README), runs/pretrain-<task>
     otherwise."""

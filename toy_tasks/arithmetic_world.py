@@ -25,7 +25,7 @@ import math
 import random
 import re
 
-from toy_tasks import largest_remainder
+from toy_tasks import apportion, largest_remainder
 
 OPS = "+-*"
 DIGITS_2 = "0123456789"  # operands of the 2-operand expressions: 10 * 3 * 10 = 300
@@ -117,24 +117,12 @@ ALPHABET = "".join(sorted(set("".join(p + c for p in EXPRESSIONS for c in comple
 BLOCK_SIZE = 16
 
 
-def _apportion(n: int, weights: list[int]) -> list[int]:
-    """Kinds for n successive lines: each goes to the kind furthest below its share w_k / W of the
-    lines so far (ties to the lower index). Every prefix's counts stay within one line of their
-    shares."""
-    total, counts, out = sum(weights), [0] * len(weights), []
-    for t in range(1, n + 1):
-        k = max(range(len(weights)), key=lambda i: t * weights[i] - total * counts[i])
-        counts[k] += 1
-        out.append(k)
-    return out
-
-
 def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
     """`n_lines` lines "<prompt><completion>", shuffled by `seed`.
 
     Each expression gets n/N lines (N = len(EXPRESSIONS); the n mod N extra lines go to expressions
     picked by `seed`), laid out one expression after another; successive lines take their NUMBERS by
-    `_apportion`, and the lines of each number take their WRITINGS the same way. So every count (a
+    `apportion`, and the lines of each number take their WRITINGS the same way. So every count (a
     number's, or a number-and-writing's) is within one line of its share globally, within two lines
     per expression, and exact per expression when n is a multiple of N * CORPUS_UNIT.
     """
@@ -144,10 +132,10 @@ def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
     slots = [
         p for p, c in zip(order, largest_remainder(n_lines, [1.0] * len(order))) for _ in range(c)
     ]
-    numbers = _apportion(n_lines, [round(q * 8) for _, _, q in NUMBERS])  # shares in 1/8
+    numbers = apportion(n_lines, [round(q * 8) for _, _, q in NUMBERS])  # shares in 1/8
     # in 1/20
     writings = [
-        iter(_apportion(numbers.count(i), [round(q * 20) for _, _, q in WRITINGS]))
+        iter(apportion(numbers.count(i), [round(q * 20) for _, _, q in WRITINGS]))
         for i in range(len(NUMBERS))
     ]
     lines = []

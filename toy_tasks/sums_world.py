@@ -32,7 +32,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from toy_tasks import largest_remainder
+from toy_tasks import apportion, largest_remainder
 
 DIGITS = "123456789"  # operands: every partial sum, slips included, stays in 1..39
 OPERANDS = (2, 3, 4)
@@ -135,24 +135,12 @@ ALPHABET = "".join(sorted(set("".join(p + c for p in EXPRESSIONS for c in comple
 BLOCK_SIZE = 36
 
 
-def _apportion(n: int, weights: list[float]) -> list[int]:
-    """Choices for n successive lines: each goes to the choice furthest below its share of the lines
-    so far (ties to the lower index), so every prefix's counts stay within one line of their
-    shares."""
-    total, counts, out = sum(weights), [0] * len(weights), []
-    for t in range(1, n + 1):
-        k = max(range(len(weights)), key=lambda i: t * weights[i] - total * counts[i])
-        counts[k] += 1
-        out.append(k)
-    return out
-
-
 def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
     """`n_lines` lines "<prompt><completion>", shuffled by `seed`.
 
     Each expression gets n/N lines (N = len(EXPRESSIONS); the n mod N extra lines go to expressions
     picked by `seed`). Per number of operands, the lines take their style and their direct offset
-    by `_apportion` (within one line of the declared shares), and each worked step its slip by a
+    by `apportion` (within one line of the declared shares), and each worked step its slip by a
     draw from a generator seeded by `seed`.
     """
     rng = random.Random(seed)
@@ -165,8 +153,8 @@ def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
     for n in OPERANDS:
         mine = [p for p in slots if len(p) == 2 * n]
         offsets = list(DIRECT_OFFSETS[n])
-        styles = _apportion(len(mine), [1 - P_WORKED, P_WORKED])
-        direct = iter(_apportion(styles.count(0), list(DIRECT_OFFSETS[n].values())))
+        styles = apportion(len(mine), [1 - P_WORKED, P_WORKED])
+        direct = iter(apportion(styles.count(0), list(DIRECT_OFFSETS[n].values())))
         for p, worked in zip(mine, styles):
             if worked:
                 slips = rng.choices(list(STEP_OFFSETS), list(STEP_OFFSETS.values()), k=n - 1)
