@@ -2,6 +2,8 @@
 so the default run stays fast. Test files import the helpers with `from conftest import ...` (pytest
 puts tests/ on sys.path: the folder has no __init__.py)."""
 
+import os
+
 import pytest
 import torch
 from hypothesis import settings
@@ -30,8 +32,10 @@ def noise_drawn(request, monkeypatch):
     return request.param
 
 
-# the property tests' hypothesis budget
-SET = settings(deadline=None, max_examples=30, derandomize=True)
+# the property tests' hypothesis budget: 20 examples a property in the default suite, more where
+# MINIGRPO_EXAMPLES says (the slow test_properties.py reruns every property file at 200)
+EXAMPLES = int(os.environ.get("MINIGRPO_EXAMPLES", "20"))
+SET = settings(deadline=None, max_examples=EXAMPLES, derandomize=True)
 NAN = float("nan")
 
 
@@ -50,14 +54,14 @@ def tiny_pretrained(tmp_path_factory):
             PretrainConfig(
                 out=str(out),
                 device="cpu",
-                steps=250,
+                steps=150,
                 batch_size=64,
                 n_embd=32,
                 n_head=2,
                 lr=1e-2,
                 n_lines=1600,
-                eval_every=250,
-                ckpt_every=250,
+                eval_every=150,
+                ckpt_every=150,
             ),
             log=lambda *a: None,
         )

@@ -75,7 +75,7 @@ def test_an_existing_run_is_refused_and_kept(tmp_path):
 
 
 def test_compare_and_bench_refuse_a_run_folder_without_asking_for_an_overwrite_they_ignore(
-    tmp_path, capsys
+    tmp_path, capsys, tiny_pretrained
 ):
     """`compare --out <a run's folder> --overwrite` said "pass --overwrite to replace it": compare
     and bench write folders of runs and no flag of theirs replaces a run, so the line says so and
@@ -84,11 +84,13 @@ def test_compare_and_bench_refuse_a_run_folder_without_asking_for_an_overwrite_t
     from minigrpo.bench.suite import main as bench
 
     run = old_run(tmp_path / "run")
+    init = ["--init", str(tiny_pretrained[0])]  # a clean clone has no runs/pretrain/model.pt
     for main, argv in (
         (compare.main, ["--out", str(run), "--overwrite", "--seeds", "1", "--algos", "default"]),
         (compare.main, ["--out", str(run), "--seeds", "1", "--algos", "default"]),
         (bench, ["--out", str(run), "--only", "sampling"]),
     ):
+        argv = argv + init if main is compare.main else argv
         err = one_line_error(main, argv, capsys)
         assert str(run) in err and "give another --out" in err and "pass --overwrite" not in err
         assert (run / "model.pt").read_text() == "old model.pt", err
