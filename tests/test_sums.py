@@ -31,7 +31,9 @@ def test_prompts_are_declared_sums_and_heldout_is_a_fixed_disjoint_tenth():
     assert get_task("sums") is su and N == 81 + 243 + 243 == len(set(su.EXPRESSIONS))
     assert Counter(len(p) for p in su.EXPRESSIONS) == {4: 81, 6: 243, 8: 243}
     assert su.value("3+4+2=") == 9 and sw.operands("9+9+9+9=") == [9] * 4
-    assert set(su.PROMPTS).isdisjoint(su.HELDOUT) and len(su.HELDOUT) == round(0.1 * N)
+    assert set(su.PROMPTS).isdisjoint(su.HELDOUT) and len(su.HELDOUT) == 8 + 24 + 24
+    held = [sum(len(p) == 2 * n for p in su.HELDOUT) for n in (2, 3, 4)]
+    assert held == [8, 24, 24], "a tenth of each number of operands"
     assert sorted(su.PROMPTS + su.HELDOUT) == sorted(su.EXPRESSIONS)
     cfg = SimpleNamespace(reward="correct")
     assert su.rl_prompts(cfg) == su.PROMPTS and su.anchor_prompts(cfg) == []
@@ -44,11 +46,11 @@ def test_operands_reject_other_text(bad):
 
 
 def test_worked_steps_by_hand():
-    assert sw.worked_text([3, 4, 2], (0, 0)) == ("3+4=7,7+2=9;9.", 9)
+    assert sw.worked_text([3, 4, 2], (0, 0)) == ("(3+4=7,7+2=9)9.", 9)
     # a slip carries on: the next step adds to the result as written
-    assert sw.worked_text([3, 4, 2], (1, 0)) == ("3+4=8,8+2=10;10.", 10)
-    assert sw.worked_text([3, 4], (-1,)) == ("3+4=6;6.", 6)
-    assert sw.worked_text([9, 9, 9, 9], (1, 1, 1)) == ("9+9=19,19+9=29,29+9=39;39.", 39)
+    assert sw.worked_text([3, 4, 2], (1, 0)) == ("(3+4=8,8+2=10)10.", 10)
+    assert sw.worked_text([3, 4], (-1,)) == ("(3+4=6)6.", 6)
+    assert sw.worked_text([9, 9, 9, 9], (1, 1, 1)) == ("(9+9=19,19+9=29,29+9=39)39.", 39)
 
 
 @pytest.mark.parametrize("prompt", ["3+4=", "1+1+1=", "9+9+9+9=", "5+2+8+1="])
@@ -123,13 +125,13 @@ def test_entropy_floor_decomposes_by_prompt():
     "completion, correct, fmt, worked",
     [
         ("9.", 1, 1, 0),
-        ("3+4=7,7+2=9;9.", 1, 1, 1),
-        ("3+4=8,8+2=10;10.", 0, 1, 1),
-        ("3+4=8,8+1=9;9.", 1, 1, 1),  # wrong work, right answer: correct pays the answer
+        ("(3+4=7,7+2=9)9.", 1, 1, 1),
+        ("(3+4=8,8+2=10)10.", 0, 1, 1),
+        ("(3+4=8,8+1=9)9.", 1, 1, 1),  # wrong work, right answer: correct pays the answer
         ("10.", 0, 1, 0),
         ("9", 0, 0, 0),
         ("9..", 0, 0, 0),
-        ("x;9.", 1, 0, 0),
+        ("x)9.", 1, 0, 0),
         ("19.", 0, 1, 0),
         ("", 0, 0, 0),
         ("9" * 5000 + ".", 0, 1, 0),
@@ -233,9 +235,9 @@ def test_declared_figures_by_hand():
     f = sx.declared_figures(two)
     assert f["exact_think_rate"] == pytest.approx(0.2) and f["malformed"] == pytest.approx(0)
     assert f["exact_accuracy"] == pytest.approx(0.8 * 0.8 + 0.2 * 0.95)
-    # "7." (3 tokens with the end) at once, "3+4=7;7." (9 tokens) worked
+    # "7." (3 tokens with the end) at once, "(3+4=7)7." (10 tokens) worked
     f = sx.declared_figures(["3+4="])
-    assert f["exact_len_mean_correct"] == pytest.approx((0.64 * 3 + 0.19 * 9) / 0.83)
+    assert f["exact_len_mean_correct"] == pytest.approx((0.64 * 3 + 0.19 * 10) / 0.83)
 
 
 def test_a_prompt_without_mass_on_a_condition_leaves_that_mean():

@@ -1,5 +1,5 @@
 """The sums task, a world where thinking pays: prompts "3+4+2=" answered at once ("9.") or by worked
-steps ("3+4=7,7+2=9;9."), from a declared student that rarely works the steps although working is
+steps ("(3+4=7,7+2=9)9."), from a declared student that rarely works the steps although working is
 more often right (sums_world.py). Every figure of a run is exact over the declared support
 (sums_exact.py): accuracy, think rate, lengths, pass@k, entropy and the malformed mass, on the RL
 prompts and on the held-out ones.
@@ -104,14 +104,14 @@ RL_DEFAULTS = {
     "max_new_tokens": 28,
 }
 OFF_SUPPORT_PROBES = ("",)  # a completion with no answer at all
-_ANSWER = re.compile(r"(?:^|;)([0-9]{1,3})\.$")  # the final answer: "9." alone or after ";"
+_ANSWER = re.compile(r"(?:^|\))([0-9]{1,3})\.$")  # the final answer: "9." alone or after ")"
 
 
 # ---- rewards: f(prompt, completion) -> float; never raise on any completion ----------------------
 
 
 def final_answer(completion: str) -> int | None:
-    """The integer of the completion's answer format ("v." alone or ";v." at its end); None if
+    """The integer of the completion's answer format ("v." alone or ")v." at its end); None if
     it has none."""
     m = _ANSWER.search(completion)
     return None if m is None else int(m.group(1))
@@ -144,9 +144,9 @@ REWARD_RANGES = {"correct": (0.0, 1.0), "format": (0.0, 1.0), "correct+format": 
 REWARD_RANGES["worked"] = (0.0, 1.0)
 REWARDS = {"sums": _REWARD_FNS.get}  # factory(name) -> reward function, or None if not ours
 REWARD_HELP = {
-    "correct": "1 iff the completion ends in the true sum in the answer format ('9.' or ';9.')",
+    "correct": "1 iff the completion ends in the true sum in the answer format ('9.' or ')9.')",
     "format": "1 iff the completion is a well-formed direct ('9.') or worked answer "
-    "('3+4=7,7+2=9;9.')",
+    "('(3+4=7,7+2=9)9.')",
     "correct+format": "correct + format (0..2)",
     "worked": "1 iff the completion is a well-formed worked answer, right or wrong",
 }

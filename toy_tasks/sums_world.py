@@ -4,18 +4,22 @@ declared student in one of two styles, so the probability of every line is known
   direct   "9."                   the sum at once, off by a declared offset: right with probability
                                   DIRECT_RIGHT[n] (0.8, 0.4, 0.2 for n = 2, 3, 4 operands),
                                   up to 1, 2, 3 off
-  worked   "3+4=7,7+2=9;9."        one step per operand after the first, each writing the sum of the
-                                  last result and the next operand, right with probability
-                                  STEP_RIGHT (0.95), else one off (+1 or -1, each STEP_SLIP); a
-                                  later step adds to the result as written; the answer after ";"
-                                  is the last result as written
+  worked   "(3+4=7,7+2=9)9."       in parentheses, one step per operand after the first, each
+                                  writing the sum of the last result and the next operand, right
+                                  with probability STEP_RIGHT (0.95), else one off (+1 or -1, each
+                                  STEP_SLIP); a later step adds to the result as written; the
+                                  answer after ")" is the last result as written
 
 The student works the steps with probability P_WORKED (0.2), so a model of the corpus rarely
 thinks, although working pays for every n: 0.95 (n = 2), 0.904 (3), 0.859 (4) right against 0.8,
-0.4 and 0.2 at once. Both styles end in the answer format "<integer>." then the end token.
+0.4 and 0.2 at once. Both styles end in the answer format "<integer>." then the end token. The
+first character says the style ("(" worked, a digit direct), so a model never has to guess it from a
+digit that could start either (a first digit that is not the first operand, then "+", was most of
+the mass a model leaked off the support when chains began with the operand).
 
   EXPRESSIONS, PROMPTS, HELDOUT  every prompt (all 81 of 2 operands, seeded samples of 243 of 3 and
-                                 of 4); the RL prompts; a fixed seeded tenth never used in RL
+                                 of 4); the RL prompts; a fixed seeded tenth of each number of
+                                 operands, never used in RL
   outcomes(prompt)               the declared completions of a prompt: Outcome(text, probability,
                                  worked, answer), every direct answer 0-49 and every chain of slips
   make_corpus(n, seed)           lines uniform over EXPRESSIONS with the student's choices
@@ -54,9 +58,9 @@ STEP_RIGHT, STEP_SLIP = 0.95, 0.025  # a worked step: right, or +1 / -1 (each)
 STEP_OFFSETS = {0: STEP_RIGHT, 1: STEP_SLIP, -1: STEP_SLIP}
 assert all(abs(sum(o.values()) - 1) < 1e-12 for o in [*DIRECT_OFFSETS.values(), STEP_OFFSETS])
 
-# a completion is well-formed iff it fully matches one of these (worked: its steps then ";answer.")
+# a completion is well-formed iff it fully matches one of these (worked: "(steps)answer.")
 DIRECT_FORMAT = re.compile(r"[0-9]+\.")
-WORKED_FORMAT = re.compile(r"[0-9]+\+[0-9]+=[0-9]+(,[0-9]+\+[0-9]+=[0-9]+)*;[0-9]+\.")
+WORKED_FORMAT = re.compile(r"\([0-9]+\+[0-9]+=[0-9]+(,[0-9]+\+[0-9]+=[0-9]+)*\)[0-9]+\.")
 
 
 @dataclass(frozen=True)
@@ -83,13 +87,13 @@ def value(prompt: str) -> int:
 
 def worked_text(xs: list[int], slips: tuple[int, ...]) -> tuple[str, int]:
     """The worked completion of operands xs with step offsets `slips` (one per step) -> (text, the
-    answer it writes): [3, 4, 2], (0, 1) -> ('3+4=7,7+2=10;10.', 10)."""
+    answer it writes): [3, 4, 2], (0, 1) -> ('(3+4=7,7+2=10)10.', 10)."""
     steps, result = [], xs[0]
     for x, slip in zip(xs[1:], slips):
         written = result + x + slip
         steps.append(f"{result}+{x}={written}")
         result = written
-    return ",".join(steps) + f";{result}.", result
+    return "(" + ",".join(steps) + f"){result}.", result
 
 
 def outcomes(prompt: str) -> list[Outcome]:
@@ -124,15 +128,26 @@ def _expressions() -> list[str]:
 
 
 EXPRESSIONS = _expressions()  # 567 prompts, each ending in "="
-_held = set(
-    random.Random(HELDOUT_SEED).sample(EXPRESSIONS, round(HELDOUT_FRACTION * len(EXPRESSIONS)))
-)
+
+
+# a tenth of each number of operands (8, 24, 24), so the held-out figures mix the operands as the
+# RL prompts do: a policy's think rate differs by operands, and an unstratified tenth drew 17 of its
+# 57 prompts from the 81 of two operands
+def _heldout() -> set[str]:
+    rng, held = random.Random(HELDOUT_SEED), set()
+    for n in OPERANDS:
+        mine = [p for p in EXPRESSIONS if len(p) == 2 * n]
+        held |= set(rng.sample(mine, round(HELDOUT_FRACTION * len(mine))))
+    return held
+
+
+_held = _heldout()
 HELDOUT = [p for p in EXPRESSIONS if p in _held]  # never used in RL (but in pretraining)
 PROMPTS = [p for p in EXPRESSIONS if p not in _held]  # the RL prompts
 
 ALPHABET = "".join(sorted(set("".join(p + c for p in EXPRESSIONS for c in completions(p)))))
-# BOS + longest line (8 + 26 characters: "9+9+9+9=9+9=19,19+9=29,29+9=39;39.") + EOS = 36
-BLOCK_SIZE = 36
+# BOS + longest line (8 + 27 characters: "9+9+9+9=(9+9=19,19+9=29,29+9=39)39.") + EOS = 37
+BLOCK_SIZE = 37
 
 
 def make_corpus(n_lines: int, seed: int = 0) -> list[str]:
