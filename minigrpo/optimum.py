@@ -1,4 +1,5 @@
-"""The exact KL-regularised optimum and reward–KL frontier of one food-world prompt.
+"""The exact KL-regularised optimum and reward–KL frontier of one food-world prompt, or of every RL
+prompt of another task (arithmetic, sums) at one β.
 
     python -m minigrpo.optimum --reward pizza                  # the frontier table ->
                                                                # runs/optimum-pizza/frontier.png
