@@ -136,12 +136,13 @@ def figures_table(rows: list[dict]) -> list[str]:
 def head(task, prob: TaskProblem, reward: str, init: str) -> str:
     """The first lines: what is solved, on which prompts, and the malformed bucket's reward."""
     sizes = sorted(map(len, prob.outcomes))
+    size = f"{sizes[0]}" + ("" if sizes[0] == sizes[-1] else f" to {sizes[-1]}")
     shown = ", ".join(f"r({k!r}) = {v:g}" for k, v in prob.probes.items())
     exact = "constant off the support; exact" if prob.off_constant else "NOT constant: a bound"
     return (
         f"exact optimum of J_β = mean_x (E[r] − β·KL(π(·|x)‖π_ref(·|x))) over the "
         f"{len(prob.prompts)} RL prompts of task {task.NAME}, each over its declared support "
-        f"({sizes[0]} to {sizes[-1]} completions) and one malformed bucket ({shown}: {exact}); "
+        f"({size} completions) and one malformed bucket ({shown}: {exact}); "
         f"reward {reward!r}, π_ref {init}; figures are means over the prompts"
     )
 
