@@ -34,7 +34,7 @@ runs/compare-<reward>):
                 95 % BCa interval, the difference from the first algorithm (the baseline) with its
                 interval and a permutation test, and P(A better than B) for every pair, stating n,
                 the method and its seed (tools/stats.py); below 10 runs no difference is called
-  runs.csv      every run's figures, a row each
+  runs.csv      every run's figures, a row each, the world's own too (sums: think rate, held-out...)
   intervals.png those IQMs with their intervals, and the target rate by step (IQM and its band)
 and prints the medians that judge a run for a terminal: per algorithm the runs within the bars,
 the steps to 0.95, the final target rate, the peak drift and malformed mass and (food) the regret;

@@ -1,4 +1,5 @@
-"""The exact KL-regularised optimum and reward–KL frontier of one food-world prompt.
+"""The exact KL-regularised optimum and reward–KL frontier of one food-world prompt, or of every RL
+prompt of another task (arithmetic, sums) at one β.
 
     python -m minigrpo.optimum --reward pizza                  # the frontier table ->
                                                                # runs/optimum-pizza/frontier.png
@@ -15,15 +16,22 @@ differs on the two probes is not constant off the support: the bucket takes the 
 output says the malformed figures are then a bound (a lower bound on the frontier, if no malformed
 completion pays less). The math is minigrpo/exact/frontier.py (π*_β ∝ π_ref·e^{r/β}; Rafailov et al.
 2305.18290 eq. 4).
+
+    python -m minigrpo.optimum --task sums --reward correct      # every RL prompt's optimum at
+                                                                 # one β: the mean frontier
+    python -m minigrpo.optimum --task sums --beta 0.1 --prompt 3+4+2=
+
+A task of many prompts (arithmetic, sums) solves each RL prompt over its declared support plus one
+malformed bucket, at one β for all (the maximiser of the mean objective), and tabulates the means
+over the prompts, with the task's own figures of π*_β where it measures them (sums: accuracy, think
+rate, lengths, pass@k, entropy, malformed): minigrpo/tools/task_optimum.py, exact/many_prompts.py.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,10 +39,11 @@ import torch
 
 from minigrpo.exact import frontier as F
 from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint
+from minigrpo.tools import task_optimum as T
+from minigrpo.tools.frontier_figure import draw_frontier, number, spread_marks
 from minigrpo.util.cli import UsageError, main_guard, meta, parse_config, require
-from minigrpo.util.outputs import write_atomic
 from minigrpo.util.runtime import setup_runtime
-from toy_tasks import food
+from toy_tasks import default_pretrain_dir, food, get_task
 from toy_tasks.rewards import RewardError, make_reward, score
 from toy_tasks.support import reward_table
 
@@ -43,18 +52,33 @@ OUTCOMES = [*food.FOODS, MALFORMED]
 # an empty line and a misspelling: both outside the 12 foods
 MALFORMED_PROBES = food.OFF_SUPPORT_PROBES
 TABLE_BETAS = [math.inf, 10, 3, 1, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05, 0.03, 0.01, 1e-3, 0.0]
-# frontier.png marks a β of TABLE_BETAS only this far (× the β → 0 KL) from the others
-MARK_SPACING = 0.08
 
 
 @dataclass
 class OptimumConfig:
-    reward: str = field(
-        default="pizza", metadata=meta("reward spec, as in grpo (pizza, food:<food>, graded, ...)")
+    reward: str | None = field(
+        default=None,
+        metadata=meta(
+            "reward spec, as in grpo (food: pizza, food:<food>, graded, ...; default: the task's, "
+            "food pizza, sums correct)"
+        ),
     )
-    person: str = field(default="ravin", metadata=meta("whose prompt '<person> likes ' to solve"))
-    init: str = field(
-        default="runs/pretrain/model.pt", metadata=meta("the reference policy π_ref (a checkpoint)")
+    person: str = field(
+        default="ravin", metadata=meta("food: whose prompt '<person> likes ' to solve")
+    )
+    prompt: str | None = field(
+        default=None,
+        metadata=meta(
+            "another task, with --beta: the RL prompt to show outcome by outcome (default: the "
+            "first)"
+        ),
+    )
+    init: str | None = field(
+        default=None,
+        metadata=meta(
+            "the reference policy π_ref, a checkpoint (default: runs/pretrain/model.pt, "
+            "runs/pretrain-<task>/model.pt for another task)"
+        ),
     )
     beta: float | None = field(
         default=None,
@@ -62,23 +86,36 @@ class OptimumConfig:
             "show π*_β at this β > 0 (default: the whole frontier, as a table and frontier.png)"
         ),
     )
-    task: str = field(default="food", metadata=meta("toy task (food only for now)"))
+    task: str = field(
+        default="food",
+        metadata=meta("toy task: food (one prompt), or one of many prompts (arithmetic, sums)"),
+    )
     json: bool = field(default=False, metadata=meta("print one JSON object instead of text"))
     out: str | None = field(
         default=None,
         metadata=meta(
             "folder for frontier.png (default: runs/optimum-<reward>, plus -<person> for another "
-            "person)"
+            "person; runs/optimum-<task>-<reward> for another task)"
         ),
     )
 
 
 def check_config(cfg: OptimumConfig) -> None:
-    """One-line UsageErrors for what needs no model to be judged."""
-    if cfg.task != "food":
+    """One-line UsageErrors for what needs no model to be judged; fills in the task's reward and
+    --init where not given."""
+    try:
+        task = get_task(cfg.task)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    cfg.reward = cfg.reward or task.RL_DEFAULTS.get("reward", "pizza")
+    cfg.init = cfg.init or f"{default_pretrain_dir(cfg.task)}/model.pt"
+    if cfg.task != "food" and cfg.prompt is not None and cfg.prompt not in task.rl_prompts(cfg):
         raise UsageError(
-            f"--task {cfg.task}: the exact optimum is implemented for the food task only for now"
+            f"--prompt {cfg.prompt!r} is not an RL prompt of task {cfg.task} (e.g. "
+            f"{', '.join(task.rl_prompts(cfg)[:3])})"
         )
+    if cfg.task == "food" and cfg.prompt is not None:
+        raise UsageError("--prompt is for a task of many prompts; food's prompt is --person's")
     if cfg.person not in food.PEOPLE:
         raise UsageError(f"unknown --person {cfg.person!r} (available: {', '.join(food.PEOPLE)})")
     require(
@@ -103,34 +140,61 @@ def outcome_space(model, tokenizer, reward, person: str) -> tuple[torch.Tensor, 
     return p_ref / p_ref.sum(), r, probes
 
 
-def load_problem(cfg: OptimumConfig):
-    """-> (p_ref, r, probes): the checks, the reward, the checkpoint, as one-line UsageErrors."""
+def load_model(cfg: OptimumConfig):
+    """-> (task, reward, model, tokenizer): the checks, the reward, the checkpoint (of cfg.task), as
+    one-line UsageErrors."""
     check_config(cfg)
     setup_runtime(1, "cpu")
+    task = get_task(cfg.task)
     try:
-        reward = make_reward(cfg.reward, food.REWARDS, food.REWARD_HELP)
+        reward = make_reward(cfg.reward, task.REWARDS, task.REWARD_HELP)
     except RewardError as e:
         raise UsageError(str(e)) from None
     try:
         model, tok, info = load_checkpoint(cfg.init, "cpu")
     except CheckpointError as e:
+        how = "" if cfg.task == "food" else f" --task {cfg.task}"
         raise UsageError(
-            f"{e} (make one with: python -m minigrpo.pretrain, or pass --init)"
+            f"{e} (make one with: python -m minigrpo.pretrain{how}, or pass --init)"
         ) from None
-    if info.get("task", "food") != "food":
+    if info.get("task", "food") != cfg.task:
         raise UsageError(
-            f"--init {cfg.init} is a {info.get('task')} model; the optimum needs a food model"
+            f"--init {cfg.init} is a {info.get('task', 'food')} model; the optimum of task "
+            f"{cfg.task} needs a {cfg.task} model"
         )
-    try:
-        p_ref, r, probes = outcome_space(model, tok, reward, cfg.person)
-    except RewardError as e:
-        raise UsageError(str(e)) from None
+    return task, reward, model, tok
+
+
+def finite_span(cfg: OptimumConfig, r: torch.Tensor) -> None:
     if not math.isfinite(r.max().item() - r.min().item()):
         raise UsageError(
             f"reward {cfg.reward!r} spans {r.min().item():g} to {r.max().item():g} over the "
             "outcomes: more than a float holds; rescale it (the optimum depends on r/β only)"
         )
+
+
+def load_problem(cfg: OptimumConfig):
+    """The food task's -> (p_ref, r, probes), every mistake a one-line UsageError."""
+    if cfg.task != "food":
+        raise UsageError(f"--task {cfg.task} has many prompts: load_task_problem solves it")
+    _, reward, model, tok = load_model(cfg)
+    try:
+        p_ref, r, probes = outcome_space(model, tok, reward, cfg.person)
+    except RewardError as e:
+        raise UsageError(str(e)) from None
+    finite_span(cfg, r)
     return p_ref, r, probes
+
+
+def load_task_problem(cfg: OptimumConfig):
+    """A task of many prompts' -> (task, tools/task_optimum.TaskProblem), mistakes one line."""
+    task, reward, model, tok = load_model(cfg)
+    try:
+        prob = T.task_problem(task, model, tok, reward)
+    except RewardError as e:
+        raise UsageError(str(e)) from None
+    finite_span(cfg, prob.r)
+    return task, prob
 
 
 def malformed_note(probes: dict) -> str:
@@ -171,62 +235,11 @@ def frontier_points(p_ref, r, betas=None) -> list[dict]:
     return rows
 
 
-def spread_marks(points: list[dict]) -> list[dict]:
-    """The finite, non-zero β points at least MARK_SPACING·(the β → 0 KL) apart in KL, and from both
-    ends."""
-    room = MARK_SPACING * points[-1]["kl"]
-    kept = [points[0], points[-1]]
-    for p in points[1:-1]:
-        if all(abs(p["kl"] - k["kl"]) >= room for k in kept):
-            kept.append(p)
-    return kept[2:]
-
-
-def draw_frontier(points: list[dict], marks: list[dict], path: Path, title: str) -> None:
-    """frontier.png: E[r] against KL(π‖π_ref), π_ref and the β → 0 limit marked, and a few β along
-    the way."""
-    # a reward near a float's limit overflows the tick arithmetic: nothing to say
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(
-            [p["kl"] for p in points],
-            [p["expected_reward"] for p in points],
-            lw=1.5,
-            label="exact frontier",
-        )
-        ax.plot(points[0]["kl"], points[0]["expected_reward"], "ko", label="π_ref (β = ∞)")
-        ax.plot(points[-1]["kl"], points[-1]["expected_reward"], "k*", ms=10, label="β → 0")
-        for m in marks:
-            ax.plot(m["kl"], m["expected_reward"], "o", color="tab:orange", ms=4)
-            ax.annotate(
-                f"β={m['beta']:g}",
-                (m["kl"], m["expected_reward"]),
-                textcoords="offset points",
-                xytext=(6, -10),
-                fontsize=8,
-            )
-        ax.set(xlabel="KL(π ‖ π_ref), nats", ylabel="E_π[r]", title=title)
-        ax.title.set_fontsize(9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90)
-        plt.close(fig)
-        write_atomic(path, buf.getvalue(), what="figure")
-
-
 def out_dir(cfg: OptimumConfig) -> Path:
     slug = "".join(c if c.isalnum() else "-" for c in cfg.reward.split("/")[-1]).strip("-")[:40]
-    path = Path(
-        cfg.out or f"runs/optimum-{slug}" + (f"-{cfg.person}" if cfg.person != "ravin" else "")
-    )
+    whose = f"-{cfg.person}" if cfg.person != "ravin" else ""
+    task = "" if cfg.task == "food" else f"{cfg.task}-"
+    path = Path(cfg.out or f"runs/optimum-{task}{slug}" + (whose if not task else ""))
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -234,12 +247,6 @@ def out_dir(cfg: OptimumConfig) -> Path:
             f"--out {str(path)!r} cannot be created: {e.strerror or e}; give a writable folder"
         ) from None
     return path
-
-
-def number(x: float) -> str:
-    """Four decimals, or four significant digits where that would print dozens of digits (a reward
-    of 1e308)."""
-    return f"{x:.4f}" if abs(x) < 1e6 else f"{x:.4g}"
 
 
 def named(values) -> dict:
@@ -305,9 +312,70 @@ def show_frontier(cfg: OptimumConfig, p_ref, r, common: dict, head: str) -> None
     print(f"wrote {path} (β = ∞ is π_ref; KL beyond the β → 0 row buys no more reward)")
 
 
+def show_task(cfg: OptimumConfig) -> None:
+    """A task of many prompts: without --beta the mean frontier over TABLE_BETAS and frontier.png;
+    with --beta its figures and one prompt outcome by outcome (--json: one object)."""
+    task, prob = load_task_problem(cfg)
+    text = T.head(task, prob, cfg.reward, cfg.init)
+    common = {
+        "task": cfg.task,
+        "reward": cfg.reward,
+        "init": cfg.init,
+        "prompts": len(prob.prompts),
+    }
+    common |= {"malformed_probes": prob.probes, "malformed_exact": prob.off_constant}
+    if cfg.beta is None:
+        rows = T.figures(task, prob, TABLE_BETAS)
+        line = T.M.frontier_rows(prob.p_ref, prob.r)
+        as_point = lambda b, k, e: {
+            "beta": None if b == math.inf else b,
+            "kl": k,
+            "expected_reward": e,
+        }
+        points = [
+            as_point(*x)
+            for x in zip(*(line[n].tolist() for n in ("beta", "kl", "expected_reward")))
+        ]
+        marks = spread_marks([as_point(r["beta"], r["kl"], r["expected_reward"]) for r in rows])
+        path = out_dir(cfg) / "frontier.png"
+        title = f"task {cfg.task}, reward {cfg.reward!r}: the exact mean reward–KL frontier"
+        draw_frontier(points, marks, path, title)
+        if cfg.json:
+            rows = [T.jsonable(r) for r in rows]
+            print(json.dumps({**common, "table": rows, "figure": str(path)}, allow_nan=False))
+            return
+        print(f"{text}\n\n" + "\n".join(T.figures_table(rows)))
+        print(f"wrote {path} (β = ∞ is π_ref; KL beyond the β → 0 row buys no more reward)")
+        return
+    log_z = T.mean_log_z(prob, cfg.beta)
+    if not math.isfinite(log_z):
+        raise UsageError(f"--beta {cfg.beta:g} is too small for float64: log Z_β overflows")
+    row = T.figures(task, prob, [cfg.beta])[0]
+    prompt = cfg.prompt or prob.prompts[0]
+    outcomes = T.prompt_rows(prob, prompt, cfg.beta, 0.0 if cfg.json else 1e-3)
+    if cfg.json:
+        dist = {o: pi for o, _, _, pi in outcomes}
+        row = T.jsonable({**row, "log_z": log_z})
+        print(
+            json.dumps({**common, **row, "prompt": prompt, "distribution": dist}, allow_nan=False)
+        )
+        return
+    print(f"{text}\n\n" + "\n".join(T.figures_table([row])))
+    print(f"mean log Z_β {number(log_z)} | J* = β·mean log Z_β {number(cfg.beta * log_z)}")
+    print(
+        f"\n{prompt!r}, outcomes of π_ref or π*_β ≥ 0.001:\n{'outcome':<20} {'r':>6} "
+        f"{'π_ref':>9} {'π*_β':>9}"
+    )
+    for o, v, a, b in outcomes:
+        print(f"{o:<20} {v:>6.3g} {a:>9.4g} {b:>9.4g}")
+
+
 @main_guard
 def main(argv=None):
     cfg, _ = parse_config(OptimumConfig, argv, description=__doc__.split("\n\n")[0])
+    check_config(cfg)
+    if cfg.task != "food":
+        return show_task(cfg)
     p_ref, r, probes = load_problem(cfg)
     common = {
         "reward": cfg.reward,

@@ -69,6 +69,39 @@ def tiny_pretrained(tmp_path_factory):
     return out / "model.pt", model, tok
 
 
+@pytest.fixture(scope="session")
+def tiny_sums_pretrained(tmp_path_factory):
+    """A tiny sums model pretrained a few dozen steps (16 wide: it answers almost nothing yet, most
+    of its mass off the support): (checkpoint path, model, tokenizer), for the commands' tests on
+    the sums world."""
+    from minigrpo import pretrain
+    from minigrpo.lm.checkpoint import load_checkpoint
+    from minigrpo.pretrain import PretrainConfig, train
+
+    out = tmp_path_factory.mktemp("pretrain-sums-tiny")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pretrain, "plot_panels", lambda *a, **k: None)
+        train(
+            PretrainConfig(
+                task="sums",
+                out=str(out),
+                device="cpu",
+                steps=40,
+                batch_size=64,
+                n_embd=16,
+                n_head=2,
+                lr=1e-2,
+                n_lines=1200,
+                eval_every=40,
+                ckpt_every=40,
+                threads=1,
+            ),
+            log=lambda *a: None,
+        )
+    model, tok, _ = load_checkpoint(out / "model.pt")
+    return out / "model.pt", model, tok
+
+
 def T(x, grad=False):
     """A float64 tensor (a leaf that requires grad with grad=True)."""
     return torch.tensor(x, dtype=torch.float64, requires_grad=grad)

@@ -62,3 +62,49 @@ def test_runs_csv_holds_every_run_and_every_figure(tmp_path):
     assert rows[2]["steps to 0.95"] == "" and rows[2]["target_rate"] == "0.9"
     assert rows[0]["steps to 0.95"] == "12" and rows[0]["seconds to 0.95"] == "6.0"
     assert rows[0]["implied_beta"] == "inf" and rows[0]["kl_to_optimum"] == ""
+
+
+def test_a_worlds_own_figures_reach_runs_csv_and_a_table_of_their_own(tmp_path):
+    """curves() reads the world's figures from a run's metrics.jsonl (the step-0 evaluation's keys
+    that compare's columns do not carry: last values, and a malformed figure's every-step maximum),
+    and runs.csv and world_table carry them; food's runs (none) get no such table."""
+    import json
+
+    from minigrpo.tools.run_tables import short_world_table, world_keys, world_table
+    from minigrpo.tools.sweep_report import curves
+
+    first = {"step": 0, "target_rate": 0.4, "best_reward": 1.0, "off_support": 0.01}
+    first |= {"drift_ravin": 0.0, "peak_malformed": 0.01, "malformed": 0.01}
+    first |= {"exact_think_rate": 0.2, "exact_think_rate_heldout": 0.19, "malformed_heldout": 0.02}
+    assert world_keys(first) == [
+        "exact_think_rate",
+        "exact_think_rate_heldout",
+        "malformed_heldout",
+        "peak_malformed_heldout",
+    ]
+    runs = {}
+    for name, (mid, end) in {"default-s0": (0.5, 0.9), "default-s1": (0.6, 0.7)}.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = [
+            first,
+            {**first, "step": 1, "exact_think_rate": mid, "malformed_heldout": 0.05, "loss": 1.0},
+            {**first, "step": 2, "exact_think_rate": end, "malformed_heldout": 0.03, "loss": 1.0},
+        ]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs[name] = curves(folder)
+    world = runs["default-s0"]["world"]
+    assert world["exact_think_rate"] == 0.9 and world["malformed_heldout"] == 0.03
+    assert world["peak_malformed_heldout"] == 0.05 and "loss" not in world
+    results = {"default": list(runs.values()), "grpo": [run("grpo-s0", 0.9)]}
+    write_runs_csv(tmp_path / "runs.csv", results)
+    with open(tmp_path / "runs.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert [r["exact_think_rate"] for r in got] == ["0.9", "0.7", ""], got
+    assert got[0]["peak_malformed_heldout"] == "0.05"
+    table = world_table(results)
+    assert header(table) == ["figure", "default", "grpo"], table
+    assert "| exact_think_rate | 0.8 (0.7–0.9) | - |" in table, table
+    assert not any("heldout" in line for line in world_table(results, held_out=False))
+    assert short_world_table(results).splitlines()[1].split() == ["exact_think_rate", "0.8", "-"]
+    assert world_table(RESULTS) == [] and short_world_table(RESULTS) == ""

@@ -1,6 +1,6 @@
 """The results pages `python -m minigrpo.bench` writes (docs/results.md, docs/performance.md by
-default), and the blocks it keeps in a page written by hand (docs/experiments.md:
-EXPERIMENT_BLOCKS).
+default), and the blocks it keeps in pages written by hand (docs/experiments.md:
+EXPERIMENT_BLOCKS; docs/worlds.md: each task's world-<task>).
 
 Each table a section prints lives in its page between two HTML comments, invisible on the rendered
 page:
@@ -26,6 +26,7 @@ from pathlib import Path
 from minigrpo.util.runtime import cores
 
 PERFORMANCE, RESULTS, EXPERIMENTS = "performance.md", "results.md", "experiments.md"
+WORLDS = "worlds.md"  # written by hand around each task's world-<task> block (bench/world.py)
 TITLES = {PERFORMANCE: "Performance", RESULTS: "Measured results"}
 # blocks whose page is performance.md; every other block (the quality sections) goes to results.md
 SPEED_BLOCKS = {
@@ -46,6 +47,8 @@ HEADER = "> **Written by `python -m minigrpo.bench`**"
 
 def page_of(block: str) -> str:
     name = block.removesuffix("-cuda")
+    if name.startswith("world-"):
+        return WORLDS
     if name in EXPERIMENT_BLOCKS:
         return EXPERIMENTS
     return PERFORMANCE if name in SPEED_BLOCKS else RESULTS

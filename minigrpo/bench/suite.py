@@ -18,7 +18,9 @@ trl is importable (otherwise through a plain/TRL ratio recorded on this machine)
 (population.py): P default GRPO runs as one lockstep population against P, with where the time goes;
 sweep (sweep.py): compare's default list over 5 seeds (128 on a GPU) as one timed command;
 comparing (comparing.py, only on request: 90 runs): compare's default list over 10 seeds, its IQMs,
-intervals and differences written into docs/experiments.md's "Comparing algorithms".
+intervals and differences written into docs/experiments.md's "Comparing algorithms"; world
+(world.py, a task other than food, the default with its --task): its pretraining report and its
+default GRPO command over --seeds, written into docs/worlds.md's block world-<task>.
 Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables
 replace its own block in --docs (default docs/: performance.md for the speed sections, results.md
 for the others; pages.py), the rest of each page kept; --no-docs only prints, and so does --quick
@@ -46,6 +48,7 @@ from minigrpo.bench.rl_sections import bench_grpo, bench_presets, bench_rarest, 
 from minigrpo.bench.speed import bench_prefix, bench_sampling, bench_scale, bench_threads
 from minigrpo.bench.step import bench_step
 from minigrpo.bench.sweep import bench_sweep
+from minigrpo.bench.world import bench_world
 from minigrpo.util.cli import UsageError, main_guard, meta, parse_config
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import cores, setup_runtime
@@ -70,8 +73,9 @@ SECTIONS = [
     "population",
     "sweep",
     "comparing",
+    "world",
 ]
-ON_REQUEST = ("scale", "comparing")
+ON_REQUEST = ("scale", "comparing", "world")
 
 
 @dataclass
@@ -80,7 +84,11 @@ class BenchConfig:
         default=False, metadata={"help": "only the fast sections (sampling, threads)"}
     )
     task: str = field(
-        default="food", metadata={"help": "toy task for the pretrain, grpo and presets sections"}
+        default="food",
+        metadata=meta(
+            "toy task for the pretrain, grpo, presets and world sections; another than food "
+            "without --only: the world section alone"
+        ),
     )
     only: str | None = field(
         default=None, metadata={"help": f"comma-separated sections of {', '.join(SECTIONS)}"}
@@ -91,8 +99,9 @@ class BenchConfig:
     seeds: int = field(
         default=5,
         metadata=meta(
-            "seeds per configuration in the pretrain, grpo, presets, rarest, custom, models "
-            "sections (models: as many pretrained models, each with that many RL seeds)"
+            "seeds per configuration in the pretrain, grpo, presets, rarest, custom, models and "
+            "world sections (models: as many pretrained models, each with that many RL seeds; "
+            "world: that many default GRPO runs from one model)"
         ),
     )
     jobs: int = field(
@@ -135,6 +144,8 @@ def main(argv=None):
     # --quick: printed, never written over the pages' figures, unless a --docs is named
     write_docs = write_docs and (not cfg.quick or any(a.startswith("--docs") for a in argv))
     sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s not in ON_REQUEST]
+    if cfg.task != "food" and not cfg.quick:  # another task's bench: its own world
+        sections = ["world"]
     # an empty --only is a mistake, not "everything" (a whole bench takes long)
     if cfg.only is not None:
         sections = [s.strip() for s in cfg.only.split(",")]
@@ -165,6 +176,11 @@ def main(argv=None):
         raise UsageError(
             "the targets, rarest, custom, optimum, models, entropy, mismatch and prefix sections "
             "are food's (people and foods): use --task food"
+        )
+    if cfg.task == "food" and "world" in sections:
+        raise UsageError(
+            "the world section is another task's own world (e.g. --task sums); food's tables are "
+            "the other sections'"
         )
     jobs = cfg.jobs or cores()
     device = setup_runtime(cfg.threads, cfg.device)
@@ -202,6 +218,7 @@ def main(argv=None):
         "population": lambda: bench_population(out, task_init(out, "food"), str(device)),
         "sweep": lambda: bench_sweep(out, task_init(out, "food"), str(device)),
         "comparing": lambda: bench_comparing(out, task_init(out, "food")),
+        "world": lambda: bench_world(out, cfg.task, cfg.seeds, jobs),
     }
     docs = Path(cfg.docs) if write_docs else None
     if docs is not None and docs.exists() and not docs.is_dir():

@@ -19,6 +19,9 @@ from minigrpo.tools.run_tables import (
     more_table,
     outside_bars,
     short_table,
+    short_world_table,
+    world_keys,
+    world_table,
     write_runs_csv,
 )
 from minigrpo.tools.sweep_figures import draw_curves, draw_frontier
@@ -50,6 +53,13 @@ def curves(folder: Path) -> dict:
     if rows and "implied_beta" in rows[-1] and rows[-1]["implied_beta"] is None:
         out["final"]["implied_beta"] = float("inf")
     out["final"]["steps"] = rows[-1]["step"] if rows else float("nan")
+    # the world's own figures (run_tables.world_keys): the last value, a malformed figure's maximum
+    keys = world_keys(next((r for r in rows if "target_rate" in r), {}))
+    out["world"] = {}
+    for k in keys:
+        values = [r[name] for r in rows if r.get(name := k.removeprefix("peak_")) is not None]
+        if values:
+            out["world"][k] = max(values) if k.startswith("peak_") else values[-1]
     out["run"] = folder.name  # e.g. dapo-s3
     # the first max
     out["peak_at"] = {
@@ -71,6 +81,10 @@ def printed_summary(
     differences from the baseline (`statistics`, interval_tables.printed_statistics'), every line
     at most 120 characters."""
     text = f"\n{textwrap.fill(title, 120)}; medians over seeds:\n{short_table(results, regret)}"
+    world = short_world_table(results)
+    if world:
+        text += "\n\nthe world's own figures, medians over seeds (table.md: ranges, held-out):"
+        text += f"\n{world}"
     if missed:
         text += (
             f"\n\noutside the bars ({len(missed)}):\n"
@@ -106,6 +120,12 @@ def write_outputs(
         "More figures, medians (min–max); every run's figures are in runs.csv beside this table:",
         "",
         *more_table(results, regret),
+        *(
+            ["", "The world's own figures (the task's exact evaluation), medians (min–max):", ""]
+            if world_table(results)
+            else []
+        ),
+        *world_table(results),
         "",
         f"Runs outside the bars ({len(missed)}):" if missed else "Every run within every bar.",
         *[""] * bool(missed),
