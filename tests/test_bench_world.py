@@ -104,11 +104,19 @@ def test_bench_task_sums_is_the_world_section_with_its_seeds(tmp_path, monkeypat
     monkeypatch.setattr(
         suite, "bench_world", lambda out, task, seeds, jobs: asked.append((task, seeds)) or "T"
     )
+    monkeypatch.setattr(suite, "bench_thinking", lambda out: asked.append("thinking") or "U")
     docs = tmp_path / "docs"
     suite.main(
         ["--task", "sums", "--seeds", "3", "--out", str(tmp_path / "b"), "--docs", str(docs)]
     )
-    assert asked == [("sums", 3)]
+    assert asked == [("sums", 3), "thinking"]
+    assert "<!-- bench:thinking-sums -->" in (docs / "experiments.md").read_text()
     assert "<!-- bench:world-sums -->" in (docs / "worlds.md").read_text()
     err = one_line_error(suite.main, ["--only", "world", "--out", str(tmp_path / "c")], capsys)
     assert "another task's own world" in err
+    err = one_line_error(
+        suite.main,
+        ["--task", "arithmetic", "--only", "thinking", "--out", str(tmp_path / "d")],
+        capsys,
+    )
+    assert "the sums world's" in err

@@ -40,7 +40,7 @@ SPEED_BLOCKS = {
     "sweep",
 }
 # blocks whose page is experiments.md, written by hand around them
-EXPERIMENT_BLOCKS = {"comparing"}
+EXPERIMENT_BLOCKS = {"comparing", "thinking-sums"}
 # how a page's header line starts (and is found again)
 HEADER = "> **Written by `python -m minigrpo.bench`**"
 

@@ -20,7 +20,9 @@ sweep (sweep.py): compare's default list over 5 seeds (128 on a GPU) as one time
 comparing (comparing.py, only on request: 90 runs): compare's default list over 10 seeds, its IQMs,
 intervals and differences written into docs/experiments.md's "Comparing algorithms"; world
 (world.py, a task other than food, the default with its --task): its pretraining report and its
-default GRPO command over --seeds, written into docs/worlds.md's block world-<task>.
+default GRPO command over --seeds, written into docs/worlds.md's block world-<task>; thinking
+(thinking.py, the sums world's with `--task sums`: 50 runs): four experiments on thinking, length,
+pass@k and entropy, written into docs/experiments.md's block thinking-sums.
 Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables
 replace its own block in --docs (default docs/: performance.md for the speed sections, results.md
 for the others; pages.py), the rest of each page kept; --no-docs only prints, and so does --quick
@@ -48,6 +50,7 @@ from minigrpo.bench.rl_sections import bench_grpo, bench_presets, bench_rarest, 
 from minigrpo.bench.speed import bench_prefix, bench_sampling, bench_scale, bench_threads
 from minigrpo.bench.step import bench_step
 from minigrpo.bench.sweep import bench_sweep
+from minigrpo.bench.thinking import bench_thinking
 from minigrpo.bench.world import bench_world
 from minigrpo.util.cli import UsageError, main_guard, meta, parse_config
 from minigrpo.util.outputs import prepare_out
@@ -74,8 +77,9 @@ SECTIONS = [
     "sweep",
     "comparing",
     "world",
+    "thinking",
 ]
-ON_REQUEST = ("scale", "comparing", "world")
+ON_REQUEST = ("scale", "comparing", "world", "thinking")
 
 
 @dataclass
@@ -145,7 +149,7 @@ def main(argv=None):
     write_docs = write_docs and (not cfg.quick or any(a.startswith("--docs") for a in argv))
     sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s not in ON_REQUEST]
     if cfg.task != "food" and not cfg.quick:  # another task's bench: its own world
-        sections = ["world"]
+        sections = ["world", "thinking"] if cfg.task == "sums" else ["world"]
     # an empty --only is a mistake, not "everything" (a whole bench takes long)
     if cfg.only is not None:
         sections = [s.strip() for s in cfg.only.split(",")]
@@ -177,6 +181,8 @@ def main(argv=None):
             "the targets, rarest, custom, optimum, models, entropy, mismatch and prefix sections "
             "are food's (people and foods): use --task food"
         )
+    if cfg.task != "sums" and "thinking" in sections:
+        raise UsageError("the thinking section is the sums world's: use --task sums")
     if cfg.task == "food" and "world" in sections:
         raise UsageError(
             "the world section is another task's own world (e.g. --task sums); food's tables are "
@@ -219,6 +225,7 @@ def main(argv=None):
         "sweep": lambda: bench_sweep(out, task_init(out, "food"), str(device)),
         "comparing": lambda: bench_comparing(out, task_init(out, "food")),
         "world": lambda: bench_world(out, cfg.task, cfg.seeds, jobs),
+        "thinking": lambda: bench_thinking(out),
     }
     docs = Path(cfg.docs) if write_docs else None
     if docs is not None and docs.exists() and not docs.is_dir():

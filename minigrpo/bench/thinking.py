@@ -1,0 +1,307 @@
+"""bench's thinking section: four experiments on the sums world (issue 54), every figure exact.
+It runs one compare sweep from the bench's sums model, `python -m minigrpo.compare --task sums
+--reward correct --algos <ALGOS> --seeds 10 --budget fixed --steps 30` (compare keeps the finished
+runs of the same command and code), then writes into docs/experiments.md's block `thinking`:
+
+  (a) length and thinking   the default run's exact think rate, mean length (right and wrong
+                            answers apart) and accuracy over the steps, medians (IQR) over the
+                            seeds; the step the think rate passes 0.5; π_ref's and the final
+                            policy's think rate and accuracy by number of operands (checkpoints)
+  (b) length normalisation  GRPO's per-sequence mean (`seq-mean-token-mean`, the default) against a
+                            constant (`seq-mean-token-sum-norm`, Dr. GRPO's): the exact mean length
+                            of wrong answers over the steps, and its final IQM, difference and test
+  (c) pass@k                π_ref's and the final policies' exact pass@k, k = 1 … 256, per prompt
+                            1 − (1 − p(x))^k averaged, and the share of prompts whose pass@64 the
+                            training lowered
+  (d) entropy               the exact sequence entropy over the steps for the default, Clip-Cov,
+                            KL-Cov and an entropy bonus, with the final accuracy each kept
+
+A final figure's IQM, its difference from the default's and their 95 % BCa intervals and
+permutation p come from tools/stats.py, as compare's; a difference is called as compare calls one
+(tools/intervals.MIN_RUNS runs, an interval that leaves out 0, p < ALPHA).
+
+    python -m minigrpo.bench --task sums --only thinking     # 50 runs of 30 steps
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minigrpo.bench.common import run_module
+from minigrpo.bench.pretraining import task_init
+from minigrpo.lm.checkpoint import load_checkpoint
+from minigrpo.tools.intervals import ALPHA, MIN_RUNS
+from minigrpo.tools.stamps import finished
+from minigrpo.tools.stats import difference_interval, iqm_interval, permutation_p
+from minigrpo.util.jsonl import read_jsonl
+from toy_tasks.sums_exact import layout, support_probs_many
+from toy_tasks.sums_world import OPERANDS, PROMPTS
+
+DEFAULT, CONSTANT = "default", "default@loss_agg=seq-mean-token-sum-norm"
+ENTROPY_ALGOS = [DEFAULT, "clip_cov", "kl_cov", "default@entropy_coef=0.01"]
+ALGOS = [DEFAULT, CONSTANT, *ENTROPY_ALGOS[1:]]
+SEEDS, STEPS = 10, 30
+COMMAND = [
+    "minigrpo.compare",
+    *("--task", "sums", "--reward", "correct", "--algos", ",".join(ALGOS)),
+    *("--seeds", str(SEEDS), "--budget", "fixed", "--steps", str(STEPS), "--engine", "pool"),
+]
+FIGURES = ("exact_len_mean_wrong", "exact_accuracy", "exact_entropy", "exact_think_rate")
+SHOWN = (0, 5, 10, 15, 20, 25, 30)  # the steps the tables show
+PASS_K = (1, 4, 16, 64, 256)
+
+
+def bench_thinking(out: Path) -> str:
+    """Pretrain the sums model (once, under out), run the sweep, -> the block."""
+    init, folder = task_init(out, "sums"), out / "thinking"
+    _, error, _ = run_module([*COMMAND, "--init", str(init), "--out", str(folder)])
+    if error is not None:
+        return f"thinking: `python -m {' '.join(COMMAND)}` failed: {error}"
+    return thinking_block(folder, init)
+
+
+def read_runs(folder: Path, seeds: int = SEEDS) -> dict[str, list[Path]]:
+    """{algorithm: its finished runs' folders}, in ALGOS order."""
+    return {a: [f for s in range(seeds) if finished(f := folder / f"{a}-s{s}")] for a in ALGOS}
+
+
+def series(run: Path, key: str) -> dict[int, float]:
+    """{step: the run's exact `key`} over its evaluations."""
+    return {r["step"]: r[key] for r in read_jsonl(run / "metrics.jsonl") if key in r}
+
+
+def spread(values) -> str:
+    """'median (q25–q75)' of the finite values, '–' without any."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return "–"
+    q = np.percentile(v, [50, 25, 75])
+    digits = 1 if np.abs(q).max() >= 10 else 3
+    return f"{q[0]:.{digits}f} ({q[1]:.{digits}f}–{q[2]:.{digits}f})"
+
+
+def over_steps(runs: dict[str, list[Path]], columns: list[tuple[str, str, str]]) -> list[str]:
+    """A markdown table: a row per shown step, a column per (header, algorithm, key): medians
+    (IQR) over the algorithm's runs."""
+    data = {(a, k): [series(r, k) for r in runs[a]] for _, a, k in columns}
+    lines = ["| step | " + " | ".join(h for h, _, _ in columns) + " |"]
+    lines.append("|---:|" + "---|" * len(columns))
+    for s in SHOWN:
+        cells = [spread([d.get(s) for d in data[(a, k)]]) for _, a, k in columns]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def final_test(runs: dict[str, list[Path]], key: str, algo: str, base: str = DEFAULT) -> dict:
+    """The final `key` of algo against base: IQMs with intervals, difference, p, the call."""
+    a, b = ([series(r, key)[STEPS] for r in runs[x]] for x in (algo, base))
+    k = _key(key, algo)
+    d, p = difference_interval(a, b, key=k), permutation_p(a, b, key=k)
+    called = min(len(a), len(b)) >= MIN_RUNS and d.excludes(0) and p < ALPHA
+    return {
+        "iqm": iqm_interval(a, k),
+        "d": d,
+        "p": p,
+        "called": called,
+        "n": len(a),
+    }
+
+
+def _key(key: str, algo: str) -> tuple[int, int]:
+    """A bootstrap's key (tools/stats: integers): the figure's place and the algorithm's."""
+    return (FIGURES.index(key), ALGOS.index(algo))
+
+
+def _est(e, digits: int = 3) -> str:
+    return f"{e.value:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
+
+
+def _said(t: dict) -> str:
+    if t["n"] < MIN_RUNS:
+        return f"not called (n = {t['n']} < {MIN_RUNS})"
+    return ("higher" if t["d"].value > 0 else "lower") if t["called"] else "no difference shown"
+
+
+def policies(runs: list[Path], init: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact per-prompt accuracy and think rate on the RL prompts of π_ref (row 0) and of each
+    run's final policy (rows 1 …): two (1 + len(runs), len(PROMPTS)) float64 tensors."""
+    models, tok = [], None
+    for path in [init, *(r / "model.pt" for r in runs)]:
+        model, tok, _ = load_checkpoint(path)
+        models.append(model.eval())
+    with torch.no_grad():
+        probs = support_probs_many(models, tok, PROMPTS)
+    lay = layout(tuple(PROMPTS))
+    return (probs * lay.correct).sum(-1), (probs * lay.worked).sum(-1)
+
+
+def by_operands(accuracy: torch.Tensor, think: torch.Tensor) -> list[str]:
+    """π_ref's and the final policies' (median (min–max)) think rate and accuracy per operands."""
+    lines = ["| operands | prompts | π_ref think | final think | π_ref accuracy | final accuracy |"]
+    lines.append("|---:|---:|---:|---:|---:|---:|")
+    for n in OPERANDS:
+        mine = torch.tensor([len(p) == 2 * n for p in PROMPTS])
+        t, a = think[:, mine].mean(1), accuracy[:, mine].mean(1)
+        lines.append(
+            f"| {n} | {int(mine.sum())} | {t[0]:.3f} | {_mm(t[1:])} | {a[0]:.3f} | {_mm(a[1:])} |"
+        )
+    return lines
+
+
+def _mm(x: torch.Tensor) -> str:
+    """'median (min–max)' of a 1-D tensor."""
+    return f"{x.median():.3f} ({x.min():.3f}–{x.max():.3f})"
+
+
+def pass_at(accuracy: torch.Tensor) -> tuple[list[str], dict]:
+    """The pass@k table (π_ref, the final policies) and the share of prompts each run lowered."""
+    lines = ["| k | π_ref | final policies | final − π_ref |", "|---:|---:|---:|---:|"]
+    for k in PASS_K:
+        at = (1 - (1 - accuracy.clamp(0, 1)) ** k).mean(1)
+        lines.append(f"| {k} | {at[0]:.4f} | {_mm(at[1:])} | {_mm(at[1:] - at[0])} |")
+    at64 = 1 - (1 - accuracy.clamp(0, 1)) ** 64
+    lowered = (at64[1:] < at64[:1] - 1e-6).double().mean(1)
+    worst = (at64[1:] - at64[:1]).min(1).values
+    return lines, {"lowered": lowered, "worst": worst, "ref64": at64[0]}
+
+
+def crossing(run: Path, key: str = "exact_think_rate", level: float = 0.5) -> float:
+    """The first step whose `key` is >= level (NaN if none)."""
+    return next((s for s, v in sorted(series(run, key).items()) if v >= level), float("nan"))
+
+
+def thinking_block(folder: Path, init: Path) -> str:
+    """The section's markdown from the runs in `folder` and π_ref `init` (module docstring)."""
+    runs = read_runs(folder)
+    if not runs[DEFAULT]:
+        return f"thinking: no finished default runs in {folder}"
+    n = {a: len(r) for a, r in runs.items()}
+    accuracy, think = policies(runs[DEFAULT], init)
+    cross = np.array([crossing(r) for r in runs[DEFAULT]], dtype=float)
+    lines = [
+        f"Runs: `python -m {' '.join(COMMAND)}` from the bench's sums model (runs per algorithm: "
+        + ", ".join(f"{a} {k}" for a, k in n.items())
+        + "). Every figure is exact under the policy at that step (docs/worlds.md, the sums "
+        "world); medians (25th–75th percentile) over the seeds unless named otherwise; final "
+        "IQMs with 95 % BCa intervals (tools/stats.py).",
+        "",
+        "### (a) Does length grow with a correctness reward alone, and when does thinking "
+        "take over?",
+        "",
+        "Setup: the default GRPO run, reward `correct` (1 for the right sum, nothing for length), "
+        f"{n[DEFAULT]} seeds, {STEPS} steps.",
+        "",
+        *over_steps(
+            runs,
+            [
+                ("think rate", DEFAULT, "exact_think_rate"),
+                ("length", DEFAULT, "exact_len_mean"),
+                ("length right", DEFAULT, "exact_len_mean_correct"),
+                ("length wrong", DEFAULT, "exact_len_mean_wrong"),
+                ("accuracy", DEFAULT, "exact_accuracy"),
+                ("held-out think", DEFAULT, "exact_think_rate_heldout"),
+            ],
+        ),
+        "",
+        "By number of operands, π_ref and the final policies (median (min–max) over the seeds):",
+        "",
+        *by_operands(accuracy, think),
+        "",
+        f"Conclusion: the think rate passes 0.5 at step {np.nanmedian(cross):.0f} (seeds "
+        f"{np.nanmin(cross):.0f}–{np.nanmax(cross):.0f}), and the mean length grows with it, "
+        "though nothing rewards length: a worked answer is longer and more often right. Thinking "
+        "takes over where it pays, on the prompts of three and four operands; on two operands the "
+        "policy learns the direct answer instead (the table above), whose accuracy RL can raise "
+        "past a worked chain's 0.95.",
+        "",
+    ]
+    lines += _normalisation(runs, n)
+    lines += _pass_at(accuracy, n)
+    lines += _entropy(runs, n)
+    return "\n".join(lines)
+
+
+def _normalisation(runs: dict, n: dict) -> list[str]:
+    t = final_test(runs, "exact_len_mean_wrong", CONSTANT)
+    wrong = [series(r, "exact_len_mean_wrong")[STEPS] for r in runs[DEFAULT]]
+    base = iqm_interval(wrong, _key("exact_len_mean_wrong", DEFAULT))
+    acc = final_test(runs, "exact_accuracy", CONSTANT)
+    return [
+        "### (b) Does GRPO's per-sequence normalisation lengthen wrong answers?",
+        "",
+        "Setup: the default (`--loss-agg seq-mean-token-mean`: each sequence's token mean, the "
+        "sequences' mean; Dr. GRPO, arXiv 2503.20783, argues that dividing by |o_i| favours long "
+        "wrong answers) against a constant normaliser (`seq-mean-token-sum-norm`: token sums over "
+        f"B·T_max, Dr. GRPO's), all else the default; {n[DEFAULT]} and {n[CONSTANT]} seeds.",
+        "",
+        *over_steps(
+            runs,
+            [
+                ("length wrong, per-sequence", DEFAULT, "exact_len_mean_wrong"),
+                ("length wrong, constant", CONSTANT, "exact_len_mean_wrong"),
+                ("length, per-sequence", DEFAULT, "exact_len_mean"),
+                ("length, constant", CONSTANT, "exact_len_mean"),
+            ],
+        ),
+        "",
+        f"Final mean length of wrong answers, IQM: per-sequence {_est(base, 2)}, constant "
+        f"{_est(t['iqm'], 2)}; constant − per-sequence {_est(t['d'], 2)}, permutation p = "
+        f"{t['p']:.3f}: {_said(t)}. Final accuracy, constant − per-sequence {_est(acc['d'])}, p = "
+        f"{acc['p']:.3f}: {_said(acc)}.",
+        "",
+    ]
+
+
+def _pass_at(accuracy: torch.Tensor, n: dict) -> list[str]:
+    table, low = pass_at(accuracy)
+    solved = int((low["ref64"] > 0.999).sum())
+    return [
+        "### (c) Does RL narrow what the model can reach (pass@1 against pass@k)?",
+        "",
+        f"Setup: π_ref and the default runs' final policies ({n[DEFAULT]} seeds), each prompt's "
+        "exact accuracy p(x) over its declared support; pass@k = mean over the RL prompts of "
+        "1 − (1 − p(x))^k (Yue et al., arXiv 2504.13837, sample it).",
+        "",
+        *table,
+        "",
+        f"Per prompt: π_ref's pass@64 exceeds 0.999 on {solved} of {len(PROMPTS)} prompts. The "
+        f"training lowered pass@64 on {_mm(100 * low['lowered'])} % of the prompts (median "
+        f"(min–max) over the seeds), by at most {_mm(-low['worst'])}.",
+        "",
+    ]
+
+
+def _entropy(runs: dict, n: dict) -> list[str]:
+    columns = [(f"entropy, {a}", a, "exact_entropy") for a in ENTROPY_ALGOS]
+    rows = [
+        "| algorithm | runs | final entropy IQM | − default | p | final accuracy IQM | "
+        "final think rate IQM |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for a in ENTROPY_ALGOS:
+        final = {k: [series(r, k)[STEPS] for r in runs[a]] for k in FIGURES}
+        acc = iqm_interval(final["exact_accuracy"], _key("exact_accuracy", a))
+        think = iqm_interval(final["exact_think_rate"], _key("exact_think_rate", a))
+        if a == DEFAULT:
+            ent = iqm_interval(final["exact_entropy"], _key("exact_entropy", a))
+            diff = "–"
+        else:
+            t = final_test(runs, "exact_entropy", a)
+            ent, diff = t["iqm"], f"{_est(t['d'])} ({_said(t)}) | {t['p']:.3f}"
+        diff = diff if a != DEFAULT else "– | –"
+        rows.append(f"| {a} | {n[a]} | {_est(ent)} | {diff} | {_est(acc)} | {_est(think)} |")
+    return [
+        "### (d) Does the entropy collapse, and do its controls hold it?",
+        "",
+        "Setup: the default against Clip-Cov and KL-Cov (Cui et al., arXiv 2505.22617, presets "
+        "`clip_cov`, `kl_cov`) and an entropy bonus (`--entropy-coef 0.01`); the entropy is "
+        "−Σ π log π over each prompt's declared support, nats per completion.",
+        "",
+        *over_steps(runs, columns),
+        "",
+        *rows,
+        "",
+    ]
