@@ -68,7 +68,7 @@ def test_the_four_experiments_are_written_with_their_tables_and_calls(sweep, mon
     for question in ("### (a)", "### (b)", "### (c)", "### (d)"):
         assert question in block
     assert block.index("### (a)") < block.index("### (b)") < block.index("### (c)")
-    assert "the think rate passes 0.5 at step 13 (seeds 13–13)" in block
+    assert "the think rate passes 0.5 at step 13 (seeds 13–13; NaN: never)" in block
     # constant normalisation: wrong answers 6 tokens longer on every seed, n = 10: called
     assert "constant − per-sequence 6.00 [" in block and ": higher." in block
     # every algorithm's entropy is the same curve: no difference shown

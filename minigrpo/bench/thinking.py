@@ -138,17 +138,20 @@ def policies(runs: list[Path], init: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return (probs * lay.correct).sum(-1), (probs * lay.worked).sum(-1)
 
 
-def by_operands(accuracy: torch.Tensor, think: torch.Tensor) -> list[str]:
-    """π_ref's and the final policies' (median (min–max)) think rate and accuracy per operands."""
+def by_operands(accuracy: torch.Tensor, think: torch.Tensor) -> tuple[list[str], dict]:
+    """π_ref's and the final policies' (median (min–max)) think rate and accuracy per operands;
+    -> the table and {operands: the final policies' median think rate}."""
     lines = ["| operands | prompts | π_ref think | final think | π_ref accuracy | final accuracy |"]
     lines.append("|---:|---:|---:|---:|---:|---:|")
+    final = {}
     for n in OPERANDS:
         mine = torch.tensor([len(p) == 2 * n for p in PROMPTS])
         t, a = think[:, mine].mean(1), accuracy[:, mine].mean(1)
+        final[n] = t[1:].median().item()
         lines.append(
             f"| {n} | {int(mine.sum())} | {t[0]:.3f} | {_mm(t[1:])} | {a[0]:.3f} | {_mm(a[1:])} |"
         )
-    return lines
+    return lines, final
 
 
 def _mm(x: torch.Tensor) -> str:
@@ -181,6 +184,9 @@ def thinking_block(folder: Path, init: Path) -> str:
     n = {a: len(r) for a, r in runs.items()}
     accuracy, think = policies(runs[DEFAULT], init)
     cross = np.array([crossing(r) for r in runs[DEFAULT]], dtype=float)
+    operand_table, thinks = by_operands(accuracy, think)
+    length = [[series(r, "exact_len_mean")[s] for r in runs[DEFAULT]] for s in (0, STEPS)]
+    most, least = max(thinks, key=thinks.get), min(thinks, key=thinks.get)
     lines = [
         f"Runs: `python -m {' '.join(COMMAND)}` from the bench's sums model (runs per algorithm: "
         + ", ".join(f"{a} {k}" for a, k in n.items())
@@ -208,14 +214,15 @@ def thinking_block(folder: Path, init: Path) -> str:
         "",
         "By number of operands, π_ref and the final policies (median (min–max) over the seeds):",
         "",
-        *by_operands(accuracy, think),
+        *operand_table,
         "",
         f"Conclusion: the think rate passes 0.5 at step {np.nanmedian(cross):.0f} (seeds "
-        f"{np.nanmin(cross):.0f}–{np.nanmax(cross):.0f}), and the mean length grows with it, "
-        "though nothing rewards length: a worked answer is longer and more often right. Thinking "
-        "takes over where it pays, on the prompts of three and four operands; on two operands the "
-        "policy learns the direct answer instead (the table above), whose accuracy RL can raise "
-        "past a worked chain's 0.95.",
+        f"{np.nanmin(cross):.0f}–{np.nanmax(cross):.0f}; NaN: never), and the mean length goes "
+        f"from {np.median(length[0]):.1f} to {np.median(length[1]):.1f} tokens (medians) with it, "
+        "though the reward says nothing of length: a worked answer is longer and more often "
+        f"right. At the end the policies think most on {most} operands ({thinks[most]:.3f}) and "
+        f"least on {least} ({thinks[least]:.3f}), where a direct answer was right most often "
+        "under π_ref (the table above).",
         "",
     ]
     lines += _normalisation(runs, n)
@@ -229,6 +236,11 @@ def _normalisation(runs: dict, n: dict) -> list[str]:
     wrong = [series(r, "exact_len_mean_wrong")[STEPS] for r in runs[DEFAULT]]
     base = iqm_interval(wrong, _key("exact_len_mean_wrong", DEFAULT))
     acc = final_test(runs, "exact_accuracy", CONSTANT)
+    think = final_test(runs, "exact_think_rate", CONSTANT)
+    thinks = iqm_interval(
+        [series(r, "exact_think_rate")[STEPS] for r in runs[DEFAULT]],
+        _key("exact_think_rate", DEFAULT),
+    )
     return [
         "### (b) Does GRPO's per-sequence normalisation lengthen wrong answers?",
         "",
@@ -250,7 +262,10 @@ def _normalisation(runs: dict, n: dict) -> list[str]:
         f"Final mean length of wrong answers, IQM: per-sequence {_est(base, 2)}, constant "
         f"{_est(t['iqm'], 2)}; constant − per-sequence {_est(t['d'], 2)}, permutation p = "
         f"{t['p']:.3f}: {_said(t)}. Final accuracy, constant − per-sequence {_est(acc['d'])}, p = "
-        f"{acc['p']:.3f}: {_said(acc)}.",
+        f"{acc['p']:.3f}: {_said(acc)}. A wrong answer is 3 tokens at once and 10 to 28 worked, so "
+        "the wrong answers' length follows the think rate too: final think rate IQM per-sequence "
+        f"{_est(thinks)}, constant {_est(think['iqm'])} (difference {_est(think['d'])}, p = "
+        f"{think['p']:.3f}: {_said(think)}).",
         "",
     ]
 
