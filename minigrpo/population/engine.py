@@ -14,13 +14,12 @@ from __future__ import annotations
 import functools
 import signal
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from minigrpo.population.lockstep import (
     KINDS,
     OWN,
-    QUIET,
-    RECIPES,
+    shared,
     train_lockstep,
     trainer_name,
     unsupported,
@@ -70,9 +69,7 @@ def _setting(trainer, flags: tuple, mixed: bool) -> str | None:
         return None
     if unsupported(trainer, [cfg]) is not None:
         return None
-    name = trainer_name(trainer)
-    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
-    return repr([(k, v) for k, v in asdict(cfg).items() if k not in apart])
+    return repr(list(shared(trainer, cfg, mixed).items()))
 
 
 def run_lockstep(items: list, done, commands: Commands) -> bool:

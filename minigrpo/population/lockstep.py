@@ -75,6 +75,14 @@ def trainer_name(trainer) -> str:
     return trainer.__name__.rsplit(".", 1)[-1]
 
 
+def shared(trainer, cfg, mixed: bool = True) -> dict:
+    """The settings of `cfg` that a lockstep population's members share: all but OWN's and QUIET's
+    (and with `mixed`, the RECIPES')."""
+    name = trainer_name(trainer)
+    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
+    return {k: v for k, v in asdict(cfg).items() if k not in apart}
+
+
 def unsupported(trainer, cfgs: list) -> str | None:
     """Why these configs of `trainer` cannot run in lockstep (None: they can). The sampled anchor
     cannot: its single run's π_ref logits come from another forward than its policy's, so that at
@@ -82,9 +90,7 @@ def unsupported(trainer, cfgs: list) -> str | None:
     name = trainer_name(trainer)
     if name not in KINDS:
         return f"{trainer.__name__} has no lockstep"
-    own = (*OWN[name], *QUIET, *RECIPES[name])
-    first = {k: v for k, v in asdict(cfgs[0]).items() if k not in own}
-    if any({k: v for k, v in asdict(c).items() if k not in own} != first for c in cfgs):
+    if any(shared(trainer, c) != shared(trainer, cfgs[0]) for c in cfgs):
         return f"members differ in more than their {', '.join(OWN[name])}" + (
             " and recipe" if RECIPES[name] else ""
         )
