@@ -244,7 +244,7 @@ def _step(pop: Population) -> None:
     # a member whose losses are not finite ends in end_step, unevaluated
     evaluated = [members[j][1] for j, row in rows.items() if finite_losses(row)]
     evaluations = evaluate_members([m for m in evaluated if m.run.evaluating()])
-    batch = batch_figures(rewards, step.mask.sum(-1).float()).tolist()  # each member's
+    outcome = batch_figures(rewards, step.mask.sum(-1).float()).tolist()  # rewards, lengths
     if runs[0].renews_ref():  # π_ref ← π_θ, as rl/loop.run's
         with torch.no_grad():
             for name, w in pop.ref.w.items():
@@ -254,7 +254,7 @@ def _step(pop: Population) -> None:
         m = members[j][1]
         try:
             trained = partial(member_trained, copies, j, m, pop.update, pop.opt)
-            args = (batches[j], row, step_time, m.logger, evaluations.get(id(m)), batch[j])
+            args = (batches[j], row, step_time, m.logger, evaluations.get(id(m)), outcome[j])
             m.run.end_step(trained, *args)
         except UsageError as e:
             m.error = str(e)
