@@ -1,6 +1,6 @@
-"""minigrpo/population/anchor.py and aids.py: members of other --person (each its own prompt, tree
-anchor and trust-region anchor rows) in one lockstep population, against their single runs (the
-oracle); own_rows' padding."""
+"""minigrpo/population/anchor.py and lockstep's trust-region anchor rows (Population.adopt):
+members of other --person (each its own prompt, tree anchor and trust-region anchor rows) in one
+lockstep population, against their single runs (the oracle); own_rows' padding."""
 
 import pytest
 import torch

@@ -12,7 +12,7 @@ import torch
 from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
-from minigrpo.population.evaluation import SharedForward, evaluate_members
+from minigrpo.population.evaluation import evaluate_members
 from minigrpo.population.stacked import Stack
 from toy_tasks import arithmetic, food
 from toy_tasks.rewards import make_reward
@@ -82,18 +82,17 @@ def test_a_tasks_evaluation_of_stacked_weights_is_each_models_own(task, reward, 
 
 
 def test_the_members_gpts_take_their_weights_from_the_stack_and_evaluate_as_one():
-    """After an update of the stacked weights, fresh() writes each member's into its own GPT (what
-    its own forwards compute with); evaluate_members then gives each member its single run's
+    """After an update of the stacked weights, Stack.copy_to writes each member's into its own GPT
+    (what its own forwards compute with); evaluate_members then gives each member its single run's
     figures."""
     run = task_run(food, "pizza", None)
     models = models_of(run.tok, block_size=48)
     run.baseline = food.rl_baseline(models[0], run.tok, run.cfg)
-    stack, shared = Stack(models, trainable=True), SharedForward()
-    shared.adopt(models)
+    stack = Stack(models, trainable=True)
     with torch.no_grad():  # an update of the stacked weights
         for w in stack.w.values():
             w.add_(0.05 * torch.randn(w.shape))
-    shared.fresh(stack)
+    stack.copy_to(models)
     for p, m in enumerate(models):
         assert all(torch.equal(w, stack.w[k][p]) for k, w in m.named_parameters()), p
     members = [SimpleNamespace(run=SimpleNamespace(**vars(run), policy=m)) for m in models]

@@ -495,21 +495,3 @@ def test_arithmetic_members_with_other_prompts_are_their_single_runs(tmp_path, t
         assert len(rows) == len(want) == 3 and all(
             close(UNTIMED(g), UNTIMED(w)) == [] for g, w in zip(rows, want)
         )
-
-
-def test_the_prompt_table_encodes_each_members_rows_as_encode_prompts_does():
-    """Every member's rows from one gather of the prompts encoded once: each member's own left
-    padding (its own widest prompt), the values lm/sampling.encode_prompts gives."""
-    from minigrpo.lm.sampling import encode_prompts
-    from minigrpo.lm.tokenizer import CharTokenizer
-    from minigrpo.population.sampling import PromptTable
-
-    prompts = ["ab ", "abcd ", "b "]
-    tok = CharTokenizer(sorted(set("".join(prompts))))
-    rows = [["ab ", "ab "], ["abcd ", "b "], ["b ", "b "]]
-    for (ids, mask), r in zip(PromptTable(tok, prompts, "cpu").encode(rows), rows):
-        want_ids, want_mask = encode_prompts(tok, r)
-        assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask), r
-        assert ids.size(1) == int(mask.sum(1).max()), (
-            "as wide as its longest prompt: its Request's prompt_len"
-        )

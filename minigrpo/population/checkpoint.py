@@ -1,16 +1,9 @@
-"""A lockstep member's checkpoint from its population's stacked tensors copied to the host once for
-all members.
+"""A lockstep member's checkpoint (rl/checkpoints.RunCheckpoints.trained's contents) from its
+population's stacked tensors, copied to the host once for all members (a GPU's copy waits for the
+kernels queued before it): each member's file is its single run's, byte for byte.
 
-    copies = host_copies(stack, ref, opt, critics)  # each step's; nothing copied yet
-    trained = member_trained(copies, p, member, update, opt)  # member p's Run.trained: its
-                                  # slices of the copies (its weights, moments, PPO's critic)
-
-A single run's checkpoint copies each of its tensors to the host
-(rl/checkpoints.RunCheckpoints.save); P members' checkpoints, each on its own, would copy P times as
-many, and on a GPU each copy waits for the kernels queued before it (on a GPU shared with other
-processes, theirs too). Here the first member that saves in a step copies every stacked tensor once,
-and each member's checkpoint takes copies of its own slices: the same values, the same file. The
-anchor, which the members share, is copied once for all (rl/preserve.Anchor.host_state).
+    copies = host_copies(stack, ref, opt, critics)            # each step's; nothing copied yet
+    trained = member_trained(copies, p, member, update, opt)  # member p's Run.trained
 """
 
 from __future__ import annotations
@@ -21,17 +14,14 @@ from minigrpo.lm.optim import adamw_state
 
 
 class HostCopies:
-    """Stacked tensors (P, ...) by group (a dict of named tensors, or a list), copied to the host on
-    the first `member` call; made anew each step (the copies are of that step's tensors)."""
+    """Stacked tensors (P, ...) by group (a dict or a list), copied to the host on first use."""
 
     def __init__(self, stacked: dict):
         self.stacked, self.host = stacked, None
 
     def member(self, group: str, p: int, layout: dict | None = None) -> dict | list:
-        """Member p's tensors of one group, each its own copy (a slice alone would save the whole
-        stack's storage); `layout`: tensors by name whose strides the copies take (a GPT's weights:
-        lm/model.py keeps some transposed), so that a member's file is its single run's byte for
-        byte."""
+        """Member p's tensors of one group, each its own copy; `layout`: tensors by name whose
+        strides the copies take (lm/model.py keeps some transposed)."""
         if self.host is None:
             self.host = {
                 g: _apply(ts, lambda k, t: t.detach().cpu()) for g, ts in self.stacked.items()
@@ -54,10 +44,8 @@ def _apply(tensors: dict | list, f) -> dict | list:
 
 
 def member_trained(copies: HostCopies, p: int, member, update, opt) -> dict:
-    """Member p's trained state for its checkpoint, as rl/checkpoints.RunCheckpoints.trained makes
-    a single run's: its slices of the copies (its policy's and π_ref's in the layout of its own
-    GPTs), its algorithm's state (update.host_state: PPO's learned critic from the copies too), and
-    the stacked AdamW's (lm/optim.AdamW, a count and a rate per member) state for its slices."""
+    """Member p's Run.trained: its slices of the copies in its own GPTs' layout, its algorithm's
+    state (update.host_state), its AdamW state (lm/optim.adamw_state)."""
     run, layout = member.run, lambda model: dict(model.named_parameters())
     lr = opt.param_groups[0]["lr"]  # a number, or each member's (P,)
     return {
@@ -74,7 +62,6 @@ def member_trained(copies: HostCopies, p: int, member, update, opt) -> dict:
 
 
 def host_copies(stack, ref, opt, critics=None) -> HostCopies:
-    """The host copies of a population's stacked policy, π_ref, AdamW moments and learned critics
-    (PPO's; None: none) as they are now (made on the first checkpoint that asks)."""
+    """The host copies of the stacked policy, π_ref, AdamW moments and PPO's learned critics."""
     groups = {"policy": stack.w, "ref": ref.w, "m": opt.m, "v": opt.v}
     return HostCopies(groups if critics is None else {**groups, "critic": critics.w})

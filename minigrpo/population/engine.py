@@ -1,48 +1,31 @@
-"""compare's population engine: runs of one configuration as one lockstep population, the others
-alone, every population and lone run a task of the pool's worker processes.
+"""compare's population engine: runs of one configuration (lockstep.unsupported: GRPO or PPO,
+apart in lockstep.OWN and RECIPES) as one lockstep population, the others (DPO, a sampled anchor)
+alone, each population or lone run a task of tools/pool.run_pool's worker processes.
 
-    run_population(items, done, commands)         # the pool's items (tools/pool.py): (algo,
-                                                  # seed, command, folder)
-    run_populations(items, jobs, done, commands)  # the items' populations and lone runs, shared
-                                                  # out over `jobs` worker processes
-    # commands: the trainers and runners, from compare (Commands: the engine imports no command)
+    run_populations(items, jobs, done, commands)  # items: the pool's (algo, seed, command, folder)
+    run_population(items, done, commands)         # the same in this process (bench)
 
-In lockstep (population/lockstep.py): runs of minigrpo.grpo or minigrpo.ppo that differ only in
-their seeds (and folders), learning rates, rewards, β's and people (GRPO's, and in their recipes:
-compare's presets of one μ), whose configuration lockstep supports, train as one computation, each
-run a slice of every tensor. The others (DPO, a sampled anchor, any flag lockstep does not run) go
-alone, each its command's own `main(argv)` in a worker (tools/pool.run_one: the folder made afresh
-and stamped, the summary required), as compare's pool runs them. done(item, error) is called in the
-calling process as each run ends.
-
-Where it is meant to pay: a GPU, whose batch is nearly free up to thousands of rows while one small
-model's step is launch-bound; what does not batch is each member's own work between batches, one
-member after another (docs/performance.md). On a CPU of few cores the arithmetic is the same and the
-pool is the default (compare --engine).
-
-Ctrl-C: every member finishes its step, writes its checkpoint and ends as interrupted (a run's own
-Ctrl-C), then KeyboardInterrupt is raised here; a second Ctrl-C raises it at once.
+done(item, error) is called in the calling process as each run ends. Ctrl-C: every member ends its
+step with its checkpoint, as a run's own Ctrl-C (lockstep.train_lockstep), then KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import functools
 import signal
-import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from minigrpo.population.lockstep import (
     KINDS,
     OWN,
-    QUIET,
-    RECIPES,
+    shared,
     train_lockstep,
     trainer_name,
     unsupported,
 )
-from minigrpo.rl.report import INTERRUPTED, STOP_ALL
-from minigrpo.tools.pool import STOPPING, end_folder, run_pool, start_folder
+from minigrpo.rl.report import INTERRUPTED
+from minigrpo.tools.pool import end_folder, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
 # flags, each with a value, in which a lockstep population's members may differ (lockstep.OWN)
@@ -51,11 +34,9 @@ PER_MEMBER = {name: tuple("--" + k.replace("_", "-") for k in own) for name, own
 
 @dataclass(frozen=True)
 class Commands:
-    """What the engine runs, handed down by its caller (compare, a layer above: the engine imports
-    no command): the trainer modules by module name, a lone run (item -> its error, or None:
-    tools/pool.run_one with the trainers' mains), and the pool workers' task, a module-level
-    function of the caller's that calls run_task(task, these Commands) (the workers start with
-    'spawn' and get it pickled by its name)."""
+    """What the engine runs, from its caller (compare, a layer above): the trainer modules by module
+    name, a lone run (item -> its error, or None: tools/pool.run_one), and the pool workers' task,
+    the caller's module-level function calling run_task(task, these Commands) (pickled by name)."""
 
     trainers: dict
     run_one: Callable
@@ -64,9 +45,7 @@ class Commands:
 
 def lockstep_key(item, commands: Commands, mixed: bool = True) -> tuple | None:
     """What a run must share with the others of a lockstep population: its trainer and every setting
-    but those each member may have of its own (lockstep.OWN: --seed, --out, --lr, --reward, --beta,
-    --person; GRPO's recipe, lockstep.RECIPES; mixed=False: its recipe too, but β) (None: its
-    trainer has no lockstep, or lockstep does not support its flags, or they are bad)."""
+    but lockstep.OWN (and RECIPES with `mixed`) -> None where lockstep cannot run it."""
     cmd = item[2]  # [python, "-m", module, flags...]
     trainer = commands.trainers.get(cmd[2])
     if trainer is None or trainer_name(trainer) not in KINDS:  # the trainers lockstep runs
@@ -83,23 +62,19 @@ def lockstep_key(item, commands: Commands, mixed: bool = True) -> tuple | None:
 
 @functools.lru_cache(maxsize=None)
 def _setting(trainer, flags: tuple, mixed: bool) -> str | None:
-    """lockstep_key's part for these flags (read once per configuration, not once per seed): every
-    setting but the members' own, or None where lockstep does not run them or they are bad."""
+    """lockstep_key's part for these flags, parsed once per configuration (not once per seed)."""
     try:
         cfg = trainer.parse(list(flags))
     except UsageError:
         return None
     if unsupported(trainer, [cfg]) is not None:
         return None
-    name = trainer_name(trainer)
-    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
-    return repr([(k, v) for k, v in asdict(cfg).items() if k not in apart])
+    return repr(list(shared(trainer, cfg, mixed).items()))
 
 
 def run_lockstep(items: list, done, commands: Commands) -> bool:
     """The items as one lockstep population, done(item, error) for each at the end -> False (nothing
-    run) where they cannot go in lockstep: another trainer or configuration, a flag lockstep does
-    not support, a bad flag."""
+    run) where they cannot go in lockstep."""
     key = lockstep_key(items[0], commands)
     if key is None or any(lockstep_key(item, commands) != key for item in items):
         return False
@@ -134,8 +109,8 @@ def run_lockstep(items: list, done, commands: Commands) -> bool:
 
 
 def run_population(items: list, done, commands: Commands) -> None:
-    """Every item's run, done(item, error) as each ends: as one lockstep population where they can
-    (run_lockstep), else one after another here (commands.run_one, in process)."""
+    """Every item's run, done(item, error) as each ends: one lockstep population where they can,
+    else one after another (commands.run_one)."""
     if not items or run_lockstep(items, done, commands):
         return
     for item in items:
@@ -145,10 +120,8 @@ def run_population(items: list, done, commands: Commands) -> None:
 def shares_of(
     items: list, commands: Commands, most: int = 0, mixed: bool = True
 ) -> tuple[list[list], list]:
-    """-> (the lockstep populations `items` make, each of at most `most` runs (0: no limit); the
-    runs that go alone). Runs that may go in lockstep (lockstep_key; `mixed`: GRPO's recipes
-    together) are grouped by configuration: a group, or its nearly equal parts in order (so
-    compare's presets of one GRPO group, over more seeds than `most`, go a preset to a part)."""
+    """-> (the lockstep populations `items` make, each of at most `most` runs (0: no limit), in
+    nearly equal parts of each lockstep_key's group, in order; the runs that go alone)."""
     groups: dict[tuple, list] = {}
     for item in items:
         groups.setdefault(lockstep_key(item, commands, mixed) or (), []).append(item)
@@ -172,13 +145,9 @@ def describe(shares: list, alone: list) -> str:
 def run_populations(
     items: list, jobs: int, done, commands: Commands, most: int = 0, mixed: bool = True
 ) -> None:
-    """The items' lockstep populations (shares_of: at most `most` runs each, `mixed` as there) and
-    the runs that go alone (another trainer, a flag lockstep does not run), each population or lone
-    run a task of tools/pool.run_pool's worker processes, `jobs` at a time. Why processes: what does
-    not batch, each member's own Python between batches, runs one member after another in a process
-    (one interpreter lock), so it is shared out over the cores; and a run that kills its process
-    (os._exit in a reward) takes no other run with it (_report). Why a limit: each member costs GPU
-    memory (compare --members). done(item, error) is called here as each run ends."""
+    """The items' lockstep populations (shares_of) and lone runs, each a task of tools/pool's
+    run_pool, `jobs` at a time: each member's own Python between batches is shared out over the
+    cores, and a run that kills its process takes no other run with it (_report)."""
     shares, alone = shares_of(items, commands, most, mixed)
     tasks = [("population", share) for share in shares] + [("alone", item) for item in alone]
     report = lambda task, result: _report(task, result, done)
@@ -186,16 +155,15 @@ def run_populations(
 
 
 def run_task(task: tuple, commands: Commands):
-    """A pool worker's task: ("population", items) -> [(item, error)] of its runs
-    (population_share); ("alone", item) -> its error, or None (commands.run_one)."""
+    """A pool worker's task: ("population", items) -> [(item, error)]; ("alone", item) -> its error,
+    or None."""
     kind, what = task
     return population_share(what, commands) if kind == "population" else commands.run_one(what)
 
 
 def _report(task: tuple, results, done) -> list:
-    """A task's results, done(item, error) for each run -> the tasks to run again: where a
-    population's worker died (a member's reward called os._exit, say), each of its runs alone, so
-    the others finish and the one that kills its process is named by its own death."""
+    """A task's results, done(item, error) for each run -> the tasks to run again: a population
+    whose worker died (a reward's os._exit), each of its runs alone."""
     kind, what = task
     if kind == "alone":
         done(what, results)
@@ -208,15 +176,10 @@ def _report(task: tuple, results, done) -> list:
 
 
 def population_share(items: list, commands: Commands) -> list:
-    """A pool worker's share: one population -> [(item, error)] of its runs. Ctrl-C (the terminal
-    signals the whole process group; the parent's alone sets the pool's stop event) ends every
-    member at the end of its step, as in one process."""
+    """A pool worker's share: one population -> [(item, error)] of its runs. Ctrl-C is on for its
+    length (the pool's workers ignore it), as tools/pool.run_in_process turns it on for a run."""
     results = []
-    # the pool's workers start with it ignored
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    # a Ctrl-C that reached the parent only (kill -INT <pid>) stops the members too
-    for stop in STOPPING:
-        threading.Thread(target=lambda: stop.wait() and STOP_ALL.set(), daemon=True).start()
     try:
         run_population(items, lambda item, error: results.append((item, error)), commands)
     except KeyboardInterrupt:

@@ -1,17 +1,6 @@
-"""A lockstep population's exact evaluations: each member's single-run figures, every member's from
-one forward of their weights stacked.
-
-    evaluation = SharedForward()
-    evaluation.adopt(models)      # the members' own GPTs (at the start, and whenever members leave)
-    evaluation.fresh(stack)       # after each update: each member's GPT takes its weights from the
-                                  # stack
-    evaluate_members(members)     # one rl_evaluate_many of the members' stacked weights for each
-                                  # reward (and β, person)
-
-A member's own GPT is kept current (fresh) for the forwards that are its own: a task without
-rl_evaluate_many (rl_evaluate member by member), an evaluation retried alone, ReMax's greedy draw.
-The task's rl_evaluate_many receives the members' weights stacked (lm/model.Weights), which
-lm/logprobs.completion_logprobs_many scores in one forward. The figures are the single run's to
+"""A lockstep population's exact evaluations: each member's single-run figures, from one forward of
+their weights stacked where the task has rl_evaluate_many (toy_tasks/contract.py), else each
+member's own GPT (kept current by lockstep: Stack.copy_to). The figures are the single run's to
 float rounding (tests/test_evaluation.py).
 """
 
@@ -19,23 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from minigrpo.lm.model import GPT
 from minigrpo.population.stacked import Stack
-
-
-class SharedForward:
-    """The members' own GPTs, given their weights from the population's stack after each update."""
-
-    def __init__(self):
-        self.models: list[GPT] = []
-
-    def adopt(self, models: list[GPT]) -> None:
-        """The members' GPTs, in the order of the stack's members."""
-        self.models = list(models)
-
-    def fresh(self, stack: Stack) -> None:
-        """Member p's weights from the stack into its own GPT, for every member, in one call."""
-        stack.copy_to(self.models)
 
 
 def alike(cfg) -> tuple:
@@ -45,17 +18,15 @@ def alike(cfg) -> tuple:
 
 
 def evaluate_members(members: list) -> dict:
-    """The exact evaluations of lockstep's members (each with its .run, whose policy is current:
-    SharedForward), as one for each reward (and β, person: alike) where the task can (its
-    rl_evaluate_many, of the group's weights stacked) -> {id(member): its evaluation}."""
+    """The exact evaluations of lockstep's members (each with its .run), one for each reward, β and
+    person (alike) -> {id(member): its evaluation}; a group whose figures cannot be made together
+    is left out (each member then evaluates itself, and fails alone)."""
     groups: dict[tuple, list] = {}
     for m in members:
         groups.setdefault(alike(m.run.cfg), []).append(m)
     out = {}
     for group in groups.values():
-        r = group[0].run
-        # optional (toy_tasks/contract.py): else each model's own
-        many = getattr(r.task, "rl_evaluate_many", None)
+        r, many = group[0].run, getattr(group[0].run.task, "rl_evaluate_many", None)
         try:
             if many:
                 with torch.no_grad():  # a copy: the task's forward is no_grad
@@ -63,7 +34,6 @@ def evaluate_members(members: list) -> dict:
                 evs = many(weights, r.tok, r.baseline, r.cfg, r.rewards)
             else:
                 evs = [m.run.exact_evaluation() for m in group]
-        # one member's figures cannot be made: each member evaluates itself (and it fails alone)
         except ValueError:
             continue
         out.update((id(m), ev) for m, ev in zip(group, evs))

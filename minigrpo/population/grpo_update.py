@@ -1,24 +1,15 @@
 """GRPO's update (grpo.py: GRPO.signal and GRPO.terms in variants/inner_updates.inner_updates) for
-P members at once: the single run's own stages over a leading member dim (`Members`: its pure
-functions mapped with torch.func.vmap, those that read a run's own objects member by member), with
-one forward, one backward and one optimiser step for all members.
+P members at once: the single run's own stages over a leading member dim, with one forward, one
+backward and one optimiser step for all members.
 
-    update = LockstepGRPO(cfg, anchor, algos)  # cfg: the first member's GRPOConfig; anchor:
-                                               # population/anchor.py; algos: each member's GRPO
-    figures = update(stack, ref, opt, step)    # step: the members' rollouts (population/rows.py)
-    row = update.row(mine, algo)               # member p's figures {name: float} -> its row
+    update = LockstepGRPO(cfg, anchor, algos)  # anchor: population/anchor.py; algos: each GRPO
+    figures = update(stack, ref, opt, step)    # step: population/rows.Rollouts -> {name: (P,)}
+    row = update.row(mine, algo)               # member p's figures (floats) -> its metrics row
 
--> figures {name: (P,)}: the step's, and each inner update's (rl/report.packed), read back by the
-caller in one go; `row` makes a member's metrics row of them as its single run makes it
-(variants/inner_updates.row). Each member's figures are its single run's, to float rounding
-(tests/test_lockstep.py, test_grpo_recipe.py).
-
-What stays here is what is about many members: DAPO's filter as masks (members keep different
-numbers of rows; one with no group left steps on the anchor alone, or not at all); members of
-several recipes (RECIPE: compare's presets of one μ, or β's of their own; each member's settings
-beyond its recipe are the others'): their forward, backward, optimiser step and trust region are
-one, and each recipe's stages, its first member's GRPO's, take its members' slice (all of them, no
-copy, where every member follows one).
+What is here is about many members: `Members` (what GRPO's stages map over: a run alone's is
+variants/inner_updates.Alone), DAPO's filter as masks, and members of several recipes (RECIPE:
+compare's presets of one μ), each recipe's stages its first member's GRPO's over its members'
+slice, merged back (_Merge).
 """
 
 from __future__ import annotations
@@ -53,14 +44,12 @@ RECIPE = (
 
 
 def recipe_of(cfg) -> tuple:
-    """What members of one recipe share: every RECIPE setting but the preset's name (β too: a
-    number inside GRPO's loss and reward penalty)."""
+    """What members of one recipe share: every RECIPE setting but the preset's name."""
     return tuple(getattr(cfg, k) for k in RECIPE if k != "preset")
 
 
 class Members:
-    """One recipe's members, what GRPO's stages map over (variants/inner_updates.py; a run alone:
-    its Alone)."""
+    """One recipe's members, what GRPO's stages map over (variants/inner_updates.Alone's API)."""
 
     def __init__(self, step: Rollouts):
         self.algos, self.rows, self.device = step.algos, step.rows, step.rewards.device
@@ -71,8 +60,8 @@ class Members:
         self.active = None  # who steps: every member, or those with a group left (`keep`)
 
     def each(self, fn, *args):
-        """fn(member p's GRPO, its slice of each tensor or list argument), member by member ->
-        its outputs stacked (numbers as tensors, other objects as a list)."""
+        """fn(member p's GRPO, its slice of each tensor or list argument), member by member -> its
+        outputs stacked (_stacked)."""
         pick = lambda x, p: x[p] if isinstance(x, (torch.Tensor, list)) else x
         call = lambda p: fn(self.algos[p], *(pick(x, p) for x in args))
         outs = {p: call(p) for p in range(len(self.algos)) if p not in self.failed}
@@ -90,9 +79,9 @@ class Members:
         return torch.stack([pad(b.sampler_logp) for b in self.batch])
 
     def keep(self, sig, keep: torch.Tensor) -> None:
-        """DAPO's filter (keep (P, N) bool): the dropped rows' tokens masked; a mean over sequences
-        still counts them, so the loss scales it by N / (the rows kept) (sig.drop); a member with no
-        group left takes the anchor's updates alone, or none without an anchor (`active`)."""
+        """DAPO's filter (keep (P, N) bool): the dropped rows' tokens masked, a mean over sequences
+        scaled by N / (the rows kept) (sig.drop); a member with no group left takes the anchor's
+        updates alone, or none without an anchor (`active`)."""
         sig.mask = sig.mask & keep[..., None]
         sig.drop = keep.size(-1) / keep.sum(-1).clamp(min=1)
         self.active = keep.any(-1)
@@ -120,13 +109,16 @@ class LockstepGRPO:
         self.needs_old_logp = any(a.needs_old_logp for a in algos)
 
     def host_state(self, algo, copies, p: int) -> dict:
-        """A member's GRPO state (its Clip-Cov generator, its entropy coefficient) is its
-        algorithm's own."""
-        return algo.state_dict()
+        """Member p's GRPO.state_dict: its own, but for a stale sampler's record (the members':
+        lockstep.Population.adopt), of which it takes its slices."""
+        state = algo.state_dict()
+        if "sampler" in state:
+            each = state["sampler"]["states"]
+            state["sampler"] = {"states": [{k: w[p].clone() for k, w in s.items()} for s in each]}
+        return state
 
     def parts(self, step: Rollouts) -> list:
-        """[(a recipe's first member's GRPO, its members' places (P_r,) or None (every member),
-        their step)]."""
+        """[(a recipe's first member's GRPO, its members' places (P_r,), None: all; their step)]"""
         places: dict = {}
         for p, r in enumerate(step.runs):
             places.setdefault(recipe_of(r.cfg), []).append(p)
@@ -188,8 +180,7 @@ class LockstepGRPO:
         }
 
     def row(self, mine: dict, algo) -> dict:
-        """Member p's figures (this update's names, read as floats) -> its row as GRPO.update
-        returns it (variants/inner_updates.row)."""
+        """Member p's figures (floats) -> its row as GRPO.update returns it (inner_updates.row)."""
         before, order = self.own[recipe_of(algo.cfg)]
         if len(self.own) > 1:  # its own recipe's figures alone (another's are NaN here)
             mine = {k: mine[k] for k in order}
@@ -205,7 +196,7 @@ def _take(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
 
 class _Merge:
     """Each recipe's (P_r, ...) tensors (or dicts of them) -> one (P, ...) in the members' order; a
-    figure one recipe lacks is NaN for its members. One recipe: its own, as is."""
+    figure one recipe lacks is NaN for its members."""
 
     def __init__(self, indices: list):
         self.indices, self.whole = indices, indices[0] is None

@@ -5,37 +5,19 @@ computation.
     results = train_lockstep(trainer, cfgs, logs)  # trainer: minigrpo.grpo or minigrpo.ppo
     # cfgs[p]: member p's config; results[p]: its summary, or its error line
 
-Each member is a run (rl/loop.Run: its folder, reward, anchor, generators, stop rule, files), and
-each step does what rl/loop.run does, with its pieces (Run's, rl/rollout's, rl/trust_region's), for
-all members at once:
-
-    sample        every member's prompts and completions from its own generators, one KV-cache batch
-                  (lm/sampling.generate_all), scored by its reward
-    π_ref         one no-grad forward of every member's rows through their prefix trees
-                  (population/rows.Rows)
-    update        the trainer's update over a leading member dim (population/grpo_update.py,
-                  ppo_update.py): one backward, one AdamW step on the stacked weights
-                  (lm/optim.AdamW, a count and a rate per member)
-    trust region  every member's step halved until its own probes allow it (rl/trust_region.py over
-                  the stack; the anchor rows' logits carried from one step to the next)
-    π_ref ← π_θ   the stack's, when Run.renews_ref
-    the rest      each member's own: Run.end_step (exact evaluation, one forward for all:
-                  population/evaluation.py; stop rule, metrics, checkpoints: checkpoint.py)
-                  and, once it stops, Run.finish (summary.json, ...)
-
-A member that stops (goal, plateau, cap) or fails (a NaN, a reward that raises) leaves the stack;
-the others go on, untouched: every computation is per member. Each member's metrics are its single
-run's to float rounding (tests/test_lockstep.py), and its folder is the one its single run writes
-(`grpo --resume` or `ppo --resume` continues it); its step_time and tokens_per_s are the
-population's step's. `unsupported(trainer, cfgs)` says what it cannot run (those runs then go
-alone: population/engine.py). Departures: set-up is each --person's first member's,
-taken by the others (Run(like=): the model, the tree anchor, the baseline), and so is the exact
-evaluation of step 0 of the members of one reward, β and person (every member starts from the same
-weights).
+Each member is an rl/loop.Run and each step is rl/loop.run's for all members at once: one sampling
+batch (lm/sampling.generate_all), one π_ref forward (population/rows.py), the trainer's update over
+a leading member dim (grpo_update.py, ppo_update.py) with one backward and one AdamW step, the
+trust region over the stack, then each member's own Run.end_step and Run.finish. A member that
+stops or fails leaves the stack; the others go on untouched. Its metrics are its single run's to
+float rounding and its folder is the one its single run writes (tests/test_lockstep.py).
+Departures: set-up is each --person's first member's (Run(like=)), and so is step 0's evaluation
+for the members of one reward, β and person (they start from the same weights).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -45,41 +27,30 @@ from functools import partial
 import torch
 
 from minigrpo.lm.optim import AdamW
-from minigrpo.lm.sampling import Request, generate_all
+from minigrpo.lm.sampling import Request, encode_prompts, generate_all
 from minigrpo.population import grpo_update, ppo_update
-from minigrpo.population.aids import Aids
-from minigrpo.population.anchor import MembersAnchor
+from minigrpo.population.anchor import MembersAnchor, own_rows
 from minigrpo.population.checkpoint import host_copies, member_trained
-from minigrpo.population.evaluation import SharedForward, alike, evaluate_members
+from minigrpo.population.evaluation import alike, evaluate_members
 from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.sampling import PromptTable, read_completions
+from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack
-from minigrpo.population.stale import StaleWeights
 from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import (
-    STOP_ALL,
-    StopOnCtrlC,
-    batch_figures,
-    interrupted_line,
-    stopped_line,
-)
+from minigrpo.rl.report import StopOnCtrlC, batch_figures, interrupted_line, stopped_line
 from minigrpo.rl.rollout import RolloutBatch, drawn, grouped
 from minigrpo.rl.run_state import nonfinite_gradient
-from minigrpo.rl.trust_region import step_probes
+from minigrpo.rl.trust_region import StepGuard, step_probes
+from minigrpo.tools.pool import STOPPING
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError, score
 
-# what members may differ in, each a flag with a value (lr: optim.py; reward: each member's scores,
-# evaluation and PPO's exact values; β: GRPO's in its loss and penalty (grpo_update.py), PPO's each
-# member's already, adapted on its own; person: each member's prompts, anchor (anchor.py) and trust
-# region's anchor rows), and settings that change no result
+# what members may differ in (lr: the optimiser's per member; reward, β, person: each member's
+# own scores, loss, prompts and anchor), and settings that change no result
 OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("grpo", "ppo")}
-# and in their recipe: GRPO's presets of one μ, say, each recipe's members a part of the update
-# (grpo_update.py)
-RECIPES = {"grpo": grpo_update.RECIPE, "ppo": ()}
+RECIPES = {"grpo": grpo_update.RECIPE, "ppo": ()}  # GRPO's: compare's presets of one μ
 QUIET = ("overwrite", "quiet", "verbose")
 
 
@@ -93,7 +64,6 @@ class Kind:
     update: Callable  # (cfg, anchor, algos) -> the members' update (population/*_update.py)
 
 
-# the trainers lockstep runs, by their command's name (trainer_name)
 KINDS = {
     "grpo": lambda t: Kind("grpo", t.check_config, t.GRPO, grpo_update.LockstepGRPO),
     "ppo": lambda t: Kind("ppo", t.check_config, t.PPO, ppo_update.LockstepPPO),
@@ -105,17 +75,22 @@ def trainer_name(trainer) -> str:
     return trainer.__name__.rsplit(".", 1)[-1]
 
 
+def shared(trainer, cfg, mixed: bool = True) -> dict:
+    """The settings of `cfg` that a lockstep population's members share: all but OWN's and QUIET's
+    (and with `mixed`, the RECIPES')."""
+    name = trainer_name(trainer)
+    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
+    return {k: v for k, v in asdict(cfg).items() if k not in apart}
+
+
 def unsupported(trainer, cfgs: list) -> str | None:
-    """Why these configs of `trainer` cannot run in lockstep (None: they can). Not in lockstep: the
-    sampled anchor, each member's own rows, whose π_ref logits its single run takes from another
-    forward than its policy's, so that at π_θ = π_ref their gradient is rounding that Adam's first
-    step amplifies, and no lockstep member could match it."""
+    """Why these configs of `trainer` cannot run in lockstep (None: they can). The sampled anchor
+    cannot: its single run's π_ref logits come from another forward than its policy's, so that at
+    π_θ = π_ref their gradient is rounding that Adam's first step amplifies."""
     name = trainer_name(trainer)
     if name not in KINDS:
         return f"{trainer.__name__} has no lockstep"
-    own = (*OWN[name], *QUIET, *RECIPES[name])
-    first = {k: v for k, v in asdict(cfgs[0]).items() if k not in own}
-    if any({k: v for k, v in asdict(c).items() if k not in own} != first for c in cfgs):
+    if any(shared(trainer, c) != shared(trainer, cfgs[0]) for c in cfgs):
         return f"members differ in more than their {', '.join(OWN[name])}" + (
             " and recipe" if RECIPES[name] else ""
         )
@@ -136,10 +111,57 @@ class Member:
         self.logger, self.batch, self.error = None, None, None
 
 
+@dataclass
+class Population:
+    """The live members [(their index in cfgs, Member)] and what their steps share."""
+
+    members: list
+    stack: Stack  # their policies' weights, trainable
+    ref: Stack
+    opt: AdamW  # over stack's and the update's stacks, a count and a rate per member
+    update: object  # grpo_update.LockstepGRPO or ppo_update.LockstepPPO
+    cfg: object  # the first member's: every setting but OWN (and RECIPES) is theirs
+    anchor_rows: tuple | None = None  # the trust region's anchor probe (anchor_probe_rows)
+    guard: StepGuard | None = None  # the last step's trust region (its anchor logits go on)
+
+    def adopt(self) -> None:
+        """At the start and when members left: every member samples from the one stale sampler
+        (GRPO's --sample-stale: its record is of the stacked weights), and the anchor probe's
+        rows are these members' (each --person's chosen once, own_rows)."""
+        algos, cfg, self.guard = [m.algo for _, m in self.members], self.cfg, None
+        if algos[0].sampler is not None and algos[0].sampler.stale:
+            for a in algos:
+                a.sampler = algos[0].sampler
+        runs = [m.run for _, m in self.members]
+        if runs[0].anchor is not None and cfg.trust_region_anchor > 0:
+            chosen = {}
+            for r in runs:
+                if id(r.anchor) not in chosen:
+                    chosen[id(r.anchor)] = r.anchor_probe_rows()
+            gens, weights, groups = zip(*[chosen[id(r.anchor)] for r in runs])
+            rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
+            self.anchor_rows = (rows, w, g)
+
+    def leave(self, ended: list[int]) -> None:
+        """Members `ended` (their places) leave the stacks, the optimiser and the stale record."""
+        live = [j for j in range(len(self.members)) if j not in ended]
+        self.members = [self.members[j] for j in live]
+        if not self.members:
+            return
+        keep([self.stack, *self.update.stacks], self.opt, live)
+        self.ref = self.ref.rows(live)
+        sampler = self.members[0][1].algo.sampler
+        if sampler is not None and sampler.states:
+            index = torch.tensor(live, device=self.stack.w["wte.weight"].device)
+            sampler.states = [
+                {k: w.index_select(0, index) for k, w in s.items()} for s in sampler.states
+            ]
+        self.adopt()
+
+
 def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     """Every member's run (module docstring) -> per member its summary (dict) or its error (str).
-    `trainer`: the module minigrpo.grpo or minigrpo.ppo, whose checks, algorithm state, loss and
-    panels the members use."""
+    `trainer`: the module minigrpo.grpo or minigrpo.ppo."""
     kind, members, results = KINDS[trainer_name(trainer)](trainer), [], [None] * len(cfgs)
     likes = {}
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
@@ -153,27 +175,13 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
         return results
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
-    ref = Stack([m.run.ref for _, m in members])
-    update = kind.update(
-        cfg, MembersAnchor(cfg) if first.anchor is not None else None, [m.algo for _, m in members]
-    )
+    anchor = MembersAnchor(cfg) if first.anchor is not None else None
+    update = kind.update(cfg, anchor, [m.algo for _, m in members])
     params = stack.parameters() + [w for s in update.stacks for w in s.parameters()]
-    opt = AdamW(params, lr=cfg.lr, t=torch.zeros(len(members), dtype=torch.long))  # a count each
-    sampler = members[0][1].algo.sampler  # GRPO's --sample-*: alike for all members
-    aids = Aids(
-        SharedForward(),
-        PromptTable(
-            first.tok,
-            list(dict.fromkeys(x for _, m in members for x in m.run.prompts)),
-            first.device,
-        ),
-        first.anchor is not None and cfg.trust_region_anchor > 0,
-        StaleWeights(sampler.stale) if sampler is not None and sampler.stale else None,
-    )
-    aids.adopt(members)
-    # step 0: every member's weights are the first's, evaluated by its own forward once for each
-    # reward, β and person (alike) as its single run (figures that compare π_θ with π_ref see them
-    # equal)
+    opt = AdamW(params, lr=cfg.lr, t=torch.zeros(len(members), dtype=torch.long))
+    pop = Population(members, stack, Stack([m.run.ref for _, m in members]), opt, update, cfg)
+    pop.adopt()
+    # step 0: every member's weights are the first's, evaluated once for each reward, β and person
     start = {}
     for _, m in members:
         if alike(m.run.cfg) not in start:
@@ -182,104 +190,72 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
         m.logger = m.run.begin(start[alike(m.run.cfg)])
     progress = Progress([m.run for _, m in members])
     try:
-        with StopOnCtrlC() as stop:
-            # STOP_ALL: a pool's Ctrl-C
-            while members and not (stop.requested or STOP_ALL.is_set()):
-                _step(members, stack, ref, opt, update, cfg, aids)
+        with StopOnCtrlC() as stop:  # STOPPING: a pool's Ctrl-C
+            while pop.members and not (stop.requested or any(s.is_set() for s in STOPPING)):
+                _step(pop)
                 ended = [
                     j
-                    for j, (_, m) in enumerate(members)
+                    for j, (_, m) in enumerate(pop.members)
                     if m.error or m.run.stop_reason is not None
                 ]
                 for j in ended:
-                    k, m = members[j]
-                    results[k] = _end(m, trainer.PANELS)
+                    k, m = pop.members[j]
+                    m.logger.close()
+                    results[k] = m.error or m.run.finish(m.batch, trainer.PANELS)
                 if ended:
-                    live = [j for j in range(len(members)) if j not in ended]
-                    members = [members[j] for j in live]
-                    if members:
-                        keep([stack, *update.stacks], opt, live)
-                        ref = ref.rows(live)
-                        if aids.stale is not None:
-                            aids.stale.keep(live)
-                        aids.adopt(members)
-                progress.tick([m.run for _, m in members])
+                    pop.leave(ended)
+                progress.tick([m.run for _, m in pop.members])
     finally:
-        for _, m in members:
+        for _, m in pop.members:
             m.logger.close()
-    copies = host_copies(stack, ref, opt, *update.stacks)
-    for j, (k, m) in enumerate(members):  # Ctrl-C: each member's step in flight was finished; its
-        m.run.save(member_trained(copies, j, m, update, opt))  # checkpoint
+    copies = host_copies(pop.stack, pop.ref, pop.opt, *update.stacks)
+    for j, (k, m) in enumerate(pop.members):  # Ctrl-C: each member's step in flight was finished
+        m.run.save(member_trained(copies, j, m, update, pop.opt))
         results[k] = interrupted_line(m.run.step, m.run.out)
     return results
 
 
-def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update, cfg, aids: Aids) -> None:
-    """One step of every member (the module docstring's table); a member that fails gets its error
-    and its row no update that counts."""
-    t0, runs = time.perf_counter(), [m.run for _, m in members]
+def _step(pop: Population) -> None:
+    """One step of every member; a member that fails gets its error, its update not kept."""
+    t0, members, cfg, stack = time.perf_counter(), pop.members, pop.cfg, pop.stack
+    runs = [m.run for _, m in members]
     # each member's --lr, at the same step of the same schedule
-    opt.param_groups[0]["lr"] = torch.tensor([r.lr_now() for r in runs], dtype=torch.float64)
-    batches = _collect(
-        members, aids.stale.pick(stack) if aids.stale is not None else stack, cfg, aids.prompts
-    )
+    pop.opt.param_groups[0]["lr"] = torch.tensor([r.lr_now() for r in runs], dtype=torch.float64)
+    batches = _collect(members, _sampled(stack, members[0][1].algo), cfg)
     some = next((b for b in batches if b is not None), None)
     if some is None:  # every member failed
         return
     # a failed member's slot: any rows, its update not kept
     rows = Rows.of([(b or some).gen for b in batches])
-    rewards, completion_mask = (
-        torch.stack([(b or some).rewards for b in batches]),
-        rows.completion_mask,
-    )
+    rewards = torch.stack([(b or some).rewards for b in batches])
     with torch.no_grad():
         ref_logp, ref_logits = (
-            rows.logprobs(ref, cfg.temperature) if update.needs_ref else (None, None)
+            rows.logprobs(pop.ref, cfg.temperature) if pop.update.needs_ref else (None, None)
         )
-        old_logp = rows.logprobs(stack, cfg.temperature)[0] if update.needs_old_logp else None
-    anchor_rows = None if aids.anchor_rows is None else lambda: aids.anchor_rows
-    guard = aids.trust_region(stack, step_probes(cfg, rows, anchor_rows))
-    figures = update(
-        stack,
-        ref,
-        opt,
-        Rollouts(
-            rows,
-            rewards,
-            ref_logp,
-            ref_logits,
-            old_logp,
-            batches,
-            runs,
-            [m.algo for _, m in members],
-        ),
-    )
-    trust = guard.enforce(stack) if guard is not None else {}
-    aids.evaluation.fresh(stack)  # the members' evaluation, one forward for all
-    step_time, rows = time.perf_counter() - t0, _rows(members, update, figures, trust)
+        old_logp = rows.logprobs(stack, cfg.temperature)[0] if pop.update.needs_old_logp else None
+    probes = step_probes(cfg, rows, None if pop.anchor_rows is None else lambda: pop.anchor_rows)
+    pop.guard = StepGuard(stack, probes, previous=pop.guard) if probes else None
+    algos = [m.algo for _, m in members]
+    step = Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs, algos)
+    figures = pop.update(stack, pop.ref, pop.opt, step)
+    trust = pop.guard.enforce(stack) if pop.guard is not None else {}
+    stack.copy_to([r.policy for r in runs])  # each member's own GPT, for its own forwards
+    step_time, rows = time.perf_counter() - t0, _rows(members, pop.update, figures, trust)
     # a member whose losses are not finite ends in end_step, unevaluated
     evaluated = [members[j][1] for j, row in rows.items() if finite_losses(row)]
     evaluations = evaluate_members([m for m in evaluated if m.run.evaluating()])
-    figures = _figures(rewards, completion_mask, list(rows))
-    # π_ref ← π_θ, as rl/loop.run's
-    if runs[0].renews_ref():
+    outcome = batch_figures(rewards, step.mask.sum(-1).float()).tolist()  # rewards, lengths
+    if runs[0].renews_ref():  # π_ref ← π_θ, as rl/loop.run's
         with torch.no_grad():
-            for name, w in ref.w.items():
+            for name, w in pop.ref.w.items():
                 w.copy_(stack.w[name])
-    # the checkpoints' host copies: made on the first, once for all
-    copies = host_copies(stack, ref, opt, *update.stacks)
+    copies = host_copies(stack, pop.ref, pop.opt, *pop.update.stacks)  # made once, on first use
     for j, row in rows.items():
         m = members[j][1]
         try:
-            m.run.end_step(
-                partial(member_trained, copies, j, m, update, opt),
-                batches[j],
-                row,
-                step_time,
-                m.logger,
-                evaluations.get(id(m)),
-                figures[j],
-            )
+            trained = partial(member_trained, copies, j, m, pop.update, pop.opt)
+            args = (batches[j], row, step_time, m.logger, evaluations.get(id(m)), outcome[j])
+            m.run.end_step(trained, *args)
         except UsageError as e:
             m.error = str(e)
         except Exception as e:  # noqa: BLE001 (its own failure, bad weights: the others go on)
@@ -287,21 +263,32 @@ def _step(members: list, stack: Stack, ref: Stack, opt: AdamW, update, cfg, aids
         m.batch = batches[j]
 
 
-def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
-    """Every member's rollout (rl/rollout.collect's, without the log-probs: those are batched) from
-    the weights `stack` (the policy's, or a stale sampler's) -> its RolloutBatch, or None where it
-    failed (its error set: a sampling that met NaN, a reward that raised)."""
-    # GRPO's --sample-*: alike for all
+def _sampled(stack: Stack, algo) -> Stack:
+    """The weights to sample from: the stack's, or with --sample-stale N those of N steps before
+    (rl/rollout.Sampler.record of the stacked weights)."""
+    sampler = algo.sampler
+    if sampler is None or not sampler.stale:
+        return stack
+    oldest = copy.copy(stack)
+    oldest.w = sampler.record(stack.w)
+    return oldest
+
+
+def _collect(members: list, weights: Stack, cfg) -> list:
+    """rl/rollout.collect of every member in one sampling batch, without the log-probs (batched
+    by the caller) -> its RolloutBatch, or None where it failed (its error set: a sampling that met
+    NaN, a reward that raised)."""
     runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler
     (temperature, top_p), n = drawn(cfg.temperature, sampler), cfg.max_new_tokens
     prompts = [grouped(r.step_prompts(), cfg.group_size) for r in runs]
-    requests = [
-        Request(ids, mask, n, temperature, None, top_p, r.gens["rollout"], ids.size(1))
-        for r, (ids, mask) in zip(runs, table.encode(prompts))
-    ]
-    gens = generate_all(stack, requests)
+    requests = []
+    for r, rows in zip(runs, prompts):
+        ids, mask = encode_prompts(r.tok, rows, r.device)
+        requests.append(
+            Request(ids, mask, n, temperature, None, top_p, r.gens["rollout"], ids.size(1))
+        )
+    gens = generate_all(weights, requests)
     batches, scored = [], []
-    # one read
     for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):
         if isinstance(gen, Exception):  # a sampling that met NaN
             m.error = stopped_line(gen, m.run.step)
@@ -312,14 +299,9 @@ def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
             except RewardError as e:
                 m.error = stopped_line(e, m.run.step)
         # it leaves after this step; its rows still fill the batch (its update is never kept)
-        if m.error:
-            batches.append(None)
-            scored.append([0.0] * len(rows))
-            continue
-        batches.append((rows, completions, gen))
-        scored.append(rewards)
-    # every member's rewards, one copy to the device
-    values = torch.tensor(scored, device=table.ids.device)
+        batches.append(None if m.error else (rows, completions, gen))
+        scored.append([0.0] * len(rows) if m.error else rewards)
+    values = torch.tensor(scored, device=runs[0].device)  # one copy to the device
     return [
         None if b is None else RolloutBatch(*b, values[p], cfg.group_size, None, None)
         for p, b in enumerate(batches)
@@ -327,48 +309,18 @@ def _collect(members: list, stack: Stack, cfg, table: PromptTable) -> list:
 
 
 def _rows(members: list, update, figures: dict, trust: dict) -> dict:
-    """Each live member's metrics row {j: row}, every member's figures read back in one go: the
-    update's (its `row`), then the trust region's, as the single run logs them; a member whose
-    gradient was not finite gets its single run's error instead."""
+    """Each live member's metrics row {j: row} (the update's `row`, then the trust region's),
+    every member's read back at once; a member whose gradient was not finite gets its single run's
+    error instead."""
     values = torch.stack([*figures.values(), *trust.values()]).tolist()  # one read
     own, region = dict(zip(figures, values)), dict(zip(trust, values[len(figures) :]))
+    norms = [v for k, v in own.items() if isinstance(k, tuple) and k[-1] == "grad_norm"]
     rows = {}
     for j, (_, m) in enumerate(members):
-        if m.error:
-            continue
-        bad = next(
-            (
-                v[j]
-                for k, v in own.items()
-                if isinstance(k, tuple) and k[-1] == "grad_norm" and not math.isfinite(v[j])
-            ),
-            None,
-        )
-        if bad is not None:
+        bad = next((n[j] for n in norms if not math.isfinite(n[j])), None)
+        if bad is not None and not m.error:
             m.error = nonfinite_gradient(bad, m.run.step + 1)
-            continue
-        rows[j] = {
-            **update.row({k: v[j] for k, v in own.items()}, m.algo),
-            **{k: v[j] for k, v in region.items()},
-        }
+        if not m.error:
+            mine = update.row({k: v[j] for k, v in own.items()}, m.algo)
+            rows[j] = {**mine, **{k: v[j] for k, v in region.items()}}
     return rows
-
-
-def _figures(rewards: torch.Tensor, completion_mask: torch.Tensor, live: list[int]) -> dict:
-    """Each live member's logged reward and length figures (rl/report.batch_figures) from the step's
-    rewards (P, N) and completion mask (P, N, T), every member's read at once."""
-    if not live:
-        return {}
-    at = torch.tensor(live, device=rewards.device)
-    values = batch_figures(
-        rewards.index_select(0, at), completion_mask.index_select(0, at).sum(-1).float()
-    )
-    return dict(zip(live, values.tolist()))
-
-
-def _end(m: Member, panels):
-    """A member that stopped: its files -> its summary; or its error."""
-    m.logger.close()
-    if m.error:
-        return m.error
-    return m.run.finish(m.batch, panels)

@@ -1,11 +1,5 @@
-"""What a population adds to its optimiser: members leave. P members' optimiser is lm/optim.AdamW
-over their stacked weights (P, ...), a step count and a learning rate per member (a member whose
-step is skipped, --skip-equal-groups, keeps its weights, moments and count); the gradient clip is
-lm/optim.clip_grad_norm(..., per_slice=True) (a member's checkpoint: checkpoint.member_trained).
-
-    opt = AdamW(params, lr, t=torch.zeros(P, dtype=torch.long))
-    keep([stack], opt, members)     # only these members from now on (the others have ended)
-    norms = clip_and_step(opt, loss, grad_clip)  # every member's rl/run_state.Run.clip_and_step
+"""P members' optimiser (lm/optim.AdamW over their stacked weights, a count and a rate per member):
+members leaving, and every member's rl/run_state.Run.clip_and_step at once.
 """
 
 from __future__ import annotations
@@ -18,8 +12,8 @@ from minigrpo.population.stacked import Stack, select
 
 @torch.no_grad()
 def keep(stacks: list[Stack], opt: AdamW, members: list[int]) -> None:
-    """Drop every member not in `members` (in this order) from the stacked weights (the stacks whose
-    parameters the optimiser holds, in its order) and the optimiser's state."""
+    """Only `members` (in this order) from now on, in the stacks (the optimiser's parameters, in its
+    order) and the optimiser's state."""
     index = torch.tensor(members, device=opt.params[0].device)
     opt.t = opt.t[torch.tensor(members)]
     lr = opt.param_groups[0]["lr"]
@@ -35,10 +29,9 @@ def keep(stacks: list[Stack], opt: AdamW, members: list[int]) -> None:
 def clip_and_step(
     opt: AdamW, loss: torch.Tensor, grad_clip: float, active: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """rl/run_state.Run.clip_and_step of every member: one backward of the members' losses (P,)
-    summed (each reaches only its own slices of the weights), each member's gradient clipped on its
-    own, one AdamW step (of the members `active`, (P,) bool; None: all) -> (P,) gradient norms (a
-    member whose norm is not finite ends with its single run's error: lockstep.py)."""
+    """rl/run_state.Run.clip_and_step of every member: one backward of the losses (P,) summed, each
+    member's gradient clipped on its own, one AdamW step of the members `active` ((P,) bool; None:
+    all) -> (P,) gradient norms."""
     opt.zero_grad()
     loss.sum().backward()
     norm = clip_grad_norm(opt.params, grad_clip if grad_clip > 0 else float("inf"), per_slice=True)

@@ -1,14 +1,9 @@
-"""A line now and then on a lockstep population's steps, for the terminal of the command that runs
-it.
+"""A line every EVERY_S seconds on a lockstep population's steps (compare says a run's line only as
+it ends, and a population's runs end together): its runs, the step, the seconds, and the exact
+target rate of the runs still going, median (min–max).
 
-    progress = Progress(runs)   # the population's runs (rl/loop.Run), once they have begun
-    progress.tick(runs)         # after each step, with the runs still going: a line every EVERY_S
-                                # seconds
-
-compare says a run's line only as it ends, and a population's runs end together: a GPU's population
-of 128 runs would otherwise say nothing for most of a minute, and a CPU's for longer. The line names
-the population's runs, the step, the seconds, and the exact target rate of the runs still going,
-median (min–max): quality as it goes.
+    progress = Progress(runs)   # rl/loop.Run's, once they have begun
+    progress.tick(runs)         # after each step, with the runs still going
 """
 
 from __future__ import annotations

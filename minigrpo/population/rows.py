@@ -1,25 +1,14 @@
-"""The rows of P members as one (P, N, ...) batch: each member's sampled completions (or one shared
-set of rows, the anchor's), padded to one shape, and scored by lm/logprobs.generation_logprobs under
+"""The rows of P members as one (P, N, ...) batch, scored by lm/logprobs.generation_logprobs under
 each member's own weights (stacked) in one forward.
 
-    rows = Rows.of([gen_0, gen_1, ...])            # each member's Generation (lm/sampling.py), N
-                                                   # rows each
-    rows = Rows.shared(anchor.gen, P)              # the same rows for every member
-    subs = rows.select([index, ...])               # index (P, n): each member's own rows (PPO's
-                                                   # minibatches)
-    mine = rollouts.members(at, index)             # some members' step (Rollouts: a lockstep
-                                                   # update's input)
-    logp, logits = rows.logprobs(stack, temperature)   # (P, N, T), (P, N, T, V):
-                                                       # lm/logprobs.generation_logprobs
+    rows = Rows.of([gen_0, gen_1, ...])               # each member's Generation, N rows each
+    rows = Rows.shared(anchor.gen, P)                 # the same rows for every member
+    logp, logits = rows.logprobs(stack, temperature)  # (P, N, T), (P, N, T, V)
 
-Layout: prompts left-padded to the widest member's prompt, completions right-padded to the longest
-completion, so completion token j of every row sits in slot prompt_len + j. Padding is never
-attended to and never counted (the completion mask is False there). The forward runs over prefix
-trees (lm/prefix_tree.py), each distinct prefix once: each member's own rows through the tree its
-single run builds of them (a batch of P trees, built as one); rows every member shares (the
-anchor's) through their one tree (PrefixTree.expand). So a member's log-probs are its single
-run's, to float rounding. Rows picked out of them (`select`: PPO's minibatches) get trees of their
-own, as a single run's minibatch does.
+Prompts left-padded to the widest member's, completions right-padded to the longest, so completion
+token j of every row sits in slot prompt_len + j. Each member's rows go through the prefix tree its
+single run builds of them (lm/prefix_tree.py: a batch of P trees, built as one; shared rows one
+tree), so its log-probs are its single run's to float rounding.
 """
 
 from __future__ import annotations
@@ -38,8 +27,7 @@ from minigrpo.rl.rollout import take
 
 @dataclass
 class Rows:
-    """P members' rows, what lm/logprobs.generation_logprobs reads of a Generation, with (P, ...)
-    before each shape."""
+    """What generation_logprobs reads of a Generation, with (P, ...) before each shape."""
 
     ids: torch.Tensor  # (P, N, W + T) long
     key_mask: torch.Tensor  # (P, N, W + T) bool: real prompt and completion tokens
@@ -67,8 +55,7 @@ class Rows:
 
     @classmethod
     def shared(cls, gen: Generation, members: int) -> Rows:
-        """The same rows for every member (expanded, not copied), computed once per distinct prefix
-        as the single run computes them (each member's weights over the one prefix tree)."""
+        """The same rows for every member (expanded, not copied) over their one prefix tree."""
         grow = lambda x: x[None].expand(members, *x.shape)
         return cls(
             grow(gen.ids),
@@ -79,17 +66,14 @@ class Rows:
         )
 
     def prefix_tree(self) -> PrefixTree:
-        """Each member's tree of its rows (lm/prefix_tree.next_token_tree of the (P, N, L) rows: a
-        batch of P trees, built as one), built on first use and kept."""
+        """Each member's tree of its rows (next_token_tree of (P, N, L): P trees), built once."""
         if self.tree is None:
             self.tree = next_token_tree(self.ids, self.key_mask)
         return self.tree
 
     def select(self, indices: list[torch.Tensor]) -> list[Rows]:
-        """For each index (P, n) of `indices`, member p's rows index[p] in that order
-        (RolloutBatch.select of each member: PPO's minibatches) -> one Rows each. Their trees are
-        built as one where every n is the same (a batch of len(indices)·P trees), so each
-        minibatch's are its single run's (a few calls a step, not a few each)."""
+        """For each index (P, n), member p's rows index[p] (RolloutBatch.select of each member:
+        PPO's minibatches) -> one Rows each, their trees built as one where every n is the same."""
         picked = [
             (take(self.ids, i), take(self.key_mask, i), take(self.completion_mask, i))
             for i in indices
@@ -107,17 +91,14 @@ class Rows:
         ]
 
     def logprobs(self, stack: Stack, temperature: float = 1.0, states: bool = False) -> tuple:
-        """-> log-probs (P, N, T) of the completion tokens (0 where masked) and the logits (P, N, T,
-        V) that gave them, each member through its own weights; differentiable (no_grad for π_old
-        and π_ref). states: also the final hidden states they came from (P, N, T, C) (a value head's
-        input). lm/logprobs.generation_logprobs of the members' rows."""
+        """lm/logprobs.generation_logprobs of the members' rows, each through its own weights -> (P,
+        N, T) log-probs, (P, N, T, V) logits (states: and (P, N, T, C) final hidden states)."""
         return generation_logprobs(stack, self, temperature, True, states)
 
 
 @dataclass
 class Rollouts:
-    """One step's rollouts of P members, what a lockstep update reads (rl/rollout.RolloutBatch of
-    each member)."""
+    """One step's rollouts of P members (rl/rollout.RolloutBatch, (P, ...) before each shape)."""
 
     rows: Rows  # (P, N, ...) every member's completions
     rewards: torch.Tensor  # (P, N)
@@ -141,8 +122,7 @@ class Rollouts:
         return self.rows.completion_mask
 
     def minibatches(self, indices: list[torch.Tensor]) -> list[Rollouts]:
-        """For each index (P, n), member p's rows index[p] (RolloutBatch.minibatches of each member:
-        PPO's), their trees built as one (Rows.select)."""
+        """RolloutBatch.minibatches of each member (Rows.select)."""
         rows = self.rows.select(indices)
         tensors = (self.rewards, self.ref_logp, self.ref_logits, self.old_logp)
         return [
@@ -153,9 +133,8 @@ class Rollouts:
     def members(
         self, at: list[int], index: torch.Tensor, ref: bool = True, old: bool = True
     ) -> Rollouts:
-        """Members `at`'s rollouts (index: `at` on the rows' device): their rows (for their masks:
-        their trees are built only if a forward reads them), rewards, π_ref's log-probs and logits
-        (ref) and π_old's (old) where given, and their runs' own objects."""
+        """Members `at`'s rollouts (index: `at` on the rows' device), π_ref's (ref) and π_old's
+        (old) log-probs where given."""
         take = lambda x, keep=True: x.index_select(0, index) if x is not None and keep else None
         r = self.rows
         return Rollouts(

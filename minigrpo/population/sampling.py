@@ -1,13 +1,5 @@
-"""A population's side of sampling: its members' prompts encoded at once (PromptTable: what their
-lm/sampling.Request's carry) and their completions read back at once (read_completions). The
-sampling itself is the single run's own loop, lm/sampling.generate_all, over the members' stacked
-weights, each member drawing from its own generator as its own generate() call would.
-
-    table = PromptTable(tok, prompts, device)
-    encoded = table.encode(rows)         # rows[p]: member p's prompts -> [(ids, mask)]
-    gens = generate_all(stack, [Request(ids, mask, ..., ids.size(1)) for ids, mask in encoded])
-    read = read_completions(tok, gens)   # each member's (texts, finished), None where it failed
-"""
+"""A population's completions read back at once (read_completions); the sampling itself is the
+single run's own, lm/sampling.generate_all over the members' stacked weights."""
 
 from __future__ import annotations
 
@@ -15,34 +7,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minigrpo.lm.sampling import Generation, encode_prompts
+from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
-
-
-class PromptTable:
-    """Every member's step prompts encoded at once from the run's prompts encoded once: member p's
-    (ids, key_mask) are lm/sampling.encode_prompts(tok, rows_p) (its rows left-padded to its own
-    widest), views of one gather.
-
-        table = PromptTable(tok, run.prompts, device)
-        encoded = table.encode([rows_0, rows_1, ...])   # each member's rows (prompts of the table)
-                                                        # -> [(ids, mask)]
-
-    A member's ids are as wide as its longest prompt: its Request's prompt_len is ids.size(1).
-    """
-
-    def __init__(self, tok, prompts: list[str], device):
-        self.ids, self.key_mask = encode_prompts(tok, prompts, device)  # (K, W)
-        self.index = {x: i for i, x in enumerate(prompts)}
-        # each prompt's real tokens, BOS included
-        self.width = dict(zip(prompts, self.key_mask.sum(1).tolist()))
-
-    def encode(self, rows: list[list[str]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        # (P, N)
-        pick = torch.tensor([[self.index[x] for x in r] for r in rows]).to(self.ids.device)
-        ids, key_mask, W = self.ids[pick], self.key_mask[pick], self.ids.size(1)
-        cut = [W - max(self.width[x] for x in r) for r in rows]
-        return [(ids[p, :, c:], key_mask[p, :, c:]) for p, c in enumerate(cut)]
 
 
 def read_completions(tok, gens: list) -> list:
