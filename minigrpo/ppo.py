@@ -96,7 +96,7 @@ class PPOConfig(RLConfig):
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
 
 
-def each(f, lead: tuple):
+def mapped(f, lead: tuple):
     """f, a function of one run's tensors, mapped over the leading dims `lead` (torch.func.vmap
     once per dim; none: f itself)."""
     for _ in lead:
@@ -157,16 +157,14 @@ class PPO:
         number = lambda figures: {k: float(v) for k, v in figures.items()}
         return self.row([number(s) for s in per_update], number(rollout), batch.mask.size(0))
 
-    def figures(
-        self, batch: RolloutBatch, opt, shuffles: list, each=each
-    ) -> tuple[list[dict], dict]:
+    def figures(self, batch: RolloutBatch, opt, shuffles: list, each=None) -> tuple[list, dict]:
         """One rollout: V_old, GAE, whitening, then epochs × minibatches of clipped policy and value
         updates, each pass's order drawn from `shuffles` -> each update's figures and the
         rollout's (0-dim tensors, read by the caller). Every tensor may carry a leading dim of P
         members (a lockstep population: population/ppo_update.py; shuffles: each member's
-        generator): the functions of one run are mapped over it by `each(f, lead)` (a
-        population's: member by member, each at its own width)."""
-        cfg, mask = self.cfg, batch.mask
+        generator): the functions of one run are mapped over it by `each(f, lead)` (None:
+        `mapped`; a population's on the CPU: member by member, each at its own width)."""
+        cfg, mask, each = self.cfg, batch.mask, each or mapped
         lead, N = mask.shape[:-2], mask.size(-2)
         old_values, adv, returns, kl_seq = self.advantages(batch)
         adv = each(whiten, lead)(adv, mask)
@@ -222,7 +220,7 @@ class PPO:
 
 
 @torch.no_grad()
-def rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values=None, each=each) -> dict:
+def rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values=None, each=mapped):
     """A rollout's logged figures of its values and advantages (N, T) and its (N,) KL per sequence,
     each (leading dims as given) a tensor not yet read: the KL's mean, V_old's token mean, the
     critic's explained variance of the returns (and of the exact values), the whitened advantages'

@@ -87,7 +87,7 @@ class Members:
         call = lambda p: fn(self.algos[p], *(pick(x, p) for x in args))
         outs = {p: call(p) for p in range(len(self.algos)) if p not in self.failed}
         outs = [outs.get(p, outs[self.some]) for p in range(len(self.algos))]
-        return _stacked(outs, self.device, T)
+        return _stacked(outs, self.device, T, self.failed)
 
     def map(self, fn, *args):
         """A pure fn of one member's tensors, mapped over their leading dim (None: not mapped)."""
@@ -110,19 +110,20 @@ class Members:
         self.kept = keep | ~self.active[:, None]
 
 
-def _stacked(outs: list, device, T: int):
-    """Members' outputs of one kind, stacked: tensors (N, T_p, ...) padded to width T, numbers,
-    tuples and dicts of them; None."""
+def _stacked(outs: list, device, T: int, failed: set):
+    """Members' outputs of one kind, stacked: tensors (N, T_p, ...) padded to width T (detached in
+    a failed member's slot, another's output: no gradient reaches it), numbers, tuples and dicts
+    of them; None."""
     first = outs[0]
     if first is None:
         return None
     if isinstance(first, tuple):
-        return tuple(_stacked(list(x), device, T) for x in zip(*outs))
+        return tuple(_stacked(list(x), device, T, failed) for x in zip(*outs))
     if isinstance(first, dict):
-        return {k: _stacked([o[k] for o in outs], device, T) for k in first}
+        return {k: _stacked([o[k] for o in outs], device, T, failed) for k in first}
     if isinstance(first, torch.Tensor):
         pad = lambda o: F.pad(o, (0, 0) * (o.dim() - 2) + (0, T - o.size(1))) if o.dim() > 1 else o
-        return torch.stack([pad(o) for o in outs])
+        return torch.stack([pad(o.detach() if p in failed else o) for p, o in enumerate(outs)])
     return torch.tensor(outs, device=device) if isinstance(first, (int, float)) else outs
 
 

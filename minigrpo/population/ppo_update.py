@@ -24,7 +24,7 @@ from minigrpo.population.grpo_update import Members as Slices
 from minigrpo.population.optim import clip_and_step
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack, stacked
-from minigrpo.rl.critics import completion_hidden, exact_values, value_head
+from minigrpo.rl.critics import completion_hidden, exact_values, head_values, value_head
 from minigrpo.rl.report import packed, unpacked
 from toy_tasks.value_tree import ValueTree
 
@@ -63,14 +63,16 @@ class Critics(Stack):
         self.separate, self.members = critics[0].trunk is not None, members
 
     def values(self, batch: Rollouts, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        """Critic.values of each member -> (P, N, T), 0 where masked, each member's head on its
-        states at its own width (Members.slices). hidden: the policy's states (P, N, T, C), the
-        head critic's input where the caller has them; the separate critic's trunks make theirs."""
+        """Critic.values of each member -> (P, N, T), 0 where masked; on the CPU each member's head
+        on its states at its own width (Members.slices). hidden: the policy's states (P, N, T, C),
+        the head critic's input where the caller has them; the separate critic's trunks make own."""
         if self.separate or hidden is None:
             hidden = completion_hidden(self if self.separate else self.members.policy, batch.gen)
-        w, b = (list(self.w[k].unbind()) for k in ("head.weight", "head.bias"))
+        w, b = self.w["head.weight"], self.w["head.bias"]
+        if self.members.slices is None:  # on a GPU: every member's head in one product
+            return head_values(w, b, batch.gen, hidden)
         head = lambda _, h, w, b, mask: torch.where(mask, value_head(h, w, b), 0.0)
-        return self.members.slices.each(head, hidden, w, b, batch.mask)
+        return self.members.slices.each(head, hidden, [*w], [*b], batch.mask)
 
 
 class ExactValues:
@@ -101,8 +103,7 @@ class ExactValues:
 
     @torch.no_grad()
     def values(self, step: Rollouts, hidden=None) -> torch.Tensor:
-        """-> (P, N, T), 0 where masked (any value in a failed member's slot); the members of each
-        set of prompts at once."""
+        """-> (P, N, T), 0 where masked; the members of each set of prompts at once."""
         groups: dict = {}
         for p, r in enumerate(step.runs):
             groups.setdefault(tuple(r.prompts), []).append(p)
@@ -128,18 +129,14 @@ class LockstepPPO:
         m, critics = Members(cfg, anchor), [a.critic for a in algos]
         self.members, exact = m, ExactValues(algos[0].run, m)
         self.critics = Critics(critics, algos[0].policy.cfg, m) if critics[0].learned else None
+        # what the optimiser updates besides the policy (after it, in this order)
+        self.stacks = [] if self.critics is None else [self.critics]
         # the trainer's own PPO (ppo.PPO, a layer above) over the members
         self.ppo = type(algos[0])(m, exact if self.critics is None else self.critics, exact)
 
-    @property
-    def stacks(self) -> list[Stack]:
-        """What the optimiser updates besides the policy (after it, in this order)."""
-        return [self.critics] if self.critics is not None else []
-
     def host_state(self, algo, copies, p: int) -> dict:
         """Member p's PPO.state_dict() for its checkpoint: its learned critic's weights from the
-        host copies of the step's stacks (their group "critic": the Critics'), in the layout of
-        its own critic's tensors."""
+        step's host copies (their group "critic"), in the layout of its own critic's tensors."""
         if self.critics is None:
             return algo.state_dict()
         return algo.state_dict(copies.member("critic", p, algo.critic.named_weights()))
@@ -151,8 +148,11 @@ class LockstepPPO:
         m.policy, m.ref, m.runs, self.ppo.policy = stack, ref, step.runs, stack
         # each member's β, adapted on its own (its PPO.row)
         self.ppo.beta = torch.tensor([[[a.beta]] for a in step.algos], device=step.mask.device)
-        m.slices = Slices(step)  # PPO's functions of one run's tensors: member by member
-        each = lambda f, lead: lambda *x: m.slices.each(lambda _, *y: f(*y), *x)
+        # PPO's functions of one run's tensors: on the CPU member by member at its own width (its
+        # single run's sums), on a GPU PPO's vmap (one kernel for all)
+        m.slices = None if step.mask.is_cuda else Slices(step)
+        one = lambda f: lambda *x: m.slices.each(lambda _, *y: f(*y), *x)
+        each = None if m.slices is None else lambda f, lead: one(f)
         shuffles = [r.gens["shuffle"] for r in step.runs]
         per_update, rollout = self.ppo.figures(step, opt, shuffles, each)
         self.updates, self.n = len(per_update), step.mask.size(1)
