@@ -68,7 +68,7 @@ def test_a_steps_row_combines_its_updates_and_a_skipped_step_keeps_its_signals_f
 
 def test_members_call_each_runs_own_function_on_its_slice_and_a_failed_member_calls_none():
     """Members.each: each member's function on its slice, a (P, N, T, ...) one cut to the member's
-    own completion width (its longest completion), contiguous, as its single run has it; the
+    own completion width (its longest completion), as its single run has it; the
     outputs padded back to T; a failed member's slot holds another's outputs, detached."""
     calls = []
 
@@ -77,7 +77,7 @@ def test_members_call_each_runs_own_function_on_its_slice_and_a_failed_member_ca
             self.name = name
 
     def fn(a, x, objects, fixed, t):
-        calls.append((a.name, tuple(t.shape), t.is_contiguous()))
+        calls.append((a.name, tuple(t.shape)))
         return x * 2, {"n": float(len(objects))}, objects, None, fixed, t + 1
 
     batch = SimpleNamespace(gen=None)
@@ -92,7 +92,7 @@ def test_members_call_each_runs_own_function_on_its_slice_and_a_failed_member_ca
     m = Members(step)
     x, t = torch.arange(6.0).view(3, 2).requires_grad_(), torch.ones(3, 4, 5)
     doubled, figures, objects, none, fixed, wider = m.each(fn, x, ["u", "vv", "www"], 5, t)
-    assert calls == [("a", (4, 3), True), ("c", (4, 2), True)], "the failed member's: never"
+    assert calls == [("a", (4, 3)), ("c", (4, 2))], "the failed member's: never"
     assert doubled.tolist() == [[0.0, 2.0], [0.0, 2.0], [8.0, 10.0]]  # its slot: another's
     assert figures["n"].tolist() == [1.0, 1.0, 3.0] and objects == ["u", "u", "www"]
     assert none is None and fixed.tolist() == [5, 5, 5], "numbers as a tensor"

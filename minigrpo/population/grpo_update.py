@@ -75,13 +75,13 @@ class Members:
 
     def each(self, fn, *args):
         """fn(member p's GRPO, its slice of each tensor or list argument, a (P, N, T, ...) one at
-        its own width, contiguous, as its run has it: Clip-Cov draws for its shape, sums round as
-        its own), member by member -> its outputs stacked (numbers as tensors, others a list)."""
+        its own width as its run has it: Clip-Cov draws for its shape, its sums round as its own),
+        member by member -> its outputs stacked (numbers as tensors, other objects as a list)."""
         T = self.rows.completion_mask.size(-1)
 
         def pick(x, p):
             if isinstance(x, torch.Tensor) and x.dim() > 2 and x.size(2) == T:
-                return x[p, :, : self.widths[p]].contiguous()
+                return x[p, :, : self.widths[p]]
             return x[p] if isinstance(x, (torch.Tensor, list)) else x
 
         call = lambda p: fn(self.algos[p], *(pick(x, p) for x in args))
@@ -96,7 +96,7 @@ class Members:
     @property
     def sampler_logp(self) -> list:
         """Each member's π_sampler log-probs (its Generation's) at its own width (`each`)."""
-        return [b.sampler_logp[:, :w].contiguous() for b, w in zip(self.batch, self.widths)]
+        return [b.sampler_logp[:, :w] for b, w in zip(self.batch, self.widths)]
 
     def keep(self, sig, keep: torch.Tensor) -> None:
         """DAPO's filter (keep (P, N) bool): the dropped rows' tokens masked; a mean over sequences
