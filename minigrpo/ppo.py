@@ -96,6 +96,14 @@ class PPOConfig(RLConfig):
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
 
 
+def mapped(f, lead: tuple):
+    """f, a function of one run's tensors, mapped over the leading dims `lead` (torch.func.vmap
+    once per dim; none: f itself)."""
+    for _ in lead:
+        f = vmap(f)
+    return f
+
+
 class PPO:
     needs_ref = True  # the KL penalty in the reward
     needs_ref_logits = True  # the exact KL to π_ref, logged
@@ -149,13 +157,14 @@ class PPO:
         number = lambda figures: {k: float(v) for k, v in figures.items()}
         return self.row([number(s) for s in per_update], number(rollout), batch.mask.size(0))
 
-    def figures(self, batch: RolloutBatch, opt, shuffles: list) -> tuple[list[dict], dict]:
+    def figures(self, batch: RolloutBatch, opt, shuffles: list, each=None) -> tuple[list, dict]:
         """One rollout: V_old, GAE, whitening, then epochs × minibatches of clipped policy and value
         updates, each pass's order drawn from `shuffles` -> each update's figures and the
         rollout's (0-dim tensors, read by the caller). Every tensor may carry a leading dim of P
         members (a lockstep population: population/ppo_update.py; shuffles: each member's
-        generator): the functions of one run are mapped over it (`each`)."""
-        cfg, mask = self.cfg, batch.mask
+        generator): the functions of one run are mapped over it by `each(f, lead)` (None:
+        `mapped`; a population's on the CPU: member by member, each at its own width)."""
+        cfg, mask, each = self.cfg, batch.mask, each or mapped
         lead, N = mask.shape[:-2], mask.size(-2)
         old_values, adv, returns, kl_seq = self.advantages(batch)
         adv = each(whiten, lead)(adv, mask)
@@ -189,7 +198,9 @@ class PPO:
             figures = {k: v.detach() for k, v in figures.items()}  # numbers, not graphs
             figures["grad_norm"] = self.run.clip_and_step(opt, loss, self.parameters())
             per_update.append(figures)
-        return per_update, rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values)
+        return per_update, rollout_figures(
+            old_values, adv, returns, kl_seq, mask, oracle_values, each
+        )
 
     def row(self, per_update: list[dict], rollout: dict, n: int) -> dict:
         """The step's row from its figures as numbers: the updates' means (the max ratio is the
@@ -209,7 +220,7 @@ class PPO:
 
 
 @torch.no_grad()
-def rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values=None) -> dict:
+def rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values=None, each=mapped):
     """A rollout's logged figures of its values and advantages (N, T) and its (N,) KL per sequence,
     each (leading dims as given) a tensor not yet read: the KL's mean, V_old's token mean, the
     critic's explained variance of the returns (and of the exact values), the whitened advantages'
@@ -228,14 +239,6 @@ def rollout_figures(old_values, adv, returns, kl_seq, mask, oracle_values=None) 
     if oracle_values is not None:
         out["explained_variance_oracle"] = explained(old_values, oracle_values, mask)
     return out
-
-
-def each(f, lead: tuple):
-    """f, a function of one run's tensors, mapped over the leading dims `lead` (torch.func.vmap
-    once per dim; none: f itself)."""
-    for _ in lead:
-        f = vmap(f)
-    return f
 
 
 PANELS = (

@@ -67,31 +67,38 @@ def test_a_steps_row_combines_its_updates_and_a_skipped_step_keeps_its_signals_f
 
 
 def test_members_call_each_runs_own_function_on_its_slice_and_a_failed_member_calls_none():
+    """Members.each: each member's function on its slice, a (P, N, T, ...) one cut to the member's
+    own completion width (its longest completion), as its single run has it; the
+    outputs padded back to T; a failed member's slot holds another's outputs, detached."""
     calls = []
 
     class Algo:
         def __init__(self, name):
             self.name = name
 
-    def fn(a, x, objects, fixed):
-        calls.append(a.name)
-        return x * 2, {"n": float(len(objects))}, objects, None, fixed
+    def fn(a, x, objects, fixed, t):
+        calls.append((a.name, tuple(t.shape)))
+        return x * 2, {"n": float(len(objects))}, objects, None, fixed, t + 1
 
     batch = SimpleNamespace(gen=None)
+    lengths = torch.tensor([[3, 1, 0, 2], [4, 4, 4, 4], [1, 2, 2, 0]])  # widths 3, 4, 2 of T = 5
     step = SimpleNamespace(
         algos=[Algo("a"), Algo("b"), Algo("c")],
-        rows=None,
+        rows=SimpleNamespace(completion_mask=torch.arange(5) < lengths[..., None]),
         rewards=torch.zeros(3, 4),
         batches=[batch, None, batch],
         runs=[SimpleNamespace(cfg=SimpleNamespace(beta=b)) for b in (0.1, 0.1, 0.2)],
     )
     m = Members(step)
-    x = torch.arange(6.0).view(3, 2)
-    doubled, figures, objects, none, fixed = m.each(fn, x, ["u", "vv", "www"], 5)
-    assert calls == ["a", "c"], "the failed member's function is never called"
+    x, t = torch.arange(6.0).view(3, 2).requires_grad_(), torch.ones(3, 4, 5)
+    doubled, figures, objects, none, fixed, wider = m.each(fn, x, ["u", "vv", "www"], 5, t)
+    assert calls == [("a", (4, 3)), ("c", (4, 2))], "the failed member's: never"
     assert doubled.tolist() == [[0.0, 2.0], [0.0, 2.0], [8.0, 10.0]]  # its slot: another's
     assert figures["n"].tolist() == [1.0, 1.0, 3.0] and objects == ["u", "u", "www"]
     assert none is None and fixed.tolist() == [5, 5, 5], "numbers as a tensor"
+    assert wider.shape == (3, 4, 5) and wider.sum((0, 1)).tolist() == [24, 24, 16, 0, 0]
+    doubled.sum().backward()  # the failed member's slot, a copy of another's, passes no gradient
+    assert x.grad.tolist() == [[2.0, 2.0], [0.0, 0.0], [2.0, 2.0]]
     assert m.map(lambda v, w: v.sum() + (0 if w is None else w), x, None).tolist() == [
         1.0,
         5.0,

@@ -6,10 +6,17 @@ backward and one optimiser step for all members.
     figures = update(stack, ref, opt, step)    # step: population/rows.Rollouts -> {name: (P,)}
     row = update.row(mine, algo)               # member p's figures (floats) -> its metrics row
 
-What is here is about many members: `Members` (what GRPO's stages map over: a run alone's is
-variants/inner_updates.Alone), DAPO's filter as masks, and members of several recipes (RECIPE:
-compare's presets of one μ), each recipe's stages its first member's GRPO's over its members'
-slice, merged back (_Merge).
+-> figures {name: (P,)}: the step's, and each inner update's (rl/report.packed), read back by the
+caller in one go; `row` makes a member's metrics row of them as its single run makes it
+(variants/inner_updates.row). Each member's figures are its single run's, to the bit on the CPU
+but sums over padded rows (tests/test_lockstep.py, test_grpo_recipe.py).
+
+What stays here is what is about many members: DAPO's filter as masks, the dropped rows out of the
+forward (one with no group left steps on the anchor alone, or not at all); members of
+several recipes (RECIPE: compare's presets of one μ, or β's of their own; each member's settings
+beyond its recipe are the others'): their forward, backward, optimiser step and trust region are
+one, and each recipe's stages, its first member's GRPO's, take its members' slice (all of them, no
+copy, where every member follows one).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from torch.func import vmap
 from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import clip_and_step
-from minigrpo.population.rows import Rollouts
+from minigrpo.population.rows import Rollouts, Rows
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import packed, unpacked
 from minigrpo.variants.advantages import AdvantageFlags
@@ -58,25 +65,34 @@ class Members:
         self.some = next(p for p in range(len(step.batches)) if p not in self.failed)
         self.batch = [b or step.batches[self.some] for b in step.batches]
         self.active = None  # who steps: every member, or those with a group left (`keep`)
+        self.kept = torch.ones_like(step.rewards, dtype=torch.bool)  # its forward's rows (`keep`)
+        # each member's completion width alone (the batch samples on until all rows have ended)
+        self.widths = step.rows.completion_mask.sum(-1).amax(-1).tolist()
 
     def each(self, fn, *args):
-        """fn(member p's GRPO, its slice of each tensor or list argument), member by member -> its
-        outputs stacked (_stacked)."""
-        pick = lambda x, p: x[p] if isinstance(x, (torch.Tensor, list)) else x
+        """fn(member p's GRPO, its slice of each tensor or list argument, a (P, N, T, ...) one at
+        its own width as its run has it: Clip-Cov draws for its shape, its sums round as its own),
+        member by member -> its outputs stacked (numbers as tensors, other objects as a list)."""
+        T = self.rows.completion_mask.size(-1)
+
+        def pick(x, p):
+            if isinstance(x, torch.Tensor) and x.dim() > 2 and x.size(2) == T:
+                return x[p, :, : self.widths[p]]
+            return x[p] if isinstance(x, (torch.Tensor, list)) else x
+
         call = lambda p: fn(self.algos[p], *(pick(x, p) for x in args))
         outs = {p: call(p) for p in range(len(self.algos)) if p not in self.failed}
-        return _stacked([outs.get(p, outs[self.some]) for p in range(len(self.algos))], self.device)
+        outs = [outs.get(p, outs[self.some]) for p in range(len(self.algos))]
+        return _stacked(outs, self.device, T, self.failed)
 
     def map(self, fn, *args):
         """A pure fn of one member's tensors, mapped over their leading dim (None: not mapped)."""
         return vmap(fn, in_dims=tuple(None if a is None else 0 for a in args))(*args)
 
     @property
-    def sampler_logp(self) -> torch.Tensor:
-        """Each member's π_sampler log-probs (its Generation's), padded to the rows' (P, N, T)."""
-        T = self.rows.completion_mask.size(-1)
-        pad = lambda x: F.pad(x, (0, T - x.size(1)))
-        return torch.stack([pad(b.sampler_logp) for b in self.batch])
+    def sampler_logp(self) -> list:
+        """Each member's π_sampler log-probs (its Generation's) at its own width (`each`)."""
+        return [b.sampler_logp[:, :w] for b, w in zip(self.batch, self.widths)]
 
     def keep(self, sig, keep: torch.Tensor) -> None:
         """DAPO's filter (keep (P, N) bool): the dropped rows' tokens masked, a mean over sequences
@@ -85,19 +101,25 @@ class Members:
         sig.mask = sig.mask & keep[..., None]
         sig.drop = keep.size(-1) / keep.sum(-1).clamp(min=1)
         self.active = keep.any(-1)
+        # the forward's rows: its kept rows alone (its prefix tree, so its gradients' sums, its
+        # single run's), every row where none is left (its loss is 0 then)
+        self.kept = keep | ~self.active[:, None]
 
 
-def _stacked(outs: list, device):
-    """Members' outputs of one kind, stacked: tensors, numbers, tuples and dicts of them; None."""
+def _stacked(outs: list, device, T: int, failed: set):
+    """Members' outputs of one kind, stacked: tensors (N, T_p, ...) padded to width T (detached in
+    a failed member's slot, another's output: no gradient reaches it), numbers, tuples and dicts
+    of them; None."""
     first = outs[0]
     if first is None:
         return None
     if isinstance(first, tuple):
-        return tuple(_stacked(list(x), device) for x in zip(*outs))
+        return tuple(_stacked(list(x), device, T, failed) for x in zip(*outs))
     if isinstance(first, dict):
-        return {k: _stacked([o[k] for o in outs], device) for k in first}
+        return {k: _stacked([o[k] for o in outs], device, T, failed) for k in first}
     if isinstance(first, torch.Tensor):
-        return torch.stack(outs)
+        pad = lambda o: F.pad(o, (0, 0) * (o.dim() - 2) + (0, T - o.size(1))) if o.dim() > 1 else o
+        return torch.stack([pad(o.detach() if p in failed else o) for p, o in enumerate(outs)])
     return torch.tensor(outs, device=device) if isinstance(first, (int, float)) else outs
 
 
@@ -153,10 +175,13 @@ class LockstepGRPO:
             ratio = merge([out[2] for out in outs]) if outs[0][2] else None
             return merge([out[0] for out in outs]), merge([out[1] for out in outs]), ratio
 
-        anchors = [r.anchor for r in step.runs]
+        anchors, rows = [r.anchor for r in step.runs], step.rows
+        if any(m.active is not None for m in members):  # DAPO's filter: the rows each one keeps
+            mask = lambda x, kept=merge([m.kept for m in members]): x & kept[..., None]
+            rows = Rows(rows.ids, mask(rows.key_mask), rows.prompt_len, mask(rows.completion_mask))
         per_update, ratios = inner_updates(
             cfg.updates,
-            lambda: step.rows.logprobs(stack, cfg.temperature),
+            lambda: rows.logprobs(stack, cfg.temperature),
             terms,
             lambda: None if self.anchor is None else self.anchor.term(stack, ref, anchors),
             lambda loss: clip_and_step(opt, loss, cfg.grad_clip, active),

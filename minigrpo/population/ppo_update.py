@@ -1,21 +1,16 @@
-"""PPO's update for P members at once: the single run's own (ppo.PPO.figures, written over a leading
-member dim), given the members as its run, their critics and their exact values; what is here is
-what is about many members.
+"""PPO's update for P members at once: the single run's own (ppo.PPO.figures) over a leading member
+dim, given the members as its run, their critics and their exact values.
 
-    update = LockstepPPO(cfg, anchor, algos)       # algos: each member's ppo.PPO (critic, β)
-    figures = update(stack, ref, opt, step)        # step: the members' rollouts
-                                                   # (population/rows.Rollouts)
-    row = update.row(mine, algo)                   # member p's figures {name: float} -> its row's
-                                                   # part (its PPO.row: its β adapted)
+    update = LockstepPPO(cfg, anchor, algos)    # algos: each member's ppo.PPO (critic, β)
+    figures = update(stack, ref, opt, step)     # step: the members' rollouts (rows.Rollouts)
+    row = update.row(mine, algo)                # member p's figures -> its row (its PPO.row)
 
-`Members` is PPO's run (rl/algorithm.py's two calls back): the anchor term of every member and one
-backward, each member's own gradient clip and one AdamW step for all. `Critics` stacks the members'
-learned critics (`separate`, `head`; trained by the population's optimiser after the policy:
-`stacks`), their values rl/critics.head_values over the stacked weights. `ExactValues` is every
-member's oracle at once (rl/critics.exact_values: one value tree for the members' rewards and
-prompts). Each member shuffles its minibatches with its own generator, so they are its single run's
-rows (their prefix trees built as one: Rollouts.minibatches). Each member's figures are its single
-run's to float rounding (tests/test_lockstep.py).
+`Members` is PPO's run: every member's anchor term, one backward, each member's clip, one AdamW
+step. `Critics` stacks the members' learned critics (trained after the policy: `stacks`);
+`ExactValues` is every member's oracle. PPO's functions of one run's tensors (whitening, the
+minibatch objective, a value head) run member by member at its own width (grpo_update.Members.each),
+each member shuffles its minibatches with its own generator: its figures are its single run's, to
+the bit on the CPU (tests/test_lockstep.py).
 """
 
 from __future__ import annotations
@@ -25,12 +20,12 @@ import torch
 from minigrpo.lm.model import Weights
 from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
+from minigrpo.population.grpo_update import Members as Slices
 from minigrpo.population.optim import clip_and_step
 from minigrpo.population.rows import Rollouts
-from minigrpo.population.stacked import Stack
-from minigrpo.rl.critics import exact_values, head_values
+from minigrpo.population.stacked import Stack, stacked
+from minigrpo.rl.critics import completion_hidden, exact_values, head_values, value_head
 from minigrpo.rl.report import packed, unpacked
-from toy_tasks.support import reward_table
 from toy_tasks.value_tree import ValueTree
 
 
@@ -38,16 +33,15 @@ class Members:
     """The members as PPO's run: their stacked policy and π_ref (set each step), their runs."""
 
     def __init__(self, cfg, anchor: MembersAnchor | None):
-        self.cfg, self.anchor = cfg, anchor
-        self.policy: Stack | None = None
+        self.cfg, self.anchor, self.runs = cfg, anchor, []  # runs: each member's rl/loop.Run
+        self.policy: Stack | None = None  # set each step, as π_ref and `slices` (the step's)
         self.ref: Stack | None = None
-        self.runs: list = []  # each member's rl/loop.Run
+        self.slices: Slices | None = None
 
     def anchor_term(self) -> torch.Tensor | None:
         """(P,) --preserve-coef × each member's anchor loss (None when off)."""
-        if self.anchor is None:
-            return None
-        return self.anchor.term(self.policy, self.ref, [r.anchor for r in self.runs])
+        anchors = [r.anchor for r in self.runs]
+        return None if self.anchor is None else self.anchor.term(self.policy, self.ref, anchors)
 
     def clip_and_step(self, opt: AdamW, loss: torch.Tensor, params) -> torch.Tensor:
         """Run.clip_and_step of every member (population/optim.clip_and_step)."""
@@ -55,37 +49,36 @@ class Members:
 
 
 class Critics(Stack):
-    """The members' learned critics (rl/critics.py), their weights stacked by name
-    (Critic.named_weights: the heads' weights (P, 1, C) and biases (P, 1), then the separate
-    critic's trunks), trainable: the single run's order of parameters. The head critic has no
-    trunk: its values come from the policy's hidden states, and their gradient reaches the
-    policy."""
+    """The members' learned critics (rl/critics.py), their weights stacked by name in the single
+    run's order (Critic.named_weights: heads (P, 1, C), (P, 1), then the separate critic's trunks),
+    each slice in its critic's layout (stacked.stacked), trainable. The head critic has no trunk:
+    its values come from the policy's hidden states, and their gradient reaches the policy."""
 
     learned = True
 
     def __init__(self, critics: list, cfg, members: Members):
         named = [c.named_weights() for c in critics]
-        stacked = {
-            k: torch.stack([n[k] for n in named]).detach().requires_grad_() for k in named[0]
-        }
-        Weights.__init__(self, cfg, stacked)
+        w = {k: stacked([n[k] for n in named]).detach().requires_grad_() for k in named[0]}
+        Weights.__init__(self, cfg, w)
         self.separate, self.members = critics[0].trunk is not None, members
 
     def values(self, batch: Rollouts, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        """Critic.values of each member -> (P, N, T), 0 where masked. hidden: the policy's states
-        (P, N, T, C), the head critic's input where the caller has them (else the policy's
-        forward); the separate critic's trunks make their own."""
+        """Critic.values of each member -> (P, N, T), 0 where masked; on the CPU each member's head
+        on its states at its own width (Members.slices). hidden: the policy's states (P, N, T, C),
+        the head critic's input where the caller has them; the separate critic's trunks make own."""
+        if self.separate or hidden is None:
+            hidden = completion_hidden(self if self.separate else self.members.policy, batch.gen)
         w, b = self.w["head.weight"], self.w["head.bias"]
-        if self.separate:
-            return head_values(w, b, batch.gen, trunk=self)
-        return head_values(w, b, batch.gen, hidden, self.members.policy)
+        if self.members.slices is None:  # on a GPU: every member's head in one product
+            return head_values(w, b, batch.gen, hidden)
+        head = lambda _, h, w, b, mask: torch.where(mask, value_head(h, w, b), 0.0)
+        return self.members.slices.each(head, hidden, [*w], [*b], batch.mask)
 
 
 class ExactValues:
-    """Each member's exact values under its policy now (rl/critics.OracleCritic), all at once:
-    rl/critics.exact_values over the stacked weights (and π_ref's), under each member's reward (one
-    tree for all where they share it), over every member's prompts (its --person's), at each
-    member's β (`beta`, (P, 1, 1), set by PPO)."""
+    """Each member's exact values now (rl/critics.OracleCritic: exact_values over the stacked
+    weights), under its reward, at its β (`beta`, (P, 1, 1), set by PPO); the members of one set
+    of prompts (--person) at once, over their single runs' value tree."""
 
     learned = False
     beta: torch.Tensor
@@ -97,42 +90,34 @@ class ExactValues:
         return []
 
     def tree(self, runs: list) -> tuple[ValueTree, dict]:
-        """The value tree of these members' rewards and prompts, and each prompt's place in it (made
-        once for each set of members)."""
-        specs, prompts = (
-            [r.cfg.reward for r in runs],
-            list(dict.fromkeys(x for r in runs for x in r.prompts)),
-        )
-        key = (specs[0] if len(set(specs)) == 1 else tuple(specs), tuple(prompts))
+        """The value tree of these members' prompts (one set) and rewards (one table for all where
+        they share it), and each prompt's place in it (made once for each)."""
+        specs, prompts = [x.cfg.reward for x in runs], runs[0].prompts
+        shared = len(set(specs)) == 1
+        key = (specs[0] if shared else tuple(specs), tuple(prompts))
         if key not in self.trees:
-            r = self.run
-            alone = prompts == r.prompts  # else each member's reward on every member's prompts
-            table = lambda x: (
-                x.rewards
-                if alone
-                else reward_table(x.reward, prompts, x.task.support, x.task.OFF_SUPPORT_PROBES)
-            )
-            tables = [table(x) for x in runs] if isinstance(key[0], tuple) else table(runs[0])
-            self.trees[key] = (
-                ValueTree(r.tok, prompts, r.task.support, tables, r.device),
-                {x: i for i, x in enumerate(prompts)},
-            )
+            r, tables = self.run, runs[0].rewards if shared else [x.rewards for x in runs]
+            tree = ValueTree(r.tok, prompts, r.task.support, tables, r.device)
+            self.trees[key] = (tree, {x: i for i, x in enumerate(prompts)})
         return self.trees[key]
 
     @torch.no_grad()
     def values(self, step: Rollouts, hidden=None) -> torch.Tensor:
-        """-> (P, N, T), 0 where masked (any value in a failed member's slot)."""
-        rows, (tree, place) = step.rows, self.tree(step.runs)
-        N = rows.ids.size(1)
-        index = torch.tensor(
-            [[place[x] for x in b.prompts] if b is not None else [0] * N for b in step.batches],
-            device=rows.ids.device,
-        )
-        completions, m = rows.ids[..., rows.prompt_len :], self.members
-        betas = self.beta.flatten().tolist()
-        return exact_values(
-            tree, m.policy, m.ref, betas, self.run.cfg.temperature, index, completions, step.mask
-        )
+        """-> (P, N, T), 0 where masked; the members of each set of prompts at once."""
+        groups: dict = {}
+        for p, r in enumerate(step.runs):
+            groups.setdefault(tuple(r.prompts), []).append(p)
+        rows, N, m, batches = step.rows, step.mask.size(1), self.members, step.batches
+        out, betas = torch.zeros(step.mask.shape, device=step.mask.device), self.beta.flatten()
+        for at in groups.values():
+            tree, place = self.tree([step.runs[p] for p in at])
+            index = [[place[x] for x in batches[p].prompts] if batches[p] else [0] * N for p in at]
+            out[at] = exact_values(
+                tree, m.policy.rows(at), m.ref.rows(at), betas[at].tolist(),
+                self.run.cfg.temperature, torch.tensor(index, device=rows.ids.device),
+                rows.ids[at, :, rows.prompt_len :], step.mask[at],
+            )  # fmt: skip
+        return out
 
 
 class LockstepPPO:
@@ -141,25 +126,17 @@ class LockstepPPO:
     needs_old_logp = True
 
     def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
-        self.members = Members(cfg, anchor)
-        learned = algos[0].critic.learned
-        policy_cfg = algos[0].policy.cfg
-        self.critics = (
-            Critics([a.critic for a in algos], policy_cfg, self.members) if learned else None
-        )
-        exact = ExactValues(algos[0].run, self.members)
+        m, critics = Members(cfg, anchor), [a.critic for a in algos]
+        self.members, exact = m, ExactValues(algos[0].run, m)
+        self.critics = Critics(critics, algos[0].policy.cfg, m) if critics[0].learned else None
+        # what the optimiser updates besides the policy (after it, in this order)
+        self.stacks = [] if self.critics is None else [self.critics]
         # the trainer's own PPO (ppo.PPO, a layer above) over the members
-        self.ppo = type(algos[0])(self.members, self.critics if learned else exact, exact)
-
-    @property
-    def stacks(self) -> list[Stack]:
-        """What the optimiser updates besides the policy (after it, in this order)."""
-        return [self.critics] if self.critics is not None else []
+        self.ppo = type(algos[0])(m, exact if self.critics is None else self.critics, exact)
 
     def host_state(self, algo, copies, p: int) -> dict:
         """Member p's PPO.state_dict() for its checkpoint: its learned critic's weights from the
-        host copies of the step's stacks (their group "critic": the Critics'), in the layout of
-        its own critic's tensors."""
+        step's host copies (their group "critic"), in the layout of its own critic's tensors."""
         if self.critics is None:
             return algo.state_dict()
         return algo.state_dict(copies.member("critic", p, algo.critic.named_weights()))
@@ -170,9 +147,14 @@ class LockstepPPO:
         m = self.members
         m.policy, m.ref, m.runs, self.ppo.policy = stack, ref, step.runs, stack
         # each member's β, adapted on its own (its PPO.row)
-        self.ppo.beta = torch.tensor([a.beta for a in step.algos], device=step.mask.device)
-        self.ppo.beta = self.ppo.beta[:, None, None]
-        per_update, rollout = self.ppo.figures(step, opt, [r.gens["shuffle"] for r in step.runs])
+        self.ppo.beta = torch.tensor([[[a.beta]] for a in step.algos], device=step.mask.device)
+        # PPO's functions of one run's tensors: on the CPU member by member at its own width (its
+        # single run's sums), on a GPU PPO's vmap (one kernel for all)
+        m.slices = None if step.mask.is_cuda else Slices(step)
+        one = lambda f: lambda *x: m.slices.each(lambda _, *y: f(*y), *x)
+        each = None if m.slices is None else lambda f, lead: one(f)
+        shuffles = [r.gens["shuffle"] for r in step.runs]
+        per_update, rollout = self.ppo.figures(step, opt, shuffles, each)
         self.updates, self.n = len(per_update), step.mask.size(1)
         return {**rollout, **packed(per_update)}
 

@@ -19,7 +19,8 @@ tokenizer, prompts, task support, reward table and temperature.
 The values are computed once, by two functions over weights that may be stacked (M models', every
 tensor and row with a leading (M, ...)): `head_values` (a learned critic's head on its trunk's or
 the policy's states) and `exact_values` (the oracle's, over a ValueTree). The critics call them
-with one model's weights; a lockstep population (population/ppo_update.py) with its members'.
+with one model's weights; a lockstep population (population/ppo_update.py) calls exact_values with
+its members' and `value_head` member by member on the states of their stacked trunks.
 """
 
 from __future__ import annotations
