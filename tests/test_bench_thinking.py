@@ -77,6 +77,7 @@ def test_the_four_experiments_are_written_with_their_tables_and_calls(sweep, mon
     assert "| 4 | 0.9375 | 0.938 (0.938–0.938) | 0.000 (0.000–0.000) |" in block
     assert "lowered pass@64 on 0.000 (0.000–0.000) %" in block
     assert "| 3 | " in block and "| 4 | " in block, "by number of operands"
+    assert (folder / "thinking.png").read_bytes()[:4] == b"\x89PNG" and "thinking.png" in block
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ import torch
 
 from minigrpo.bench.common import run_module
 from minigrpo.bench.pretraining import task_init
+from minigrpo.bench.thinking_figure import draw
 from minigrpo.lm.checkpoint import load_checkpoint
 from minigrpo.tools.intervals import ALPHA, MIN_RUNS
 from minigrpo.tools.stamps import finished
@@ -228,7 +229,28 @@ def thinking_block(folder: Path, init: Path) -> str:
     lines += _normalisation(runs, n)
     lines += _pass_at(accuracy, n)
     lines += _entropy(runs, n)
+    png = draw(panels(runs), folder / "thinking.png")
+    lines += [f"Figure: `{png}` (medians with the 25th–75th percentile band over the seeds).", ""]
     return "\n".join(lines)
+
+
+def panels(runs: dict[str, list[Path]]) -> dict[str, dict[str, tuple]]:
+    """The figure's panels: {title: {label: (steps, one row of values per run)}}."""
+
+    def curve(algo: str, key: str) -> tuple:
+        rows = [series(r, key) for r in runs[algo]]
+        steps = sorted(set.intersection(*(set(r) for r in rows)))
+        return steps, [[r[s] for s in steps] for r in rows]
+
+    return {
+        "(a) exact think rate, default": {DEFAULT: curve(DEFAULT, "exact_think_rate")},
+        "(a) exact mean length (tokens)": {DEFAULT: curve(DEFAULT, "exact_len_mean")},
+        "(b) length of wrong answers": {
+            "per-sequence (default)": curve(DEFAULT, "exact_len_mean_wrong"),
+            "constant": curve(CONSTANT, "exact_len_mean_wrong"),
+        },
+        "(d) exact entropy (nats)": {a: curve(a, "exact_entropy") for a in ENTROPY_ALGOS},
+    }
 
 
 def _normalisation(runs: dict, n: dict) -> list[str]:
