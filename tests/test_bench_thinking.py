@@ -74,8 +74,11 @@ def test_the_four_experiments_are_written_with_their_tables_and_calls(sweep, mon
     # every algorithm's entropy is the same curve: no difference shown
     assert block.count("(no difference shown)") == 3
     # pass@k of π_ref and of the final policies (all alike here): 1 − 0.5^k, no prompt lowered
-    assert "| 4 | 0.9375 | 0.938 (0.938–0.938) | 0.000 (0.000–0.000) |" in block
-    assert "lowered pass@64 on 0.000 (0.000–0.000) %" in block
+    assert (
+        "| 4 | 0.9375 | 0.938 (0.938–0.938) | 0.000 (0.000–0.000) | 0.000 (0.000–0.000) |" in block
+    )
+    assert "The most any run lowered a prompt's pass@k: 0 at k = 1," in block
+    assert "final entropy lies +0.000 to +0.000 nats" in block
     assert "| 3 | " in block and "| 4 | " in block, "by number of operands"
     assert (folder / "thinking.png").read_bytes()[:4] == b"\x89PNG" and "thinking.png" in block
 
