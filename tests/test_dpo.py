@@ -154,6 +154,7 @@ def test_online_pairs_come_from_the_rollout_ranked_by_its_rewards(
 def test_resume_reproduces_the_uninterrupted_metrics_and_weights(tmp_path, tiny_pretrained, online):
     init, _, _ = tiny_pretrained
     base = dict(TINY, init=str(init), online=online, eval_every=1, ckpt_every=2, updates=2)
+    base["offline_samples"] = 32  # 16 of ravin's lines (P(pizza) 0.15) may hold no pizza at all
     train(DPOConfig(**base, steps=3, out=str(tmp_path / "straight")), log=lambda *a: None)
     # the interrupted run without metrics.png (drawing it is most of a short run's time): the
     # uninterrupted one draws it
