@@ -120,6 +120,10 @@ def _est(e, digits: int = 3) -> str:
     return f"{e.value:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
 
 
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
 def _said(t: dict) -> str:
     if t["n"] < MIN_RUNS:
         return f"not called (n = {t['n']} < {MIN_RUNS})"
@@ -294,12 +298,12 @@ def _normalisation(runs: dict, n: dict) -> list[str]:
         ),
         "",
         f"Final mean length of wrong answers, IQM: per-sequence {_est(base, 2)}, constant "
-        f"{_est(t['iqm'], 2)}; constant − per-sequence {_est(t['d'], 2)}, permutation p = "
-        f"{t['p']:.3f}: {_said(t)}. Final accuracy, constant − per-sequence {_est(acc['d'])}, p = "
-        f"{acc['p']:.3f}: {_said(acc)}. A wrong answer is 3 tokens at once and 10 to 28 worked, so "
+        f"{_est(t['iqm'], 2)}; constant − per-sequence {_est(t['d'], 2)}, permutation p "
+        f"{_p(t['p'])}: {_said(t)}. Final accuracy, constant − per-sequence {_est(acc['d'])}, p "
+        f"{_p(acc['p'])}: {_said(acc)}. A wrong answer is 3 tokens at once and 10 to 28 worked, so "
         "the wrong answers' length follows the think rate too: final think rate IQM per-sequence "
-        f"{_est(thinks)}, constant {_est(think['iqm'])} (difference {_est(think['d'])}, p = "
-        f"{think['p']:.3f}: {_said(think)}).",
+        f"{_est(thinks)}, constant {_est(think['iqm'])} (difference {_est(think['d'])}, p "
+        f"{_p(think['p'])}: {_said(think)}).",
         "",
     ]
 
