@@ -149,8 +149,10 @@ def test_online_pairs_come_from_the_rollout_ranked_by_its_rewards(
     assert algo.update(batch, opt)["skipped"] == 1.0 and seen[1:] == [None]
 
 
-# online: the default run's; offline, the same resume over a fixed pair set: slow
-@pytest.mark.parametrize("online", [pytest.param(False, marks=pytest.mark.slow), True])
+# online and offline (over a fixed pair set): whole runs, slow (GRPO's and PPO's resume tests
+# stay in the default suite)
+@pytest.mark.slow
+@pytest.mark.parametrize("online", [False, True])
 def test_resume_reproduces_the_uninterrupted_metrics_and_weights(tmp_path, tiny_pretrained, online):
     init, _, _ = tiny_pretrained
     base = dict(TINY, init=str(init), online=online, eval_every=1, ckpt_every=2, updates=2)

@@ -140,6 +140,7 @@ def test_intervals_png_is_drawn(tmp_path):
     assert (tmp_path / "intervals.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # a second whole report: about a second
 def test_the_bootstraps_in_threads_give_the_same_tables_and_figure(tmp_path):
     """compare runs them in --jobs threads: each bootstrap keyed by what it estimates, so nothing
     moves."""
@@ -151,6 +152,7 @@ def test_the_bootstraps_in_threads_give_the_same_tables_and_figure(tmp_path):
     assert (tmp_path / "intervals1.png").read_bytes() == (tmp_path / "intervals3.png").read_bytes()
 
 
+@pytest.mark.slow  # a second whole report: about a second
 def test_bootstraps_asked_early_are_the_reports_own_and_not_made_again(tmp_path):
     """compare asks for an algorithm's bootstraps as its last run ends (ask_early): the report then
     finds every one of them made (only the third algorithm's, and its pairs, are new) and is the
