@@ -39,34 +39,35 @@ SET = settings(deadline=None, max_examples=EXAMPLES, derandomize=True)
 NAN = float("nan")
 
 
-@pytest.fixture(scope="session")
-def tiny_pretrained(tmp_path_factory):
-    """A tiny food model pretrained for a few seconds: (checkpoint path, model, tokenizer). Its
-    loss.png is not drawn (no test reads it; drawing it was a third of the fixture's time)."""
+def pretrain_tiny(out, **settings):
+    """Pretrain a tiny model into `out` with `settings` (PretrainConfig's fields) on the CPU,
+    silently and without its loss.png (no test reads it; drawing it was a third of a fixture's
+    time) -> (checkpoint path, model, tokenizer)."""
     from minigrpo import pretrain
     from minigrpo.lm.checkpoint import load_checkpoint
     from minigrpo.pretrain import PretrainConfig, train
 
-    out = tmp_path_factory.mktemp("pretrain")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pretrain, "plot_panels", lambda *a, **k: None)
-        train(
-            PretrainConfig(
-                out=str(out),
-                device="cpu",
-                steps=150,
-                batch_size=64,
-                n_embd=32,
-                n_head=2,
-                lr=1e-2,
-                n_lines=1600,
-                eval_every=150,
-                ckpt_every=150,
-            ),
-            log=lambda *a: None,
-        )
+        train(PretrainConfig(out=str(out), device="cpu", **settings), log=lambda *a: None)
     model, tok, _ = load_checkpoint(out / "model.pt")
     return out / "model.pt", model, tok
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrained(tmp_path_factory):
+    """A tiny food model pretrained for a few seconds: (checkpoint path, model, tokenizer)."""
+    return pretrain_tiny(
+        tmp_path_factory.mktemp("pretrain"),
+        steps=150,
+        batch_size=64,
+        n_embd=32,
+        n_head=2,
+        lr=1e-2,
+        n_lines=1600,
+        eval_every=150,
+        ckpt_every=150,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -74,32 +75,19 @@ def tiny_sums_pretrained(tmp_path_factory):
     """A tiny sums model pretrained a few dozen steps (16 wide: it answers almost nothing yet, most
     of its mass off the support): (checkpoint path, model, tokenizer), for the commands' tests on
     the sums world."""
-    from minigrpo import pretrain
-    from minigrpo.lm.checkpoint import load_checkpoint
-    from minigrpo.pretrain import PretrainConfig, train
-
-    out = tmp_path_factory.mktemp("pretrain-sums-tiny")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pretrain, "plot_panels", lambda *a, **k: None)
-        train(
-            PretrainConfig(
-                task="sums",
-                out=str(out),
-                device="cpu",
-                steps=40,
-                batch_size=64,
-                n_embd=16,
-                n_head=2,
-                lr=1e-2,
-                n_lines=1200,
-                eval_every=40,
-                ckpt_every=40,
-                threads=1,
-            ),
-            log=lambda *a: None,
-        )
-    model, tok, _ = load_checkpoint(out / "model.pt")
-    return out / "model.pt", model, tok
+    return pretrain_tiny(
+        tmp_path_factory.mktemp("pretrain-sums-tiny"),
+        task="sums",
+        steps=40,
+        batch_size=64,
+        n_embd=16,
+        n_head=2,
+        lr=1e-2,
+        n_lines=1200,
+        eval_every=40,
+        ckpt_every=40,
+        threads=1,
+    )
 
 
 def T(x, grad=False):

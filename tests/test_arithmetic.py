@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import pretrain_tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -192,31 +193,19 @@ def test_rewards_never_raise_and_stay_in_range(completion, index):
 
 @pytest.fixture(scope="module")
 def tiny_arith(tmp_path_factory):
-    from minigrpo import pretrain
-    from minigrpo.lm.checkpoint import load_checkpoint
-    from minigrpo.pretrain import PretrainConfig, train
-
-    out = tmp_path_factory.mktemp("pretrain-arith")
-    with pytest.MonkeyPatch.context() as mp:  # no loss.png: no test reads it
-        mp.setattr(pretrain, "plot_panels", lambda *a, **k: None)
-        train(
-            PretrainConfig(
-                task="arithmetic",
-                out=str(out),
-                device="cpu",
-                steps=150,
-                batch_size=64,
-                n_embd=32,
-                n_head=2,
-                lr=1e-2,
-                n_lines=4000,
-                eval_every=150,
-                ckpt_every=150,
-                threads=1,
-            ),
-            log=lambda *a: None,
-        )
-    model, tok, _ = load_checkpoint(out / "model.pt")
+    _, model, tok = pretrain_tiny(
+        tmp_path_factory.mktemp("pretrain-arith"),
+        task="arithmetic",
+        steps=150,
+        batch_size=64,
+        n_embd=32,
+        n_head=2,
+        lr=1e-2,
+        n_lines=4000,
+        eval_every=150,
+        ckpt_every=150,
+        threads=1,
+    )
     return model, tok
 
 

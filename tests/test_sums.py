@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import pretrain_tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -253,31 +254,19 @@ def test_a_prompt_without_mass_on_a_condition_leaves_that_mean():
 
 @pytest.fixture(scope="module")
 def tiny_sums(tmp_path_factory):
-    from minigrpo import pretrain
-    from minigrpo.lm.checkpoint import load_checkpoint
-    from minigrpo.pretrain import PretrainConfig, train
-
-    out = tmp_path_factory.mktemp("pretrain-sums")
-    with pytest.MonkeyPatch.context() as mp:  # no loss.png: no test reads it
-        mp.setattr(pretrain, "plot_panels", lambda *a, **k: None)
-        train(
-            PretrainConfig(
-                task="sums",
-                out=str(out),
-                device="cpu",
-                steps=800,
-                batch_size=128,
-                n_embd=48,
-                n_head=4,
-                lr=1e-2,
-                n_lines=5670,
-                eval_every=800,
-                ckpt_every=800,
-                threads=1,
-            ),
-            log=lambda *a: None,
-        )
-    model, tok, _ = load_checkpoint(out / "model.pt")
+    _, model, tok = pretrain_tiny(
+        tmp_path_factory.mktemp("pretrain-sums"),
+        task="sums",
+        steps=800,
+        batch_size=128,
+        n_embd=48,
+        n_head=4,
+        lr=1e-2,
+        n_lines=5670,
+        eval_every=800,
+        ckpt_every=800,
+        threads=1,
+    )
     return model, tok
 
 
