@@ -74,6 +74,11 @@ def series(run: Path, key: str) -> dict[int, float]:
     return {r["step"]: r[key] for r in read_jsonl(run / "metrics.jsonl") if key in r}
 
 
+def finals(runs: dict[str, list[Path]], algo: str, key: str) -> list[float]:
+    """Each of algo's runs' `key` at its last step (STEPS)."""
+    return [series(r, key)[STEPS] for r in runs[algo]]
+
+
 def spread(values) -> str:
     """'median (q25–q75)' of the finite values, '–' without any."""
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
@@ -98,7 +103,7 @@ def over_steps(runs: dict[str, list[Path]], columns: list[tuple[str, str, str]])
 
 def final_test(runs: dict[str, list[Path]], key: str, algo: str, base: str = DEFAULT) -> dict:
     """The final `key` of algo against base: IQMs with intervals, difference, p, the call."""
-    a, b = ([series(r, key)[STEPS] for r in runs[x]] for x in (algo, base))
+    a, b = finals(runs, algo, key), finals(runs, base, key)
     k = _key(key, algo)
     d, p = difference_interval(a, b, key=k), permutation_p(a, b, key=k)
     called = min(len(a), len(b)) >= MIN_RUNS and d.excludes(0) and p < ALPHA
@@ -271,12 +276,12 @@ def panels(runs: dict[str, list[Path]]) -> dict[str, dict[str, tuple]]:
 
 def _normalisation(runs: dict, n: dict) -> list[str]:
     t = final_test(runs, "exact_len_mean_wrong", CONSTANT)
-    wrong = [series(r, "exact_len_mean_wrong")[STEPS] for r in runs[DEFAULT]]
+    wrong = finals(runs, DEFAULT, "exact_len_mean_wrong")
     base = iqm_interval(wrong, _key("exact_len_mean_wrong", DEFAULT))
     acc = final_test(runs, "exact_accuracy", CONSTANT)
     think = final_test(runs, "exact_think_rate", CONSTANT)
     thinks = iqm_interval(
-        [series(r, "exact_think_rate")[STEPS] for r in runs[DEFAULT]],
+        finals(runs, DEFAULT, "exact_think_rate"),
         _key("exact_think_rate", DEFAULT),
     )
     return [
@@ -340,7 +345,7 @@ def _entropy(runs: dict, n: dict) -> list[str]:
     ]
     said, diffs = {}, []
     for a in ENTROPY_ALGOS:
-        final = {k: [series(r, k)[STEPS] for r in runs[a]] for k in FIGURES}
+        final = {k: finals(runs, a, k) for k in FIGURES}
         acc = iqm_interval(final["exact_accuracy"], _key("exact_accuracy", a))
         think = iqm_interval(final["exact_think_rate"], _key("exact_think_rate", a))
         if a == DEFAULT:
