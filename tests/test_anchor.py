@@ -59,9 +59,9 @@ def test_members_of_other_people_are_their_single_runs(tmp_path, tiny_pretrained
 
 
 def test_own_rows_pad_each_members_rows_by_repeating_its_last_one():
-    """Two members of 2 and 3 rows (completions of 1 and 2 tokens): one Rows of 3 rows each, the
-    short member's third row its second again (no node its tree lacks), its per-row tensors padded
-    with 0, the masks to 2 positions."""
+    """Two members of 2 and 3 rows (completions of 1 and 2 tokens): one Generation of 3 rows
+    each, the short member's third row its second again (no node its tree lacks), its per-row
+    tensors padded with 0, the masks to 2 positions."""
 
     def gen(rows):
         ids = torch.tensor([[1, 5, *c, *[0] * (2 - len(c))] for c in rows])

@@ -84,7 +84,7 @@ def test_members_call_each_runs_own_function_on_its_slice_and_a_failed_member_ca
     lengths = torch.tensor([[3, 1, 0, 2], [4, 4, 4, 4], [1, 2, 2, 0]])  # widths 3, 4, 2 of T = 5
     step = SimpleNamespace(
         algos=[Algo("a"), Algo("b"), Algo("c")],
-        rows=SimpleNamespace(completion_mask=torch.arange(5) < lengths[..., None]),
+        mask=torch.arange(5) < lengths[..., None],
         rewards=torch.zeros(3, 4),
         batches=[batch, None, batch],
         runs=[SimpleNamespace(cfg=SimpleNamespace(beta=b)) for b in (0.1, 0.1, 0.2)],

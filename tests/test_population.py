@@ -56,7 +56,7 @@ def test_a_members_scores_and_gradients_are_its_own_to_the_bit_on_the_cpu():
     rounds otherwise in a member whose tree is narrower than the widest: to float rounding."""
     from minigrpo.lm.logprobs import generation_logprobs
     from minigrpo.lm.optim import clip_grad_norm
-    from minigrpo.population.rows import Rows
+    from minigrpo.population.rows import stacked_rows
 
     models = members()
     prompts = torch.randint(3, 20, (6, 3))
@@ -64,11 +64,11 @@ def test_a_members_scores_and_gradients_are_its_own_to_the_bit_on_the_cpu():
         generate(m, prompts, None, 12 + 4 * p, generator=torch.Generator().manual_seed(p))
         for p, m in enumerate(models)
     ]
-    rows = Rows.of(gens)
+    rows = stacked_rows(gens)
     widths = rows.prefix_tree().widths()
     assert len(set(widths)) == 3  # the members' trees differ in width
     stack = Stack(models, trainable=True)
-    logp = rows.logprobs(stack)[0]
+    logp = generation_logprobs(stack, rows)
     weight = lambda x: torch.linspace(-1, 1, x.numel()).view(x.shape)
     loss = lambda p, x: (x[:, : gens[p].completion_mask.size(1)] * weight(gens[p].logprobs)).sum()
     sum(loss(p, logp[p]) for p in range(3)).backward()

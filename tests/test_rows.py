@@ -1,7 +1,8 @@
 """population/rows.py: each member scores its rows (padded among the others', through a batch of
 prefix trees built as one) as its single run scores them (lm/logprobs.generation_logprobs of its own
-Generation and GPT), and as the plain forward does; PPO's minibatches selected together (their trees
-built as one) as each selected alone; rows every member shares through their one tree."""
+Generation and GPT), and as the plain forward does; PPO's minibatches (Generation.select of each
+member's rows) as each member's own selected alone; rows every member shares through their one
+tree."""
 
 import torch
 from hypothesis import given, settings
@@ -12,7 +13,7 @@ from minigrpo.lm.logprobs import completion_token_logprobs, generation_logprobs,
 from minigrpo.lm.prefix_tree import next_token_tree
 from minigrpo.lm.sampling import Generation
 from minigrpo.lm.tokenizer import PAD_ID
-from minigrpo.population.rows import Rows
+from minigrpo.population.rows import shared_rows, stacked_rows
 from minigrpo.population.stacked import Stack
 
 
@@ -51,7 +52,7 @@ def plain_logprobs(stack, rows, temperature=1.0):
     st.booleans(),
 )
 def test_each_member_scores_its_rows_as_its_single_run_does(shapes, seed, group_size, twin):
-    """Rows.of's log-probs, logits, states and gradients, member by member, against its single
+    """stacked_rows' log-probs, logits, states and gradients, member by member, against its single
     run's generation_logprobs over its own Generation (and the plain forward's log-probs): members
     with other prompt widths and completion lengths (left and right padding), rows that repeat
     (shared prefixes; a member's rows the same as another's), trees of several packed sequences (a
@@ -70,10 +71,10 @@ def test_each_member_scores_its_rows_as_its_single_run_does(shapes, seed, group_
     # the last member's rows are the first's: still its own nodes, through its weights
     if twin and len(gens) > 1:
         gens[-1] = gens[0]
-    rows, stack = Rows.of(gens), Stack(models)
+    rows, stack = stacked_rows(gens), Stack(models)
     if group_size is not None:
-        rows.tree = next_token_tree(rows.ids, rows.key_mask, group_size)
-    logp, logits, h = rows.logprobs(stack, 0.8, states=True)
+        rows._tree = next_token_tree(rows.ids, rows.key_mask, group_size)
+    logp, logits, h = generation_logprobs(stack, rows, 0.8, True, True)
     real = rows.completion_mask
     assert torch.allclose(logp[real], plain_logprobs(stack, rows, 0.8)[real], atol=1e-5)
     assert not logp[~real].any(), "a padded slot counts"
@@ -93,11 +94,10 @@ def test_each_member_scores_its_rows_as_its_single_run_does(shapes, seed, group_
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 2**16), st.sampled_from([(2, 2), (3, 1), (1, 3)]))
-def test_minibatches_selected_together_are_each_selected_alone(seed, sizes):
-    """PPO's minibatches of a step: their rows picked for each member, their trees built as one (a
-    batch of (minibatch, member) trees, unbound), give each minibatch's rows and the log-probs of
-    the tree of its own rows and of the plain forward; minibatches of other sizes get a tree
-    each."""
+def test_minibatches_select_each_members_own_rows_and_score_as_each_member_alone(seed, sizes):
+    """PPO's minibatches of a step: Generation.select of (member, row) indices gives each member's
+    chosen rows, scored through their batch of trees as each member's own rows selected alone are
+    by its own GPT, and as by the plain forward."""
     torch.manual_seed(seed)
     models, N, W, T = members(2, seed), 4, 3, 4
     ids = torch.randint(3, 20, (N, W + T))
@@ -105,22 +105,23 @@ def test_minibatches_selected_together_are_each_selected_alone(seed, sizes):
     key_mask = torch.ones_like(ids, dtype=torch.bool)
     key_mask[:, W:] = torch.arange(T)[None] < torch.randint(1, T + 1, (N, 1))
     gen = generation(ids, key_mask, W)
-    rows, stack = Rows.of([gen, gen]), Stack(models)
+    rows, stack = stacked_rows([gen, gen]), Stack(models)
     order = torch.stack([torch.randperm(N), torch.randperm(N)])
-    indices = list(order.split(list(sizes), dim=1))
-    together = rows.select(indices)
-    for index, sub in zip(indices, together):
-        alone = Rows(sub.ids, sub.key_mask, sub.prompt_len, sub.completion_mask)
+    for index in order.split(list(sizes), dim=1):
+        sub = rows.select(index)
         for name in ("ids", "key_mask", "completion_mask"):
             want = torch.stack([getattr(rows, name)[p, index[p]] for p in range(2)])
             assert torch.equal(getattr(sub, name), want), name
-        got, mine = (r.logprobs(stack)[0] for r in (sub, alone))
-        assert torch.allclose(got, mine, atol=1e-6)
-        assert torch.allclose(got, plain_logprobs(stack, alone), atol=1e-5)
+        got = generation_logprobs(stack, sub)
+        for p, m in enumerate(models):
+            alone = gen.select(index[p])
+            mine = generation_logprobs(m, alone)
+            assert torch.allclose(got[p, :, : mine.size(1)], mine, atol=1e-6)
+        assert torch.allclose(got, plain_logprobs(stack, sub), atol=1e-5)
 
 
 def test_rows_every_member_shares_go_through_their_one_tree_each_members_weights_its_own():
-    """Rows.shared (the anchor's): one Generation for P members, its one prefix tree expanded, each
+    """shared_rows (the anchor's): one Generation for P members, its one prefix tree expanded, each
     member's log-probs and logits those of its single run over that Generation."""
     models, N, W, T = members(3, 1), 5, 3, 4
     ids = torch.randint(3, 20, (N, W + T))
@@ -129,7 +130,7 @@ def test_rows_every_member_shares_go_through_their_one_tree_each_members_weights
     key_mask[:, W:] = torch.arange(T)[None] < torch.tensor([[4], [2], [3], [1], [4]])
     gen = generation(ids, key_mask, W)
     with torch.no_grad():
-        logp, logits = Rows.shared(gen, 3).logprobs(Stack(models), 1.3)
+        logp, logits = generation_logprobs(Stack(models), shared_rows(gen, 3), 1.3, True)
         for p, m in enumerate(models):
             want = generation_logprobs(m, gen, 1.3, return_logits=True)
             for got, alone in zip((logp, logits), want):

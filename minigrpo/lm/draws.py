@@ -19,14 +19,17 @@ GENERATION_FIELDS = ("ids", "key_mask", "prompt_len", "completion_mask", "logpro
 
 @dataclass
 class Generation:
+    """Sampled rows; every tensor may lead with more dims (..., B, ...): P members' rows, each
+    member's own (their logprobs and finished then None: its own Generation's)."""
+
     ids: torch.Tensor  # (B, P+N) left-padded prompt, then completion (PAD after the first EOS)
     key_mask: torch.Tensor  # (B, P+N) bool: real prompt tokens and completion tokens
     prompt_len: int  # P, the padded prompt width
     # (B, N) bool: completion tokens up to and including the first EOS
     completion_mask: torch.Tensor
     # (B, N) log-prob of each sampled token under the sampling distribution (0 where masked)
-    logprobs: torch.Tensor
-    finished: torch.Tensor  # (B,) bool: the row produced an EOS
+    logprobs: torch.Tensor | None
+    finished: torch.Tensor | None  # (B,) bool: the row produced an EOS
     _tree: PrefixTree | None = field(default=None, init=False, repr=False, compare=False)
 
     def prefix_tree(self) -> PrefixTree:
@@ -39,7 +42,7 @@ class Generation:
 
     @property
     def completion_ids(self) -> torch.Tensor:  # (B, N)
-        return self.ids[:, self.prompt_len :]
+        return self.ids[..., self.prompt_len :]
 
     def to_dict(self) -> dict:
         """The fields by name (what checkpoints store: tensors and the prompt width)."""
@@ -52,20 +55,26 @@ class Generation:
     def clone(self) -> "Generation":
         """A copy of every tensor (made outside inference_mode: ordinary tensors that autograd may
         save)."""
-        return Generation.from_dict(
-            {k: v.clone() if torch.is_tensor(v) else v for k, v in self.to_dict().items()}
-        )
+        return self.map(torch.clone)
 
     def select(self, rows: torch.Tensor) -> "Generation":
-        """The rows `rows` (a 1-D index tensor) of every per-row tensor."""
-        return Generation(
-            self.ids[rows],
-            self.key_mask[rows],
-            self.prompt_len,
-            self.completion_mask[rows],
-            self.logprobs[rows],
-            self.finished[rows],
-        )
+        """The rows `rows` (..., n) of each leading slice of every per-row tensor (`take`)."""
+        return self.map(lambda x: take(x, rows))
+
+    def map(self, fn) -> "Generation":
+        """fn(tensor) of every per-row tensor (None stays None), the prompt width kept."""
+        f = lambda k, v: v if v is None or k == "prompt_len" else fn(v)
+        return Generation.from_dict({k: f(k, v) for k, v in self.to_dict().items()})
+
+
+def take(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """x (..., N, ...) -> (..., n, ...): the rows `rows` (..., n) of each leading slice, in order
+    (x[rows] with no leading dims; a population's members: each its own rows). None -> None."""
+    if x is None:
+        return None
+    at = rows.dim() - 1
+    index = rows.view(*rows.shape, *[1] * (x.dim() - rows.dim()))
+    return x.gather(at, index.expand(*rows.shape, *x.shape[at + 1 :]))
 
 
 def process_logits(

@@ -27,10 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
+from minigrpo.lm.draws import Generation
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.optim import clip_and_step
-from minigrpo.population.rows import Rollouts, Rows
+from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import packed, unpacked
 from minigrpo.variants.advantages import AdvantageFlags
@@ -59,7 +61,7 @@ class Members:
     """One recipe's members, what GRPO's stages map over (variants/inner_updates.Alone's API)."""
 
     def __init__(self, step: Rollouts):
-        self.algos, self.rows, self.device = step.algos, step.rows, step.rewards.device
+        self.algos, self.T, self.device = step.algos, step.mask.size(-1), step.rewards.device
         # a failed member's slot: another's rows and outputs, its update not kept
         self.failed = {p for p, b in enumerate(step.batches) if b is None}
         self.some = next(p for p in range(len(step.batches)) if p not in self.failed)
@@ -67,13 +69,13 @@ class Members:
         self.active = None  # who steps: every member, or those with a group left (`keep`)
         self.kept = torch.ones_like(step.rewards, dtype=torch.bool)  # its forward's rows (`keep`)
         # each member's completion width alone (the batch samples on until all rows have ended)
-        self.widths = step.rows.completion_mask.sum(-1).amax(-1).tolist()
+        self.widths = step.mask.sum(-1).amax(-1).tolist()
 
     def each(self, fn, *args):
         """fn(member p's GRPO, its slice of each tensor or list argument, a (P, N, T, ...) one at
         its own width as its run has it: Clip-Cov draws for its shape, its sums round as its own),
         member by member -> its outputs stacked (numbers as tensors, other objects as a list)."""
-        T = self.rows.completion_mask.size(-1)
+        T = self.T
 
         def pick(x, p):
             if isinstance(x, torch.Tensor) and x.dim() > 2 and x.size(2) == T:
@@ -175,13 +177,20 @@ class LockstepGRPO:
             ratio = merge([out[2] for out in outs]) if outs[0][2] else None
             return merge([out[0] for out in outs]), merge([out[1] for out in outs]), ratio
 
-        anchors, rows = [r.anchor for r in step.runs], step.rows
+        anchors, rows = [r.anchor for r in step.runs], step.gen
         if any(m.active is not None for m in members):  # DAPO's filter: the rows each one keeps
             mask = lambda x, kept=merge([m.kept for m in members]): x & kept[..., None]
-            rows = Rows(rows.ids, mask(rows.key_mask), rows.prompt_len, mask(rows.completion_mask))
+            rows = Generation(
+                rows.ids,
+                mask(rows.key_mask),
+                rows.prompt_len,
+                mask(rows.completion_mask),
+                None,
+                None,
+            )
         per_update, ratios = inner_updates(
             cfg.updates,
-            lambda: rows.logprobs(stack, cfg.temperature),
+            lambda: generation_logprobs(stack, rows, cfg.temperature, True),
             terms,
             lambda: None if self.anchor is None else self.anchor.term(stack, ref, anchors),
             lambda loss: clip_and_step(opt, loss, cfg.grad_clip, active),

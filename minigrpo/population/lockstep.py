@@ -26,6 +26,7 @@ from functools import partial
 
 import torch
 
+from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.optim import AdamW
 from minigrpo.lm.sampling import Request, encode_prompts, generate_all
 from minigrpo.population import grpo_update, ppo_update
@@ -34,7 +35,7 @@ from minigrpo.population.checkpoint import host_copies, member_trained
 from minigrpo.population.evaluation import alike, evaluate_members
 from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
-from minigrpo.population.rows import Rollouts, Rows
+from minigrpo.population.rows import Rollouts, stacked_rows
 from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.bookkeeping import finite_losses
@@ -226,17 +227,18 @@ def _step(pop: Population) -> None:
     if some is None:  # every member failed
         return
     # a failed member's slot: any rows, its update not kept
-    rows = Rows.of([(b or some).gen for b in batches])
+    rows = stacked_rows([(b or some).gen for b in batches])
     rewards = torch.stack([(b or some).rewards for b in batches])
     with torch.no_grad():
-        ref_logp, ref_logits = (
-            rows.logprobs(pop.ref, cfg.temperature) if pop.update.needs_ref else (None, None)
-        )
-        old_logp = rows.logprobs(stack, cfg.temperature)[0] if pop.update.needs_old_logp else None
+        logprobs = lambda weights: generation_logprobs(weights, rows, cfg.temperature, True)
+        ref_logp, ref_logits = logprobs(pop.ref) if pop.update.needs_ref else (None, None)
+        old_logp = logprobs(stack)[0] if pop.update.needs_old_logp else None
     probes = step_probes(cfg, rows, None if pop.anchor_rows is None else lambda: pop.anchor_rows)
     pop.guard = StepGuard(stack, probes, previous=pop.guard) if probes else None
     algos = [m.algo for _, m in members]
-    step = Rollouts(rows, rewards, ref_logp, ref_logits, old_logp, batches, runs, algos)
+    step = Rollouts(
+        [], [], rows, rewards, cfg.group_size, old_logp, ref_logp, ref_logits, batches, runs, algos
+    )
     figures = pop.update(stack, pop.ref, pop.opt, step)
     trust = pop.guard.enforce(stack) if pop.guard is not None else {}
     stack.copy_to([r.policy for r in runs])  # each member's own GPT, for its own forwards

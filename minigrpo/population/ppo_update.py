@@ -107,7 +107,7 @@ class ExactValues:
         groups: dict = {}
         for p, r in enumerate(step.runs):
             groups.setdefault(tuple(r.prompts), []).append(p)
-        rows, N, m, batches = step.rows, step.mask.size(1), self.members, step.batches
+        rows, N, m, batches = step.gen, step.mask.size(1), self.members, step.batches
         out, betas = torch.zeros(step.mask.shape, device=step.mask.device), self.beta.flatten()
         for at in groups.values():
             tree, place = self.tree([step.runs[p] for p in at])
@@ -115,7 +115,7 @@ class ExactValues:
             out[at] = exact_values(
                 tree, m.policy.rows(at), m.ref.rows(at), betas[at].tolist(),
                 self.run.cfg.temperature, torch.tensor(index, device=rows.ids.device),
-                rows.ids[at, :, rows.prompt_len :], step.mask[at],
+                rows.completion_ids[at], step.mask[at],
             )  # fmt: skip
         return out
 

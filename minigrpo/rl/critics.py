@@ -40,8 +40,7 @@ from toy_tasks.value_tree import ValueTree
 def completion_hidden(model: GPT | Weights, gen) -> torch.Tensor:
     """(N, T, C) final hidden states of `model` at the states before each completion token of a
     Generation (the input of a value head); one forward over the rollout's distinct prefixes.
-    Stacked weights: rows (M, N, ...) with a batch of M trees (population/rows.Rows) -> (M, N, T,
-    C)."""
+    Stacked weights: a Generation of (M, N, ...) rows (a batch of M trees) -> (M, N, T, C)."""
     # (N, P+T−1, C)
     _, hidden = shifted_forward(model, gen.ids, gen.key_mask, tree=gen.prefix_tree())
     return hidden[..., gen.prompt_len - 1 :, :]

@@ -19,13 +19,14 @@ marking the valid ones (up to and including the first EOS); prompt tokens never 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from minigrpo.lm.draws import Generation, take
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.model import GPT
-from minigrpo.lm.sampling import Generation, decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
 from minigrpo.lm.tokenizer import CharTokenizer
 from toy_tasks.rewards import Reward, score
 
@@ -54,32 +55,21 @@ class RolloutBatch:
         return self.gen.logprobs
 
     def select(self, rows: torch.Tensor) -> "RolloutBatch":
-        """The sub-batch of the given row indices (used to drop equal-reward groups)."""
-        pick = rows.tolist()
-        return RolloutBatch(
-            [self.prompts[i] for i in pick],
-            [self.completions[i] for i in pick],
-            self.gen.select(rows),
-            self.rewards[rows],
-            self.group_size,
-            None if self.old_logp is None else self.old_logp[rows],
-            None if self.ref_logp is None else self.ref_logp[rows],
-            None if self.ref_logits is None else self.ref_logits[rows],
+        """The sub-batch of the rows `rows` (..., n) of each leading slice (equal-reward groups
+        dropped, PPO's minibatches); texts only where the batch has them (one run's)."""
+        pick = rows.tolist() if self.prompts else []
+        return replace(
+            self,
+            prompts=[self.prompts[i] for i in pick],
+            completions=[self.completions[i] for i in pick],
+            gen=self.gen.select(rows),
+            **{k: take(getattr(self, k), rows) for k in ("rewards", "old_logp", "ref_logp")},
+            ref_logits=take(self.ref_logits, rows),
         )
 
     def minibatches(self, indices: list[torch.Tensor]) -> list["RolloutBatch"]:
         """`select` of each index (PPO's minibatches)."""
         return [self.select(rows) for rows in indices]
-
-
-def take(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-    """x (..., N, ...) -> (..., n, ...): the rows `rows` (..., n) of each leading slice, in order
-    (x[rows] with no leading dims; a population's members: each its own rows). None -> None."""
-    if x is None:
-        return None
-    at = rows.dim() - 1
-    index = rows.view(*rows.shape, *[1] * (x.dim() - rows.dim()))
-    return x.gather(at, index.expand(*rows.shape, *x.shape[at + 1 :]))
 
 
 class Sampler:

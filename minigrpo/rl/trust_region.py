@@ -92,8 +92,8 @@ class StepGuard:
     policy: anything with `parameters()`, a GPT or stacked weights (P, ...). probes: [(name, rows,
     limit, weights, group)]: each limit the largest allowed sequence-level KL in nats, checked on
     the worst group of rows (the anchor: one group per person; `sequence_kl`). forward(policy,
-    rows) -> the probe's logits (..., N, T, V): a Generation's (default), or a population's rows'
-    (population/rows.Rows, weights and group then (P, N) where each member's rows are its own)."""
+    rows) -> the probe's logits (..., N, T, V) of a Generation (a population's: (P, N, ...) rows,
+    weights and group then (P, N) where each member's rows are its own)."""
 
     def __init__(
         self,
