@@ -104,7 +104,7 @@ def our_step(
         rollout_kl=rollout_kl,
     )
     # what GRPO.update reads of a Run
-    run = SimpleNamespace(cfg=cfg, policy=policy, anchor_term=lambda: None)
+    run = SimpleNamespace(cfg=cfg, policy=policy, anchor_term=lambda: None, step=0)
     run.clip_and_step = lambda opt, loss, params: Run.clip_and_step(run, opt, loss, params)
     algo, reward, gen = (
         GRPO(run),

@@ -31,10 +31,10 @@ from minigrpo.lm.draws import Generation
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
-from minigrpo.population.optim import clip_and_step
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.report import packed, unpacked
+from minigrpo.rl.run_state import clip_and_step
 from minigrpo.variants.advantages import AdvantageFlags
 from minigrpo.variants.entropy import EntropyFlags
 from minigrpo.variants.inner_updates import inner_updates, row
@@ -193,7 +193,7 @@ class LockstepGRPO:
             lambda: generation_logprobs(stack, rows, cfg.temperature, True),
             terms,
             lambda: None if self.anchor is None else self.anchor.term(stack, ref, anchors),
-            lambda loss: clip_and_step(opt, loss, cfg.grad_clip, active),
+            lambda loss: clip_and_step(opt, loss, opt.params, cfg.grad_clip, 0, active),
         )
         self.inner = (len(per_update), len(ratios))
         # what a member's row takes, in its run's order

@@ -33,11 +33,10 @@ from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor, own_rows
 from minigrpo.population.checkpoint import host_copies, member_trained
 from minigrpo.population.evaluation import alike, evaluate_members
-from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, stacked_rows
 from minigrpo.population.sampling import read_completions
-from minigrpo.population.stacked import Stack
+from minigrpo.population.stacked import Stack, keep
 from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import StopOnCtrlC, batch_figures, interrupted_line, stopped_line

@@ -21,11 +21,11 @@ from minigrpo.lm.model import Weights
 from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.grpo_update import Members as Slices
-from minigrpo.population.optim import clip_and_step
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack, stacked
 from minigrpo.rl.critics import completion_hidden, exact_values, head_values, value_head
 from minigrpo.rl.report import packed, unpacked
+from minigrpo.rl.run_state import clip_and_step
 from toy_tasks.value_tree import ValueTree
 
 
@@ -44,8 +44,8 @@ class Members:
         return None if self.anchor is None else self.anchor.term(self.policy, self.ref, anchors)
 
     def clip_and_step(self, opt: AdamW, loss: torch.Tensor, params) -> torch.Tensor:
-        """Run.clip_and_step of every member (population/optim.clip_and_step)."""
-        return clip_and_step(opt, loss, self.cfg.grad_clip)
+        """Run.clip_and_step of every member (rl/run_state.clip_and_step)."""
+        return clip_and_step(opt, loss, opt.params, self.cfg.grad_clip, 0)
 
 
 class Critics(Stack):

@@ -5,6 +5,7 @@ one forward (Weights: each Linear a batched matmul, every member's attention in 
     stack = Stack(models, trainable=True)    # leaves of their own: a lockstep population's
     h = stack.hidden(idx, pos, attn_mask)    # (P, B, T) -> (P, B, T, C)
     stack.copy_to(models)                    # each member's weights back into its own GPT
+    keep([stack], opt, members)              # members leaving: the stacks and optimiser of the rest
 
 Member p computes what models[p] computes, to float rounding (tests/test_population.py).
 """
@@ -16,6 +17,7 @@ import copy
 import torch
 
 from minigrpo.lm.model import GPT, Weights
+from minigrpo.lm.optim import AdamW
 
 
 def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -55,16 +57,28 @@ class Stack(Weights):
         out.w = {name: select(w.detach(), index) for name, w in self.w.items()}
         return out
 
-    def copy_to(self, models: list[GPT], rows: list[int] | None = None) -> None:
-        """Member rows[i]'s weights into models[i]'s own tensors (rows None: every member)."""
-        self.copy_into([dict(m.named_parameters()) for m in models], rows)
-
     @torch.no_grad()
-    def copy_into(self, params: list[dict], rows: list[int] | None = None) -> None:
-        """Member rows[i]'s weight `name` into params[i][name] (rows None: every member)."""
-        names, rows = list(self.w), range(len(params)) if rows is None else rows
-        each = {name: self.w[name].detach().unbind(0) for name in names}
+    def copy_to(self, models: list[GPT]) -> None:
+        """Member p's weights into models[p]'s own tensors."""
+        own = [dict(m.named_parameters()) for m in models]
+        each = {name: w.detach().unbind(0) for name, w in self.w.items()}
         torch._foreach_copy_(
-            [own[name] for own in params for name in names],
-            [each[name][p] for p in rows for name in names],
+            [mine[name] for mine in own for name in self.w],
+            [each[name][p] for p in range(len(models)) for name in self.w],
         )
+
+
+@torch.no_grad()
+def keep(stacks: list[Stack], opt: AdamW, members: list[int]) -> None:
+    """Only `members` (in this order) from now on, in the stacks (the optimiser's parameters, in its
+    order) and the optimiser's state."""
+    index = torch.tensor(members, device=opt.params[0].device)
+    opt.t = opt.t[torch.tensor(members)]
+    lr = opt.param_groups[0]["lr"]
+    if torch.is_tensor(lr):
+        opt.param_groups[0]["lr"] = lr[torch.tensor(members)]
+    for stack in stacks:
+        stack.w = {name: select(w.detach(), index).requires_grad_() for name, w in stack.w.items()}
+    opt.params = [w for stack in stacks for w in stack.parameters()]
+    opt.m = [select(m, index) for m in opt.m]
+    opt.v = [select(v, index) for v in opt.v]

@@ -196,13 +196,20 @@ class Run(RunBookkeeping, RunCheckpoints):
         )
 
     def clip_and_step(self, opt, loss: torch.Tensor, params) -> float:
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = float(
-            clip_grad_norm(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
-        )
-        # a clip of an inf norm zeroes the step: the run would freeze without a word
-        if not math.isfinite(norm):
-            raise UsageError(nonfinite_gradient(norm, self.step + 1))
-        opt.step()
-        return norm
+        return float(clip_and_step(opt, loss, params, self.cfg.grad_clip, self.step))
+
+
+def clip_and_step(opt, loss, params, grad_clip: float, step: int, active=None) -> torch.Tensor:
+    """Backward, the gradient clipped to --grad-clip (0: none), the optimiser's step -> the norm
+    before clipping. Losses (P,) of P runs' stacked weights: their sum's backward, each slice
+    clipped on its own, the slices `active` ((P,) bool; None: all) stepped -> (P,) norms, a
+    non-finite one left to the caller (lm/optim.clip_grad_norm per_slice, AdamW.step)."""
+    opt.zero_grad(set_to_none=True)
+    loss.sum().backward()
+    clip = grad_clip if grad_clip > 0 else float("inf")
+    norm = clip_grad_norm(params, clip, per_slice=loss.dim() > 0)
+    # a clip of an inf norm zeroes the step: the run would freeze without a word
+    if loss.dim() == 0 and not math.isfinite(norm):
+        raise UsageError(nonfinite_gradient(float(norm), step + 1))
+    opt.step(active)
+    return norm
