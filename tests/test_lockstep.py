@@ -283,7 +283,7 @@ def test_members_share_the_first_members_pi_ref_and_the_population_never_writes_
 
 def test_host_copies_are_made_once_and_each_member_gets_its_own_slices_in_its_layout():
     stacked = {"w": torch.arange(24.0).view(3, 2, 4), "b": torch.arange(6.0).view(3, 2)}
-    copies = HostCopies({"policy": stacked, "m": [stacked["w"] * 2]})
+    copies = HostCopies({"policy": stacked, "m": {0: stacked["w"] * 2}})
     assert copies.host is None  # nothing copied before a checkpoint asks
     # a weight kept transposed, as lm/model.py does
     layout = {"w": torch.empty(4, 2).t(), "b": torch.empty(2)}

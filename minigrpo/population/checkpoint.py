@@ -14,33 +14,24 @@ from minigrpo.lm.optim import adamw_state
 
 
 class HostCopies:
-    """Stacked tensors (P, ...) by group (a dict or a list), copied to the host on first use."""
+    """Stacked tensors (P, ...) by group and name, copied to the host on first use."""
 
-    def __init__(self, stacked: dict):
+    def __init__(self, stacked: dict[str, dict]):
         self.stacked, self.host = stacked, None
 
-    def member(self, group: str, p: int, layout: dict | None = None) -> dict | list:
-        """Member p's tensors of one group, each its own copy; `layout`: tensors by name whose
-        strides the copies take (lm/model.py keeps some transposed)."""
+    def member(self, group: str, p: int, layout: dict | None = None) -> dict:
+        """Member p's tensors of one group, each its own copy in the strides of `layout`'s tensor
+        of its name (lm/model.py keeps some transposed; None: its slice's)."""
         if self.host is None:
             self.host = {
-                g: _apply(ts, lambda k, t: t.detach().cpu()) for g, ts in self.stacked.items()
+                g: {k: t.detach().cpu() for k, t in ts.items()} for g, ts in self.stacked.items()
             }
-        if layout is None:
-            return _apply(self.host[group], lambda k, t: t[p].clone())
-        return _apply(
-            self.host[group],
-            lambda k, t: torch.empty_strided(
-                layout[k].shape, layout[k].stride(), dtype=t.dtype
-            ).copy_(t[p]),
-        )
-
-
-def _apply(tensors: dict | list, f) -> dict | list:
-    """f(name or index, tensor) over a dict's or a list's tensors -> the same kind."""
-    if isinstance(tensors, dict):
-        return {k: f(k, t) for k, t in tensors.items()}
-    return [f(k, t) for k, t in enumerate(tensors)]
+        mine = {k: t[p] for k, t in self.host[group].items()}
+        like = mine if layout is None else layout
+        return {
+            k: torch.empty_strided(like[k].shape, like[k].stride(), dtype=t.dtype).copy_(t)
+            for k, t in mine.items()
+        }
 
 
 def member_trained(copies: HostCopies, p: int, member, update, opt) -> dict:
@@ -55,13 +46,18 @@ def member_trained(copies: HostCopies, p: int, member, update, opt) -> dict:
         "optimizer": adamw_state(
             int(opt.t[p]),
             float(lr[p]) if torch.is_tensor(lr) else lr,
-            copies.member("m", p),
-            copies.member("v", p),
+            list(copies.member("m", p).values()),
+            list(copies.member("v", p).values()),
         ),
     }
 
 
 def host_copies(stack, ref, opt, critics=None) -> HostCopies:
     """The host copies of the stacked policy, π_ref, AdamW moments and PPO's learned critics."""
-    groups = {"policy": stack.w, "ref": ref.w, "m": opt.m, "v": opt.v}
+    groups = {
+        "policy": stack.w,
+        "ref": ref.w,
+        "m": dict(enumerate(opt.m)),
+        "v": dict(enumerate(opt.v)),
+    }
     return HostCopies(groups if critics is None else {**groups, "critic": critics.w})
