@@ -1,33 +1,26 @@
-"""GRPO's update (grpo.py: GRPO.signal and GRPO.terms in variants/inner_updates.inner_updates) for
-P members at once: the single run's own stages over a leading member dim, with one forward, one
-backward and one optimiser step for all members.
+"""GRPO's update for P members at once: the single run's own stages (grpo.GRPO.signal and .terms in
+variants/inner_updates.inner_updates) over a leading member dim, one forward, backward and
+optimiser step for all.
 
     update = LockstepGRPO(cfg, anchor, algos)  # anchor: population/anchor.py; algos: each GRPO
     figures = update(stack, ref, opt, step)    # step: population/rows.Rollouts -> {name: (P,)}
     row = update.row(mine, algo)               # member p's figures (floats) -> its metrics row
 
--> figures {name: (P,)}: the step's, and each inner update's (rl/report.packed), read back by the
-caller in one go; `row` makes a member's metrics row of them as its single run makes it
-(variants/inner_updates.row). Each member's figures are its single run's, to the bit on the CPU
-but sums over padded rows (tests/test_lockstep.py, test_grpo_recipe.py).
-
-What stays here is what is about many members: DAPO's filter as masks, the dropped rows out of the
-forward (one with no group left steps on the anchor alone, or not at all); members of
-several recipes (RECIPE: compare's presets of one μ, or β's of their own; each member's settings
-beyond its recipe are the others'): their forward, backward, optimiser step and trust region are
-one, and each recipe's stages, its first member's GRPO's, take its members' slice (all of them, no
-copy, where every member follows one).
+Each member's figures are its single run's, to the bit on the CPU but sums over padded rows
+(tests/test_lockstep.py, test_grpo_recipe.py). Only what is about many members is here: DAPO's
+filter as masks (a member with no group left steps on the anchor alone, or not at all), and
+members of several recipes (RECIPE: compare's presets of one μ), each recipe's stages its first
+member's GRPO's over its members' slice (the whole, no copy, where all follow one).
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from minigrpo.lm.draws import Generation
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.optim import AdamW
 from minigrpo.population.anchor import MembersAnchor
@@ -75,17 +68,16 @@ class Members:
         """fn(member p's GRPO, its slice of each tensor or list argument, a (P, N, T, ...) one at
         its own width as its run has it: Clip-Cov draws for its shape, its sums round as its own),
         member by member -> its outputs stacked (numbers as tensors, other objects as a list)."""
-        T = self.T
 
         def pick(x, p):
-            if isinstance(x, torch.Tensor) and x.dim() > 2 and x.size(2) == T:
+            if isinstance(x, torch.Tensor) and x.dim() > 2 and x.size(2) == self.T:
                 return x[p, :, : self.widths[p]]
             return x[p] if isinstance(x, (torch.Tensor, list)) else x
 
         call = lambda p: fn(self.algos[p], *(pick(x, p) for x in args))
         outs = {p: call(p) for p in range(len(self.algos)) if p not in self.failed}
         outs = [outs.get(p, outs[self.some]) for p in range(len(self.algos))]
-        return _stacked(outs, self.device, T, self.failed)
+        return _stacked(outs, self.device, self.T, self.failed)
 
     def map(self, fn, *args):
         """A pure fn of one member's tensors, mapped over their leading dim (None: not mapped)."""
@@ -168,8 +160,9 @@ class LockstepGRPO:
         names = [([], []) for _ in parts]  # each recipe's figures' names, in its single run's order
 
         def terms(i: int, logp: torch.Tensor, logits: torch.Tensor) -> tuple:
+            part = lambda x, index: x if index is None else x.index_select(0, index)  # its members'
             outs = [
-                algo.terms(sig, i, _take(logp, index), _take(logits, index))
+                algo.terms(sig, i, part(logp, index), part(logits, index))
                 for (algo, index, _), sig in zip(parts, signals)
             ]
             for j, (_, s, ratio) in enumerate(outs):
@@ -180,13 +173,8 @@ class LockstepGRPO:
         anchors, rows = [r.anchor for r in step.runs], step.gen
         if any(m.active is not None for m in members):  # DAPO's filter: the rows each one keeps
             mask = lambda x, kept=merge([m.kept for m in members]): x & kept[..., None]
-            rows = Generation(
-                rows.ids,
-                mask(rows.key_mask),
-                rows.prompt_len,
-                mask(rows.completion_mask),
-                None,
-                None,
+            rows = replace(
+                rows, key_mask=mask(rows.key_mask), completion_mask=mask(rows.completion_mask)
             )
         per_update, ratios = inner_updates(
             cfg.updates,
@@ -221,11 +209,6 @@ class LockstepGRPO:
         updates, ratios = self.inner
         stats = {k: v for k, v in mine.items() if isinstance(k, str)}
         return row(stats, before, unpacked(mine, updates), unpacked(mine, ratios, "ratio"))
-
-
-def _take(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    """Members `index`'s slice of x (P, ...), or x itself (index None: every member)."""
-    return x if index is None else x.index_select(0, index)
 
 
 class _Merge:

@@ -5,12 +5,9 @@ dim, given the members as its run, their critics and their exact values.
     figures = update(stack, ref, opt, step)     # step: the members' rollouts (rows.Rollouts)
     row = update.row(mine, algo)                # member p's figures -> its row (its PPO.row)
 
-`Members` is PPO's run: every member's anchor term, one backward, each member's clip, one AdamW
-step. `Critics` stacks the members' learned critics (trained after the policy: `stacks`);
-`ExactValues` is every member's oracle. PPO's functions of one run's tensors (whitening, the
-minibatch objective, a value head) run member by member at its own width (grpo_update.Members.each),
-each member shuffles its minibatches with its own generator: its figures are its single run's, to
-the bit on the CPU (tests/test_lockstep.py).
+PPO's functions of one run's tensors (whitening, the minibatch objective, a value head) run member
+by member at its own width on the CPU (grpo_update.Members.each), each member's minibatches drawn
+from its own generator: its figures are its single run's, to the bit (tests/test_lockstep.py).
 """
 
 from __future__ import annotations
@@ -49,10 +46,8 @@ class Members:
 
 
 class Critics(Stack):
-    """The members' learned critics (rl/critics.py), their weights stacked by name in the single
-    run's order (Critic.named_weights: heads (P, 1, C), (P, 1), then the separate critic's trunks),
-    each slice in its critic's layout (stacked.stacked), trainable. The head critic has no trunk:
-    its values come from the policy's hidden states, and their gradient reaches the policy."""
+    """The members' learned critics (rl/critics.py), trained after the policy: Critic.named_weights
+    stacked (heads (P, 1, C), (P, 1), then the separate critic's trunks), trainable."""
 
     learned = True
 
@@ -63,9 +58,8 @@ class Critics(Stack):
         self.separate, self.members = critics[0].trunk is not None, members
 
     def values(self, batch: Rollouts, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        """Critic.values of each member -> (P, N, T), 0 where masked; on the CPU each member's head
-        on its states at its own width (Members.slices). hidden: the policy's states (P, N, T, C),
-        the head critic's input where the caller has them; the separate critic's trunks make own."""
+        """Critic.values of each member -> (P, N, T), 0 where masked (on the CPU each member's head
+        at its own width); hidden: the policy's states (P, N, T, C), where the caller has them."""
         if self.separate or hidden is None:
             hidden = completion_hidden(self if self.separate else self.members.policy, batch.gen)
         w, b = self.w["head.weight"], self.w["head.bias"]
@@ -76,9 +70,8 @@ class Critics(Stack):
 
 
 class ExactValues:
-    """Each member's exact values now (rl/critics.OracleCritic: exact_values over the stacked
-    weights), under its reward, at its β (`beta`, (P, 1, 1), set by PPO); the members of one set
-    of prompts (--person) at once, over their single runs' value tree."""
+    """Each member's rl/critics.OracleCritic at its β (`beta`, (P, 1, 1), set by PPO): exact_values
+    of the members of one set of prompts (--person) at once, over their value tree."""
 
     learned = False
     beta: torch.Tensor
@@ -90,8 +83,8 @@ class ExactValues:
         return []
 
     def tree(self, runs: list) -> tuple[ValueTree, dict]:
-        """The value tree of these members' prompts (one set) and rewards (one table for all where
-        they share it), and each prompt's place in it (made once for each)."""
+        """The value tree of these members' prompts (one set) and rewards (one table where they
+        share it), and each prompt's place in it, made once."""
         specs, prompts = [x.cfg.reward for x in runs], runs[0].prompts
         shared = len(set(specs)) == 1
         key = (specs[0] if shared else tuple(specs), tuple(prompts))
