@@ -188,20 +188,21 @@ def test_the_repository_pages_hold_balanced_markers_for_the_sections_they_show()
             pages.replace_block(text, block, "x")  # balanced: no ValueError
 
 
-def test_bench_writes_its_sections_into_docs_of_the_current_folder_not_with_no_docs_or_quick(
+def test_bench_prints_its_sections_and_writes_them_into_docs_only_when_asked(
     tmp_path, monkeypatch, capsys
 ):
+    """Issue 52: a bench run leaves the tracked pages alone unless asked (--write-docs, or a --docs
+    folder named); asked, into the docs/ of the current folder."""
     from minigrpo.bench import suite
 
     # no timing run
     monkeypatch.setattr(suite, "bench_sampling", lambda device: "\n### sampling\n| s |")
     monkeypatch.setattr(suite, "bench_threads", lambda device: "\n### threads\n| t |")
     monkeypatch.chdir(tmp_path)
-    suite.main(["--quick", "--no-docs", "--out", "runs/a"])
-    assert "| s |" in capsys.readouterr().out and not (tmp_path / "docs").exists()
-    suite.main(["--quick", "--out", "runs/b"])  # --quick alone: printed, no page rewritten
-    assert "| s |" in capsys.readouterr().out and not (tmp_path / "docs").exists()
-    suite.main(["--only", "sampling,threads", "--out", "runs/b"])  # docs/ of the current folder
+    for argv in (["--quick"], ["--only", "sampling,threads"], ["--quick", "--no-write-docs"]):
+        suite.main([*argv, "--out", "runs/a"])  # printed, no page written
+        assert "| s |" in capsys.readouterr().out and not (tmp_path / "docs").exists(), argv
+    suite.main(["--only", "sampling,threads", "--write-docs", "--out", "runs/b"])
     page = (tmp_path / "docs" / "performance.md").read_text()
     assert page.startswith(pages.HEADER) and "sampling, threads" in page.splitlines()[0]
     stamp = pages.measured(page.splitlines()[0])

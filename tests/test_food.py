@@ -72,3 +72,21 @@ def test_total_variation_counts_malformed_mass():
     q = {"pizza": 0.5, "sushi": 0.3}  # 0.2 malformed
     assert abs(food.total_variation(p, q) - 0.2) < 1e-12
     assert food.total_variation(p, p) == 0
+
+
+def test_the_closing_line_gives_the_runs_peak_beside_the_last_value():
+    """Issue 52: the closing line printed the last malformed mass (0.0287) where the run's peak was
+    0.2158. The evaluations' running maxima (rl/stopping.Peaks, as Run.evaluate folds them in)
+    reach the line beside the last values."""
+    from types import SimpleNamespace
+
+    from minigrpo.rl.stopping import Peaks
+
+    peaks, base = Peaks(), {"best_completions": ["pizza"], "target_rate": 0.9}
+    base |= {"exact_reward": 0.9, "best_reward": 1.0}
+    for malformed, drift in ((0.001, 0.01), (0.2158, 0.04), (0.0287, 0.02)):
+        ev = {**base, "malformed": malformed, "worst_drift": drift}
+        ev |= peaks.update(ev)
+    line = food.format_rl_eval(ev, SimpleNamespace(person="ravin"))
+    assert "malformed (the worst person's) 0.0287 (peak 0.2158)" in line, line
+    assert "drift (TV) 0.020 (peak 0.040)" in line, line

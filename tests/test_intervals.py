@@ -134,6 +134,40 @@ def test_a_nan_or_infinite_figure_leaves_its_run_out_with_a_line_naming_it():
     assert "Runs counted per algorithm: dapo 6/7, grpo 5." in statement(c)[0]
 
 
+def test_a_figure_a_run_logged_non_finite_is_left_out_not_read_from_an_earlier_step(tmp_path):
+    """A run writes NaN and inf as null (strict JSON, util/jsonl.py). Read back (sweep_report's
+    curves) an evaluation's null is NaN, its run left out by name: not the evaluation before it
+    (stale), and no TypeError in the steps to 0.95. A step's figure missing from the last row
+    (DAPO's skipped step logs no KL) is still its last logged value; implied_beta's null is inf."""
+    from minigrpo.tools.sweep_report import curves
+    from minigrpo.util.jsonl import JsonlLogger
+
+    def logged(name, last):
+        (tmp_path / name).mkdir()
+        log = JsonlLogger(tmp_path / name / "metrics.jsonl")
+        log.log({"step": 0, "target_rate": 0.2, "regret": 0.05, "implied_beta": 2.0})
+        log.log(
+            {"step": 1, "target_rate": 0.9, "regret": 0.01, "implied_beta": 1.0, "kl_exact": 0.1}
+        )
+        log.log({"step": 2, **last})
+        log.close()
+        return curves(tmp_path / name)
+
+    nan = float("nan")
+    spoiled = logged("dapo-s1", {"target_rate": nan, "regret": float("inf"), "implied_beta": nan})
+    assert spoiled["final"]["kl_exact"] == 0.1 and spoiled["final"]["implied_beta"] == float("inf")
+    assert np.isnan(spoiled["target"][-1]) and np.isnan(spoiled["final"]["target_rate"])
+    assert np.isnan(spoiled["final"]["regret"]), "null is no number: not the 0.01 of step 1"
+    sound = logged("dapo-s0", {"target_rate": 0.96, "regret": 0.001, "implied_beta": 0.5})
+    assert sound["final"]["target_rate"] == 0.96 and sound["final"]["regret"] == 0.001
+    c = comparison({"dapo": [sound, spoiled]})
+    assert c.n["dapo"] == {"final target": 1, "steps to 0.95": 2, "regret": 1}
+    assert c.left_out == [
+        "dapo-s1: final target is nan, left out of its statistics",
+        "dapo-s1: regret is nan, left out of its statistics",
+    ]
+
+
 def test_intervals_png_is_drawn(tmp_path):
     results = {"fast": FAST, "slow": SLOW}
     draw_intervals(comparison(results), results, tmp_path / "intervals.png", "two algorithms")

@@ -500,7 +500,7 @@ def test_bench_refuses_an_empty_or_unknown_only_section_instead_of_running_every
     from minigrpo.bench.suite import main
 
     monkeypatch.chdir(tmp_path)
-    err = one_line_error(main, ["--only", only, "--no-docs"], capsys)
+    err = one_line_error(main, ["--only", only], capsys)
     assert "unknown --only section" in err, err
     assert not (tmp_path / "runs").exists(), "nothing ran"
 

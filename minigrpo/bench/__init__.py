@@ -1,1 +1,2 @@
-"""Benchmarks: python -m minigrpo.bench measures speed and quality and writes the results pages."""
+"""Benchmarks: python -m minigrpo.bench measures speed and quality; with --write-docs it writes the
+results pages."""

@@ -6,7 +6,7 @@ setup, one table per figure (each algorithm's IQM with its 95 % BCa interval, it
 the baseline with its interval, P(better than the baseline) and the permutation test's p:
 tools/interval_tables.figure_table) and a conclusion that says only what intervals.verdict calls.
 
-    python -m minigrpo.bench --only comparing      # 90 runs: about 25 minutes on 2 shared cores
+    python -m minigrpo.bench --only comparing --write-docs   # 90 runs
 """
 
 from __future__ import annotations

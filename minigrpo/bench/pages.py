@@ -1,6 +1,6 @@
-"""The results pages `python -m minigrpo.bench` writes (docs/results.md, docs/performance.md by
-default), and the blocks it keeps in pages written by hand (docs/experiments.md:
-EXPERIMENT_BLOCKS; docs/worlds.md: each task's world-<task>).
+"""The results pages `python -m minigrpo.bench --write-docs` writes (docs/results.md,
+docs/performance.md by default), and the blocks it keeps in pages written by hand
+(docs/experiments.md: EXPERIMENT_BLOCKS; docs/worlds.md: each task's world-<task>).
 
 Each table a section prints lives in its page between two HTML comments, invisible on the rendered
 page:

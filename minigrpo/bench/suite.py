@@ -1,10 +1,10 @@
-"""Measure speed and quality, print them as tables, and write them into the results pages. Speed
-goals are checked here, never in tests.
+"""Measure speed and quality, print them as tables and, when asked, write them into the results
+pages. Speed goals are checked here, never in tests.
 
-    python -m minigrpo.bench            # everything (several minutes on 2 CPU cores)
-    python -m minigrpo.bench --quick    # sampling and threads only (seconds), printed only
-    python -m minigrpo.bench --only grpo,presets
-    python -m minigrpo.bench --only sampling --no-docs   # print only
+    python -m minigrpo.bench --write-docs    # every section, written into docs/
+    python -m minigrpo.bench --quick         # sampling and threads only, printed
+    python -m minigrpo.bench --only grpo,presets                # printed
+    python -m minigrpo.bench --only grpo,presets --write-docs   # and written into docs/results.md
 
 Sections: machine; the speed sections of speed.py (sampling: KV cache vs the slow path; threads;
 scale, only on request: a 6 x 384 model, where a GPU wins; prefix: the shared-prefix forward against
@@ -23,10 +23,10 @@ intervals and differences written into docs/experiments.md's "Comparing algorith
 default GRPO command over --seeds, written into docs/worlds.md's block world-<task>; thinking
 (thinking.py, the sums world's with `--task sums`: 50 runs): four experiments on thinking, length,
 pass@k and entropy, written into docs/experiments.md's block thinking-sums.
-Subprocess runs write under --out (default runs/bench), --jobs at a time. Each section's tables
-replace its own block in --docs (default docs/: performance.md for the speed sections, results.md
-for the others; pages.py), the rest of each page kept; --no-docs only prints, and so does --quick
-(one short measurement is no page's figure) unless --docs is named.
+Subprocess runs write under --out (default runs/bench), --jobs at a time. The tables are printed;
+the tracked pages are left alone unless asked: with --write-docs (or a --docs folder named) each
+section's tables replace its own block in --docs (default docs/: performance.md for the speed
+sections, results.md for the others; pages.py), the rest of each page kept.
 """
 
 from __future__ import annotations
@@ -117,11 +117,18 @@ class BenchConfig:
     device: str = field(
         default="cpu", metadata={"help": "auto, cpu or cuda", "choices": ["auto", "cpu", "cuda"]}
     )
+    write_docs: bool = field(
+        default=False,
+        metadata={
+            "help": "write each section's tables into the results pages in --docs (default: "
+            "printed only, the tracked pages left alone)"
+        },
+    )
     docs: str = field(
         default="docs",
         metadata=meta(
-            "folder of the results pages the sections rewrite (results.md, performance.md); "
-            "--no-docs: print only"
+            "folder of the results pages the sections rewrite with --write-docs (results.md, "
+            "performance.md); naming it asks for the writing too"
         ),
     )
 
@@ -142,11 +149,9 @@ def block_names(
 @main_guard
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    write_docs = "--no-docs" not in argv
-    argv = [a for a in argv if a != "--no-docs"]
     cfg, _ = parse_config(BenchConfig, argv, description=__doc__.split("\n\n")[0])
-    # --quick: printed, never written over the pages' figures, unless a --docs is named
-    write_docs = write_docs and (not cfg.quick or any(a.startswith("--docs") for a in argv))
+    # the tracked pages are rewritten only when asked: --write-docs, or a --docs folder named
+    write_docs = cfg.write_docs or any(a == "--docs" or a.startswith("--docs=") for a in argv)
     sections = SECTIONS[:2] if cfg.quick else [s for s in SECTIONS if s not in ON_REQUEST]
     if cfg.task != "food" and not cfg.quick:  # another task's bench: its own world
         sections = ["world", "thinking"] if cfg.task == "sums" else ["world"]
@@ -229,7 +234,7 @@ def main(argv=None):
     }
     docs = Path(cfg.docs) if write_docs else None
     if docs is not None and docs.exists() and not docs.is_dir():
-        raise UsageError(f"--docs {cfg.docs} is a file, not a folder (--no-docs: print only)")
+        raise UsageError(f"--docs {cfg.docs} is a file, not a folder of results pages")
     line = pages.header(pages.machine(), sections) if docs is not None else ""
     for s in sections:
         blocks = block_names(s, cfg.task, runners[s](), str(device))

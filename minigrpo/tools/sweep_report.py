@@ -31,7 +31,18 @@ from minigrpo.util.jsonl import read_jsonl
 __all__ = ["curves", "outside_bars", "printed_summary", "short_table", "write_outputs"]
 
 
+def _logged(row: dict, key: str) -> float:
+    """A figure of an evaluation row as logged: null is a non-finite number (strict JSON,
+    util/jsonl.py), NaN, except implied_beta's, +inf (a reward no finite β reaches)."""
+    v = row[key]
+    return v if v is not None else float("inf") if key == "implied_beta" else float("nan")
+
+
 def curves(folder: Path) -> dict:
+    """A run's curves from its metrics.jsonl: the exact target rate by step (with the wall seconds
+    and sampled tokens to it), the last value of each of FINAL_KEYS, the world's own figures and the
+    steps of the peaks. An evaluation's figure logged as null (non-finite) reads NaN, so compare
+    leaves that run out of the figure's statistics and names it (tools/intervals.py)."""
     rows = read_jsonl(folder / "metrics.jsonl")
     secs = toks = 0.0
     out = {"secs": [], "tokens": [], "target": [], "steps": []}
@@ -42,19 +53,22 @@ def curves(folder: Path) -> dict:
             (
                 out["secs"].append(secs),
                 out["tokens"].append(toks),
-                out["target"].append(r["target_rate"]),
+                out["target"].append(_logged(r, "target_rate")),
             )
             out["steps"].append(r["step"])
-    # the last value of each metric (a step that skipped its update, e.g. DAPO's, logs no KL)
+    evaluations = [r for r in rows if "target_rate" in r]
+    first, last = (evaluations[0], evaluations[-1]) if evaluations else ({}, {})
+    # an evaluation's figure: the last evaluation's; a step's (a step that skipped its update, e.g.
+    # DAPO's, logs no KL): its last logged value
     out["final"] = {
-        k: next((r[k] for r in reversed(rows) if r.get(k) is not None), None) for k in FINAL_KEYS
+        k: _logged(last, k)
+        if k in first and k in last
+        else next((r[k] for r in reversed(rows) if r.get(k) is not None), None)
+        for k in FINAL_KEYS
     }
-    # strict JSON's inf
-    if rows and "implied_beta" in rows[-1] and rows[-1]["implied_beta"] is None:
-        out["final"]["implied_beta"] = float("inf")
     out["final"]["steps"] = rows[-1]["step"] if rows else float("nan")
     # the world's own figures (run_tables.world_keys): the last value, a malformed figure's maximum
-    keys = world_keys(next((r for r in rows if "target_rate" in r), {}))
+    keys = world_keys(first)
     out["world"] = {}
     for k in keys:
         values = [r[name] for r in rows if r.get(name := k.removeprefix("peak_")) is not None]
