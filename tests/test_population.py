@@ -11,10 +11,15 @@ import torch
 
 from minigrpo.compare import COMMANDS, run_one
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
-from minigrpo.lm.sampling import Request, decode_completions, generate, generate_all
+from minigrpo.lm.sampling import (
+    Request,
+    decode_completions,
+    generate,
+    generate_all,
+    read_completions,
+)
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from minigrpo.population.engine import lockstep_key, run_population, run_populations, shares_of
-from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.util.jsonl import read_jsonl
 

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from minigrpo.lm.decode import Decoder
 from minigrpo.lm.draws import Draws, Generation
@@ -233,7 +235,35 @@ def encode_prompts(tok: CharTokenizer, prompts: list[str], device=None):
     return pad_left([tok.encode(p, bos=True) for p in prompts], tok.pad_id, device)
 
 
+def read_completions(tok: CharTokenizer, gens: list) -> list:
+    """Each Generation's completion texts (after the prompt, up to, not including, the first EOS)
+    and finished flags, None in an error's place: all read back in one copy, each distinct row
+    decoded once (rows repeat: a group's samples, a settled policy; a decode costs more than a
+    lookup)."""
+    ok = [g for g in gens if isinstance(g, Generation)]
+    if not ok:
+        return [None] * len(gens)
+    T = max(g.completion_ids.size(1) for g in ok)
+    # (R, T + 1): each row's ids padded on the right (decode drops PAD), then its finished flag
+    pad = lambda g: F.pad(g.completion_ids, (0, T - g.completion_ids.size(1)), value=PAD_ID)
+    rows = torch.cat([torch.cat([pad(g), g.finished[:, None].long()], 1) for g in ok])
+    rows = rows.cpu().numpy()
+    flat, width = rows.tobytes(), rows.itemsize * rows.shape[1]
+    keys = [flat[i : i + width] for i in range(0, len(flat), width)]  # each row's bytes
+    read = {}
+    for k in set(keys):
+        *row, finished = np.frombuffer(k, rows.dtype).tolist()
+        read[k] = (tok.decode(row), bool(finished))
+    each_row, out = iter([read[k] for k in keys]), []
+    for g in gens:
+        if not isinstance(g, Generation):
+            out.append(None)
+            continue
+        mine = [next(each_row) for _ in range(g.ids.size(0))]
+        out.append(([text for text, _ in mine], [finished for _, finished in mine]))
+    return out
+
+
 def decode_completions(tok: CharTokenizer, gen: Generation) -> list[str]:
-    """Completion text of each row: after the prompt, up to (not including) the first EOS."""
-    # one read of the tensor, not one per row
-    return [tok.decode(row) for row in gen.completion_ids.tolist()]
+    """Completion text of each row (read_completions of one Generation)."""
+    return read_completions(tok, [gen])[0][0]

@@ -6,7 +6,7 @@ computation.
     # cfgs[p]: member p's config; results[p]: its summary, or its error line
 
 Each member is an rl/loop.Run and each step is rl/loop.run's for all members at once: one sampling
-batch (lm/sampling.generate_all), one π_ref forward (population/rows.py), the trainer's update over
+batch (rl/rollout.collect_all), one π_ref forward (population/rows.py), the trainer's update over
 a leading member dim (grpo_update.py, ppo_update.py) with one backward and one AdamW step, the
 trust region over the stack, then each member's own Run.end_step and Run.finish. A member that
 stops or fails leaves the stack; the others go on untouched. Its metrics are its single run's to
@@ -17,7 +17,6 @@ for the members of one reward, β and person (they start from the same weights).
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -27,7 +26,6 @@ from functools import partial
 import torch
 
 from minigrpo.lm.optim import AdamW
-from minigrpo.lm.sampling import Request, encode_prompts, generate_all
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor, own_rows
 from minigrpo.population.checkpoint import host_copies, member_trained
@@ -35,17 +33,15 @@ from minigrpo.population.evaluation import alike, evaluate_members
 from minigrpo.population.optim import keep
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, Rows
-from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import StopOnCtrlC, batch_figures, interrupted_line, stopped_line
-from minigrpo.rl.rollout import RolloutBatch, drawn, grouped
+from minigrpo.rl.rollout import collect_all, drawn
 from minigrpo.rl.run_state import nonfinite_gradient
 from minigrpo.rl.trust_region import StepGuard, step_probes
 from minigrpo.tools.pool import STOPPING
 from minigrpo.util.cli import UsageError
-from toy_tasks.rewards import RewardError, score
 
 # what members may differ in (lr: the optimiser's per member; reward, β, person: each member's
 # own scores, loss, prompts and anchor), and settings that change no result
@@ -221,7 +217,21 @@ def _step(pop: Population) -> None:
     runs = [m.run for _, m in members]
     # each member's --lr, at the same step of the same schedule
     pop.opt.param_groups[0]["lr"] = torch.tensor([r.lr_now() for r in runs], dtype=torch.float64)
-    batches = _collect(members, _sampled(stack, members[0][1].algo), cfg)
+    sampler = members[0][1].algo.sampler
+    batches = collect_all(
+        stack if sampler is None else sampler.pick(stack),
+        runs[0].tok,
+        [r.step_prompts() for r in runs],
+        cfg.group_size,
+        [r.reward for r in runs],
+        [r.gens["rollout"] for r in runs],
+        cfg.max_new_tokens,
+        drawn(cfg.temperature, sampler),
+        cfg.unfinished_reward,
+    )
+    for j, (_, m) in enumerate(members):  # it leaves after this step (its update is never kept)
+        if isinstance(batches[j], ValueError):
+            m.error, batches[j] = stopped_line(batches[j], m.run.step), None
     some = next((b for b in batches if b is not None), None)
     if some is None:  # every member failed
         return
@@ -261,51 +271,6 @@ def _step(pop: Population) -> None:
         except Exception as e:  # noqa: BLE001 (its own failure, bad weights: the others go on)
             m.error = f"{type(e).__name__}: {e}"
         m.batch = batches[j]
-
-
-def _sampled(stack: Stack, algo) -> Stack:
-    """The weights to sample from: the stack's, or with --sample-stale N those of N steps before
-    (rl/rollout.Sampler.record of the stacked weights)."""
-    sampler = algo.sampler
-    if sampler is None or not sampler.stale:
-        return stack
-    oldest = copy.copy(stack)
-    oldest.w = sampler.record(stack.w)
-    return oldest
-
-
-def _collect(members: list, weights: Stack, cfg) -> list:
-    """rl/rollout.collect of every member in one sampling batch, without the log-probs (batched
-    by the caller) -> its RolloutBatch, or None where it failed (its error set: a sampling that met
-    NaN, a reward that raised)."""
-    runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler
-    (temperature, top_p), n = drawn(cfg.temperature, sampler), cfg.max_new_tokens
-    prompts = [grouped(r.step_prompts(), cfg.group_size) for r in runs]
-    requests = []
-    for r, rows in zip(runs, prompts):
-        ids, mask = encode_prompts(r.tok, rows, r.device)
-        requests.append(
-            Request(ids, mask, n, temperature, None, top_p, r.gens["rollout"], ids.size(1))
-        )
-    gens = generate_all(weights, requests)
-    batches, scored = [], []
-    for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):
-        if isinstance(gen, Exception):  # a sampling that met NaN
-            m.error = stopped_line(gen, m.run.step)
-        else:
-            completions, finished = read
-            try:
-                rewards = score(m.run.reward, rows, completions, finished, cfg.unfinished_reward)
-            except RewardError as e:
-                m.error = stopped_line(e, m.run.step)
-        # it leaves after this step; its rows still fill the batch (its update is never kept)
-        batches.append(None if m.error else (rows, completions, gen))
-        scored.append([0.0] * len(rows) if m.error else rewards)
-    values = torch.tensor(scored, device=runs[0].device)  # one copy to the device
-    return [
-        None if b is None else RolloutBatch(*b, values[p], cfg.group_size, None, None)
-        for p, b in enumerate(batches)
-    ]
 
 
 def _rows(members: list, update, figures: dict, trust: dict) -> dict:

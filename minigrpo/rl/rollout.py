@@ -24,10 +24,18 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.lm.model import GPT
-from minigrpo.lm.sampling import Generation, decode_completions, encode_prompts, generate
+from minigrpo.lm.model import GPT, Weights
+from minigrpo.lm.sampling import (
+    Generation,
+    Request,
+    decode_completions,
+    encode_prompts,
+    generate,
+    generate_all,
+    read_completions,
+)
 from minigrpo.lm.tokenizer import CharTokenizer
-from toy_tasks.rewards import Reward, score
+from toy_tasks.rewards import Reward, RewardError, score
 
 
 @dataclass
@@ -85,32 +93,26 @@ def take(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
 class Sampler:
     """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the
     run's), truncated to its top-p nucleus (None: no truncation), and, with stale = N > 0, the
-    policy as it was N steps earlier (the first N steps sample from the initial policy).
-    `pick(policy)`, called once per step before sampling, records the live policy and returns the
-    model to sample from; the last N + 1 policies' weights are kept (state_dict: they go into the
-    checkpoint, so --resume samples exactly as before)."""
+    policy as it was N steps earlier (the first N steps sample from the initial policy). The last
+    N + 1 policies' weights are kept (state_dict: they go into the checkpoint, so --resume samples
+    exactly as before)."""
 
     def __init__(
         self, temperature: float | None = None, top_p: float | None = None, stale: int = 0
     ):
         self.temperature, self.top_p, self.stale = temperature, top_p, stale
         self.states: list[dict] = []  # oldest first: the weights of the last stale + 1 policies
-        self.frozen: GPT | None = None  # a copy of the policy holding the stale weights
 
-    def pick(self, policy: GPT) -> GPT:
+    def pick(self, weights: Weights) -> Weights:
+        """Called once per step before sampling: records the live `weights` (one model's, or P
+        models' stacked (P, ...)) -> the weights to sample from (with stale, the oldest kept)."""
         if self.stale == 0:
-            return policy
-        if self.frozen is None:
-            self.frozen = copy.deepcopy(policy).eval().requires_grad_(False)
-        self.frozen.load_state_dict(self.record(policy.state_dict()))
-        return self.frozen
-
-    def record(self, weights: dict) -> dict:
-        """Keep a copy of `weights` (tensors by name: one model's, or P models' stacked (P, ...)),
-        the newest of the last stale + 1 -> the oldest kept: the weights to sample from."""
-        self.states = self.states + [{k: v.detach().clone() for k, v in weights.items()}]
+            return weights
+        self.states = self.states + [{k: v.detach().clone() for k, v in weights.w.items()}]
         self.states = self.states[-(self.stale + 1) :]
-        return self.states[0]
+        oldest = copy.copy(weights)
+        oldest.w = self.states[0]
+        return oldest
 
     def state_dict(self) -> dict:
         return {"states": self.states}
@@ -132,6 +134,48 @@ def drawn(temperature: float, sampler: Sampler | None) -> tuple[float, float | N
     return (temperature if sampler.temperature is None else sampler.temperature), sampler.top_p
 
 
+def collect_all(
+    weights: Weights,
+    tok: CharTokenizer,
+    prompts: list[list[str]],
+    group_size: int,
+    rewards: list[Reward],
+    generators: list[torch.Generator],
+    max_new_tokens: int,
+    drawn_at: tuple[float, float | None],
+    unfinished_reward: float | None = None,
+    progress=None,
+) -> list[RolloutBatch | ValueError]:
+    """Runs' rollouts in one sampling batch, without log-probs: `group_size` completions of each of
+    run p's prompts[p] through its weights (stacked (P, ...); one model's for one run), drawn at
+    drawn_at (temperature, top-p) from generators[p], scored by rewards[p] -> its RolloutBatch, or
+    its sampling's ValueError (no room, probabilities not finite) or its reward's RewardError."""
+    device = weights.w["wte.weight"].device
+    rows = [grouped(p, group_size) for p in prompts]
+    requests = []
+    for r, generator in zip(rows, generators):
+        ids, mask = encode_prompts(tok, r, device)
+        t, top_p = drawn_at
+        requests.append(Request(ids, mask, max_new_tokens, t, None, top_p, generator, ids.size(1)))
+    gens = generate_all(weights, requests)
+    batches, scored = [], []
+    for r, reward, gen, read in zip(rows, rewards, gens, read_completions(tok, gens)):
+        mine = [0.0] * len(r)  # a failed run's rewards: any
+        if read is not None:
+            try:
+                mine = score(reward, r, *read, unfinished_reward, progress)
+                gen = RolloutBatch(r, read[0], gen, None, group_size, None, None)
+            except RewardError as e:
+                gen = e
+        batches.append(gen)
+        scored.append(mine)
+    values = torch.tensor(scored, device=device)  # one copy to the device
+    for b, v in zip(batches, values):
+        if isinstance(b, RolloutBatch):
+            b.rewards = v
+    return batches
+
+
 @torch.no_grad()
 def collect(
     policy: GPT,
@@ -150,34 +194,36 @@ def collect(
     sampler: Sampler | None = None,
     ref_logp: bool = True,
 ) -> RolloutBatch:
-    """Sample `group_size` completions for each prompt from the policy (π_old), or from `sampler`'s
-    distribution, score them, and compute π_ref's (with ref_logp; else None) and, with old_logp,
-    π_old's log-probs of every completion token at `temperature`."""
-    device = policy.wte.weight.device
-    rows = grouped(prompts, group_size)
-    ids, mask = encode_prompts(tok, rows, device)
+    """One run's collect_all from the policy (π_old), or from `sampler`'s distribution, with π_ref's
+    (with ref_logp; else None) and, with old_logp, π_old's log-probs of every completion token at
+    `temperature`."""
     was_training = policy.training
     policy.eval()
-    t, top_p = drawn(temperature, sampler)
-    model = policy if sampler is None else sampler.pick(policy)
-    gen = generate(model, ids, mask, max_new_tokens, t, top_p=top_p, generator=generator)
-    completions = decode_completions(tok, gen)
-    rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward, progress)
-    old = generation_logprobs(policy, gen, temperature) if old_logp else None
-    ref_lp, ref_logits = (
-        generation_logprobs(ref, gen, temperature, return_logits=True) if ref_logp else (None, None)
-    )
-    policy.train(was_training)
-    return RolloutBatch(
-        rows,
-        completions,
-        gen,
-        torch.tensor(rewards, device=device),
+    weights = policy.weights() if sampler is None else sampler.pick(policy.weights())
+    drawn_at = drawn(temperature, sampler)
+    (batch,) = collect_all(
+        weights,
+        tok,
+        [prompts],
         group_size,
-        old,
-        ref_lp,
-        ref_logits if keep_ref_logits else None,
+        [reward],
+        [generator],
+        max_new_tokens,
+        drawn_at,
+        unfinished_reward,
+        progress,
     )
+    if isinstance(batch, ValueError):
+        raise batch
+    if old_logp:
+        batch.old_logp = generation_logprobs(policy, batch.gen, temperature)
+    if ref_logp:
+        batch.ref_logp, logits = generation_logprobs(
+            ref, batch.gen, temperature, return_logits=True
+        )
+        batch.ref_logits = logits if keep_ref_logits else None
+    policy.train(was_training)
+    return batch
 
 
 @torch.no_grad()
