@@ -37,7 +37,7 @@ from minigrpo.population.stacked import Stack
 from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import StopOnCtrlC, batch_figures, interrupted_line, stopped_line
-from minigrpo.rl.rollout import collect_all, drawn
+from minigrpo.rl.rollout import collect_all
 from minigrpo.rl.run_state import nonfinite_gradient
 from minigrpo.rl.trust_region import StepGuard, step_probes
 from minigrpo.tools.pool import STOPPING
@@ -217,16 +217,16 @@ def _step(pop: Population) -> None:
     runs = [m.run for _, m in members]
     # each member's --lr, at the same step of the same schedule
     pop.opt.param_groups[0]["lr"] = torch.tensor([r.lr_now() for r in runs], dtype=torch.float64)
-    sampler = members[0][1].algo.sampler
     batches = collect_all(
-        stack if sampler is None else sampler.pick(stack),
+        stack,
         runs[0].tok,
         [r.step_prompts() for r in runs],
         cfg.group_size,
         [r.reward for r in runs],
         [r.gens["rollout"] for r in runs],
         cfg.max_new_tokens,
-        drawn(cfg.temperature, sampler),
+        cfg.temperature,
+        members[0][1].algo.sampler,
         cfg.unfinished_reward,
     )
     for j, (_, m) in enumerate(members):  # it leaves after this step (its update is never kept)

@@ -126,14 +126,6 @@ def grouped(prompts: list[str], group_size: int) -> list[str]:
     return [p for p in prompts for _ in range(group_size)]
 
 
-def drawn(temperature: float, sampler: Sampler | None) -> tuple[float, float | None]:
-    """The temperature and top-p a rollout is drawn at: the run's --temperature and no nucleus, or
-    the sampler's (its temperature where it has one)."""
-    if sampler is None:
-        return temperature, None
-    return (temperature if sampler.temperature is None else sampler.temperature), sampler.top_p
-
-
 def collect_all(
     weights: Weights,
     tok: CharTokenizer,
@@ -142,21 +134,26 @@ def collect_all(
     rewards: list[Reward],
     generators: list[torch.Generator],
     max_new_tokens: int,
-    drawn_at: tuple[float, float | None],
+    temperature: float,
+    sampler: Sampler | None = None,
     unfinished_reward: float | None = None,
     progress=None,
 ) -> list[RolloutBatch | ValueError]:
     """Runs' rollouts in one sampling batch, without log-probs: `group_size` completions of each of
-    run p's prompts[p] through its weights (stacked (P, ...); one model's for one run), drawn at
-    drawn_at (temperature, top-p) from generators[p], scored by rewards[p] -> its RolloutBatch, or
-    its sampling's ValueError (no room, probabilities not finite) or its reward's RewardError."""
-    device = weights.w["wte.weight"].device
+    run p's prompts[p] through `weights` (stacked (P, ...); one model's for one run), or `sampler`'s
+    (at its temperature, where it has one, and top-p), drawn from generators[p], scored by
+    rewards[p] -> its RolloutBatch, or its sampling's ValueError (no room, probabilities not
+    finite) or its reward's RewardError."""
+    device, top_p = weights.w["wte.weight"].device, None
+    if sampler is not None:
+        weights, top_p = sampler.pick(weights), sampler.top_p
+        temperature = temperature if sampler.temperature is None else sampler.temperature
     rows = [grouped(p, group_size) for p in prompts]
     requests = []
     for r, generator in zip(rows, generators):
         ids, mask = encode_prompts(tok, r, device)
-        t, top_p = drawn_at
-        requests.append(Request(ids, mask, max_new_tokens, t, None, top_p, generator, ids.size(1)))
+        args = (max_new_tokens, temperature, None, top_p, generator, ids.size(1))
+        requests.append(Request(ids, mask, *args))
     gens = generate_all(weights, requests)
     batches, scored = [], []
     for r, reward, gen, read in zip(rows, rewards, gens, read_completions(tok, gens)):
@@ -199,17 +196,16 @@ def collect(
     `temperature`."""
     was_training = policy.training
     policy.eval()
-    weights = policy.weights() if sampler is None else sampler.pick(policy.weights())
-    drawn_at = drawn(temperature, sampler)
     (batch,) = collect_all(
-        weights,
+        policy.weights(),
         tok,
         [prompts],
         group_size,
         [reward],
         [generator],
         max_new_tokens,
-        drawn_at,
+        temperature,
+        sampler,
         unfinished_reward,
         progress,
     )
