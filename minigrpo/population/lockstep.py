@@ -1,25 +1,22 @@
-"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders),
-learning rates, rewards, β's and people apart (OWN), GRPO's recipes too (RECIPES), as one
-computation.
+"""A population in lockstep: P GRPO or PPO runs of one configuration (their seeds, folders, rates,
+rewards, β's and people apart: OWN; GRPO's recipes too: RECIPES) as one computation.
 
     results = train_lockstep(trainer, cfgs, logs)  # trainer: minigrpo.grpo or minigrpo.ppo
     # cfgs[p]: member p's config; results[p]: its summary, or its error line
 
-Each member is an rl/loop.Run and each step is rl/loop.run's for all members at once: one sampling
+Each member is an rl/loop.Run and each step rl/loop.run's over all members at once: one rollout
 batch (rl/rollout.collect_all), one π_ref forward (population/rows.py), the trainer's update over
 a leading member dim (grpo_update.py, ppo_update.py) with one backward and one AdamW step, the
 trust region over the stack, then each member's own Run.end_step and Run.finish. A member that
-stops or fails leaves the stack; the others go on untouched. Its metrics are its single run's to
-float rounding and its folder is the one its single run writes (tests/test_lockstep.py).
-Departures: set-up is each --person's first member's (Run(like=)), and so is step 0's evaluation
-for the members of one reward, β and person (they start from the same weights).
+stops or fails leaves the stack. Metrics: its single run's to float rounding, in the same folder
+(tests/test_lockstep.py). Departures: set-up and step 0's evaluation are shared by the members of
+one --person (Run(like=)), and of one reward, β and person (the same starting weights).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -50,19 +47,11 @@ RECIPES = {"grpo": grpo_update.RECIPE, "ppo": ()}  # GRPO's: compare's presets o
 QUIET = ("overwrite", "quiet", "verbose")
 
 
-@dataclass
-class Kind:
-    """What a lockstep population takes of a trainer (a command module, a layer above this one)."""
-
-    name: str  # the run's algorithm name (config.json, checkpoints)
-    check: Callable  # its flags' check: cfg -> None, or a UsageError
-    algorithm: Callable  # run -> a member's algorithm object (its state: its checkpoint's)
-    update: Callable  # (cfg, anchor, algos) -> the members' update (population/*_update.py)
-
-
+# each trainer's algorithm (trainer -> its class: run -> a member's state, for its checkpoint) and
+# its members' update (population/*_update.py: (cfg, anchor, algos) -> the update)
 KINDS = {
-    "grpo": lambda t: Kind("grpo", t.check_config, t.GRPO, grpo_update.LockstepGRPO),
-    "ppo": lambda t: Kind("ppo", t.check_config, t.PPO, ppo_update.LockstepPPO),
+    "grpo": (lambda trainer: trainer.GRPO, grpo_update.LockstepGRPO),
+    "ppo": (lambda trainer: trainer.PPO, ppo_update.LockstepPPO),
 }
 
 
@@ -100,10 +89,11 @@ def unsupported(trainer, cfgs: list) -> str | None:
 class Member:
     """One member's run, its algorithm (its state, for its checkpoint) and its open metrics file."""
 
-    def __init__(self, kind: Kind, cfg, log, like: Run | None = None):
-        kind.check(cfg)
-        self.run = Run(cfg, kind.name, log, like)
-        self.algo = kind.algorithm(self.run)
+    def __init__(self, trainer, cfg, log, like: Run | None = None):
+        trainer.check_config(cfg)
+        name = trainer_name(trainer)
+        self.run = Run(cfg, name, log, like)
+        self.algo = KINDS[name][0](trainer)(self.run)
         self.logger, self.batch, self.error = None, None, None
 
 
@@ -158,11 +148,11 @@ class Population:
 def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     """Every member's run (module docstring) -> per member its summary (dict) or its error (str).
     `trainer`: the module minigrpo.grpo or minigrpo.ppo."""
-    kind, members, results = KINDS[trainer_name(trainer)](trainer), [], [None] * len(cfgs)
+    members, results = [], [None] * len(cfgs)
     likes = {}
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
         try:
-            members.append((k, Member(kind, cfg, log, likes.get(cfg.person))))
+            members.append((k, Member(trainer, cfg, log, likes.get(cfg.person))))
             # each --person's first: its anchor, the others'
             likes.setdefault(cfg.person, members[-1][1].run)
         except UsageError as e:
@@ -172,7 +162,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     anchor = MembersAnchor(cfg) if first.anchor is not None else None
-    update = kind.update(cfg, anchor, [m.algo for _, m in members])
+    update = KINDS[trainer_name(trainer)][1](cfg, anchor, [m.algo for _, m in members])
     params = stack.parameters() + [w for s in update.stacks for w in s.parameters()]
     opt = AdamW(params, lr=cfg.lr, t=torch.zeros(len(members), dtype=torch.long))
     pop = Population(members, stack, Stack([m.run.ref for _, m in members]), opt, update, cfg)
