@@ -4,31 +4,28 @@ path kept as its test oracle.
     out = generate(model, prompt_ids, prompt_mask, max_new_tokens=16, generator=g)
     outs = generate_all(weights, requests)   # weights stacked (P, ...) (model.Weights), requests[p]
                                              # member p's generate() arguments -> its Generation
+    texts, finished = read_completions(tok, outs)[p]
 
-One loop (`_sample`) over P members' rows (P, B, ...); generate() is that loop with P = 1 over one
-model's weights. Prompts of different lengths are LEFT-PADDED (see `logprobs.pad_left`) and carry a
-key mask; position ids count real tokens only, so a padded row samples exactly what it would alone
-(a member's prompts are padded further on the left to the widest member's, a member of fewer rows
-gets padding rows). The prompts are run once (`prefill`; a run of a member's neighbouring rows
-holding one prompt, a GRPO group, once, its keys and values copied to them) and then one token per
-step for every row, both through decode.Decoder (the fast KV-cache forward). Each row stops at its
-first EOS (later slots hold PAD and are masked out); a member stops once all its rows have or at its
-n_max, the loop once every member has.
+One loop (`_sample`) over P members' rows (P, B, ...); generate() is it with P = 1. Prompts are
+LEFT-PADDED (`logprobs.pad_left`; a member's further, to the widest member's, and a member of fewer
+rows gets padding rows) with a key mask, and position ids count real tokens only, so a padded row
+samples what it would alone. The prompts are run once (`prefill`; neighbouring rows holding one
+prompt, a GRPO group, once), then one token per step for every row, both through decode.Decoder
+(the KV-cache forward). A row stops at its first EOS (later slots hold PAD, masked out), a member
+once all its rows have or at its n_max, the loop once every member has.
 
 Randomness is an argument: each member draws from its own generator exactly as often as its own
-generate() call (a member that has stopped draws no more), so member p's Generation is
-generate(model_p, *requests[p])'s: the same tokens, log-probs to float rounding (a stacked forward
-rounds otherwise; tests/test_population.py). A member whose request is refused (temperature, room in
-the block) or whose probabilities are not finite gets its ValueError; the others are untouched.
+generate() call, so member p's Generation is generate(model_p, *requests[p])'s: the same tokens,
+log-probs to float rounding (tests/test_population.py). A refused request (temperature, room in the
+block) or non-finite probabilities give that member its ValueError; the others are untouched.
 
 Each token is drawn by an exponential race (`exponential_race`: torch.multinomial's own draws). On a
-GPU (NOISE_AHEAD) a member draws all its noise, (n_max, B, V), at its first token: one kernel a
-call, not one a token, where a decoding step is launch-bound; the loop then reads whether every row
-has ended one token late (LateRead), so it may run a step past the end (masked, cut off). The same
-seed then draws other samples there than on a CPU: a run on a GPU is another experiment anyway.
+GPU (NOISE_AHEAD) a member draws all its noise, (n_max, B, V), at its first token (one kernel a
+call, not one a token) and the loop reads whether every row has ended one token late (LateRead),
+running a step past the end (masked, cut off): the same seed draws other samples than on a CPU.
 
-Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p), which at
-temperature 1 without filtering are the model's own. `use_cache=False` recomputes the whole sequence
+Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p): at
+temperature 1 without filtering, the model's own. `use_cache=False` recomputes the whole sequence
 at every step: the slow, obviously-correct path that tests and `bench` compare the cache against.
 """
 
@@ -61,8 +58,8 @@ class Request:
     top_k: int | None = None
     top_p: float | None = None
     generator: torch.Generator | None = None
-    # the longest row's real prompt tokens, where the caller knows it (a population's prompt
-    # table); else read from prompt_mask (on a GPU, a wait for the device)
+    # the longest row's real prompt tokens, where the caller knows it (rollout.collect_all: the
+    # encoded width); else read from prompt_mask (on a GPU, a wait for the device)
     prompt_len: int | None = None
 
     def new_tokens(self, block_size: int) -> int:
@@ -236,10 +233,9 @@ def encode_prompts(tok: CharTokenizer, prompts: list[str], device=None):
 
 
 def read_completions(tok: CharTokenizer, gens: list) -> list:
-    """Each Generation's completion texts (after the prompt, up to, not including, the first EOS)
-    and finished flags, None in an error's place: all read back in one copy, each distinct row
-    decoded once (rows repeat: a group's samples, a settled policy; a decode costs more than a
-    lookup)."""
+    """Each Generation's completion texts (up to, not including, the first EOS) and finished flags,
+    None in an error's place: all rows read back at once, each distinct row decoded once (rows
+    repeat: a group's samples, a settled policy)."""
     ok = [g for g in gens if isinstance(g, Generation)]
     if not ok:
         return [None] * len(gens)
@@ -247,14 +243,9 @@ def read_completions(tok: CharTokenizer, gens: list) -> list:
     # (R, T + 1): each row's ids padded on the right (decode drops PAD), then its finished flag
     pad = lambda g: F.pad(g.completion_ids, (0, T - g.completion_ids.size(1)), value=PAD_ID)
     rows = torch.cat([torch.cat([pad(g), g.finished[:, None].long()], 1) for g in ok])
-    rows = rows.cpu().numpy()
-    flat, width = rows.tobytes(), rows.itemsize * rows.shape[1]
-    keys = [flat[i : i + width] for i in range(0, len(flat), width)]  # each row's bytes
-    read = {}
-    for k in set(keys):
-        *row, finished = np.frombuffer(k, rows.dtype).tolist()
-        read[k] = (tok.decode(row), bool(finished))
-    each_row, out = iter([read[k] for k in keys]), []
+    distinct, inverse = np.unique(rows.cpu().numpy(), axis=0, return_inverse=True)
+    read = [(tok.decode(row[:-1]), bool(row[-1])) for row in distinct.tolist()]
+    each_row, out = iter([read[i] for i in inverse.ravel()]), []
     for g in gens:
         if not isinstance(g, Generation):
             out.append(None)

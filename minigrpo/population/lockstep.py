@@ -172,7 +172,6 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     for _, m in members:
         if alike(m.run.cfg) not in start:
             start[alike(m.run.cfg)] = m.run.exact_evaluation()
-    for _, m in members:
         m.logger = m.run.begin(start[alike(m.run.cfg)])
     progress = Progress([m.run for _, m in members])
     try:

@@ -28,7 +28,6 @@ from minigrpo.lm.model import GPT, Weights
 from minigrpo.lm.sampling import (
     Generation,
     Request,
-    decode_completions,
     encode_prompts,
     generate,
     generate_all,
@@ -121,11 +120,6 @@ class Sampler:
         self.states = list(state["states"])
 
 
-def grouped(prompts: list[str], group_size: int) -> list[str]:
-    """A rollout's rows: each prompt `group_size` times, prompt by prompt."""
-    return [p for p in prompts for _ in range(group_size)]
-
-
 def collect_all(
     weights: Weights,
     tok: CharTokenizer,
@@ -148,12 +142,12 @@ def collect_all(
     if sampler is not None:
         weights, top_p = sampler.pick(weights), sampler.top_p
         temperature = temperature if sampler.temperature is None else sampler.temperature
-    rows = [grouped(p, group_size) for p in prompts]
-    requests = []
-    for r, generator in zip(rows, generators):
-        ids, mask = encode_prompts(tok, r, device)
-        args = (max_new_tokens, temperature, None, top_p, generator, ids.size(1))
-        requests.append(Request(ids, mask, *args))
+    rows = [[p for p in ps for _ in range(group_size)] for ps in prompts]  # prompt by prompt
+    encoded = [encode_prompts(tok, r, device) for r in rows]
+    requests = [
+        Request(ids, mask, max_new_tokens, temperature, None, top_p, generator, ids.size(1))
+        for (ids, mask), generator in zip(encoded, generators)
+    ]
     gens = generate_all(weights, requests)
     batches, scored = [], []
     for r, reward, gen, read in zip(rows, rewards, gens, read_completions(tok, gens)):
@@ -194,8 +188,6 @@ def collect(
     """One run's collect_all from the policy (π_old), or from `sampler`'s distribution, with π_ref's
     (with ref_logp; else None) and, with old_logp, π_old's log-probs of every completion token at
     `temperature`."""
-    was_training = policy.training
-    policy.eval()
     (batch,) = collect_all(
         policy.weights(),
         tok,
@@ -218,7 +210,6 @@ def collect(
             ref, batch.gen, temperature, return_logits=True
         )
         batch.ref_logits = logits if keep_ref_logits else None
-    policy.train(was_training)
     return batch
 
 
@@ -235,8 +226,6 @@ def greedy_rewards(
     completion of each prompt -> (prompts,)."""
     device = policy.wte.weight.device
     ids, key_mask = encode_prompts(tok, prompts, device)
-    was_training = policy.training
-    policy.eval()
     gen = generate(
         policy,
         ids,
@@ -245,8 +234,5 @@ def greedy_rewards(
         top_k=1,  # top-1: the draw is the argmax
         generator=torch.Generator(device).manual_seed(0),
     )
-    policy.train(was_training)
-    rewards = score(
-        reward, prompts, decode_completions(tok, gen), gen.finished.tolist(), unfinished_reward
-    )
+    rewards = score(reward, prompts, *read_completions(tok, [gen])[0], unfinished_reward)
     return torch.tensor(rewards, device=device)
