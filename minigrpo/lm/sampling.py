@@ -7,12 +7,11 @@ path kept as its test oracle.
     texts, finished = read_completions(tok, outs)[p]
 
 One loop (`_sample`) over P members' rows (P, B, ...); generate() is it with P = 1. Prompts are
-LEFT-PADDED (`logprobs.pad_left`; a member's further, to the widest member's, and a member of fewer
-rows gets padding rows) with a key mask, and position ids count real tokens only, so a padded row
-samples what it would alone. The prompts are run once (`prefill`; neighbouring rows holding one
-prompt, a GRPO group, once), then one token per step for every row, both through decode.Decoder
-(the KV-cache forward). A row stops at its first EOS (later slots hold PAD, masked out), a member
-once all its rows have or at its n_max, the loop once every member has.
+LEFT-PADDED (`logprobs.pad_left`; a member's to the widest member's, a member of fewer rows gets
+padding rows) with a key mask, and position ids count real tokens only, so a padded row samples what
+it would alone. The prompts are run once (`prefill`; neighbouring rows holding one prompt, a GRPO
+group, once), then one token per step for every row, both through decode.Decoder's KV cache. A row
+stops at its first EOS (then PAD, masked); a member stops once all its rows have or at its n_max.
 
 Randomness is an argument: each member draws from its own generator exactly as often as its own
 generate() call, so member p's Generation is generate(model_p, *requests[p])'s: the same tokens,
@@ -253,8 +252,3 @@ def read_completions(tok: CharTokenizer, gens: list) -> list:
         mine = [next(each_row) for _ in range(g.ids.size(0))]
         out.append(([text for text, _ in mine], [finished for _, finished in mine]))
     return out
-
-
-def decode_completions(tok: CharTokenizer, gen: Generation) -> list[str]:
-    """Completion text of each row (read_completions of one Generation)."""
-    return read_completions(tok, [gen])[0][0]

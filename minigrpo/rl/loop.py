@@ -66,9 +66,8 @@ def run(
                     ),
                     **rollout_flags(algo),
                 )
-                # the rollout, the anchor set (Run.anchor_probe_rows)
                 anchor_rows = r.anchor_probe_rows if r.anchor is not None else None
-                probes = step_probes(cfg, batch.gen, anchor_rows)
+                probes = step_probes(cfg, batch.gen, anchor_rows)  # the rollout, the anchor set
                 # the trust region's snapshot
                 guard = StepGuard(r.policy, probes, previous=guard) if probes else None
                 stats = algo.update(batch, opt)

@@ -2,14 +2,14 @@
 log-probs of π_old and π_ref in one batched no-grad forward pass each.
 
     batch = collect(policy, ref, tok, prompts, group_size=8, reward=r, generator=g)
+    batches = collect_all(weights, tok, prompts, ...)  # P runs' in one sampling batch
 
 By default the completions come from π_old itself (the policy at --temperature). A `Sampler` (GRPO's
 --sample-temperature, --sample-top-p, --sample-stale) makes them come from another distribution
 π_sampler: the policy at another temperature, nucleus-truncated, or as it was N steps earlier
 (asynchronous RL). π_old stays the current policy at --temperature; `batch.sampler_logp` holds
-π_sampler's own log-probs of the tokens (the sampling engine's, KV cache included:
-sampling.Generation.logprobs), which is what the importance weights of is_correction.py compare
-π_old with.
+π_sampler's own log-probs of the tokens (Generation.logprobs), which the importance weights of
+is_correction.py compare π_old with.
 
 Layout: rows are grouped prompt by prompt, so `batch.rewards.view(-1, G)` is (prompts, G). Every
 per-token tensor is (N, T) over COMPLETION tokens only (T = longest completion), with `batch.mask`
@@ -18,7 +18,6 @@ marking the valid ones (up to and including the first EOS); prompt tokens never 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -44,11 +43,10 @@ class RolloutBatch:
     gen: Generation  # ids (N, P+T), key_mask, completion_mask (N, T), finished (N,)
     rewards: torch.Tensor  # (N,) float
     group_size: int
-    # (N, T) log π_old of each completion token (0 where masked); None = not
+    # (N, T) log π_old of each completion token (0 where masked); None: not computed here (the
+    # algorithm takes it from its first update's forward pass, π_θ = π_old there)
     old_logp: torch.Tensor | None
-    # computed here: the algorithm takes it from its first update's forward pass (π_θ = π_old there)
-    # (N, T) log π_ref of each completion token; None: not computed (collect's ref_logp)
-    ref_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None  # (N, T) log π_ref of each completion token; None: not computed
     ref_logits: torch.Tensor | None = None  # (N, T, V) π_ref's logits, kept only for the exact KL
 
     @property
@@ -56,8 +54,7 @@ class RolloutBatch:
         return self.gen.completion_mask
 
     @property
-    # (N, T) log π_sampler of each completion token (0 where masked)
-    def sampler_logp(self) -> torch.Tensor:
+    def sampler_logp(self) -> torch.Tensor:  # (N, T) log π_sampler of each token (0 where masked)
         return self.gen.logprobs
 
     def select(self, rows: torch.Tensor) -> "RolloutBatch":
@@ -109,9 +106,7 @@ class Sampler:
             return weights
         self.states = self.states + [{k: v.detach().clone() for k, v in weights.w.items()}]
         self.states = self.states[-(self.stale + 1) :]
-        oldest = copy.copy(weights)
-        oldest.w = self.states[0]
-        return oldest
+        return Weights(weights.cfg, self.states[0])
 
     def state_dict(self) -> dict:
         return {"states": self.states}
@@ -206,10 +201,8 @@ def collect(
     if old_logp:
         batch.old_logp = generation_logprobs(policy, batch.gen, temperature)
     if ref_logp:
-        batch.ref_logp, logits = generation_logprobs(
-            ref, batch.gen, temperature, return_logits=True
-        )
-        batch.ref_logits = logits if keep_ref_logits else None
+        ref_lp, ref_logits = generation_logprobs(ref, batch.gen, temperature, return_logits=True)
+        batch.ref_logp, batch.ref_logits = ref_lp, ref_logits if keep_ref_logits else None
     return batch
 
 
