@@ -44,7 +44,7 @@ import torch
 from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.optim import AdamW, clip_grad_norm
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from minigrpo.objectives.advantages import equal_groups, group_advantages
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, clipped_surrogate, entropy, surrogate_stats
@@ -160,8 +160,7 @@ def main(argv=None) -> None:
         gen = generate(
             policy, ids, key_mask, MAX_NEW_TOKENS, TEMPERATURE, generator=gens["rollout"]
         )
-        completions = decode_completions(tok, gen)
-        finished = gen.finished.tolist()
+        completions, finished = read_completions(tok, [gen])[0]
         r = torch.tensor(score(args.reward_fn, rows, completions, finished), device=device)  # (N,)
         mask = gen.completion_mask  # (N, T) bool: tokens up to and including the first EOS
         with torch.no_grad():  # π_ref's next-token logits at every completion slot: (N, T, V)

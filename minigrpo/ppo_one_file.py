@@ -48,7 +48,7 @@ import torch.nn as nn
 from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from minigrpo.lm.logprobs import generation_logprobs, shifted_forward
 from minigrpo.lm.optim import AdamW, clip_grad_norm
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from minigrpo.objectives.advantages import explained_variance, gae, kl_shaped_rewards, whiten
 from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate, entropy
@@ -185,8 +185,7 @@ def main(argv=None) -> None:
             gen = generate(
                 policy, ids, key_mask, MAX_NEW_TOKENS, TEMPERATURE, generator=gens["rollout"]
             )
-            completions = decode_completions(tok, gen)
-            finished = gen.finished.tolist()
+            completions, finished = read_completions(tok, [gen])[0]
             r = torch.tensor(score(args.reward_fn, rows, completions, finished), device=device)
             mask = gen.completion_mask  # (N, T) bool: tokens up to and including the first EOS
             logprobs = generation_logprobs(policy, gen, TEMPERATURE)  # (N, T) log π_old

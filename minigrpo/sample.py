@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.lm.checkpoint import CheckpointError, load_checkpoint
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from minigrpo.util.cli import (
     UsageError,
     check_positive,
@@ -130,7 +130,7 @@ def sample_batches(cfg: SampleConfig):
         out = generate(
             model, ids, mask, max_new, cfg.temperature, cfg.top_k, cfg.top_p, generator=gen
         )
-        yield list(zip(decode_completions(tok, out), out.finished.tolist()))
+        yield list(zip(*read_completions(tok, [out])[0]))
 
 
 @main_guard

@@ -3,7 +3,7 @@ from collections import Counter
 
 import torch
 
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from toy_tasks import food, get_task
 
 
@@ -60,7 +60,7 @@ def test_exact_distribution_matches_sampled_frequencies(tiny_pretrained):
     n = 4000
     ids, mask = encode_prompts(tok, ["chen likes "] * n)
     gen = generate(model, ids, mask, max_new_tokens=14, generator=torch.Generator().manual_seed(0))
-    counts = Counter(decode_completions(tok, gen))
+    counts = Counter(read_completions(tok, [gen])[0][0])
     for f in food.FOODS:
         p = exact[f]
         sd = math.sqrt(p * (1 - p) / n) + 1e-3

@@ -128,11 +128,11 @@ def test_sample_stale_samples_from_the_policy_n_steps_back(tmp_path, tiny_pretra
     import minigrpo.rl.rollout as rollout
 
     init, _, _ = tiny_pretrained
-    seen, original = [], rollout.generate
+    seen, original = [], rollout.generate_all
     monkeypatch.setattr(
         rollout,
-        "generate",
-        lambda m, *a, **kw: seen.append(copy.deepcopy(m.state_dict())) or original(m, *a, **kw),
+        "generate_all",
+        lambda w, *a, **kw: seen.append(copy.deepcopy(w.w)) or original(w, *a, **kw),
     )
     flags = dict(sample_stale=2, lr=1e-2, preserve=False)
     train(cfg_for(tmp_path, init, **flags, steps=1, out=str(tmp_path / "one")), **QUIET)

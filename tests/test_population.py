@@ -11,10 +11,14 @@ import torch
 
 from minigrpo.compare import COMMANDS, run_one
 from minigrpo.lm.model import GPT, GPTConfig, causal_mask, positions
-from minigrpo.lm.sampling import Request, decode_completions, generate, generate_all
+from minigrpo.lm.sampling import (
+    Request,
+    generate,
+    generate_all,
+    read_completions,
+)
 from minigrpo.lm.tokenizer import EOS_ID, CharTokenizer
 from minigrpo.population.engine import lockstep_key, run_population, run_populations, shares_of
-from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.util.jsonl import read_jsonl
 
@@ -204,7 +208,7 @@ def test_a_member_that_cannot_sample_gets_its_error_and_the_others_sample_as_alo
 
 def test_each_members_completions_are_read_as_its_own_decode_reads_them():
     """read_completions (one read of every member's rows, each distinct row decoded once) gives each
-    member what lm/sampling.decode_completions and its finished flags give: members of other widths,
+    member what each row's own decode and its finished flags give: members of other widths,
     rows that repeat (two members of one seed), a member whose sampling failed."""
     models = members(4)
     with torch.no_grad():
@@ -220,7 +224,8 @@ def test_each_members_completions_are_read_as_its_own_decode_reads_them():
     got = read_completions(tok, gens)
     assert got[2] is None and isinstance(gens[2], ValueError)
     for p in (0, 1, 3):
-        assert got[p] == (decode_completions(tok, gens[p]), gens[p].finished.tolist()), p
+        texts = [tok.decode(row) for row in gens[p].completion_ids.tolist()]  # row by row
+        assert got[p] == (texts, gens[p].finished.tolist()), p
     assert got[3] == got[0]  # members whose rows repeat each other's
     # rows that ended and rows cut at their n_max
     assert {f for p in (0, 1) for f in got[p][1]} == {True, False}

@@ -2,7 +2,6 @@
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from hypothesis import strategies as st
 
 from minigrpo.grpo import GRPOConfig, main, train
 from minigrpo.rl.loop import GENERATORS, Run
+from minigrpo.rl.trust_region import step_probes
 from minigrpo.util.jsonl import read_jsonl
 
 TIME_KEYS = {"step_time", "tokens_per_s"}
@@ -337,7 +337,7 @@ def test_the_trust_region_probes_people_only_not_the_rl_prompts_forced_states(
     run = Run(cfg_for(tmp_path, init, preserve_per_prompt=64), "grpo")
     assert (run.anchor.group == -1).any(), "the default anchor holds the RL prompt's forced states"
     # (name, gen, limit, weights, group)
-    probes = {p[0]: p for p in run.probes(SimpleNamespace(gen=None))}
+    probes = {p[0]: p for p in step_probes(run.cfg, None, run.anchor_probe_rows)}
     _, gen, _, _, group = probes["anchor"]
     assert (group >= 0).all() and gen.ids.size(0) == int((run.anchor.group >= 0).sum())
 

@@ -4,7 +4,7 @@ import torch
 from minigrpo.lm.draws import exponential_race, process_logits
 from minigrpo.lm.logprobs import sequence_logprobs
 from minigrpo.lm.model import GPT, GPTConfig, positions
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from minigrpo.lm.tokenizer import EOS_ID, PAD_ID
 
 PROMPTS = ["ravin likes ", "jo likes ", "dmitri likes ", "bob likes "]  # different lengths
@@ -84,7 +84,7 @@ def test_loop_stops_early_when_every_row_has_ended(tiny_pretrained):
     g = _gen(model, tok, True)
     assert g.finished.all(), "a pretrained model should end every food line within 14 tokens"
     assert g.completion_ids.shape[1] == int(g.completion_mask.sum(1).max())
-    assert all(t.strip() for t in decode_completions(tok, g))
+    assert all(t.strip() for t in read_completions(tok, [g])[0][0])
 
 
 def test_top_k_one_is_greedy_and_top_p_keeps_the_smallest_nucleus():

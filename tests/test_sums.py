@@ -293,7 +293,7 @@ def test_exact_figures_match_20000_samples(tiny_sums):
     sampled estimate prompt by prompt: the mean over prompts of (estimate − exact) within 5 standard
     errors of 0 (pass@k by the unbiased estimator; a conditional length over the prompts with a
     sample on its condition)."""
-    from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+    from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 
     model, tok = tiny_sums
     prompts, n = su.PROMPTS[:400], 50
@@ -302,7 +302,7 @@ def test_exact_figures_match_20000_samples(tiny_sums):
     rows = [p for p in prompts for _ in range(n)]
     ids, mask = encode_prompts(tok, rows, "cpu")
     gen = generate(model, ids, mask, 30, generator=torch.Generator().manual_seed(0))
-    texts, done = decode_completions(tok, gen), gen.finished.tolist()
+    texts, done = read_completions(tok, [gen])[0]
     diffs = {name: [] for name in ("accuracy", "think_rate", "malformed", "entropy", "len_mean")}
     diffs |= {"len_mean_correct": [], "len_mean_wrong": [], "pass_at_4": [], "pass_at_16": []}
     wants = {name: [] for name in diffs}  # the exact per-prompt figure, where it is unconditional

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from toy_tasks import food
 from toy_tasks.rewards import make_reward
 from toy_tasks.support import reward_figures, reward_table
@@ -99,10 +99,7 @@ def test_exact_reward_matches_a_sampled_estimate(tiny_pretrained):
     ids, mask = encode_prompts(tok, [food.prompt("ravin")] * 4000, "cpu")
     gen = generate(model, ids, mask, max_new_tokens=24, generator=torch.Generator().manual_seed(0))
     r = torch.tensor(
-        [
-            reward("", c) if done else -1.0
-            for c, done in zip(decode_completions(tok, gen), gen.finished.tolist())
-        ]
+        [reward("", c) if done else -1.0 for c, done in zip(*read_completions(tok, [gen])[0])]
     )
     se = r.std().item() / math.sqrt(len(r))
     assert abs(r.mean().item() - exact) < 5 * se, (r.mean().item(), exact, se)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from minigrpo.lm.logprobs import completion_logprobs_many
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from toy_tasks.arithmetic_world import (
     BLOCK_SIZE,
     HELDOUT,
@@ -74,7 +74,7 @@ def sampled_accuracy(
         part = rows[i : i + chunk]
         ids, mask = encode_prompts(tok, part, device)
         gen = generate(model, ids, mask, max_new_tokens=BLOCK_SIZE, generator=generator)
-        texts, done = decode_completions(tok, gen), gen.finished.tolist()
+        texts, done = read_completions(tok, [gen])[0]
         hits += sum(d and t == answer(p) for p, t, d in zip(part, texts, done))
     return hits / len(rows)
 

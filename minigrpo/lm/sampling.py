@@ -4,31 +4,27 @@ path kept as its test oracle.
     out = generate(model, prompt_ids, prompt_mask, max_new_tokens=16, generator=g)
     outs = generate_all(weights, requests)   # weights stacked (P, ...) (model.Weights), requests[p]
                                              # member p's generate() arguments -> its Generation
+    texts, finished = read_completions(tok, outs)[p]
 
-One loop (`_sample`) over P members' rows (P, B, ...); generate() is that loop with P = 1 over one
-model's weights. Prompts of different lengths are LEFT-PADDED (see `logprobs.pad_left`) and carry a
-key mask; position ids count real tokens only, so a padded row samples exactly what it would alone
-(a member's prompts are padded further on the left to the widest member's, a member of fewer rows
-gets padding rows). The prompts are run once (`prefill`; a run of a member's neighbouring rows
-holding one prompt, a GRPO group, once, its keys and values copied to them) and then one token per
-step for every row, both through decode.Decoder (the fast KV-cache forward). Each row stops at its
-first EOS (later slots hold PAD and are masked out); a member stops once all its rows have or at its
-n_max, the loop once every member has.
+One loop (`_sample`) over P members' rows (P, B, ...); generate() is it with P = 1. Prompts are
+LEFT-PADDED (`logprobs.pad_left`; a member's to the widest member's, a member of fewer rows gets
+padding rows) with a key mask, and position ids count real tokens only, so a padded row samples what
+it would alone. The prompts are run once (`prefill`; neighbouring rows holding one prompt, a GRPO
+group, once), then one token per step for every row, both through decode.Decoder's KV cache. A row
+stops at its first EOS (then PAD, masked); a member stops once all its rows have or at its n_max.
 
 Randomness is an argument: each member draws from its own generator exactly as often as its own
-generate() call (a member that has stopped draws no more), so member p's Generation is
-generate(model_p, *requests[p])'s: the same tokens, log-probs to float rounding (a stacked forward
-rounds otherwise; tests/test_population.py). A member whose request is refused (temperature, room in
-the block) or whose probabilities are not finite gets its ValueError; the others are untouched.
+generate() call, so member p's Generation is generate(model_p, *requests[p])'s: the same tokens,
+log-probs to float rounding (tests/test_population.py). A refused request (temperature, room in the
+block) or non-finite probabilities give that member its ValueError; the others are untouched.
 
 Each token is drawn by an exponential race (`exponential_race`: torch.multinomial's own draws). On a
-GPU (NOISE_AHEAD) a member draws all its noise, (n_max, B, V), at its first token: one kernel a
-call, not one a token, where a decoding step is launch-bound; the loop then reads whether every row
-has ended one token late (LateRead), so it may run a step past the end (masked, cut off). The same
-seed then draws other samples there than on a CPU: a run on a GPU is another experiment anyway.
+GPU (NOISE_AHEAD) a member draws all its noise, (n_max, B, V), at its first token (one kernel a
+call, not one a token) and the loop reads whether every row has ended one token late (LateRead),
+running a step past the end (masked, cut off): the same seed draws other samples than on a CPU.
 
-Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p), which at
-temperature 1 without filtering are the model's own. `use_cache=False` recomputes the whole sequence
+Log-probs are those of the SAMPLING distribution (after temperature, top-k and top-p): at
+temperature 1 without filtering, the model's own. `use_cache=False` recomputes the whole sequence
 at every step: the slow, obviously-correct path that tests and `bench` compare the cache against.
 """
 
@@ -36,7 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from minigrpo.lm.decode import Decoder
 from minigrpo.lm.draws import Draws, Generation
@@ -59,8 +57,8 @@ class Request:
     top_k: int | None = None
     top_p: float | None = None
     generator: torch.Generator | None = None
-    # the longest row's real prompt tokens, where the caller knows it (a population's prompt
-    # table); else read from prompt_mask (on a GPU, a wait for the device)
+    # the longest row's real prompt tokens, where the caller knows it (rollout.collect_all: the
+    # encoded width); else read from prompt_mask (on a GPU, a wait for the device)
     prompt_len: int | None = None
 
     def new_tokens(self, block_size: int) -> int:
@@ -233,7 +231,24 @@ def encode_prompts(tok: CharTokenizer, prompts: list[str], device=None):
     return pad_left([tok.encode(p, bos=True) for p in prompts], tok.pad_id, device)
 
 
-def decode_completions(tok: CharTokenizer, gen: Generation) -> list[str]:
-    """Completion text of each row: after the prompt, up to (not including) the first EOS."""
-    # one read of the tensor, not one per row
-    return [tok.decode(row) for row in gen.completion_ids.tolist()]
+def read_completions(tok: CharTokenizer, gens: list) -> list:
+    """Each Generation's completion texts (up to, not including, the first EOS) and finished flags,
+    None in an error's place: all rows read back at once, each distinct row decoded once (rows
+    repeat: a group's samples, a settled policy)."""
+    ok = [g for g in gens if isinstance(g, Generation)]
+    if not ok:
+        return [None] * len(gens)
+    T = max(g.completion_ids.size(1) for g in ok)
+    # (R, T + 1): each row's ids padded on the right (decode drops PAD), then its finished flag
+    pad = lambda g: F.pad(g.completion_ids, (0, T - g.completion_ids.size(1)), value=PAD_ID)
+    rows = torch.cat([torch.cat([pad(g), g.finished[:, None].long()], 1) for g in ok])
+    distinct, inverse = np.unique(rows.cpu().numpy(), axis=0, return_inverse=True)
+    read = [(tok.decode(row[:-1]), bool(row[-1])) for row in distinct.tolist()]
+    each_row, out = iter([read[i] for i in inverse.ravel()]), []
+    for g in gens:
+        if not isinstance(g, Generation):
+            out.append(None)
+            continue
+        mine = [next(each_row) for _ in range(g.ids.size(0))]
+        out.append(([text for text, _ in mine], [finished for _, finished in mine]))
+    return out

@@ -1,12 +1,12 @@
-"""compare's population engine: runs of one configuration (lockstep.unsupported: GRPO or PPO,
-apart in lockstep.OWN and RECIPES) as one lockstep population, the others (DPO, a sampled anchor)
-alone, each population or lone run a task of tools/pool.run_pool's worker processes.
+"""compare's population engine: the runs of one configuration (lockstep.unsupported) as one lockstep
+population, the others (DPO, a sampled anchor) alone, each population or lone run a task of
+tools/pool.run_pool's worker processes.
 
     run_populations(items, jobs, done, commands)  # items: the pool's (algo, seed, command, folder)
     run_population(items, done, commands)         # the same in this process (bench)
 
 done(item, error) is called in the calling process as each run ends. Ctrl-C: every member ends its
-step with its checkpoint, as a run's own Ctrl-C (lockstep.train_lockstep), then KeyboardInterrupt.
+step with its checkpoint (lockstep.train_lockstep), then KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -155,10 +155,21 @@ def run_populations(
 
 
 def run_task(task: tuple, commands: Commands):
-    """A pool worker's task: ("population", items) -> [(item, error)]; ("alone", item) -> its error,
-    or None."""
+    """A pool worker's task: ("alone", item) -> its error, or None; ("population", items) -> [(item,
+    error)], Ctrl-C on for its length (the pool's workers ignore it), as tools/pool.run_in_process
+    turns it on for a run."""
     kind, what = task
-    return population_share(what, commands) if kind == "population" else commands.run_one(what)
+    if kind == "alone":
+        return commands.run_one(what)
+    results = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        run_population(what, lambda item, error: results.append((item, error)), commands)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return results
 
 
 def _report(task: tuple, results, done) -> list:
@@ -173,17 +184,3 @@ def _report(task: tuple, results, done) -> list:
     for item, error in results:
         done(item, error)
     return []
-
-
-def population_share(items: list, commands: Commands) -> list:
-    """A pool worker's share: one population -> [(item, error)] of its runs. Ctrl-C is on for its
-    length (the pool's workers ignore it), as tools/pool.run_in_process turns it on for a run."""
-    results = []
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        run_population(items, lambda item, error: results.append((item, error)), commands)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return results

@@ -1,7 +1,6 @@
-"""A lockstep population's exact evaluations: each member's single-run figures, from one forward of
-their weights stacked where the task has rl_evaluate_many (toy_tasks/contract.py), else each
-member's own GPT (kept current by lockstep: Stack.copy_to). The figures are the single run's to
-float rounding (tests/test_evaluation.py).
+"""A lockstep population's exact evaluations, each member's single-run figures to float rounding
+(tests/test_evaluation.py): one forward of their weights stacked where the task has
+rl_evaluate_many (toy_tasks/contract.py), else each member's own GPT (lockstep keeps it current).
 """
 
 from __future__ import annotations
@@ -18,9 +17,9 @@ def alike(cfg) -> tuple:
 
 
 def evaluate_members(members: list) -> dict:
-    """The exact evaluations of lockstep's members (each with its .run), one for each reward, β and
-    person (alike) -> {id(member): its evaluation}; a group whose figures cannot be made together
-    is left out (each member then evaluates itself, and fails alone)."""
+    """Lockstep's members' (each with its .run) exact evaluations, one computation per reward, β
+    and person (alike) -> {id(member): its evaluation}; a group whose figures cannot be made
+    together is left out (each member then evaluates itself, and fails alone)."""
     groups: dict[tuple, list] = {}
     for m in members:
         groups.setdefault(alike(m.run.cfg), []).append(m)

@@ -1,26 +1,22 @@
-"""A population in lockstep: P GRPO or PPO runs of one configuration, their seeds (and folders),
-learning rates, rewards, β's and people apart (OWN), GRPO's recipes too (RECIPES), as one
-computation.
+"""A population in lockstep: P GRPO or PPO runs of one configuration (their seeds, folders, rates,
+rewards, β's and people apart: OWN; GRPO's recipes too: RECIPES) as one computation.
 
     results = train_lockstep(trainer, cfgs, logs)  # trainer: minigrpo.grpo or minigrpo.ppo
     # cfgs[p]: member p's config; results[p]: its summary, or its error line
 
-Each member is an rl/loop.Run and each step is rl/loop.run's for all members at once: one sampling
-batch (lm/sampling.generate_all), one π_ref forward (population/rows.py), the trainer's update over
+Each member is an rl/loop.Run and each step rl/loop.run's over all members at once: one rollout
+batch (rl/rollout.collect_all), one π_ref forward (population/rows.py), the trainer's update over
 a leading member dim (grpo_update.py, ppo_update.py) with one backward and one AdamW step, the
 trust region over the stack, then each member's own Run.end_step and Run.finish. A member that
-stops or fails leaves the stack; the others go on untouched. Its metrics are its single run's to
-float rounding and its folder is the one its single run writes (tests/test_lockstep.py).
-Departures: set-up is each --person's first member's (Run(like=)), and so is step 0's evaluation
-for the members of one reward, β and person (they start from the same weights).
+stops or fails leaves the stack. Metrics: its single run's to float rounding, in the same folder
+(tests/test_lockstep.py). Departures: set-up and step 0's evaluation are shared by the members of
+one --person (Run(like=)), and of one reward, β and person (the same starting weights).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -28,24 +24,21 @@ import torch
 
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.lm.optim import AdamW
-from minigrpo.lm.sampling import Request, encode_prompts, generate_all
 from minigrpo.population import grpo_update, ppo_update
 from minigrpo.population.anchor import MembersAnchor, own_rows
 from minigrpo.population.checkpoint import host_copies, member_trained
 from minigrpo.population.evaluation import alike, evaluate_members
 from minigrpo.population.progress import Progress
 from minigrpo.population.rows import Rollouts, stacked_rows
-from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack, keep
 from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
 from minigrpo.rl.report import StopOnCtrlC, batch_figures, interrupted_line, stopped_line
-from minigrpo.rl.rollout import RolloutBatch, drawn, grouped
+from minigrpo.rl.rollout import collect_all
 from minigrpo.rl.run_state import nonfinite_gradient
 from minigrpo.rl.trust_region import StepGuard, step_probes
 from minigrpo.tools.pool import STOPPING
 from minigrpo.util.cli import UsageError
-from toy_tasks.rewards import RewardError, score
 
 # what members may differ in (lr: the optimiser's per member; reward, β, person: each member's
 # own scores, loss, prompts and anchor), and settings that change no result
@@ -54,19 +47,11 @@ RECIPES = {"grpo": grpo_update.RECIPE, "ppo": ()}  # GRPO's: compare's presets o
 QUIET = ("overwrite", "quiet", "verbose")
 
 
-@dataclass
-class Kind:
-    """What a lockstep population takes of a trainer (a command module, a layer above this one)."""
-
-    name: str  # the run's algorithm name (config.json, checkpoints)
-    check: Callable  # its flags' check: cfg -> None, or a UsageError
-    algorithm: Callable  # run -> a member's algorithm object (its state: its checkpoint's)
-    update: Callable  # (cfg, anchor, algos) -> the members' update (population/*_update.py)
-
-
+# each trainer's algorithm (trainer -> its class: run -> a member's state, for its checkpoint) and
+# its members' update (population/*_update.py: (cfg, anchor, algos) -> the update)
 KINDS = {
-    "grpo": lambda t: Kind("grpo", t.check_config, t.GRPO, grpo_update.LockstepGRPO),
-    "ppo": lambda t: Kind("ppo", t.check_config, t.PPO, ppo_update.LockstepPPO),
+    "grpo": (lambda trainer: trainer.GRPO, grpo_update.LockstepGRPO),
+    "ppo": (lambda trainer: trainer.PPO, ppo_update.LockstepPPO),
 }
 
 
@@ -104,10 +89,11 @@ def unsupported(trainer, cfgs: list) -> str | None:
 class Member:
     """One member's run, its algorithm (its state, for its checkpoint) and its open metrics file."""
 
-    def __init__(self, kind: Kind, cfg, log, like: Run | None = None):
-        kind.check(cfg)
-        self.run = Run(cfg, kind.name, log, like)
-        self.algo = kind.algorithm(self.run)
+    def __init__(self, trainer, cfg, log, like: Run | None = None):
+        trainer.check_config(cfg)
+        name = trainer_name(trainer)
+        self.run = Run(cfg, name, log, like)
+        self.algo = KINDS[name][0](trainer)(self.run)
         self.logger, self.batch, self.error = None, None, None
 
 
@@ -162,11 +148,11 @@ class Population:
 def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     """Every member's run (module docstring) -> per member its summary (dict) or its error (str).
     `trainer`: the module minigrpo.grpo or minigrpo.ppo."""
-    kind, members, results = KINDS[trainer_name(trainer)](trainer), [], [None] * len(cfgs)
+    members, results = [], [None] * len(cfgs)
     likes = {}
     for k, (cfg, log) in enumerate(zip(cfgs, logs)):
         try:
-            members.append((k, Member(kind, cfg, log, likes.get(cfg.person))))
+            members.append((k, Member(trainer, cfg, log, likes.get(cfg.person))))
             # each --person's first: its anchor, the others'
             likes.setdefault(cfg.person, members[-1][1].run)
         except UsageError as e:
@@ -176,7 +162,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     anchor = MembersAnchor(cfg) if first.anchor is not None else None
-    update = kind.update(cfg, anchor, [m.algo for _, m in members])
+    update = KINDS[trainer_name(trainer)][1](cfg, anchor, [m.algo for _, m in members])
     params = stack.parameters() + [w for s in update.stacks for w in s.parameters()]
     opt = AdamW(params, lr=cfg.lr, t=torch.zeros(len(members), dtype=torch.long))
     pop = Population(members, stack, Stack([m.run.ref for _, m in members]), opt, update, cfg)
@@ -186,7 +172,6 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     for _, m in members:
         if alike(m.run.cfg) not in start:
             start[alike(m.run.cfg)] = m.run.exact_evaluation()
-    for _, m in members:
         m.logger = m.run.begin(start[alike(m.run.cfg)])
     progress = Progress([m.run for _, m in members])
     try:
@@ -221,7 +206,21 @@ def _step(pop: Population) -> None:
     runs = [m.run for _, m in members]
     # each member's --lr, at the same step of the same schedule
     pop.opt.param_groups[0]["lr"] = torch.tensor([r.lr_now() for r in runs], dtype=torch.float64)
-    batches = _collect(members, _sampled(stack, members[0][1].algo), cfg)
+    batches = collect_all(
+        stack,
+        runs[0].tok,
+        [r.step_prompts() for r in runs],
+        cfg.group_size,
+        [r.reward for r in runs],
+        [r.gens["rollout"] for r in runs],
+        cfg.max_new_tokens,
+        cfg.temperature,
+        members[0][1].algo.sampler,
+        cfg.unfinished_reward,
+    )
+    for j, (_, m) in enumerate(members):  # it leaves after this step (its update is never kept)
+        if isinstance(batches[j], ValueError):
+            m.error, batches[j] = stopped_line(batches[j], m.run.step), None
     some = next((b for b in batches if b is not None), None)
     if some is None:  # every member failed
         return
@@ -262,51 +261,6 @@ def _step(pop: Population) -> None:
         except Exception as e:  # noqa: BLE001 (its own failure, bad weights: the others go on)
             m.error = f"{type(e).__name__}: {e}"
         m.batch = batches[j]
-
-
-def _sampled(stack: Stack, algo) -> Stack:
-    """The weights to sample from: the stack's, or with --sample-stale N those of N steps before
-    (rl/rollout.Sampler.record of the stacked weights)."""
-    sampler = algo.sampler
-    if sampler is None or not sampler.stale:
-        return stack
-    oldest = copy.copy(stack)
-    oldest.w = sampler.record(stack.w)
-    return oldest
-
-
-def _collect(members: list, weights: Stack, cfg) -> list:
-    """rl/rollout.collect of every member in one sampling batch, without the log-probs (batched
-    by the caller) -> its RolloutBatch, or None where it failed (its error set: a sampling that met
-    NaN, a reward that raised)."""
-    runs, sampler = [m.run for _, m in members], members[0][1].algo.sampler
-    (temperature, top_p), n = drawn(cfg.temperature, sampler), cfg.max_new_tokens
-    prompts = [grouped(r.step_prompts(), cfg.group_size) for r in runs]
-    requests = []
-    for r, rows in zip(runs, prompts):
-        ids, mask = encode_prompts(r.tok, rows, r.device)
-        requests.append(
-            Request(ids, mask, n, temperature, None, top_p, r.gens["rollout"], ids.size(1))
-        )
-    gens = generate_all(weights, requests)
-    batches, scored = [], []
-    for (_, m), rows, gen, read in zip(members, prompts, gens, read_completions(runs[0].tok, gens)):
-        if isinstance(gen, Exception):  # a sampling that met NaN
-            m.error = stopped_line(gen, m.run.step)
-        else:
-            completions, finished = read
-            try:
-                rewards = score(m.run.reward, rows, completions, finished, cfg.unfinished_reward)
-            except RewardError as e:
-                m.error = stopped_line(e, m.run.step)
-        # it leaves after this step; its rows still fill the batch (its update is never kept)
-        batches.append(None if m.error else (rows, completions, gen))
-        scored.append([0.0] * len(rows) if m.error else rewards)
-    values = torch.tensor(scored, device=runs[0].device)  # one copy to the device
-    return [
-        None if b is None else RolloutBatch(*b, values[p], cfg.group_size, None, None)
-        for p, b in enumerate(batches)
-    ]
 
 
 def _rows(members: list, update, figures: dict, trust: dict) -> dict:

@@ -16,19 +16,12 @@ from minigrpo.tools.algorithms import run_of
 EVERY_S = 10.0
 
 
-def _name(run) -> str:
-    """The algorithm of a compare run's folder (tools/algorithms.run_of); another folder: its
-    name."""
-    return (run_of(run.out.name) or (run.out.name,))[0]
-
-
 class Progress:
     def __init__(self, runs: list, every: float | None = None, clock=time.monotonic):
-        names = list(dict.fromkeys(_name(r) for r in runs))
-        self.label = (
-            f"{len(runs)} run{'s' * (len(runs) != 1)} of "
-            f"{', '.join(names[:3])}{', …' * (len(names) > 3)}"
-        )
+        # each compare folder's algorithm (tools/algorithms.run_of); another folder: its name
+        names = list(dict.fromkeys((run_of(r.out.name) or (r.out.name,))[0] for r in runs))
+        more = ", …" * (len(names) > 3)
+        self.label = f"{len(runs)} run{'s' * (len(runs) != 1)} of {', '.join(names[:3])}{more}"
         self.every, self.clock = EVERY_S if every is None else every, clock
         self.started = self.last = clock()
 
@@ -37,17 +30,12 @@ class Progress:
         if not runs or now - self.last < self.every:
             return
         self.last = now
-        rates = [
-            r.last_eval["target_rate"]
-            for r in runs
-            if (r.last_eval or {}).get("target_rate") is not None
-        ]
-        quality = (
-            f"; exact target rate {statistics.median(rates):.3f} "
-            f"({min(rates):.3f}–{max(rates):.3f})"
-            if rates
-            else ""
-        )
+        rates = [(r.last_eval or {}).get("target_rate") for r in runs]
+        rates = [rate for rate in rates if rate is not None]
+        quality = ""
+        if rates:
+            spread = f"({min(rates):.3f}–{max(rates):.3f})"
+            quality = f"; exact target rate {statistics.median(rates):.3f} {spread}"
         print(
             f"  {self.label}: step {max(r.step for r in runs)}/{runs[0].cfg.steps} after "
             f"{now - self.started:.0f} s, {len(runs)} going{quality}",

@@ -24,7 +24,7 @@ from minigrpo.rl.config import RLConfig
 from minigrpo.rl.report import StopOnCtrlC, stopped_line
 from minigrpo.rl.rollout import collect
 from minigrpo.rl.run_state import GENERATORS, Run, purpose_seed
-from minigrpo.rl.trust_region import StepGuard
+from minigrpo.rl.trust_region import StepGuard, step_probes
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError
 
@@ -66,7 +66,8 @@ def run(
                     ),
                     **rollout_flags(algo),
                 )
-                probes = r.probes(batch)
+                anchor_rows = r.anchor_probe_rows if r.anchor is not None else None
+                probes = step_probes(cfg, batch.gen, anchor_rows)  # the rollout, the anchor set
                 # the trust region's snapshot
                 guard = StepGuard(r.policy, probes, previous=guard) if probes else None
                 stats = algo.update(batch, opt)

@@ -2,14 +2,14 @@
 log-probs of π_old and π_ref in one batched no-grad forward pass each.
 
     batch = collect(policy, ref, tok, prompts, group_size=8, reward=r, generator=g)
+    batches = collect_all(weights, tok, prompts, ...)  # P runs' in one sampling batch
 
 By default the completions come from π_old itself (the policy at --temperature). A `Sampler` (GRPO's
 --sample-temperature, --sample-top-p, --sample-stale) makes them come from another distribution
 π_sampler: the policy at another temperature, nucleus-truncated, or as it was N steps earlier
 (asynchronous RL). π_old stays the current policy at --temperature; `batch.sampler_logp` holds
-π_sampler's own log-probs of the tokens (the sampling engine's, KV cache included:
-sampling.Generation.logprobs), which is what the importance weights of is_correction.py compare
-π_old with.
+π_sampler's own log-probs of the tokens (Generation.logprobs), which the importance weights of
+is_correction.py compare π_old with.
 
 Layout: rows are grouped prompt by prompt, so `batch.rewards.view(-1, G)` is (prompts, G). Every
 per-token tensor is (N, T) over COMPLETION tokens only (T = longest completion), with `batch.mask`
@@ -18,17 +18,16 @@ marking the valid ones (up to and including the first EOS); prompt tokens never 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import torch
 
 from minigrpo.lm.draws import Generation, take
 from minigrpo.lm.logprobs import generation_logprobs
-from minigrpo.lm.model import GPT
-from minigrpo.lm.sampling import decode_completions, encode_prompts, generate
+from minigrpo.lm.model import GPT, Weights
+from minigrpo.lm.sampling import Request, encode_prompts, generate, generate_all, read_completions
 from minigrpo.lm.tokenizer import CharTokenizer
-from toy_tasks.rewards import Reward, score
+from toy_tasks.rewards import Reward, RewardError, score
 
 
 @dataclass
@@ -38,11 +37,10 @@ class RolloutBatch:
     gen: Generation  # ids (N, P+T), key_mask, completion_mask (N, T), finished (N,)
     rewards: torch.Tensor  # (N,) float
     group_size: int
-    # (N, T) log π_old of each completion token (0 where masked); None = not
+    # (N, T) log π_old of each completion token (0 where masked); None: not computed here (the
+    # algorithm takes it from its first update's forward pass, π_θ = π_old there)
     old_logp: torch.Tensor | None
-    # computed here: the algorithm takes it from its first update's forward pass (π_θ = π_old there)
-    # (N, T) log π_ref of each completion token; None: not computed (collect's ref_logp)
-    ref_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None  # (N, T) log π_ref of each completion token; None: not computed
     ref_logits: torch.Tensor | None = None  # (N, T, V) π_ref's logits, kept only for the exact KL
 
     @property
@@ -50,8 +48,7 @@ class RolloutBatch:
         return self.gen.completion_mask
 
     @property
-    # (N, T) log π_sampler of each completion token (0 where masked)
-    def sampler_logp(self) -> torch.Tensor:
+    def sampler_logp(self) -> torch.Tensor:  # (N, T) log π_sampler of each token (0 where masked)
         return self.gen.logprobs
 
     def select(self, rows: torch.Tensor) -> "RolloutBatch":
@@ -75,32 +72,24 @@ class RolloutBatch:
 class Sampler:
     """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the
     run's), truncated to its top-p nucleus (None: no truncation), and, with stale = N > 0, the
-    policy as it was N steps earlier (the first N steps sample from the initial policy).
-    `pick(policy)`, called once per step before sampling, records the live policy and returns the
-    model to sample from; the last N + 1 policies' weights are kept (state_dict: they go into the
-    checkpoint, so --resume samples exactly as before)."""
+    policy as it was N steps earlier (the first N steps sample from the initial policy). The last
+    N + 1 policies' weights are kept (state_dict: they go into the checkpoint, so --resume samples
+    exactly as before)."""
 
     def __init__(
         self, temperature: float | None = None, top_p: float | None = None, stale: int = 0
     ):
         self.temperature, self.top_p, self.stale = temperature, top_p, stale
         self.states: list[dict] = []  # oldest first: the weights of the last stale + 1 policies
-        self.frozen: GPT | None = None  # a copy of the policy holding the stale weights
 
-    def pick(self, policy: GPT) -> GPT:
+    def pick(self, weights: Weights) -> Weights:
+        """Called once per step before sampling: records the live `weights` (one model's, or P
+        models' stacked (P, ...)) -> the weights to sample from (with stale, the oldest kept)."""
         if self.stale == 0:
-            return policy
-        if self.frozen is None:
-            self.frozen = copy.deepcopy(policy).eval().requires_grad_(False)
-        self.frozen.load_state_dict(self.record(policy.state_dict()))
-        return self.frozen
-
-    def record(self, weights: dict) -> dict:
-        """Keep a copy of `weights` (tensors by name: one model's, or P models' stacked (P, ...)),
-        the newest of the last stale + 1 -> the oldest kept: the weights to sample from."""
-        self.states = self.states + [{k: v.detach().clone() for k, v in weights.items()}]
+            return weights
+        self.states = self.states + [{k: v.detach().clone() for k, v in weights.w.items()}]
         self.states = self.states[-(self.stale + 1) :]
-        return self.states[0]
+        return Weights(weights.cfg, self.states[0])
 
     def state_dict(self) -> dict:
         return {"states": self.states}
@@ -109,17 +98,51 @@ class Sampler:
         self.states = list(state["states"])
 
 
-def grouped(prompts: list[str], group_size: int) -> list[str]:
-    """A rollout's rows: each prompt `group_size` times, prompt by prompt."""
-    return [p for p in prompts for _ in range(group_size)]
-
-
-def drawn(temperature: float, sampler: Sampler | None) -> tuple[float, float | None]:
-    """The temperature and top-p a rollout is drawn at: the run's --temperature and no nucleus, or
-    the sampler's (its temperature where it has one)."""
-    if sampler is None:
-        return temperature, None
-    return (temperature if sampler.temperature is None else sampler.temperature), sampler.top_p
+def collect_all(
+    weights: Weights,
+    tok: CharTokenizer,
+    prompts: list[list[str]],
+    group_size: int,
+    rewards: list[Reward],
+    generators: list[torch.Generator],
+    max_new_tokens: int,
+    temperature: float,
+    sampler: Sampler | None = None,
+    unfinished_reward: float | None = None,
+    progress=None,
+) -> list[RolloutBatch | ValueError]:
+    """Runs' rollouts in one sampling batch, without log-probs: `group_size` completions of each of
+    run p's prompts[p] through `weights` (stacked (P, ...); one model's for one run), or `sampler`'s
+    (at its temperature, where it has one, and top-p), drawn from generators[p], scored by
+    rewards[p] -> its RolloutBatch, or its sampling's ValueError (no room, probabilities not
+    finite) or its reward's RewardError."""
+    device, top_p = weights.w["wte.weight"].device, None
+    if sampler is not None:
+        weights, top_p = sampler.pick(weights), sampler.top_p
+        temperature = temperature if sampler.temperature is None else sampler.temperature
+    rows = [[p for p in ps for _ in range(group_size)] for ps in prompts]  # prompt by prompt
+    encoded = [encode_prompts(tok, r, device) for r in rows]
+    requests = [
+        Request(ids, mask, max_new_tokens, temperature, None, top_p, generator, ids.size(1))
+        for (ids, mask), generator in zip(encoded, generators)
+    ]
+    gens = generate_all(weights, requests)
+    batches, scored = [], []
+    for r, reward, gen, read in zip(rows, rewards, gens, read_completions(tok, gens)):
+        mine = [0.0] * len(r)  # a failed run's rewards: any
+        if read is not None:
+            try:
+                mine = score(reward, r, *read, unfinished_reward, progress)
+                gen = RolloutBatch(r, read[0], gen, None, group_size, None, None)
+            except RewardError as e:
+                gen = e
+        batches.append(gen)
+        scored.append(mine)
+    values = torch.tensor(scored, device=device)  # one copy to the device
+    for b, v in zip(batches, values):
+        if isinstance(b, RolloutBatch):
+            b.rewards = v
+    return batches
 
 
 @torch.no_grad()
@@ -140,34 +163,30 @@ def collect(
     sampler: Sampler | None = None,
     ref_logp: bool = True,
 ) -> RolloutBatch:
-    """Sample `group_size` completions for each prompt from the policy (π_old), or from `sampler`'s
-    distribution, score them, and compute π_ref's (with ref_logp; else None) and, with old_logp,
-    π_old's log-probs of every completion token at `temperature`."""
-    device = policy.wte.weight.device
-    rows = grouped(prompts, group_size)
-    ids, mask = encode_prompts(tok, rows, device)
-    was_training = policy.training
-    policy.eval()
-    t, top_p = drawn(temperature, sampler)
-    model = policy if sampler is None else sampler.pick(policy)
-    gen = generate(model, ids, mask, max_new_tokens, t, top_p=top_p, generator=generator)
-    completions = decode_completions(tok, gen)
-    rewards = score(reward, rows, completions, gen.finished.tolist(), unfinished_reward, progress)
-    old = generation_logprobs(policy, gen, temperature) if old_logp else None
-    ref_lp, ref_logits = (
-        generation_logprobs(ref, gen, temperature, return_logits=True) if ref_logp else (None, None)
-    )
-    policy.train(was_training)
-    return RolloutBatch(
-        rows,
-        completions,
-        gen,
-        torch.tensor(rewards, device=device),
+    """One run's collect_all from the policy (π_old), or from `sampler`'s distribution, with π_ref's
+    (with ref_logp; else None) and, with old_logp, π_old's log-probs of every completion token at
+    `temperature`."""
+    (batch,) = collect_all(
+        policy.weights(),
+        tok,
+        [prompts],
         group_size,
-        old,
-        ref_lp,
-        ref_logits if keep_ref_logits else None,
+        [reward],
+        [generator],
+        max_new_tokens,
+        temperature,
+        sampler,
+        unfinished_reward,
+        progress,
     )
+    if isinstance(batch, ValueError):
+        raise batch
+    if old_logp:
+        batch.old_logp = generation_logprobs(policy, batch.gen, temperature)
+    if ref_logp:
+        ref_lp, ref_logits = generation_logprobs(ref, batch.gen, temperature, return_logits=True)
+        batch.ref_logp, batch.ref_logits = ref_lp, ref_logits if keep_ref_logits else None
+    return batch
 
 
 @torch.no_grad()
@@ -183,8 +202,6 @@ def greedy_rewards(
     completion of each prompt -> (prompts,)."""
     device = policy.wte.weight.device
     ids, key_mask = encode_prompts(tok, prompts, device)
-    was_training = policy.training
-    policy.eval()
     gen = generate(
         policy,
         ids,
@@ -193,8 +210,5 @@ def greedy_rewards(
         top_k=1,  # top-1: the draw is the argmax
         generator=torch.Generator(device).manual_seed(0),
     )
-    policy.train(was_training)
-    rewards = score(
-        reward, prompts, decode_completions(tok, gen), gen.finished.tolist(), unfinished_reward
-    )
+    rewards = score(reward, prompts, *read_completions(tok, [gen])[0], unfinished_reward)
     return torch.tensor(rewards, device=device)

@@ -25,7 +25,6 @@ from minigrpo.rl.checkpoints import RunCheckpoints
 from minigrpo.rl.config import RLConfig, check_rl_config
 from minigrpo.rl.preserve import anchor_loss, make_anchor
 from minigrpo.rl.stopping import Peaks, StopRule
-from minigrpo.rl.trust_region import step_probes
 from minigrpo.util.cli import UsageError
 from minigrpo.util.outputs import prepare_out
 from minigrpo.util.runtime import setup_runtime
@@ -158,12 +157,6 @@ class Run(RunBookkeeping, RunCheckpoints):
         peaks of what must never break."""
         ev = ev or self.exact_evaluation()
         return {**ev, **self.peaks.update(ev)}
-
-    def probes(self, batch) -> list:
-        """What the step's trust region measures (trust_region.step_probes): the rollout, the anchor
-        set."""
-        anchor_rows = self.anchor_probe_rows if self.anchor is not None else None
-        return step_probes(self.cfg, batch.gen, anchor_rows)
 
     def anchor_probe_rows(self) -> tuple:
         """The anchor rows the trust region measures -> (generation, weights, group), chosen once:
