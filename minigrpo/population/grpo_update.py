@@ -1,16 +1,13 @@
 """GRPO's update for P members at once: the single run's own stages (grpo.GRPO.signal and .terms in
 variants/inner_updates.inner_updates) over a leading member dim, one forward, backward and
-optimiser step for all.
+optimiser step for all; each member's figures its single run's (tests/test_lockstep.py).
 
     update = LockstepGRPO(cfg, anchor, algos)  # anchor: population/anchor.py; algos: each GRPO
     figures = update(stack, ref, opt, step)    # step: population/rows.Rollouts -> {name: (P,)}
     row = update.row(mine, algo)               # member p's figures (floats) -> its metrics row
 
-Each member's figures are its single run's, to the bit on the CPU but sums over padded rows
-(tests/test_lockstep.py, test_grpo_recipe.py). Only what is about many members is here: DAPO's
-filter as masks (a member with no group left steps on the anchor alone, or not at all), and
-members of several recipes (RECIPE: compare's presets of one μ), each recipe's stages its first
-member's GRPO's over its members' slice (the whole, no copy, where all follow one).
+Here only what is about many members: DAPO's filter as masks, and members of several recipes
+(RECIPE: compare's presets of one μ), each recipe's stages over its members' slice.
 """
 
 from __future__ import annotations

@@ -4,13 +4,11 @@ rewards, β's and people apart: OWN; GRPO's recipes too: RECIPES) as one computa
     results = train_lockstep(trainer, cfgs, logs)  # trainer: minigrpo.grpo or minigrpo.ppo
     # cfgs[p]: member p's config; results[p]: its summary, or its error line
 
-Each member is an rl/loop.Run and each step rl/loop.run's over all members at once: one rollout
-batch (rl/rollout.collect_all), one π_ref forward (population/rows.py), the trainer's update over
-a leading member dim (grpo_update.py, ppo_update.py) with one backward and one AdamW step, the
-trust region over the stack, then each member's own Run.end_step and Run.finish. A member that
-stops or fails leaves the stack. Metrics: its single run's to float rounding, in the same folder
-(tests/test_lockstep.py). Departures: set-up and step 0's evaluation are shared by the members of
-one --person (Run(like=)), and of one reward, β and person (the same starting weights).
+Each member is an rl/loop.Run, each step rl/loop.run's over all members at once (one rollout
+batch, one π_ref forward, the update over a leading member dim, the trust region over the stack),
+then each member's own Run.end_step. A member that stops or fails leaves the stack. Its metrics are
+its single run's to float rounding, in the same folder (tests/test_lockstep.py). Departures: members
+of one --person share their set-up (Run(like=)); of one reward, β and person, step 0's evaluation.
 """
 
 from __future__ import annotations

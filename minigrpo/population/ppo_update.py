@@ -1,13 +1,11 @@
 """PPO's update for P members at once: the single run's own (ppo.PPO.figures) over a leading member
-dim, given the members as its run, their critics and their exact values.
+dim, given the members as its run, their critics and their exact values; on the CPU its functions
+of one run's tensors go member by member at its own width (grpo_update.Members.each), so each
+member's figures are its single run's, to the bit (tests/test_lockstep.py).
 
     update = LockstepPPO(cfg, anchor, algos)    # algos: each member's ppo.PPO (critic, β)
     figures = update(stack, ref, opt, step)     # step: the members' rollouts (rows.Rollouts)
     row = update.row(mine, algo)                # member p's figures -> its row (its PPO.row)
-
-PPO's functions of one run's tensors (whitening, the minibatch objective, a value head) run member
-by member at its own width on the CPU (grpo_update.Members.each), each member's minibatches drawn
-from its own generator: its figures are its single run's, to the bit (tests/test_lockstep.py).
 """
 
 from __future__ import annotations
