@@ -243,10 +243,8 @@ def _step(pop: Population) -> None:
     evaluated = [members[j][1] for j, row in rows.items() if finite_losses(row)]
     evaluations = evaluate_members([m for m in evaluated if m.run.evaluating()])
     outcome = batch_figures(rewards, step.mask.sum(-1).float()).tolist()  # rewards, lengths
-    if runs[0].renews_ref():  # π_ref ← π_θ, as rl/loop.run's
-        with torch.no_grad():
-            for name, w in pop.ref.w.items():
-                w.copy_(stack.w[name])
+    if runs[0].renews_ref():  # π_ref ← π_θ (a detached copy), as rl/loop.run's
+        pop.ref = stack.rows(list(range(len(runs))))
     copies = host_copies(stack, pop.ref, pop.opt, *pop.update.stacks)  # made once, on first use
     for j, row in rows.items():
         m = members[j][1]
