@@ -39,7 +39,13 @@ from minigrpo.population.sampling import read_completions
 from minigrpo.population.stacked import Stack
 from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import StopOnCtrlC, batch_figures, interrupted_line, stopped_line
+from minigrpo.rl.report import (
+    INTERRUPTED,
+    StopOnCtrlC,
+    batch_figures,
+    interrupted_line,
+    stopped_line,
+)
 from minigrpo.rl.rollout import RolloutBatch, drawn, grouped
 from minigrpo.rl.run_state import nonfinite_gradient
 from minigrpo.rl.trust_region import StepGuard, step_probes
@@ -189,6 +195,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     for _, m in members:
         m.logger = m.run.begin(start[alike(m.run.cfg)])
     progress = Progress([m.run for _, m in members])
+    at_once = False
     try:
         with StopOnCtrlC() as stop:  # STOPPING: a pool's Ctrl-C
             while pop.members and not (stop.requested or any(s.is_set() for s in STOPPING)):
@@ -205,9 +212,19 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                 if ended:
                     pop.leave(ended)
                 progress.tick([m.run for _, m in pop.members])
+    # a second Ctrl-C, or a reward's own KeyboardInterrupt: the step in flight is half applied
+    except KeyboardInterrupt:
+        at_once = True
     finally:
         for _, m in pop.members:
             m.logger.close()
+    if at_once:  # no checkpoint of it; each member still in the stack says so
+        for k, m in pop.members:
+            results[k] = (
+                f"{INTERRUPTED} at once during step {m.run.step + 1}: the checkpoints already "
+                "written are intact"
+            )
+        return results
     copies = host_copies(pop.stack, pop.ref, pop.opt, *update.stacks)
     for j, (k, m) in enumerate(pop.members):  # Ctrl-C: each member's step in flight was finished
         m.run.save(member_trained(copies, j, m, update, pop.opt))
