@@ -1,10 +1,8 @@
 """Run several algorithms × seeds side by side and compare them on the task's exact metrics.
 
-    python -m minigrpo.compare --seeds 5 --reward pizza          # the default list of algorithms
-                                                                 # (see --help)
+    python -m minigrpo.compare --seeds 5 --reward pizza    # the default algorithms (see --help)
     python -m minigrpo.compare --algos j_beta,default --reward pizza   # any preset by name
-    python -m minigrpo.compare --algos grpo,dr_grpo --reward pizza --group-size 4   # trainer flags
-    pass through
+    python -m minigrpo.compare --algos grpo,dr_grpo --group-size 4     # trainer flags pass through
 
 With --engine pool (the default on a CPU) the runs go to --jobs worker processes (default: the
 cores), one thread each, each its command's own main in process (tools/pool.py: the same metrics as
@@ -20,20 +18,19 @@ stop rule off); --budget goal lets each run stop at its goal. A finished run of 
 command, code and input files is kept (tools/stamps.py), so a rerun only runs what is missing and an
 edit of the library or the reward makes the runs again; an --out of another command's runs is
 refused unless --overwrite; a later invocation for a subset of the algorithms keeps the others' runs
-in the table. The arguments are checked before any run starts; a failed run is reported with its
-error while the others finish, and compare then exits with code 1. Writes to <out> (default
-runs/compare-<reward>):
+in the table. The arguments are checked before any run starts; a failed run, or one without an
+intact summary.json whatever its engine said, is named with its error while the others finish, and
+compare then exits with code 1. Writes to <out> (default runs/compare-<reward>):
   curves.png    exact target rate against wall seconds and sampled tokens (mean, min–max band)
-  frontier.png  where the runs ended, per algorithm the median and interquartile range over seeds:
-                food: final E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes on the EXACT
-                reward–KL frontier (frontier.py: no policy lies above it), whole and zoomed; and
-                E[r] against the worst drift
+  frontier.png  where the runs ended (per algorithm the median and IQR over seeds): food: final
+                E[r] against exact KL(π_θ‖π_ref) over the 13 outcomes on the EXACT reward–KL
+                frontier (frontier.py), whole and zoomed; and E[r] against the worst drift
   table.md      per algorithm, medians over seeds (with min–max) in two tables of at most 10
                 columns (what judges a run; the other figures), the runs outside the bars, then for
                 the final target rate, the steps to 0.95 and (food) the regret: the IQM with its
                 95 % BCa interval, the difference from the first algorithm (the baseline) with its
-                interval and a permutation test, and P(A better than B) for every pair, stating n,
-                the method and its seed (tools/stats.py); below 10 runs no difference is called
+                interval and a permutation test, and P(A better than B) for every pair (n, method
+                and seed stated: tools/stats.py); below 10 runs no difference is called
   runs.csv      every run's figures, a row each, the world's own too (sums: think rate, held-out...)
   intervals.png those IQMs with their intervals, and the target rate by step (IQM and its band)
 and prints the medians that judge a run for a terminal: per algorithm the runs within the bars,
@@ -296,13 +293,14 @@ def main(argv=None):
         key=lambda t: base_of(t[0]) not in PPO_ALGOS,
     )
     shard.barrier()  # every rank has read the same finished runs before any starts one
-    # (algo, seed) -> error of this rank's failed runs; -> the curves of a run read as it ended
-    mine, read, seen = {}, {}, dict.fromkeys(algos, 0)
+    # by (algo, seed): this rank's failed runs' errors, the curves read as runs ended; runs done()
+    mine, read, seen, reported = {}, {}, dict.fromkeys(algos, 0), set()
     # the table's bootstraps, in --jobs threads: an algorithm's begun as its last run ends
     boot = Bootstraps(jobs)
 
     # an interrupted run (Ctrl-C) is not a failure: it says where its checkpoint is
     def done(run, err):
+        reported.add(run[:2])
         # a run counts only finished and intact, whatever its engine said (a population cut short)
         if err is None and not finished(run[3]):
             err = "the run did not finish: no intact summary.json and metrics.jsonl"
@@ -357,6 +355,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         boot.cancel()
         raise
+    for t in (t for t in shard.mine(todo) if t[:2] not in reported):  # never reported: intact?
+        done(t, None)
     everyone = shard.gather(mine)
     shard.leave()
     if everyone is None:  # not rank 0: rank 0 writes the table

@@ -259,7 +259,7 @@ def show_optimum(cfg: OptimumConfig, p_ref, r, common: dict, head: str) -> None:
     if not math.isfinite(fig["log_z"]):  # log Z_β = max r/β + ...: past float64's range
         top = float(r.abs().max())
         raise UsageError(
-            f"--beta {cfg.beta:g} is too small for float64 with rewards up to {top:g}: log Z_β = "
+            f"--beta {cfg.beta!r} is too small for float64 with rewards up to {top:g}: log Z_β = "
             f"max r/β + log E_ref[exp((r − max r)/β)] overflows; allowed: β ≥ {top / 1e308:.3g}"
         )
     if cfg.json:
@@ -349,7 +349,7 @@ def show_task(cfg: OptimumConfig) -> None:
         return
     log_z = T.mean_log_z(prob, cfg.beta)
     if not math.isfinite(log_z):
-        raise UsageError(f"--beta {cfg.beta:g} is too small for float64: log Z_β overflows")
+        raise UsageError(f"--beta {cfg.beta!r} is too small for float64: log Z_β overflows")
     row = T.figures(task, prob, [cfg.beta])[0]
     prompt = cfg.prompt or prob.prompts[0]
     outcomes = T.prompt_rows(prob, prompt, cfg.beta, 0.0 if cfg.json else 1e-3)

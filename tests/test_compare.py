@@ -352,17 +352,22 @@ def test_a_damaged_finished_run_is_made_again_never_tabulated(tmp_path, damage):
     assert not stamps.finished_by(run, cmd)
 
 
+@pytest.mark.parametrize("says", ["done", "nothing"])
 @pytest.mark.slow
 def test_compare_tabulates_only_the_runs_that_finished_whatever_its_engine_said(
-    tmp_path, tiny_pretrained, capsys, monkeypatch
+    tmp_path, tiny_pretrained, capsys, monkeypatch, says
 ):
-    """A run an engine reported done without its summary (a population cut short by a reward's
-    KeyboardInterrupt) is named as failed, left out of the table, and compare exits 1."""
+    """A run an engine reported done without its summary, or never reported (a population cut short
+    by a reward's KeyboardInterrupt), is named as failed, left out of the table, and compare exits
+    1."""
     import minigrpo.compare as compare
 
     def pool_that_skips_seed_1(fn, items, jobs, done):
         for item in items:
-            done(item, compare.run_one(item) if item[1] == 0 else None)
+            if item[1] == 0:
+                done(item, compare.run_one(item))
+            elif says == "done":
+                done(item, None)
 
     monkeypatch.setattr(compare, "run_pool", pool_that_skips_seed_1)
     init, _, _ = tiny_pretrained
@@ -373,6 +378,31 @@ def test_compare_tabulates_only_the_runs_that_finished_whatever_its_engine_said(
     printed = capsys.readouterr().out
     assert e.value.code == 1 and "grpo seed 1: FAILED: the run did not finish" in printed, printed
     assert "| grpo | 1 ok, 1 failed" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_reward_raising_keyboardinterrupt_in_a_population_fails_its_runs_by_name(
+    tmp_path, tiny_pretrained, capsys
+):
+    """issue 53 item 1 as its tester made it: with --engine population a reward that raises
+    KeyboardInterrupt after a step once ended the population with nothing printed for its runs,
+    which compare then tabulated as complete with exit 0."""
+    init, _, _ = tiny_pretrained
+    reward = tmp_path / "interrupts.py"
+    reward.write_text(
+        "calls = 0\ndef reward(prompt, completion):\n    global calls\n    calls += 1\n"
+        "    if calls > 24:  # past the reward's table and the first step\n"
+        "        raise KeyboardInterrupt\n    return float(completion == 'pizza')\n"
+    )
+    out = tmp_path / "cmp"
+    flags = ["--algos", "grpo", "--seeds", "2", "--init", str(init), *TINY, "--out", str(out)]
+    with pytest.raises(SystemExit) as e:
+        main([*flags, "--engine", "population", "--reward", f"{reward}:reward"])
+    printed = capsys.readouterr().out
+    assert e.value.code == 1, printed
+    for s in range(2):
+        assert f"grpo seed {s}: interrupted at once during step" in printed, printed
+    assert "| grpo | 0 ok, 2 failed" in (out / "table.md").read_text()
 
 
 def test_a_finished_run_is_kept_only_while_its_named_files_are_unchanged(tmp_path, monkeypatch):

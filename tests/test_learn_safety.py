@@ -175,7 +175,8 @@ def test_an_empty_dir_is_refused_not_read_as_the_current_folder(tmp_path, capsys
     (tmp_path / "advantages.py").write_text("# the learner's own file\n")
     for command in (["start", "1"], ["hint", "1"], ["check", "1"], ["list"]):
         for empty in ("", " "):
-            assert_one_line_exit_2([*command, "--dir", empty], capsys, "--dir", "names no folder")
+            said = f"--dir {empty!r} names no folder"  # as given: ' ' is not ''
+            assert_one_line_exit_2([*command, "--dir", empty], capsys, said)
     assert (tmp_path / "advantages.py").read_text() == "# the learner's own file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["advantages.py"]
 

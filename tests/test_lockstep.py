@@ -440,6 +440,38 @@ def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(
     )
 
 
+def test_a_keyboardinterrupt_in_a_step_ends_every_member_as_interrupted_at_once(
+    tmp_path, tiny_pretrained, monkeypatch
+):
+    """A KeyboardInterrupt out of a step (a reward that raises it; a second Ctrl-C) once ended a
+    population with none of its runs reported, and compare tabulated them as complete: each run
+    now says it was interrupted at once in that step, without a summary or a checkpoint of the
+    half-applied step."""
+    from test_population import _run as item
+
+    from minigrpo.compare import COMMANDS
+    from minigrpo.population import lockstep
+    from minigrpo.population.engine import run_task
+
+    steps, real_step = [], lockstep._step
+
+    def interrupted_in_step_2(pop):
+        steps.append(len(steps) + 1)
+        if len(steps) == 2:
+            raise KeyboardInterrupt  # as the reward would, while scoring
+        real_step(pop)
+
+    monkeypatch.setattr(lockstep, "_step", interrupted_in_step_2)
+    init, _, _ = tiny_pretrained
+    items = [item(init, tmp_path / f"s{s}", s) for s in range(2)]
+    results = run_task(("population", items), COMMANDS)
+    said = "interrupted at once during step 2: the checkpoints already written are intact"
+    assert results == [(items[0], said), (items[1], said)], results
+    for s in range(2):
+        assert not (tmp_path / f"s{s}" / "summary.json").exists()
+        assert [r["step"] for r in read_jsonl(tmp_path / f"s{s}" / "metrics.jsonl")] == [0, 1]
+
+
 @pytest.mark.parametrize(
     "trainer, extra", [(grpo, ()), (ppo, ("--critic", "oracle"))], ids=["grpo", "ppo-oracle"]
 )

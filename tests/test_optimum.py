@@ -128,6 +128,13 @@ def test_bad_input_is_one_line_and_exit_code_2(tiny_pretrained, argv, capsys):
     one_line_error(main, ["--init", str(ckpt), *argv], capsys)
 
 
+def test_a_beta_too_small_is_named_as_given_even_below_the_normal_floats(tiny_pretrained, capsys):
+    """1e-320 is a subnormal float: '%g' printed it as 9.99989e-321, a β the user never gave."""
+    ckpt, _, _ = tiny_pretrained
+    err = one_line_error(main, ["--init", str(ckpt), "--beta", "1e-320"], capsys)
+    assert "--beta 1e-320 is too small for float64" in err and "allowed: β ≥ 1e-308" in err, err
+
+
 def test_a_reward_that_exits_is_one_line_and_exit_code_2_not_a_silent_0(
     tiny_pretrained, tmp_path, capsys
 ):

@@ -162,3 +162,28 @@ def test_a_compare_killed_or_ctrl_c_twice_prints_no_worker_traceback_or_warning(
     else:
         assert p.returncode == 130 and lines[-1] == "interrupted", printed
         assert printed.count(STOPPING_LINE) == 1, printed
+
+
+def test_a_run_folder_that_cannot_be_removed_fails_its_run_naming_the_folder(tmp_path, monkeypatch):
+    """A file in an old run's folder that may not be removed (chattr +i; root removes a mode-000
+    one, so a stand-in for rmtree denies it here): the run's error names the folder, not only the
+    file ('Operation not permitted: f'), and its main never runs."""
+    import errno
+    import shutil
+
+    from minigrpo.tools import pool
+
+    folder = tmp_path / "grpo-s1"
+    folder.mkdir()
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted", "f")
+
+    monkeypatch.setattr(shutil, "rmtree", denied)
+    mains = {"minigrpo.grpo": lambda argv: pytest.fail("the run started")}
+    task = ("grpo", 1, ["python", "-m", "minigrpo.grpo"], folder)
+    error = pool.run_one(task, mains)
+    assert error == (
+        f"PermissionError: [Errno 1] cannot remove {str(folder)!r} to make the run afresh "
+        "(Operation not permitted)"
+    ), error

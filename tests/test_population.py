@@ -454,6 +454,18 @@ def test_a_population_whose_worker_died_runs_again_each_run_alone():
     assert reported == [("c", None), ("d", died)]
 
 
+def test_a_run_its_population_never_reported_is_done_as_unfinished():
+    """A population cut short (a reward's KeyboardInterrupt once ended one after a step) reports
+    only some of its runs: each of the others is done with that as its error, never left out."""
+    from minigrpo.population.engine import _report
+
+    runs = [("grpo", s, ["cmd"], Path(f"o{s}")) for s in range(3)]
+    reported = []
+    assert _report(("population", runs), [(runs[1], None)], lambda *r: reported.append(r)) == []
+    unfinished = "the run did not finish: its population ended without reporting it"
+    assert reported == [(runs[1], None), (runs[0], unfinished), (runs[2], unfinished)]
+
+
 @pytest.mark.slow
 def test_a_member_that_kills_its_process_or_cannot_have_its_folder_fails_alone(
     tmp_path, tiny_pretrained

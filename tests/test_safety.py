@@ -493,6 +493,30 @@ def test_resume_of_a_folder_whose_config_json_is_corrupt_is_one_line(tmp_path, c
     ) == ["config.json"]
 
 
+def test_resume_of_a_folder_whose_config_json_cannot_be_read_is_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    """A config.json the user may not read (mode 000 as anyone but root; denied here by a stand-in
+    for Path.read_text, as the tests may run as root) on --resume: one line naming it, exit 2."""
+    from pathlib import Path
+
+    from minigrpo import grpo
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    read_text = Path.read_text
+
+    def denied(path, *args, **kwargs):
+        if path.name == "config.json":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    err = one_line_error(grpo.main, ["--resume", str(run)], capsys)
+    assert f"--resume {str(run)!r}: its config.json cannot be read (Permission denied)" in err, err
+
+
 @pytest.mark.parametrize("only", ["", " ", "grpo,", "grpo,nope"])
 def test_bench_refuses_an_empty_or_unknown_only_section_instead_of_running_everything(
     only, capsys, tmp_path, monkeypatch

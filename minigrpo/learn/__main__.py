@@ -66,7 +66,7 @@ def parse(argv):
     args = parser.parse_args(argv)
     args.command = args.command or "list"
     if not args.dir.strip():  # '' would be the current folder, and start writes stubs there
-        raise UsageError("--dir '' names no folder: give one (default runs/learn)")
+        raise UsageError(f"--dir {args.dir!r} names no folder: give one (default runs/learn)")
     if Path(args.dir).resolve().is_relative_to(Path(grade.__file__).resolve().parent.parent):
         raise UsageError(
             f"--dir {args.dir} is inside the package: choose a folder of yours (default runs/learn)"

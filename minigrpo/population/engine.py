@@ -174,7 +174,8 @@ def run_task(task: tuple, commands: Commands):
 
 def _report(task: tuple, results, done) -> list:
     """A task's results, done(item, error) for each run -> the tasks to run again: a population
-    whose worker died (a reward's os._exit), each of its runs alone."""
+    whose worker died (a reward's os._exit), each of its runs alone. A run its population never
+    reported (cut short) is done with that as its error."""
     kind, what = task
     if kind == "alone":
         done(what, results)
@@ -183,4 +184,7 @@ def _report(task: tuple, results, done) -> list:
         return [("alone", item) for item in what]
     for item, error in results:
         done(item, error)
+    said = {item[:2] for item, _ in results}  # (algo, seed)
+    for item in (item for item in what if item[:2] not in said):
+        done(item, "the run did not finish: its population ended without reporting it")
     return []

@@ -31,7 +31,13 @@ from minigrpo.population.rows import Rollouts, stacked_rows
 from minigrpo.population.stacked import Stack, keep
 from minigrpo.rl.bookkeeping import finite_losses
 from minigrpo.rl.loop import Run
-from minigrpo.rl.report import StopOnCtrlC, batch_figures, interrupted_line, stopped_line
+from minigrpo.rl.report import (
+    INTERRUPTED,
+    StopOnCtrlC,
+    batch_figures,
+    interrupted_line,
+    stopped_line,
+)
 from minigrpo.rl.rollout import collect_all
 from minigrpo.rl.run_state import nonfinite_gradient
 from minigrpo.rl.trust_region import StepGuard, step_probes
@@ -188,6 +194,13 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
                 if ended:
                     pop.leave(ended)
                 progress.tick([m.run for _, m in pop.members])
+    # a second Ctrl-C, or a reward's own KeyboardInterrupt: the step in flight is half applied, so
+    # no checkpoint of it; each member still in the stack says so
+    except KeyboardInterrupt:
+        for k, m in pop.members:
+            step = f"{INTERRUPTED} at once during step {m.run.step + 1}"
+            results[k] = f"{step}: the checkpoints already written are intact"
+        return results
     finally:
         for _, m in pop.members:
             m.logger.close()

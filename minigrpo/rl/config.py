@@ -333,6 +333,11 @@ def parse_rl_config(cls, argv, description: str, algo_name: str, presets: dict |
                 f"--resume {known.resume!r}: its config.json is not readable JSON ({e}); the run "
                 "cannot be continued as the same experiment (start a new one with --out)"
             ) from None
+        except OSError as e:  # no permission to read it, an I/O error
+            raise UsageError(
+                f"--resume {known.resume!r}: its config.json cannot be read ({e.strerror or e}); "
+                "make it readable, or start a new run with --out"
+            ) from None
         if not isinstance(saved_json, dict):
             raise UsageError(f"--resume {known.resume!r}: its config.json holds no settings object")
         saved_cfg = {k: v for k, v in saved_json.items() if k in names}

@@ -97,7 +97,12 @@ def start_folder(task, lockstep: bool = False) -> None:
     command stamped (and that it runs as a lockstep member: stamps.stamp_of)."""
     _, _, cmd, folder = task
     if folder.exists():
-        shutil.rmtree(folder)
+        try:
+            shutil.rmtree(folder)
+        except OSError as e:  # a file in it it may not remove: the error names the folder
+            raise OSError(
+                e.errno, f"cannot remove {str(folder)!r} to make the run afresh ({e.strerror or e})"
+            ) from None
     folder.mkdir(parents=True)
     (folder / STAMP).write_text(json.dumps(stamp_of(cmd, lockstep)))
 
