@@ -74,13 +74,15 @@ def test_each_figure_has_iqm_difference_from_the_baseline_probability_and_test()
         "IQM − fast [95 % CI]",
         "P(better than fast) [95 % CI]",
         "permutation p",
+        "Holm p",
         "against fast",
     ]
     assert cells(rows[2])[:4] == ["fast", "3", "0.98 [0.97, 0.99]", "baseline"]
     slow = cells(rows[3])
     assert slow[:2] == ["slow", "3"] and slow[2].startswith("0.728 [")
     assert slow[3].startswith("-0.252 [") and slow[4].startswith("0.22 [")
-    assert slow[6] == f"n < {MIN_RUNS}: none called", "3 runs: no difference is called"
+    assert slow[5] == slow[6], "one algorithm tested against the baseline: Holm's p is its p"
+    assert slow[7] == f"n < {MIN_RUNS}: none called", "3 runs: no difference is called"
     # steps: lower is better, so the slow runs' more steps make P(slow better) small
     steps = cells(figure_table(c, "steps to 0.95")[3])
     assert steps[1] == "3, 2 never" and float(steps[4].split()[0]) < 0.5

@@ -97,7 +97,8 @@ def comparing_block(folder: Path, wall: float | None = None) -> str:
         lines += [f"*{SCORES[figure][0]} ({direction(figure)}):*", "", *figure_table(c, figure), ""]
     lines += [
         "**Conclusion.** What the intervals support (the difference's interval leaves out 0 and "
-        "p < 0.05, 10 runs each); anything else is not shown to differ from the baseline:",
+        "its Holm-adjusted p < 0.05, 10 runs each); anything else is not shown to differ from the "
+        "baseline:",
         "",
         *conclusion(c),
         "",

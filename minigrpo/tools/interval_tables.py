@@ -28,7 +28,9 @@ def statement(c: Comparison) -> list[str]:
         f"Runs counted per algorithm: {runs}. Figures: interquartile means (IQM) with {METHOD}. "
         f"Better: {'; '.join(f'{s}: {direction(s)}' for s in c.figures)}. Baseline: "
         f"{c.baseline} (the first algorithm). A difference from it is called only with "
-        f"{MIN_RUNS} or more runs on both sides, when its interval leaves out 0 and p < 0.05."
+        f"{MIN_RUNS} or more runs on both sides, when its interval leaves out 0 and its p, "
+        f"Holm-adjusted over the {len(c.algos) - 1} algorithms tested against {c.baseline}, is "
+        "< 0.05."
     ]
     if few:
         lines.append(
@@ -44,8 +46,8 @@ def figure_table(c: Comparison, figure: str) -> list[str]:
     base = c.baseline
     lines = [
         f"| algorithm | runs | IQM [95 % CI] | IQM − {base} [95 % CI] | P(better than {base}) "
-        f"[95 % CI] | permutation p | against {base} |",
-        "|---" * 7 + "|",
+        f"[95 % CI] | permutation p | Holm p | against {base} |",
+        "|---" * 8 + "|",
     ]
     for a in c.algos:
         n = f"{c.n[a][figure]}" + (
@@ -53,12 +55,13 @@ def figure_table(c: Comparison, figure: str) -> list[str]:
         )
         cells = [a, n, c.iqm[a][figure].text()]
         if a == base:
-            cells += ["baseline"] + ["-"] * 3
+            cells += ["baseline"] + ["-"] * 4
         else:
             cells += [
                 c.difference[figure][a].text(),
                 c.better[figure][a, base].text("{:.2f}"),
                 f"{c.p[figure][a]:.3g}",
+                f"{c.p_holm[figure][a]:.3g}",
                 verdict(c, figure, a),
             ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -108,7 +111,7 @@ def printed_statistics(c: Comparison) -> list[str]:
                     if a == c.baseline
                     else [
                         c.difference[figure][a].text(),
-                        f"p {c.p[figure][a]:.3g}",
+                        f"p {c.p[figure][a]:.3g} (Holm {c.p_holm[figure][a]:.3g})",
                         verdict(c, figure, a),
                     ]
                 ),
@@ -119,7 +122,7 @@ def printed_statistics(c: Comparison) -> list[str]:
         lines += [
             "",
             f"{SCORES[figure][0].split(':')[0]} ({direction(figure)}): runs, IQM [95 % CI], "
-            f"IQM − {c.baseline} [95 % CI], permutation p:",
+            f"IQM − {c.baseline} [95 % CI], permutation p (Holm-adjusted):",
             *["  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in rows],
         ]
     return lines

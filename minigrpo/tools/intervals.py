@@ -15,7 +15,8 @@ P(A better than B) is stats.probability_of_improvement on the values signed so t
 (Comparison.left_out names it); n per algorithm and figure is what remains. Below MIN_RUNS runs a
 bootstrap interval covers less than its nominal 95 % (tests/test_stats.py simulates it), so
 `verdict` calls no difference there; at MIN_RUNS or more a difference is supported when its interval
-leaves out 0 AND the permutation test gives p < ALPHA.
+leaves out 0 AND its permutation test's p, Holm-adjusted over the algorithms tested against the
+baseline on that figure (stats.holm), is < ALPHA.
 
 Each takes `boot`: a Bootstraps (each bootstrap made once, in its threads: numpy's partitions and
 sorts let go of the interpreter lock), or a number of threads for one of its own. Each bootstrap is
@@ -39,6 +40,7 @@ from minigrpo.tools.bars import BARS, first_reaching
 from minigrpo.tools.stats import (
     Estimate,
     difference_interval,
+    holm,
     improvement_interval,
     iqm_interval,
     permutation_p,
@@ -182,6 +184,7 @@ class Comparison:
     better: dict[str, dict[tuple, Estimate]]  # {figure: {(a, b): P(a better than b)}}, both ways
     difference: dict[str, dict[str, Estimate]]  # {figure: {algo: IQM(algo) − IQM(baseline)}}
     p: dict[str, dict[str, float]]  # {figure: {algo: the permutation test's p}}
+    p_holm: dict[str, dict[str, float]]  # {figure: {algo: p, Holm-adjusted over the figure's}}
     never: dict[str, int]  # {algo: runs that never reached 0.95}
     left_out: list[str] = field(default_factory=list)
 
@@ -206,6 +209,7 @@ def comparison(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> Co
     pick = lambda what: {
         s: {k[2]: e for k, e in made.items() if k[:2] == (what, s)} for s in present
     }
+    p = pick("test")
     return Comparison(
         algos=algos,
         figures=present,
@@ -213,7 +217,8 @@ def comparison(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> Co
         iqm={a: {s: made["iqm", s, a] for s in present} for a in algos},
         better=better,
         difference=pick("difference"),
-        p=pick("test"),
+        p=p,
+        p_holm={s: dict(zip(p[s], holm(list(p[s].values())))) for s in present},
         never={a: never(results[a]) for a in algos},
         left_out=[line for a in algos for s in present for line in found[a][1][s]],
     )
@@ -221,12 +226,13 @@ def comparison(results: dict[str, list[dict]], boot: Bootstraps | int = 1) -> Co
 
 def verdict(c: Comparison, figure: str, algo: str) -> str:
     """What the runs say of `algo` against the baseline on `figure`: 'better' or 'worse' (its
-    difference's interval leaves out 0 and p < ALPHA, with MIN_RUNS runs or more on both sides),
+    difference's interval leaves out 0 and its Holm-adjusted p < ALPHA, with MIN_RUNS runs or more
+    on both sides),
     'no difference shown', or that there are too few runs to say."""
     fewest = min(c.n[algo][figure], c.n[c.baseline][figure])
     if fewest < MIN_RUNS:
         return f"n < {MIN_RUNS}: none called"
-    d, p = c.difference[figure][algo], c.p[figure][algo]
+    d, p = c.difference[figure][algo], c.p_holm[figure][algo]
     if not (d.excludes(0.0) and p < ALPHA):
         return "no difference shown"
     higher = SCORES[figure][1]
