@@ -52,11 +52,6 @@ class Generation:
     def from_dict(cls, d: dict) -> "Generation":
         return cls(*(d[f] for f in GENERATION_FIELDS))
 
-    def clone(self) -> "Generation":
-        """A copy of every tensor (made outside inference_mode: ordinary tensors that autograd may
-        save)."""
-        return self.map(torch.clone)
-
     def select(self, rows: torch.Tensor) -> "Generation":
         """The rows `rows` (..., n) of each leading slice of every per-row tensor (`take`)."""
         return self.map(lambda x: take(x, rows))

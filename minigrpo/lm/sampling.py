@@ -212,15 +212,11 @@ def _sample(
             weights.hidden(x, pos[..., :t], causal_mask(0, t, cut(t), x.device))
         )[..., -1, :]
         logits = full(ids, W)
-    # a decoding step's rows as the weights take them: (P, B), or (B,) for one model's (P = 1)
-    rows = (P, B) if weights.w["wte.weight"].dim() == 3 else (B,)
-    step_pos = pos.view(*rows, W + N)
     while d.take(logits):
         n = d.steps
         t = W + n  # the slot after the token just drawn
         if use_cache:
-            x = d.tokens[n - 1].view(*rows, 1)
-            logits = decode(x, step_pos[..., t - 1 : t], cache, cut(t)).view(P, B, -1)
+            logits = decode(d.tokens[n - 1].view(P, B, 1), pos[..., t - 1 : t], cache, cut(t))
         else:
             logits = full(torch.cat([ids, d.tokens[:n].permute(1, 2, 0)], -1), t)
     return d, ids, prompt_mask
