@@ -12,8 +12,6 @@ or positions.
                                completion
     completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact
                                evaluation
-    completion_logprobs_many   the same for several models, as one forward where their weights are
-                               stacked (a population's)
 
 Stacked weights. `model` is a GPT or its lm/model.Weights; every function also takes M models'
 weights stacked (Weights of (M, ...) tensors) with rows (M, B, ...) and a batch of M prefix trees
@@ -169,7 +167,7 @@ def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def completion_logprobs(
-    model: GPT | Weights,
+    model: GPT | Weights | list[GPT],
     tok: CharTokenizer,
     prompts: list[str],
     completions: list[str],
@@ -180,8 +178,10 @@ def completion_logprobs(
 
     Teacher-forced scoring: the exact probability that sampling (temperature 1) produces exactly
     this completion and then stops. -> (N,) float tensor of summed log-probs; M models' weights
-    stacked: (M, N), each model over the one prefix tree.
+    stacked: (M, N), each model over the one prefix tree; a list of M GPTs: (M, N), each alone.
     """
+    if isinstance(model, list):
+        return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in model])
     wte = model.wte.weight if isinstance(model, GPT) else model.w["wte.weight"]
     lead = wte.shape[:-2]  # () for one model
     ids, mask, is_completion, tree = scoring_batch(
@@ -191,21 +191,6 @@ def completion_logprobs(
     logits, _ = shifted_forward(model, every(ids), every(mask), tree=tree.expand(*lead))
     # (N, width-1) summed per row
     return sequence_logp(gather_logprobs(logits, every(ids[:, 1:])), is_completion)
-
-
-def completion_logprobs_many(
-    models: list[GPT] | Weights,
-    tok: CharTokenizer,
-    prompts: list[str],
-    completions: list[str],
-    end: bool = True,
-) -> torch.Tensor:
-    """completion_logprobs of each of M models -> (M, N). models: GPTs, each scored alone; or the M
-    models' weights stacked (Weights of (M, ...) tensors), scored in one forward over the prefix
-    tree (each model's figures its own alone's to float rounding)."""
-    if isinstance(models, Weights):
-        return completion_logprobs(models, tok, prompts, completions, end)
-    return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in models])
 
 
 @functools.lru_cache(maxsize=16)
