@@ -36,15 +36,6 @@ class CheckpointError(ValueError):
     pass
 
 
-def atomic_save(obj, path) -> None:
-    """torch.save into memory, then `outputs.write_atomic`: a temp file `.<name>.tmp<pid>` in the
-    same folder, renamed over `path`. A full disk is a one-line UsageError and the previous
-    checkpoint is kept."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    write_atomic(path, buf.getbuffer(), what="checkpoint")
-
-
 def host_state(model: GPT) -> dict:
     """The model's state_dict copied to the host (what a checkpoint holds of its weights)."""
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -89,7 +80,9 @@ def save_checkpoint(
         state["optimizer"] = optimizer_state
     if extra is not None:
         state["extra"] = extra
-    atomic_save(state, path)
+    buf = io.BytesIO()  # written whole, then renamed over `path` (outputs.write_atomic)
+    torch.save(state, buf)
+    write_atomic(path, buf.getbuffer(), what="checkpoint")
 
 
 def read_checkpoint(path) -> dict:
