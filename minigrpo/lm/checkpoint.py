@@ -89,27 +89,25 @@ def read_checkpoint(path) -> dict:
     """The raw checkpoint dict, validated; CheckpointError (one line) if missing, truncated or
     foreign."""
     path = Path(path)
+    name = f"checkpoint {str(path)!r}"
     if not path.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+        raise CheckpointError(f"{name} does not exist")
     if path.is_dir():
-        raise CheckpointError(f"checkpoint {str(path)!r} is a folder, not a checkpoint file")
+        raise CheckpointError(f"{name} is a folder, not a checkpoint file")
     try:
         # e.g. "Detected pickle protocol 4": several lines, no use to anyone
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as e:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} cannot be read: {e.strerror or e}"
-        ) from None
+        raise CheckpointError(f"{name} cannot be read: {e.strerror or e}") from None
     except Exception as e:  # truncated zip, random bytes, pickled code ... (messages of many lines)
-        raise CheckpointError(f"checkpoint {str(path)!r} {what_it_is(path, str(e))}") from None
+        raise CheckpointError(f"{name} {what_it_is(path, str(e))}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {str(path)!r} is not a minigrpo checkpoint")
+        raise CheckpointError(f"{name} is not a minigrpo checkpoint")
     if state.get("version") != VERSION:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} has version {state.get('version')}, "
-            f"this minigrpo reads version {VERSION}"
+            f"{name} has version {state.get('version')}, this minigrpo reads version {VERSION}"
         )
     return state
 
@@ -139,13 +137,12 @@ def what_it_is(path: Path, error: str) -> str:
             return "is not a weights-only checkpoint (it would run code); refused"
         return "is unreadable: a plain Python pickle, not a torch checkpoint"
     try:  # text: valid UTF-8 without NUL bytes (the last character may be cut at the end of `head`)
-        if (
-            b"\0" not in head
-            and codecs.getincrementaldecoder("utf-8")().decode(head, final=False) is not None
-        ):
-            return "is unreadable: a text file, not a checkpoint"
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        text = b"\0" not in head
     except UnicodeDecodeError:
-        pass
+        text = False
+    if text:
+        return "is unreadable: a text file, not a checkpoint"
     return "is unreadable: not a torch checkpoint (unrecognised binary data)"
 
 

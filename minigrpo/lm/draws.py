@@ -102,10 +102,9 @@ def exponential_race(
     generator calls, same draws: tests/test_sampling.py), minus that function's input checks (two
     reductions and a sync: about half its time on a few rows; generate checks its log-probs once
     instead). `noise`: the E already drawn (Draws.noise). -> (...) long."""
-    return (
-        probs
-        / (torch.empty_like(probs).exponential_(generator=generator) if noise is None else noise)
-    ).argmax(-1)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(-1)
 
 
 class LateRead:
@@ -117,11 +116,9 @@ class LateRead:
         self.pending: tuple | None = None  # the last flag's host copy and, on a GPU, its event
 
     def read(self, flag: torch.Tensor) -> bool:
-        host, event = (
-            flag.to("cpu", non_blocking=True),
-            torch.cuda.Event() if flag.is_cuda else None,
-        )
-        if event is not None:
+        host, event = flag.to("cpu", non_blocking=True), None
+        if flag.is_cuda:
+            event = torch.cuda.Event()
             event.record()
         before, self.pending = self.pending, (host, event)
         if before is not None and before[1] is not None:
