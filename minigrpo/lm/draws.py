@@ -193,14 +193,9 @@ class Draws:
     def exponential(self, out: torch.Tensor, ahead: bool = False) -> torch.Tensor:
         """Fill out (P, B, V), ahead (P, n_max, B, V), with each going member's Exp(1) from its own
         generator, as its own call draws them: its rows (ahead: and its n_max)."""
-        P, B = out.size(0), out.size(-2)
         for p in self.going:
-            b, generator = self.rows[p], self.requests[p].generator
-            if P == 1:  # the batch is its own
-                part = out
-            else:
-                part = out[p, : self.n_max[p]] if ahead else out[p]
-                part = part[..., :b, :] if b < B else part
+            part = (out[p, : self.n_max[p]] if ahead else out[p])[..., : self.rows[p], :]
+            generator = self.requests[p].generator
             if part.is_contiguous():
                 part.exponential_(generator=generator)
             else:

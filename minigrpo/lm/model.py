@@ -256,12 +256,9 @@ class Weights:
         """The forward up to the head: final hidden states (B, T, C), stacked (P, B, T, C); last:
         only each row's last position, (B, C) or (P, B, C).
 
-        idx, pos (B, T) long, stacked (P, B, T): tokens and their position ids. attn_mask: None
-        (plain causal attention, no cache or one query) or bool (R or 1, 1, T, T_keys), True = may
-        attend, over the R = B (stacked: P*B, member by member) rows. cache: None or a KVCache of R
-        rows holding L keys (T_keys = L + T; see attention()); its length advances by T. lengths:
-        None, or (stacked, no cache) each model's own T (its rows' slots past it are padding): its
-        attention over those slots only, as it computes alone (own_lengths)."""
+        idx, pos (B, T) long, stacked (P, B, T): tokens and their position ids. attn_mask, cache,
+        lengths: attention()'s, over the R = B (stacked: P*B, member by member) rows; the cache's
+        length advances by T."""
         w, (B, T), lead = self.w, idx.shape[-2:], idx.shape[:-2]
         C, H, R = self.cfg.n_embd, self.cfg.n_head, math.prod(idx.shape[:-1])
         x = (embedding(idx, w["wte.weight"]) + embedding(pos, w["wpe.weight"])).view(

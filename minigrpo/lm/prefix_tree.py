@@ -183,10 +183,8 @@ def build_prefix_tree(
     node_slot = torch.where(real_u, slot[node.clamp(min=0)], -1)  # (U, T)
     # (U, t, t' ≤ t)
     pair = real_u[:, :, None] & real_u[:, None, :] & (j[None, None, :] <= j[None, :, None])
-    query, key = (
-        node_slot[:, :, None].expand(U, T, T)[pair],
-        node_slot[:, None, :].expand(U, T, T)[pair],
-    )
+    query = node_slot[:, :, None].expand(U, T, T)[pair]
+    key = node_slot[:, None, :].expand(U, T, T)[pair]
     mask = torch.zeros(G * N, N, dtype=torch.bool, device=dev)
     mask[query, key % N] = True
     every = torch.arange(G * N, device=dev)
