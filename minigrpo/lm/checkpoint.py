@@ -86,8 +86,7 @@ def save_checkpoint(
 
 
 def read_checkpoint(path) -> dict:
-    """The raw checkpoint dict, validated; CheckpointError (one line) if missing, truncated or
-    foreign."""
+    """The checkpoint dict, validated; one-line CheckpointError if missing, truncated, foreign."""
     path = Path(path)
     name = f"checkpoint {str(path)!r}"
     if not path.exists():
@@ -117,8 +116,7 @@ CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NE
 
 
 def what_it_is(path: Path, error: str) -> str:
-    """Why torch.load(weights_only=True) refused `path`, as the end of one sentence about the
-    file."""
+    """Why torch.load(weights_only=True) refused `path`: the end of a sentence about the file."""
     # torch's weights-only unpickler met a class or function to import and call
     if "GLOBAL" in error:
         return "is not a weights-only checkpoint (it would run code); refused"
@@ -147,8 +145,7 @@ def what_it_is(path: Path, error: str) -> str:
 
 
 def pickle_calls_code(path: Path) -> bool:
-    """Whether a pickle would import or call anything when loaded (read by opcode only, never
-    run)."""
+    """Whether a pickle would import or call anything when loaded (read by opcode, never run)."""
     try:
         with open(path, "rb") as f:
             return any(op.name in CODE_OPCODES for op, _, _ in pickletools.genops(f))

@@ -52,8 +52,7 @@ class GPTConfig:
 
 
 class KVCache:
-    """Keys and values of every layer: k, v of shape (n_layer, B, H, T_max, D); `length` filled so
-    far."""
+    """Keys and values of every layer: k, v (n_layer, B, H, T_max, D), filled up to `length`."""
 
     def __init__(self, cfg: GPTConfig, batch: int, t_max: int, device, dtype):
         shape = (cfg.n_layer, batch, cfg.n_head, t_max, cfg.n_embd // cfg.n_head)
@@ -63,8 +62,7 @@ class KVCache:
 
 
 def positions(key_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool -> (B, T) long: 0, 1, 2, ... over the real tokens of each row (padding gets
-    0)."""
+    """(B, T) bool -> (B, T) long: 0, 1, 2, ... over each row's real tokens (padding: 0)."""
     return (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
@@ -229,8 +227,7 @@ class StackedLayerNorm(torch.autograd.Function):
 
 
 def embedding(idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Rows w[idx] of a table w (V, C); or stacked, w (P, V, C) and idx (P, ...): each model's
-    own."""
+    """Rows w[idx] of a table w (V, C); stacked, w (P, V, C) and idx (P, ...), each model's own."""
     if w.dim() == 2:
         return F.embedding(idx, w)
     return w[torch.arange(w.size(0), device=idx.device).view(-1, *[1] * (idx.dim() - 1)), idx]
@@ -282,8 +279,7 @@ class Weights:
         return layer_norm(x[..., -1, :] if last else x, w["ln_f.weight"], w["ln_f.bias"])
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Hidden states (..., C) -> logits (..., V) through the tied output head (the token
-        embedding)."""
+        """Hidden states (..., C) -> logits (..., V) through the tied head (the token embedding)."""
         return linear(h, self.w["wte.weight"])
 
     def new_cache(self, rows: int, t_max: int) -> KVCache:
@@ -292,8 +288,7 @@ class Weights:
 
 
 class Block(nn.Module):
-    """One block's parameters: ln1, attn.qkv, attn.proj, ln2, mlp (Weights.hidden computes with
-    them)."""
+    """One block's parameters, by the names Weights.hidden reads (PARTS)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()

@@ -64,8 +64,7 @@ class PrefixTree:
     sizes: torch.Tensor | None = None  # (G,) long: each sequence's nodes
 
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
-        """(G, N, D) per-node values -> (B, T, D) per-row values (padding slots: some node's
-        value)."""
+        """(G, N, D) per-node values -> (B, T, D) per-row values (a padding slot: some node's)."""
         return node_values.flatten(0, self.tokens.dim() - 1)[self.index]
 
     def expand(self, *lead: int) -> PrefixTree:
