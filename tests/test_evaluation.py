@@ -1,5 +1,5 @@
 """A lockstep population's exact evaluation (minigrpo/population/evaluation.py): the task's
-rl_evaluate_many of the members' weights stacked (lm/logprobs.completion_logprobs_many scores them
+rl_evaluate_many of the members' weights stacked (lm/logprobs.completion_logprobs scores them
 in one forward) gives each member what its own GPT gives, and every member's GPT takes its weights
 from the stack after an update."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many
+from minigrpo.lm.logprobs import completion_logprobs
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
 from minigrpo.population.evaluation import evaluate_members
@@ -33,13 +33,11 @@ def test_stacked_weights_score_as_one_what_each_model_scores_alone():
     tok = CharTokenizer("ab ")
     models = models_of(tok)
     alone = torch.stack([completion_logprobs(m, tok, PROMPTS, COMPLETIONS) for m in models])
-    assert torch.equal(completion_logprobs_many(models, tok, PROMPTS, COMPLETIONS), alone)
+    assert torch.equal(completion_logprobs(models, tok, PROMPTS, COMPLETIONS), alone)
     stack = Stack(models)
+    assert torch.allclose(completion_logprobs(stack, tok, PROMPTS, COMPLETIONS), alone, atol=1e-5)
     assert torch.allclose(
-        completion_logprobs_many(stack, tok, PROMPTS, COMPLETIONS), alone, atol=1e-5
-    )
-    assert torch.allclose(
-        completion_logprobs_many(stack.rows([2, 0]), tok, PROMPTS, COMPLETIONS),
+        completion_logprobs(stack.rows([2, 0]), tok, PROMPTS, COMPLETIONS),
         alone[[2, 0]],
         atol=1e-5,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from minigrpo.lm.logprobs import completion_logprobs_many
+from minigrpo.lm.logprobs import completion_logprobs
 from minigrpo.lm.sampling import encode_prompts, generate, read_completions
 from toy_tasks.arithmetic_world import (
     BLOCK_SIZE,
@@ -29,10 +29,10 @@ from toy_tasks.arithmetic_world import (
 @torch.no_grad()
 def _probs(models, tok, prompts: list[str], comps: list[str], chunk: int = 8192) -> torch.Tensor:
     """Exact P(completion + EOS | prompt) for each pair under each of M models (GPTs, or their
-    weights stacked: lm/logprobs.completion_logprobs_many) -> (M, N), in as few batched forwards
+    weights stacked: lm/logprobs.completion_logprobs) -> (M, N), in as few batched forwards
     as `chunk` allows."""
     out = [
-        completion_logprobs_many(models, tok, prompts[i : i + chunk], comps[i : i + chunk]).exp()
+        completion_logprobs(models, tok, prompts[i : i + chunk], comps[i : i + chunk]).exp()
         for i in range(0, len(prompts), chunk)
     ]
     return torch.cat(out, 1).cpu()

@@ -18,7 +18,7 @@ import random
 import torch
 
 from minigrpo.exact import frontier
-from minigrpo.lm.logprobs import completion_logprobs, completion_logprobs_many
+from minigrpo.lm.logprobs import completion_logprobs
 from toy_tasks import largest_remainder
 from toy_tasks.support import peak_text, reward_figures_many
 
@@ -115,11 +115,11 @@ def exact_distributions(model, tokenizer, people=PEOPLE) -> dict[str, dict[str, 
 
 @torch.no_grad()
 def exact_distributions_many(models, tokenizer, people=PEOPLE) -> list[dict[str, dict[str, float]]]:
-    """exact_distributions of each model (GPTs, or their weights stacked: completion_logprobs_many),
+    """exact_distributions of each model (GPTs, or their weights stacked: completion_logprobs),
     read back once."""
     people = list(people)
     prompts = [prompt(p) for p in people for _ in FOODS]
-    logps = completion_logprobs_many(models, tokenizer, prompts, FOODS * len(people))  # (M, N)
+    logps = completion_logprobs(models, tokenizer, prompts, FOODS * len(people))  # (M, N)
     n = len(FOODS)
     return [
         {p: dict(zip(FOODS, probs[i * n : (i + 1) * n])) for i, p in enumerate(people)}

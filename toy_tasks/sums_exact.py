@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo.exact.frontier import pass_at_k
-from minigrpo.lm.logprobs import completion_logprobs_many
+from minigrpo.lm.logprobs import completion_logprobs
 from toy_tasks.sums_world import (
     DIRECT_RIGHT,
     HELDOUT,
@@ -82,12 +82,12 @@ def layout(prompts: tuple[str, ...]) -> SupportLayout:
 @torch.no_grad()
 def support_probs_many(models, tok, prompts: list[str], chunk: int = 8192) -> torch.Tensor:
     """Exact π(y + EOS | x) of every declared completion under each of M models (GPTs, or their
-    weights stacked: lm/logprobs.completion_logprobs_many) -> (M, P, K) float64, 0 in padding."""
+    weights stacked: lm/logprobs.completion_logprobs) -> (M, P, K) float64, 0 in padding."""
     lay = layout(tuple(prompts))
     xs, ys = [p for p, _ in lay.pairs], [c for _, c in lay.pairs]
     logp = torch.cat(
         [
-            completion_logprobs_many(models, tok, xs[i : i + chunk], ys[i : i + chunk]).cpu()
+            completion_logprobs(models, tok, xs[i : i + chunk], ys[i : i + chunk]).cpu()
             for i in range(0, len(xs), chunk)
         ],
         1,

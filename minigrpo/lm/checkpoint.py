@@ -36,15 +36,6 @@ class CheckpointError(ValueError):
     pass
 
 
-def atomic_save(obj, path) -> None:
-    """torch.save into memory, then `outputs.write_atomic`: a temp file `.<name>.tmp<pid>` in the
-    same folder, renamed over `path`. A full disk is a one-line UsageError and the previous
-    checkpoint is kept."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    write_atomic(path, buf.getbuffer(), what="checkpoint")
-
-
 def host_state(model: GPT) -> dict:
     """The model's state_dict copied to the host (what a checkpoint holds of its weights)."""
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -89,34 +80,33 @@ def save_checkpoint(
         state["optimizer"] = optimizer_state
     if extra is not None:
         state["extra"] = extra
-    atomic_save(state, path)
+    buf = io.BytesIO()  # written whole, then renamed over `path` (outputs.write_atomic)
+    torch.save(state, buf)
+    write_atomic(path, buf.getbuffer(), what="checkpoint")
 
 
 def read_checkpoint(path) -> dict:
-    """The raw checkpoint dict, validated; CheckpointError (one line) if missing, truncated or
-    foreign."""
+    """The checkpoint dict, validated; one-line CheckpointError if missing, truncated, foreign."""
     path = Path(path)
+    name = f"checkpoint {str(path)!r}"
     if not path.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+        raise CheckpointError(f"{name} does not exist")
     if path.is_dir():
-        raise CheckpointError(f"checkpoint {str(path)!r} is a folder, not a checkpoint file")
+        raise CheckpointError(f"{name} is a folder, not a checkpoint file")
     try:
         # e.g. "Detected pickle protocol 4": several lines, no use to anyone
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as e:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} cannot be read: {e.strerror or e}"
-        ) from None
+        raise CheckpointError(f"{name} cannot be read: {e.strerror or e}") from None
     except Exception as e:  # truncated zip, random bytes, pickled code ... (messages of many lines)
-        raise CheckpointError(f"checkpoint {str(path)!r} {what_it_is(path, str(e))}") from None
+        raise CheckpointError(f"{name} {what_it_is(path, str(e))}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {str(path)!r} is not a minigrpo checkpoint")
+        raise CheckpointError(f"{name} is not a minigrpo checkpoint")
     if state.get("version") != VERSION:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} has version {state.get('version')}, "
-            f"this minigrpo reads version {VERSION}"
+            f"{name} has version {state.get('version')}, this minigrpo reads version {VERSION}"
         )
     return state
 
@@ -126,8 +116,7 @@ CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NE
 
 
 def what_it_is(path: Path, error: str) -> str:
-    """Why torch.load(weights_only=True) refused `path`, as the end of one sentence about the
-    file."""
+    """Why torch.load(weights_only=True) refused `path`: the end of a sentence about the file."""
     # torch's weights-only unpickler met a class or function to import and call
     if "GLOBAL" in error:
         return "is not a weights-only checkpoint (it would run code); refused"
@@ -146,19 +135,17 @@ def what_it_is(path: Path, error: str) -> str:
             return "is not a weights-only checkpoint (it would run code); refused"
         return "is unreadable: a plain Python pickle, not a torch checkpoint"
     try:  # text: valid UTF-8 without NUL bytes (the last character may be cut at the end of `head`)
-        if (
-            b"\0" not in head
-            and codecs.getincrementaldecoder("utf-8")().decode(head, final=False) is not None
-        ):
-            return "is unreadable: a text file, not a checkpoint"
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        text = b"\0" not in head
     except UnicodeDecodeError:
-        pass
+        text = False
+    if text:
+        return "is unreadable: a text file, not a checkpoint"
     return "is unreadable: not a torch checkpoint (unrecognised binary data)"
 
 
 def pickle_calls_code(path: Path) -> bool:
-    """Whether a pickle would import or call anything when loaded (read by opcode only, never
-    run)."""
+    """Whether a pickle would import or call anything when loaded (read by opcode, never run)."""
     try:
         with open(path, "rb") as f:
             return any(op.name in CODE_OPCODES for op, _, _ in pickletools.genops(f))

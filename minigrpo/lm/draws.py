@@ -52,11 +52,6 @@ class Generation:
     def from_dict(cls, d: dict) -> "Generation":
         return cls(*(d[f] for f in GENERATION_FIELDS))
 
-    def clone(self) -> "Generation":
-        """A copy of every tensor (made outside inference_mode: ordinary tensors that autograd may
-        save)."""
-        return self.map(torch.clone)
-
     def select(self, rows: torch.Tensor) -> "Generation":
         """The rows `rows` (..., n) of each leading slice of every per-row tensor (`take`)."""
         return self.map(lambda x: take(x, rows))
@@ -107,10 +102,9 @@ def exponential_race(
     generator calls, same draws: tests/test_sampling.py), minus that function's input checks (two
     reductions and a sync: about half its time on a few rows; generate checks its log-probs once
     instead). `noise`: the E already drawn (Draws.noise). -> (...) long."""
-    return (
-        probs
-        / (torch.empty_like(probs).exponential_(generator=generator) if noise is None else noise)
-    ).argmax(-1)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(-1)
 
 
 class LateRead:
@@ -122,11 +116,9 @@ class LateRead:
         self.pending: tuple | None = None  # the last flag's host copy and, on a GPU, its event
 
     def read(self, flag: torch.Tensor) -> bool:
-        host, event = (
-            flag.to("cpu", non_blocking=True),
-            torch.cuda.Event() if flag.is_cuda else None,
-        )
-        if event is not None:
+        host, event = flag.to("cpu", non_blocking=True), None
+        if flag.is_cuda:
+            event = torch.cuda.Event()
             event.record()
         before, self.pending = self.pending, (host, event)
         if before is not None and before[1] is not None:
@@ -201,14 +193,9 @@ class Draws:
     def exponential(self, out: torch.Tensor, ahead: bool = False) -> torch.Tensor:
         """Fill out (P, B, V), ahead (P, n_max, B, V), with each going member's Exp(1) from its own
         generator, as its own call draws them: its rows (ahead: and its n_max)."""
-        P, B = out.size(0), out.size(-2)
         for p in self.going:
-            b, generator = self.rows[p], self.requests[p].generator
-            if P == 1:  # the batch is its own
-                part = out
-            else:
-                part = out[p, : self.n_max[p]] if ahead else out[p]
-                part = part[..., :b, :] if b < B else part
+            part = (out[p, : self.n_max[p]] if ahead else out[p])[..., : self.rows[p], :]
+            generator = self.requests[p].generator
             if part.is_contiguous():
                 part.exponential_(generator=generator)
             else:

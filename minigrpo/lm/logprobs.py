@@ -1,19 +1,12 @@
 """Log-probabilities of given tokens: one module, one forward, so no caller can disagree about masks
 or positions.
 
-    shifted_forward            the one forward pass over ids[:, :-1] (once per distinct prefix) ->
-                               logits, hidden
-    completion_token_logprobs  the shift by one: the log-probs of a completion's tokens from those
-                               logits
-    generation_logprobs        a sampled Generation's completion tokens (N, T): what GRPO, PPO, DPO,
-                               the anchor and the trust region use
+    shifted_forward            the one forward over ids[:, :-1], once per distinct prefix
+    completion_token_logprobs  the shift by one: a completion's token log-probs from the logits
+    generation_logprobs        a Generation's completion tokens (N, T): GRPO, PPO, DPO, the anchor
     sequence_logprobs          every next token of whole sequences (B, T-1): the exact oracle's
-    sequence_logp              per-token log-probs (B, T) summed over a mask: log π(y) of each
-                               completion
-    completion_logprobs        (prompt, completion) text pairs -> one summed log-prob each: exact
-                               evaluation
-    completion_logprobs_many   the same for several models, as one forward where their weights are
-                               stacked (a population's)
+    sequence_logp              per-token log-probs summed over a mask: log π(y) of each completion
+    completion_logprobs        (prompt, completion) text pairs -> summed log-probs: exact evaluation
 
 Stacked weights. `model` is a GPT or its lm/model.Weights; every function also takes M models'
 weights stacked (Weights of (M, ...) tensors) with rows (M, B, ...) and a batch of M prefix trees
@@ -52,7 +45,7 @@ def completion_token_logprobs(
     0.
     """
     logp = gather_logprobs(logits[:, prompt_len - 1 :], ids[:, prompt_len:])  # (B, N)
-    return torch.where(completion_mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    return torch.where(completion_mask, logp, 0.0)
 
 
 def shifted_forward(
@@ -108,10 +101,9 @@ def generation_logprobs(
     """Per-token log-probs (N, T) of the completion tokens of a Generation (lm/sampling.py) under
     `model` in one forward pass, and optionally the (N, T, V) logits that produced them and the (N,
     T, C) hidden states of the states before each completion token (for a value head).
-    Differentiable: use no_grad for π_old/π_ref. (completion_logprobs is its text-level sibling:
-    prompt and completion strings in, one summed log-prob per pair out, for exact evaluation; both
-    run shifted_forward.) `gen`: any rows with a Generation's ids, key_mask, prompt_len,
-    completion_mask and prefix_tree(); stacked weights: (M, N, ...) rows, (M, N, T) log-probs."""
+    Differentiable: use no_grad for π_old/π_ref. `gen`: any rows with a Generation's ids,
+    key_mask, prompt_len, completion_mask and prefix_tree(); stacked weights: (M, N, ...) rows, (M,
+    N, T) log-probs."""
     P, mask = gen.prompt_len, gen.completion_mask
     # (N, P+T−1, ·)
     logits, hidden = shifted_forward(model, gen.ids, gen.key_mask, temperature, gen.prefix_tree())
@@ -162,14 +154,12 @@ def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     Masked slots contribute nothing (torch.where, so NaN or ±1e4 there reach neither value nor
     gradient); an empty row gives 0 (log of the empty product).
     """
-    return torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(
-        dim=-1
-    )
+    return torch.where(mask, logp, 0.0).sum(dim=-1)
 
 
 @torch.no_grad()
 def completion_logprobs(
-    model: GPT | Weights,
+    model: GPT | Weights | list[GPT],
     tok: CharTokenizer,
     prompts: list[str],
     completions: list[str],
@@ -180,32 +170,18 @@ def completion_logprobs(
 
     Teacher-forced scoring: the exact probability that sampling (temperature 1) produces exactly
     this completion and then stops. -> (N,) float tensor of summed log-probs; M models' weights
-    stacked: (M, N), each model over the one prefix tree.
+    stacked: (M, N), each model over the one prefix tree; a list of M GPTs: (M, N), each alone.
     """
+    if isinstance(model, list):
+        return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in model])
     wte = model.wte.weight if isinstance(model, GPT) else model.w["wte.weight"]
     lead = wte.shape[:-2]  # () for one model
     ids, mask, is_completion, tree = scoring_batch(
         tok, tuple(prompts), tuple(completions), end, wte.device
     )
     every = lambda x: x.expand(*lead, *x.shape)  # the same rows for each model
-    logits, _ = shifted_forward(model, every(ids), every(mask), tree=tree.expand(*lead))
-    # (N, width-1) summed per row
-    return sequence_logp(gather_logprobs(logits, every(ids[:, 1:])), is_completion)
-
-
-def completion_logprobs_many(
-    models: list[GPT] | Weights,
-    tok: CharTokenizer,
-    prompts: list[str],
-    completions: list[str],
-    end: bool = True,
-) -> torch.Tensor:
-    """completion_logprobs of each of M models -> (M, N). models: GPTs, each scored alone; or the M
-    models' weights stacked (Weights of (M, ...) tensors), scored in one forward over the prefix
-    tree (each model's figures its own alone's to float rounding)."""
-    if isinstance(models, Weights):
-        return completion_logprobs(models, tok, prompts, completions, end)
-    return torch.stack([completion_logprobs(m, tok, prompts, completions, end) for m in models])
+    logp = sequence_logprobs(model, every(ids), every(mask), tree=tree.expand(*lead))
+    return sequence_logp(logp, is_completion)  # (N, width-1) summed per row
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,12 +6,10 @@ Pre-norm blocks: x + attn(ln(x)), then x + mlp(ln(x)). Learned token and positio
 output head shares its weights with the token embedding (as GPT-2 and nanoGPT).
 
 One forward. GPT holds the parameters (its modules, their names, their init); the computation is
-written once, `Weights.hidden`, over the weights as plain tensors by name: one model's, or P models'
-of one config stacked (P, ...), each computing its own rows (idx (P, B, T)) in one pass.
-GPT.forward, the sampler's decode.Decoder and stacked weights (population/stacked.py) all call it.
-Each Linear is F.linear on one model's weights and a batched matmul (torch.baddbmm) on stacked ones
-(`linear`); the attention of all P*B rows is one call. Written out rather than
-torch.func.vmap(functional_call): the KV cache is written in place, which vmap does not map.
+written once, `Weights.hidden`, over one model's weights or P models' stacked (P, ...), each
+computing its own rows in one pass; GPT.forward, decode.Decoder and population/stacked.py call it.
+Written out rather than torch.func.vmap(functional_call): the KV cache is written in place, which
+vmap does not map.
 
 Padding and positions. Rows of a batch may be left-padded (prompts of different lengths). Two
 optional tensors describe that:
@@ -54,8 +52,7 @@ class GPTConfig:
 
 
 class KVCache:
-    """Keys and values of every layer: k, v of shape (n_layer, B, H, T_max, D); `length` filled so
-    far."""
+    """Keys and values of every layer: k, v (n_layer, B, H, T_max, D), filled up to `length`."""
 
     def __init__(self, cfg: GPTConfig, batch: int, t_max: int, device, dtype):
         shape = (cfg.n_layer, batch, cfg.n_head, t_max, cfg.n_embd // cfg.n_head)
@@ -65,8 +62,7 @@ class KVCache:
 
 
 def positions(key_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool -> (B, T) long: 0, 1, 2, ... over the real tokens of each row (padding gets
-    0)."""
+    """(B, T) bool -> (B, T) long: 0, 1, 2, ... over each row's real tokens (padding: 0)."""
     return (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
@@ -105,10 +101,9 @@ def attention(
     True = may attend. cache: None, or a KVCache whose layer `layer` holds L = cache.length earlier
     keys/values: k, v are first written into slots [L, L+T) and the queries then attend over all L+T
     keys (T_keys = L+T). Do not advance cache.length: Weights.hidden does, once every layer has
-    written. Without attn_mask: plain causal attention (query i sees keys 0..i) when there is no
-    cache; with a cache, GPT.hidden passes a mask whenever T > 1, and a single query (T = 1) sees
-    every key.
-    lengths: None, or (stacked weights, no cache) each model's own length: see own_lengths.
+    written. Without attn_mask: plain causal attention, a single query seeing every key
+    (causal_mask returns None only where that is right). lengths: None, or (stacked weights, no
+    cache) each model's own length: own_lengths.
     -> (B, H, T, D). (Vaswani et al. 2017, 1706.03762 eq. 1; the cache: GPT-2 inference.)
     """
     if lengths is not None and min(lengths) < q.size(2):
@@ -170,11 +165,9 @@ def in_out_order(w: torch.Tensor) -> torch.Tensor:
 
     Why: a decoding step multiplies a few rows by every weight, and for so few rows MKL's sgemm runs
     x @ W with W contiguous (in, out) faster than nn.Linear's x @ Wᵀ over W (out, in)
-    (docs/performance.md). With this layout the sampler (decode.py) uses w.t() as it is, with no
-    copy per generate() call. The values and shapes are nn.Linear's, state_dicts and checkpoints are
+    (docs/performance.md). The values and shapes are nn.Linear's, state_dicts and checkpoints are
     the same, copy_, deepcopy and .to() keep the order, and autograd gives each gradient the
-    parameter's order. Only the last bit can change: sgemm picks its kernel by layout and size, so
-    some products round differently (pretraining came out bit-identical, RL runs did not)."""
+    parameter's order. Only the last bit can change: sgemm picks its kernel by layout and size."""
     return w.t().contiguous().t()
 
 
@@ -234,8 +227,7 @@ class StackedLayerNorm(torch.autograd.Function):
 
 
 def embedding(idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Rows w[idx] of a table w (V, C); or stacked, w (P, V, C) and idx (P, ...): each model's
-    own."""
+    """Rows w[idx] of a table w (V, C); stacked, w (P, V, C) and idx (P, ...), each model's own."""
     if w.dim() == 2:
         return F.embedding(idx, w)
     return w[torch.arange(w.size(0), device=idx.device).view(-1, *[1] * (idx.dim() - 1)), idx]
@@ -261,12 +253,9 @@ class Weights:
         """The forward up to the head: final hidden states (B, T, C), stacked (P, B, T, C); last:
         only each row's last position, (B, C) or (P, B, C).
 
-        idx, pos (B, T) long, stacked (P, B, T): tokens and their position ids. attn_mask: None
-        (plain causal attention, no cache or one query) or bool (R or 1, 1, T, T_keys), True = may
-        attend, over the R = B (stacked: P*B, member by member) rows. cache: None or a KVCache of R
-        rows holding L keys (T_keys = L + T; see attention()); its length advances by T. lengths:
-        None, or (stacked, no cache) each model's own T (its rows' slots past it are padding): its
-        attention over those slots only, as it computes alone (own_lengths)."""
+        idx, pos (B, T) long, stacked (P, B, T): tokens and their position ids. attn_mask, cache,
+        lengths: attention()'s, over the R = B (stacked: P*B, member by member) rows; the cache's
+        length advances by T."""
         w, (B, T), lead = self.w, idx.shape[-2:], idx.shape[:-2]
         C, H, R = self.cfg.n_embd, self.cfg.n_head, math.prod(idx.shape[:-1])
         x = (embedding(idx, w["wte.weight"]) + embedding(pos, w["wpe.weight"])).view(
@@ -290,8 +279,7 @@ class Weights:
         return layer_norm(x[..., -1, :] if last else x, w["ln_f.weight"], w["ln_f.bias"])
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Hidden states (..., C) -> logits (..., V) through the tied output head (the token
-        embedding)."""
+        """Hidden states (..., C) -> logits (..., V) through the tied head (the token embedding)."""
         return linear(h, self.w["wte.weight"])
 
     def new_cache(self, rows: int, t_max: int) -> KVCache:
@@ -300,8 +288,7 @@ class Weights:
 
 
 class Block(nn.Module):
-    """One block's parameters: ln1, attn.qkv, attn.proj, ln2, mlp (Weights.hidden computes with
-    them)."""
+    """One block's parameters, by the names Weights.hidden reads (PARTS)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -343,30 +330,25 @@ class GPT(nn.Module):
     def new_cache(self, batch: int, t_max: int) -> KVCache:
         return self.weights().new_cache(batch, t_max)
 
-    def inputs(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
-        """hidden's arguments checked, with their defaults -> (pos (B, T), attn_mask: (B, 1, T, T)
-        bool, or None where plain causal attention is meant)."""
-        B, T = idx.shape
-        offset = cache.length if cache is not None else 0
-        if attn_mask is not None and pos is None:
-            raise ValueError("attn_mask needs pos: the position id of each token (a tree's depths)")
-        # a tree's positions: depths
-        self.cfg.check_length(offset + T if attn_mask is None else int(pos.max()) + 1)
-        if pos is None:
-            pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
-        if attn_mask is not None and (key_mask is not None or cache is not None):
-            raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
-        return pos, causal_mask(offset, T, key_mask, idx.device) if attn_mask is None else attn_mask
-
     def weights(self) -> Weights:
         """This model's parameters as Weights (its own tensors: differentiable)."""
         return Weights(self.cfg, dict(self.named_parameters()))
 
     def hidden(self, idx, pos=None, key_mask=None, cache: KVCache | None = None, attn_mask=None):
-        """Final hidden states (B, T, C): everything but the output head (Weights.hidden).
-        attn_mask: a ready bool mask (B, 1, T, T), True = may attend (prefix_tree.py's tree
-        attention), instead of key_mask and the cache."""
-        pos, attn_mask = self.inputs(idx, pos, key_mask, cache, attn_mask)
+        """Final hidden states (B, T, C): everything but the output head (Weights.hidden), its
+        arguments checked. attn_mask: a ready bool mask (B, 1, T, T), True = may attend
+        (prefix_tree.py's tree attention, with pos its depths), instead of key_mask and the
+        cache."""
+        (B, T), offset = idx.shape, cache.length if cache is not None else 0
+        if attn_mask is not None and pos is None:
+            raise ValueError("attn_mask needs pos: the position id of each token (a tree's depths)")
+        self.cfg.check_length(offset + T if attn_mask is None else int(pos.max()) + 1)
+        if pos is None:
+            pos = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
+        if attn_mask is None:
+            attn_mask = causal_mask(offset, T, key_mask, idx.device)
+        elif key_mask is not None or cache is not None:
+            raise ValueError("attn_mask replaces key_mask and the cache: pass one or the other")
         return self.weights().hidden(idx, pos, attn_mask, cache)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

@@ -80,9 +80,7 @@ class AdamW:
         off = None if active is None else ~active.to(p[0].device)
         kept = [(x, x[off]) for x in p + m + v] if off is not None and bool(off.any()) else []
         # each line is one tensor's update done to every tensor in one call (torch._foreach_*, as
-        # torch.optim does):
-        # the same arithmetic, with one call instead of one per tensor (on a GPU, a few launches
-        # instead of hundreds)
+        # torch.optim does): on a GPU, a few launches instead of hundreds
         torch._foreach_mul_(m, b1)
         torch._foreach_add_(m, g, alpha=1 - b1)  # m ← β1·m + (1−β1)·g
         torch._foreach_mul_(v, b2)
@@ -127,8 +125,7 @@ def clip_grad_norm(params, max_norm: float, per_slice: bool = False) -> torch.Te
     torch.nn.utils.clip_grad_norm_ computes the same, to the bit (tests/test_optim.py), but
     multiplies every gradient by the coefficient even when it is exactly 1, so as not to make a GPU
     wait for the comparison. Here the norm is read at once anyway (it is logged), and skipping that
-    no-op halves the clip's time. A NaN norm still reaches every
-    gradient, as in torch."""
+    no-op halves the clip's time. A NaN norm still reaches every gradient, as in torch."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)

@@ -5,21 +5,18 @@ alike (the 16 completions of one prompt; the anchor's 12 completions of each per
 `pizza` drawn 40 times) compute the same states for their common beginning. This module lays the
 batch's distinct prefixes out as the nodes of a tree and runs the model ONCE per node:
 
-    ravin likes p─izza<EOS>          rows: 64 × 23 slots (most of them the same 12-token prompt, and
-                                     many
-                 └asta<EOS>          rows identical)  ->  nodes: ~90, one per distinct prefix
-                 └ie<EOS>
+    ravin likes p─izza<EOS>          rows: 64 × 23 slots (most of them the same 12-token
+                 └asta<EOS>          prompt, many rows identical)  ->  nodes: ~90, one per
+                 └ie<EOS>            distinct prefix
 
     tree = build_prefix_tree(ids, key_mask)      # (B, T) left-padded rows -> nodes packed (G, N)
     h = model.hidden(tree.tokens, pos=tree.pos, attn_mask=tree.mask)   # (G, N, C): one forward
     h_rows = tree.gather(h)                      # (B, T, C): each row's state at each of its slots
     # logprobs.shifted_forward does this (with next_token_tree); sampling.Generation keeps its tree
 
-A batch of trees. ids (M, B, T) (any leading dims): M trees, one of each ids[m] (each the tree of
-its rows alone), built as one (each a segment) and padded to one shape: tokens, pos (M, G, K), the
-mask's rows tree by tree (M·G, 1, K, K), index (M, B, T) into all M·G·K slots; for M weights stacked
-(lm/model.Weights over (M, ...) tensors), each through its own tree. `expand(M)`: one tree for M
-weights; `unbind()`: a batch's trees one by one.
+A batch of trees. ids (M, B, T) (any leading dims): M trees, each the tree of its rows ids[m] alone,
+from one build (batch_of_trees), for M weights stacked (lm/model.Weights), each through its own
+tree. `expand(M)`: one tree for M weights; `unbind()`: a batch's trees one by one.
 
 Tree attention. The nodes are packed into G sequences of N slots (about GROUP_SIZE nodes each, cut
 between rows in sorted order; unused slots are padding). Node i attends to node j iff j is an
@@ -67,8 +64,7 @@ class PrefixTree:
     sizes: torch.Tensor | None = None  # (G,) long: each sequence's nodes
 
     def gather(self, node_values: torch.Tensor) -> torch.Tensor:
-        """(G, N, D) per-node values -> (B, T, D) per-row values (padding slots: some node's
-        value)."""
+        """(G, N, D) per-node values -> (B, T, D) per-row values (a padding slot: some node's)."""
         return node_values.flatten(0, self.tokens.dim() - 1)[self.index]
 
     def expand(self, *lead: int) -> PrefixTree:
@@ -122,15 +118,13 @@ def build_prefix_tree(
 
     1. left-align each row's real tokens: L (B, T), −1 after the row's end;
     2. sort the distinct rows: a row's new nodes are its slots past the longest common prefix (lcp)
-    with the row
-       sorted before it, so numbering the new (row, slot) pairs in row-major order numbers the nodes
-       depth-first, and each slot's node is the last one created in its column (a cumulative max
-       down the rows);
-    3. cut each segment's sorted rows into sequences of about `group_size` nodes (attention costs Σ
-    N², every
-       other layer Σ N): a sequence's first row brings its own copy of its ancestors (lcp 0), so a
-       sequence holds fewer than group_size + 2T nodes, and a prefix shared across a cut is computed
-       once in each sequence;
+       with the row sorted before it, so numbering the new (row, slot) pairs in row-major order
+       numbers the nodes depth-first, and each slot's node is the last one created in its column
+       (a cumulative max down the rows);
+    3. cut each segment's sorted rows into sequences of about `group_size` nodes (attention costs
+       Σ N², every other layer Σ N): a sequence's first row brings its own copy of its ancestors
+       (lcp 0), so a sequence holds fewer than group_size + 2T nodes, and a prefix shared across a
+       cut is computed once in each sequence;
     4. node i sees node j iff j is on i's path, at position id = its depth.
     """
     if ids.dim() > 2:
@@ -188,10 +182,8 @@ def build_prefix_tree(
     node_slot = torch.where(real_u, slot[node.clamp(min=0)], -1)  # (U, T)
     # (U, t, t' ≤ t)
     pair = real_u[:, :, None] & real_u[:, None, :] & (j[None, None, :] <= j[None, :, None])
-    query, key = (
-        node_slot[:, :, None].expand(U, T, T)[pair],
-        node_slot[:, None, :].expand(U, T, T)[pair],
-    )
+    query = node_slot[:, :, None].expand(U, T, T)[pair]
+    key = node_slot[:, None, :].expand(U, T, T)[pair]
     mask = torch.zeros(G * N, N, dtype=torch.bool, device=dev)
     mask[query, key % N] = True
     every = torch.arange(G * N, device=dev)

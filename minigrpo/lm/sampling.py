@@ -150,21 +150,11 @@ def prefill(
     return logits.flatten(0, 1)[run].view(P, B, -1), cache
 
 
-def generate(
-    model: GPT,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor | None = None,
-    max_new_tokens: int = 16,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    use_cache: bool = True,
-) -> Generation:
-    """Sample up to `max_new_tokens` tokens after each (left-padded) prompt row: generate_all of one
-    request over the model's weights. See module docstring."""
-    asked = Request(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator)
-    (gen,) = generate_all(model.weights(), [asked], use_cache)
+def generate(model: GPT, *request, use_cache: bool = True, **named) -> Generation:
+    """Sample up to max_new_tokens tokens after each (left-padded) prompt row: generate_all of one
+    Request(*request, **named) (prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p,
+    generator) over the model's weights; its ValueError raised. See module docstring."""
+    (gen,) = generate_all(model.weights(), [Request(*request, **named)], use_cache)
     if isinstance(gen, ValueError):
         raise gen
     return gen
@@ -184,14 +174,14 @@ def generate_all(
             refused[p] = e
     if not any(n_max):
         return list(refused.values())
-    # inference_mode, not no_grad: no version counters or autograd dispatch (docs/performance.md,
-    # "The sampler's forward"); its tensors cannot be saved for backward later, so the results
-    # leave as ordinary copies
-    with torch.inference_mode():
-        draws, ids, prompt_mask = _sample(weights, requests, n_max, refused, use_cache)
+    draws, ids, prompt_mask = _sample(weights, requests, n_max, refused, use_cache)
     return draws.generations(ids, prompt_mask)
 
 
+# inference_mode, not no_grad: no version counters or autograd dispatch (docs/performance.md, "The
+# sampler's forward"); its tensors cannot be saved for backward later, so the results leave as
+# ordinary copies (Draws.generations)
+@torch.inference_mode()
 def _sample(
     weights, requests, n_max, refused, use_cache
 ) -> tuple[Draws, torch.Tensor, torch.Tensor]:
@@ -212,15 +202,11 @@ def _sample(
             weights.hidden(x, pos[..., :t], causal_mask(0, t, cut(t), x.device))
         )[..., -1, :]
         logits = full(ids, W)
-    # a decoding step's rows as the weights take them: (P, B), or (B,) for one model's (P = 1)
-    rows = (P, B) if weights.w["wte.weight"].dim() == 3 else (B,)
-    step_pos = pos.view(*rows, W + N)
     while d.take(logits):
         n = d.steps
         t = W + n  # the slot after the token just drawn
         if use_cache:
-            x = d.tokens[n - 1].view(*rows, 1)
-            logits = decode(x, step_pos[..., t - 1 : t], cache, cut(t)).view(P, B, -1)
+            logits = decode(d.tokens[n - 1].view(P, B, 1), pos[..., t - 1 : t], cache, cut(t))
         else:
             logits = full(torch.cat([ids, d.tokens[:n].permute(1, 2, 0)], -1), t)
     return d, ids, prompt_mask

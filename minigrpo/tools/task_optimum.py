@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from minigrpo.exact import many_prompts as M
-from minigrpo.lm.logprobs import completion_logprobs_many
+from minigrpo.lm.logprobs import completion_logprobs
 from toy_tasks.support import padded, reward_table
 
 
@@ -45,7 +45,7 @@ def reference_rows(model, tok, prompts: list[str], support, chunk: int = 8192) -
     ys = [y for ys in rows for y in ys]
     logp = torch.cat(
         [
-            completion_logprobs_many([model], tok, xs[i : i + chunk], ys[i : i + chunk])[0]
+            completion_logprobs(model, tok, xs[i : i + chunk], ys[i : i + chunk])
             for i in range(0, len(xs), chunk)
         ]
     )
