@@ -23,12 +23,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 # The quality bars a run is judged by (tools/bars.py judges compare's and bench's runs; metrics.png
-# draws them): final
-# exact target >= 0.95; at EVERY step malformed mass <= 0.02 and every other person's drift <= 0.05;
-# at the end
-# malformed <= 0.01 and drift <= 0.03 (--goal, --goal-malformed and --goal-drift default to the
-# final and end bars);
-# bench's whole process <= 30 s.
+# draws them): final exact target >= 0.95; at EVERY step malformed mass <= 0.02 and every other
+# person's drift <= 0.05; at the end malformed <= 0.01 and drift <= 0.03 (--goal, --goal-malformed
+# and --goal-drift default to the final and end bars); bench's whole process <= 30 s.
 BARS = {
     "final": 0.95,
     "peak_malformed": 0.02,
