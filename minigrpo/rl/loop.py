@@ -23,13 +23,10 @@ from minigrpo.rl.algorithm import Algorithm, rollout_flags
 from minigrpo.rl.config import RLConfig
 from minigrpo.rl.report import StopOnCtrlC, stopped_line
 from minigrpo.rl.rollout import collect
-from minigrpo.rl.run_state import GENERATORS, Run, purpose_seed
+from minigrpo.rl.run_state import Run
 from minigrpo.rl.trust_region import StepGuard, step_probes
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError
-
-# Run and its seeds, importable from here as before (grpo.py and dpo.py take purpose_seed from here)
-__all__ = ["GENERATORS", "Run", "purpose_seed", "run"]
 
 
 def run(

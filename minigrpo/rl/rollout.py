@@ -64,10 +64,6 @@ class RolloutBatch:
             ref_logits=take(self.ref_logits, rows),
         )
 
-    def minibatches(self, indices: list[torch.Tensor]) -> list["RolloutBatch"]:
-        """`select` of each index (PPO's minibatches)."""
-        return [self.select(rows) for rows in indices]
-
 
 class Sampler:
     """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the
