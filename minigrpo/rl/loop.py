@@ -8,9 +8,6 @@ the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap
 (every --ckpt-every steps, at the end, and on Ctrl-C; rl/checkpoints.py) hold all the run, so
 `--resume` gives the same metrics on CPU as an uninterrupted run. At the end: summary.json,
 samples.txt and metrics.png (not with --no-plot; `python -m minigrpo.metrics <out>` draws it).
-
-One random generator per purpose, each seeded from (seed, purpose) (rl/run_state.py), and a 5-step
-learning-rate warm-up with a linear warm-down over the last 20 % of --steps (rl/bookkeeping.py).
 """
 
 from __future__ import annotations
