@@ -30,8 +30,6 @@ class RunCheckpoints:
 
     def _read_resume(self) -> dict:
         path = Path(self.cfg.resume) / "model.pt"
-        if not Path(self.cfg.resume).is_dir():
-            raise UsageError(f"--resume {self.cfg.resume!r}: no such folder")
         try:
             state = read_checkpoint(path)
         except CheckpointError as e:

@@ -161,9 +161,8 @@ class Run(RunBookkeeping, RunCheckpoints):
             a = self.anchor
             rows = (a.group >= 0).nonzero().flatten()
             if self.cfg.preserve_anchor == "sampled":
-                rows = rows[
-                    rows % self.cfg.preserve_per_prompt < max(1, self.cfg.preserve_per_prompt // 4)
-                ]
+                k = self.cfg.preserve_per_prompt
+                rows = rows[rows % k < max(1, k // 4)]
             self.anchor_probe = (a.gen.select(rows), a.weights[rows], a.group[rows])
         return self.anchor_probe
 
