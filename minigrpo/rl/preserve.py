@@ -181,10 +181,8 @@ def build_anchor_tree(
     gen.logprobs = torch.where(comp_mask, lps, 0.0)
     group = torch.tensor([i for i, _, _ in leaves], device=device)
     prob = torch.tensor([lp for _, _, lp in leaves], dtype=torch.float64, device=device).exp()
-    per_prompt = torch.zeros(len(prompts), dtype=torch.float64, device=device).index_add_(
-        0, group, prob
-    )
-    weights = (prob / per_prompt[group] / len(prompts)).float()
+    mass = torch.zeros(len(prompts), dtype=prob.dtype, device=device).index_add_(0, group, prob)
+    weights = (prob / mass[group] / len(prompts)).float()  # each prompt's kept mass renormalised
     return Anchor(gen, ref_logits, weights, group)
 
 
