@@ -69,7 +69,6 @@ class RunBookkeeping:
         self.last_eval = self.evaluate(evaluation)
         if not self.resume_state:
             logger.log({"step": 0, **flat(self.last_eval)})
-        self.stop_reason = None
         return logger
 
     def lr_now(self) -> float:

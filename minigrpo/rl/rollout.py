@@ -198,13 +198,7 @@ def greedy_rewards(
     completion of each prompt -> (prompts,)."""
     device = policy.wte.weight.device
     ids, key_mask = encode_prompts(tok, prompts, device)
-    gen = generate(
-        policy,
-        ids,
-        key_mask,
-        max_new_tokens,
-        top_k=1,  # top-1: the draw is the argmax
-        generator=torch.Generator(device).manual_seed(0),
-    )
+    greedy = torch.Generator(device).manual_seed(0)  # top-1: the draw is the argmax
+    gen = generate(policy, ids, key_mask, max_new_tokens, top_k=1, generator=greedy)
     rewards = score(reward, prompts, *read_completions(tok, [gen])[0], unfinished_reward)
     return torch.tensor(rewards, device=device)

@@ -60,6 +60,10 @@ class StopRule:
         self.streak = self.streak + 1 if self.goal > 0 and target_rate >= self.goal and whole else 0
         if target_rate > self.best + self.delta or self.best == float("-inf"):
             self.best, self.best_step = target_rate, step
+        return self.reason(step)
+
+    def reason(self, step: int) -> str | None:
+        """The reason to stop at `step` by the evaluations fed so far (`update`), or None."""
         if self.goal > 0 and self.streak >= self.patience:
             return (
                 f"goal reached at step {step - self.patience + 1}: exact target rate >= "
