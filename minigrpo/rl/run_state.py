@@ -111,11 +111,7 @@ class Run(RunBookkeeping, RunCheckpoints):
                 f"note: --max-new-tokens {cfg.max_new_tokens} is cut to {room}: the model's block "
                 f"({self.policy.cfg.block_size} tokens) holds BOS, the prompt and the completion"
             )
-        self.ref = (
-            like.ref
-            if like is not None
-            else copy.deepcopy(self.policy).eval().requires_grad_(False)
-        )
+        self.ref = like.ref if like else copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.policy.train()
         self.out = prepare_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume is not None)
         self.gens = {
