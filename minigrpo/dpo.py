@@ -58,9 +58,10 @@ from minigrpo.objectives.kl import exact
 from minigrpo.objectives.losses import aggregate
 from minigrpo.objectives.preference import PAIR_MODES, dpo_loss, preference_pairs
 from minigrpo.rl.config import RLConfig, parse_rl_config
-from minigrpo.rl.loop import purpose_seed, run
+from minigrpo.rl.loop import run
 from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS, combine_stats
 from minigrpo.rl.rollout import RolloutBatch, collect
+from minigrpo.rl.run_state import purpose_seed
 from minigrpo.util.cli import (
     UsageError,
     check_ranges,

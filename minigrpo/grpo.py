@@ -42,9 +42,10 @@ import torch
 from minigrpo.lm.logprobs import generation_logprobs
 from minigrpo.objectives.losses import AGG_MODES, aggregate, entropy, surrogate_stats
 from minigrpo.rl.config import RLConfig, parse_rl_config
-from minigrpo.rl.loop import purpose_seed, run
+from minigrpo.rl.loop import run
 from minigrpo.rl.report import COST_PANELS, OUTCOME_PANELS
 from minigrpo.rl.rollout import RolloutBatch, greedy_rewards
+from minigrpo.rl.run_state import purpose_seed
 from minigrpo.util.cli import (
     UsageError,
     check_ranges,

@@ -177,7 +177,8 @@ class PPO:
         chunks = [rows.to(mask.device) for o in orders for rows in o.chunk(cfg.minibatches, -1)]
         objective = each(lambda *t: ppo_objective(*t[:6], cfg, *t[6:]), lead)
         per_update = []
-        for rows, sub in zip(chunks, batch.minibatches(chunks)):
+        for rows in chunks:
+            sub = batch.select(rows)
             logp, logits, hidden = generation_logprobs(
                 self.policy, sub.gen, cfg.temperature, True, True
             )

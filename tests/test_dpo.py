@@ -11,8 +11,8 @@ from minigrpo.lm.checkpoint import read_checkpoint
 from minigrpo.lm.logprobs import generation_logprobs, sequence_logp
 from minigrpo.lm.optim import AdamW
 from minigrpo.lm.sampling import Generation, encode_prompts, generate
-from minigrpo.rl.loop import Run, purpose_seed
 from minigrpo.rl.rollout import collect
+from minigrpo.rl.run_state import Run, purpose_seed
 from minigrpo.util.jsonl import read_jsonl
 
 TIME_KEYS = {"step_time", "tokens_per_s"}

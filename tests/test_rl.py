@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minigrpo.grpo import GRPOConfig, main, train
-from minigrpo.rl.loop import GENERATORS, Run
+from minigrpo.rl.run_state import GENERATORS, Run
 from minigrpo.rl.trust_region import step_probes
 from minigrpo.util.jsonl import read_jsonl
 

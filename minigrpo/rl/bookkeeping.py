@@ -69,7 +69,6 @@ class RunBookkeeping:
         self.last_eval = self.evaluate(evaluation)
         if not self.resume_state:
             logger.log({"step": 0, **flat(self.last_eval)})
-        self.stop_reason = None
         return logger
 
     def lr_now(self) -> float:
@@ -114,6 +113,7 @@ class RunBookkeeping:
                 f"the loss became non-finite at step {self.step + 1} (lr {cfg.lr:g}): "
                 f"the run stopped; checkpoints already written are intact"
             )
+        evaluated = self.evaluating()
         self.step += 1
         if figures is None:
             # one read, not four
@@ -130,7 +130,6 @@ class RunBookkeeping:
             "tokens_per_s": tokens / step_time,
             "step_time": step_time,
         }
-        evaluated = self.step % cfg.eval_every == 0 or self.step == cfg.steps
         if evaluated:
             self.last_eval = self.evaluate(evaluation)
             row.update(flat(self.last_eval))

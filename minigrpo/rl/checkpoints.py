@@ -30,8 +30,6 @@ class RunCheckpoints:
 
     def _read_resume(self) -> dict:
         path = Path(self.cfg.resume) / "model.pt"
-        if not Path(self.cfg.resume).is_dir():
-            raise UsageError(f"--resume {self.cfg.resume!r}: no such folder")
         try:
             state = read_checkpoint(path)
         except CheckpointError as e:
@@ -120,11 +118,7 @@ class RunCheckpoints:
                 f"pass --steps N with N > {self.step} (the new cap, counted from step 0)"
             )
         if ended and not ended.startswith("cap"):
-            rule = self.stop_rule
-            again = (rule.goal > 0 and rule.streak >= rule.patience) or (
-                rule.plateau and self.step - rule.best_step >= rule.plateau
-            )
-            if again:
+            if self.stop_rule.reason(self.step) is not None:  # it would stop again at once
                 raise UsageError(
                     f"--resume {self.cfg.resume!r}: the run stopped at step {self.step} ({ended}); "
                     f"to train on, pass --goal 0 --plateau 0 (or a higher --goal) with --steps N"

@@ -7,11 +7,11 @@ import argparse
 import hashlib
 import json
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from minigrpo.rl.resume_config import RESUMABLE, check_resume_flags, check_saved_config
-from minigrpo.util.cli import UsageError, check_positive, check_ranges, meta, parse_config, require
+from minigrpo.util.cli import UsageError, check_positive, check_ranges, flag, parse_config, require
 from toy_tasks import task_defaults
 
 
@@ -20,206 +20,136 @@ class RLConfig:
     """the run: task, reward, budget, stop rule, preservation, trust region, outputs (every RL
     command)"""
 
-    task: str = field(default="food", metadata=meta("toy task (food, arithmetic, sums)"))
-    init: str = field(
-        default="runs/pretrain/model.pt",
-        metadata=meta(
-            "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for "
-            "other tasks)"
-        ),
+    task: str = flag("food", "toy task (food, arithmetic, sums)")
+    init: str = flag(
+        "runs/pretrain/model.pt",
+        "pretrained checkpoint to start from, also π_ref (runs/pretrain-<task>/model.pt for other "
+        "tasks)",
     )
-    out: str | None = field(
-        default=None, metadata=meta("output folder (default runs/<algo>-<reward>)")
+    out: str | None = flag(None, "output folder (default runs/<algo>-<reward>)")
+    resume: str | None = flag(
+        None,
+        "continue the run in this folder from its last checkpoint (--steps stays the total, "
+        "counted from step 0)",
     )
-    resume: str | None = field(
-        default=None,
-        metadata=meta(
-            "continue the run in this folder from its last checkpoint (--steps stays the total, "
-            "counted from step 0)"
-        ),
+    overwrite: bool = flag(False, "replace a finished run already in --out (refused otherwise)")
+    reward: str = flag(
+        "pizza",
+        "reward spec: a task reward (food: pizza, food:<food>, graded[:<food>]; arithmetic: "
+        "correct, format, correct+format, strict; sums: correct, format, correct+format, worked), "
+        "exact:<text>, regex:<pattern>, length, NAME=W,... or file.py:function, a function "
+        "(prompt, completion) -> float\n"
+        "e.g. a file my.py of the two lines\n"
+        "    def reward(prompt, completion):\n"
+        '        return float(completion == "pizza")\n'
+        "and --reward my.py:reward",
     )
-    overwrite: bool = field(
-        default=False, metadata=meta("replace a finished run already in --out (refused otherwise)")
+    person: str = flag("ravin", "food task: whose prompt RL trains on")
+    unfinished_reward: float | None = flag(
+        None,
+        "reward for completions cut off before their end token (default: score them like the rest)",
     )
-    reward: str = field(
-        default="pizza",
-        metadata=meta(
-            "reward spec: a task reward (food: pizza, food:<food>, graded[:<food>]; arithmetic: "
-            "correct, format, "
-            "correct+format, strict; sums: correct, format, correct+format, worked), exact:<text>, "
-            "regex:<pattern>, length, NAME=W,... or "
-            "file.py:function, a "
-            "function (prompt, completion) -> float\n"
-            "e.g. a file my.py of the two lines\n"
-            "    def reward(prompt, completion):\n"
-            '        return float(completion == "pizza")\n'
-            "and --reward my.py:reward"
-        ),
+    steps: int = flag(
+        200,
+        "most RL steps (one rollout each); the run stops earlier at its goal or a plateau (see "
+        "stopping.py)",
     )
-    person: str = field(default="ravin", metadata=meta("food task: whose prompt RL trains on"))
-    unfinished_reward: float | None = field(
-        default=None,
-        metadata=meta(
-            "reward for completions cut off before their end token (default: score them like the "
-            "rest)"
-        ),
+    goal: float = flag(
+        0.95,
+        "stop once the exact target rate (P(a best completion)) is >= goal, stably (0 = run all "
+        "--steps)",
     )
-    steps: int = field(
-        default=200,
-        metadata=meta(
-            "most RL steps (one rollout each); the run stops earlier at its goal or a plateau "
-            "(see stopping.py)"
-        ),
+    goal_patience: int = flag(3, "consecutive evaluations at the goal that count as stable")
+    goal_malformed: float = flag(0.01, "the goal also needs malformed mass <= this")
+    goal_drift: float = flag(0.03, "... and every other person's drift <= this (food)")
+    plateau: int = flag(
+        60,
+        "stop when the best exact target rate has not risen by 0.01 in this many steps (0 = never)",
     )
-    goal: float = field(
-        default=0.95,
-        metadata=meta(
-            "stop once the exact target rate (P(a best completion)) is >= goal, stably (0 = run "
-            "all --steps)"
-        ),
+    prompts_per_step: int = flag(
+        4, "prompts drawn per step (with replacement from the task's RL prompts)"
     )
-    goal_patience: int = field(
-        default=3, metadata=meta("consecutive evaluations at the goal that count as stable")
+    group_size: int = flag(
+        16,
+        "completions sampled per prompt (G; 16: a rare target, p = 0.02, is in 28 % of groups, "
+        "not 15 %)",
     )
-    goal_malformed: float = field(
-        default=0.01, metadata=meta("the goal also needs malformed mass <= this")
+    max_new_tokens: int = flag(14, "longest completion")
+    temperature: float = flag(1.0, "sampling temperature (log-probs use the same)")
+    lr: float = flag(6e-4, "AdamW learning rate")
+    warmup: int = flag(
+        5, "linear learning-rate warm-up over the first N steps (0 = off; see rl/loop.py)"
     )
-    goal_drift: float = field(
-        default=0.03, metadata=meta("... and every other person's drift <= this (food)")
+    lr_warmdown: float = flag(
+        0.2,
+        "the learning rate falls linearly to 0 over this share of --steps at their end (0 = off, "
+        "1 = over the whole run; see rl/loop.py)",
     )
-    plateau: int = field(
-        default=60,
-        metadata=meta(
-            "stop when the best exact target rate has not risen by 0.01 in this many steps (0 = "
-            "never)"
-        ),
+    grad_clip: float = flag(1.0, "gradient norm clip (0 = off)")
+    preserve: bool = flag(
+        True,
+        "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows the "
+        "spill-over",
     )
-    prompts_per_step: int = field(
-        default=4,
-        metadata=meta("prompts drawn per step (with replacement from the task's RL prompts)"),
+    preserve_coef: float = flag(
+        20.0, "weight of the preservation KL, per optimiser step (see preserve.py)"
     )
-    group_size: int = field(
-        default=16,
-        metadata=meta(
-            "completions sampled per prompt (G; 16: a rare target, p = 0.02, is in 28 % of "
-            "groups, not 15 %)"
-        ),
+    preserve_kl: str = flag(
+        "forward",
+        "preservation KL direction: forward KL(π_ref‖π) or reverse KL(π‖π_ref)",
+        choices=["forward", "reverse"],
     )
-    max_new_tokens: int = field(default=14, metadata=meta("longest completion"))
-    temperature: float = field(
-        default=1.0, metadata=meta("sampling temperature (log-probs use the same)")
+    preserve_anchor: str = flag(
+        "tree",
+        "the anchor's completions: tree = every one with π_ref >= 1e-4, weighted by it, all each "
+        "step; sampled = --preserve-per-prompt samples, a minibatch each step (preserve.py)",
+        choices=["tree", "sampled"],
     )
-    lr: float = field(default=6e-4, metadata=meta("AdamW learning rate"))
-    warmup: int = field(
-        default=5,
-        metadata=meta(
-            "linear learning-rate warm-up over the first N steps (0 = off; see rl/loop.py)"
-        ),
+    preserve_per_prompt: int = flag(
+        64,
+        "anchor sequences per off-target prompt: sampled ones, or at most this many of the tree's",
     )
-    lr_warmdown: float = field(
-        default=0.2,
-        metadata=meta(
-            "the learning rate falls linearly to 0 over this share of --steps at their end (0 = "
-            "off, 1 = over the whole run; see rl/loop.py)"
-        ),
+    preserve_forced: float = flag(
+        0.1,
+        "the tree anchor also holds the RL prompts' own completions, only at states where π_ref's "
+        "entropy is below this (nats): their spelling, never their choice (preserve.py; 0 = off, "
+        "e.g. for a reward that asks for new spellings)",
     )
-    grad_clip: float = field(default=1.0, metadata=meta("gradient norm clip (0 = off)"))
-    preserve: bool = field(
-        default=True,
-        metadata=meta(
-            "anchor off-target prompts to π_ref (food: the other people); --no-preserve shows "
-            "the spill-over"
-        ),
+    preserve_forced_weight: float = flag(
+        1.0, "the weight of those rows together, where all other people together weigh 1"
     )
-    preserve_coef: float = field(
-        default=20.0,
-        metadata=meta("weight of the preservation KL, per optimiser step (see preserve.py)"),
+    preserve_batch: int = flag(56, "--preserve-anchor sampled: anchor sequences per update")
+    trust_region: float = flag(
+        0.05,
+        "largest KL(π_old‖π_new) per completion a step may take on its own rollout, in nats; "
+        "larger steps are halved (0 = off; see trust_region.py)",
     )
-    preserve_kl: str = field(
-        default="forward",
-        metadata=meta(
-            "preservation KL direction: forward KL(π_ref‖π) or reverse KL(π‖π_ref)",
-            choices=["forward", "reverse"],
-        ),
+    trust_region_anchor: float = flag(
+        0.003, "the same limit on the anchor sequences of each off-target prompt (0 = off)"
     )
-    preserve_anchor: str = field(
-        default="tree",
-        metadata=meta(
-            "the anchor's completions: tree = every one with π_ref >= 1e-4, weighted by it, all "
-            "each step; "
-            "sampled = --preserve-per-prompt samples, a minibatch each step (preserve.py)",
-            choices=["tree", "sampled"],
-        ),
+    ref_update_every: int = flag(
+        0, "π_ref <- π_θ every N steps (0 = never: the reference stays the pretrained model)"
     )
-    preserve_per_prompt: int = field(
-        default=64,
-        metadata=meta(
-            "anchor sequences per off-target prompt: sampled ones, or at most this many of the "
-            "tree's"
-        ),
+    eval_every: int = flag(
+        1,
+        "exact evaluation every N steps (and at the end); the stop rule and the peaks see only "
+        "these",
     )
-    preserve_forced: float = field(
-        default=0.1,
-        metadata=meta(
-            "the tree anchor also holds the RL prompts' own completions, only at states where "
-            "π_ref's entropy is below this (nats): their spelling, never their choice "
-            "(preserve.py; 0 = off, e.g. for a reward that asks for new spellings)"
-        ),
+    ckpt_every: int = flag(50, "checkpoint every N steps (and at the end)")
+    seed: int = flag(0, "random seed")
+    threads: int = flag(1, "torch CPU threads (1 is fastest for models this small)")
+    device: str = flag("auto", "auto, cpu or cuda", choices=["auto", "cpu", "cuda"])
+    quiet: bool = flag(False, "no progress lines")
+    verbose: bool = flag(
+        False,
+        "every figure in the progress line (by default at most 120 characters: the reward, the "
+        "exact target rate, drift and malformed mass, the time; metrics.jsonl holds every figure "
+        "either way)",
     )
-    preserve_forced_weight: float = field(
-        default=1.0,
-        metadata=meta("the weight of those rows together, where all other people together weigh 1"),
-    )
-    preserve_batch: int = field(
-        default=56, metadata=meta("--preserve-anchor sampled: anchor sequences per update")
-    )
-    trust_region: float = field(
-        default=0.05,
-        metadata=meta(
-            "largest KL(π_old‖π_new) per completion a step may take on its own rollout, in nats; "
-            "larger steps are halved (0 = off; see trust_region.py)"
-        ),
-    )
-    trust_region_anchor: float = field(
-        default=0.003,
-        metadata=meta("the same limit on the anchor sequences of each off-target prompt (0 = off)"),
-    )
-    ref_update_every: int = field(
-        default=0,
-        metadata=meta(
-            "π_ref <- π_θ every N steps (0 = never: the reference stays the pretrained model)"
-        ),
-    )
-    eval_every: int = field(
-        default=1,
-        metadata=meta(
-            "exact evaluation every N steps (and at the end); the stop rule and the peaks see "
-            "only these"
-        ),
-    )
-    ckpt_every: int = field(default=50, metadata=meta("checkpoint every N steps (and at the end)"))
-    seed: int = field(default=0, metadata=meta("random seed"))
-    threads: int = field(
-        default=1, metadata=meta("torch CPU threads (1 is fastest for models this small)")
-    )
-    device: str = field(
-        default="auto", metadata=meta("auto, cpu or cuda", choices=["auto", "cpu", "cuda"])
-    )
-    quiet: bool = field(default=False, metadata=meta("no progress lines"))
-    verbose: bool = field(
-        default=False,
-        metadata=meta(
-            "every figure in the progress line (by default at most 120 characters: the reward, "
-            "the exact target rate, "
-            "drift and malformed mass, the time; metrics.jsonl holds every figure either way)"
-        ),
-    )
-    plot: bool = field(
-        default=True,
-        metadata=meta(
-            "draw metrics.png at the end (--no-plot: later, on request: python -m "
-            "minigrpo.metrics <out>)"
-        ),
+    plot: bool = flag(
+        True,
+        "draw metrics.png at the end (--no-plot: later, on request: python -m minigrpo.metrics "
+        "<out>)",
     )
 
 

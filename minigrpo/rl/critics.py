@@ -16,11 +16,9 @@ Shapes: a rollout of N completions, T completion slots, C the model width; value
 where masked. `run` is the shared RL run (rl/loop.py's Run): the critics read its policy, device,
 tokenizer, prompts, task support, reward table and temperature.
 
-The values are computed once, by two functions over weights that may be stacked (M models', every
-tensor and row with a leading (M, ...)): `head_values` (a learned critic's head on its trunk's or
-the policy's states) and `exact_values` (the oracle's, over a ValueTree). The critics call them
-with one model's weights; a lockstep population (population/ppo_update.py) calls exact_values with
-its members' and `value_head` member by member on the states of their stacked trunks.
+The values are computed once, by `head_values` (a learned critic's) and `exact_values` (the
+oracle's) over weights that may be stacked (M models', with a leading (M, ...)): the critics call
+them with one model's weights, a lockstep population (population/ppo_update.py) with its members'.
 """
 
 from __future__ import annotations
@@ -175,20 +173,17 @@ class HeadCritic(Critic):
 
     def values(self, batch, hidden=None):
         w = self.head.linear
-        return head_values(w.weight, w.bias, batch.gen, hidden, self.policy)
+        trunk, hidden = (self.policy, hidden) if self.trunk is None else (self.trunk, None)
+        return head_values(w.weight, w.bias, batch.gen, hidden, trunk)
 
 
-class SeparateCritic(Critic):
+class SeparateCritic(HeadCritic):
     """A copy of the policy's trunk at the start of the run with its own scalar head: V =
     head(h_copy). The policy's hidden states are not used; nothing of the policy is touched."""
 
     def __init__(self, run):
-        self.head = ValueHead(run.policy.cfg.n_embd).to(run.device)
+        super().__init__(run)
         self.trunk = copy.deepcopy(run.policy)
-
-    def values(self, batch, hidden=None):
-        w = self.head.linear
-        return head_values(w.weight, w.bias, batch.gen, trunk=self.trunk)
 
 
 class OracleCritic(Critic):

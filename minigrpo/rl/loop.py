@@ -8,9 +8,6 @@ the stop rule (stopping.py: goal reached and stable, plateau, or the --steps cap
 (every --ckpt-every steps, at the end, and on Ctrl-C; rl/checkpoints.py) hold all the run, so
 `--resume` gives the same metrics on CPU as an uninterrupted run. At the end: summary.json,
 samples.txt and metrics.png (not with --no-plot; `python -m minigrpo.metrics <out>` draws it).
-
-One random generator per purpose, each seeded from (seed, purpose) (rl/run_state.py), and a 5-step
-learning-rate warm-up with a linear warm-down over the last 20 % of --steps (rl/bookkeeping.py).
 """
 
 from __future__ import annotations
@@ -23,13 +20,10 @@ from minigrpo.rl.algorithm import Algorithm, rollout_flags
 from minigrpo.rl.config import RLConfig
 from minigrpo.rl.report import StopOnCtrlC, stopped_line
 from minigrpo.rl.rollout import collect
-from minigrpo.rl.run_state import GENERATORS, Run, purpose_seed
+from minigrpo.rl.run_state import Run
 from minigrpo.rl.trust_region import StepGuard, step_probes
 from minigrpo.util.cli import UsageError
 from toy_tasks.rewards import RewardError
-
-# Run and its seeds, importable from here as before (grpo.py and dpo.py take purpose_seed from here)
-__all__ = ["GENERATORS", "Run", "purpose_seed", "run"]
 
 
 def run(

@@ -1,11 +1,10 @@
 """Preservation: keep the model's behaviour on OFF-TARGET prompts while RL changes the target one.
 
 RL on "ravin likes " alone moves the whole shared model: everybody else's food distribution drifts
-(`--no-preserve` shows it: docs/results.md, the spill-over). The
-anchor here is an exact distillation term on the other people's prompts:
+(`--no-preserve` shows it: docs/results.md, the spill-over). The anchor here is an exact
+distillation term on the other people's prompts:
 
-    L_anchor = mean over anchor sequences x (weighted, below) of  Σ_t KL( π_ref(· | x_<t) ‖ π_θ(· |
-    x_<t) )
+    L_anchor = mean over anchor sequences x (weighted, below) of Σ_t KL(π_ref(·|x_<t) ‖ π_θ(·|x_<t))
 
 summed over the completion positions t of x (the food characters and the end token), with the full
 vocabulary KL computed exactly at each position (`kl.exact`). Because the prefixes come from π_ref,
@@ -19,8 +18,7 @@ expectation, both built ONCE at the start from π_ref alone (no ground truth, no
         the expectation itself, every step, with no sampling noise. Rare states get their exact
         weight, where a sampled minibatch visits them only now and then (docs/experiments.md).
   sampled (`build_anchor`)  `per_prompt` sequences per prompt sampled from π_ref; each step uses a
-                            random
-        minibatch of --preserve-batch rows (the unbiased Monte-Carlo estimate of the same
+        random minibatch of --preserve-batch rows (the unbiased Monte-Carlo estimate of the same
         expectation).
 
 The RL prompt's own forced states (--preserve-forced h, default 0.1 nats; tree anchor only). RL
@@ -49,6 +47,7 @@ takes more anchor steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -134,7 +133,6 @@ def build_anchor_tree(
     prompts: list[str],
     per_prompt: int,
     max_new_tokens: int,
-    generator: torch.Generator | None = None,
     min_prob: float = TREE_MIN_PROB,
 ) -> Anchor:
     """Every completion of each prompt with π_ref(completion) >= min_prob, weighted by
@@ -143,8 +141,7 @@ def build_anchor_tree(
     still open after max_new_tokens becomes an unfinished row, as in sampling. At most `per_prompt`
     rows per prompt, the most likely ones a beam of `per_prompt` open prefixes per pass finds: an
     undertrained π_ref spreads its mass over thousands of completions (4,669 rows after 100
-    pretraining steps), the default food model over 12-13 per person. The signature is
-    `build_anchor`'s (the generator is not used)."""
+    pretraining steps), the default food model over 12-13 per person."""
     device = ref.wte.weight.device
     starts = [tok.encode(p, bos=True) for p in prompts]
     live = [(i, [], 0.0) for i in range(len(prompts))]  # (prompt index, completion ids, log π_ref)
@@ -184,10 +181,8 @@ def build_anchor_tree(
     gen.logprobs = torch.where(comp_mask, lps, 0.0)
     group = torch.tensor([i for i, _, _ in leaves], device=device)
     prob = torch.tensor([lp for _, _, lp in leaves], dtype=torch.float64, device=device).exp()
-    per_prompt = torch.zeros(len(prompts), dtype=torch.float64, device=device).index_add_(
-        0, group, prob
-    )
-    weights = (prob / per_prompt[group] / len(prompts)).float()
+    mass = torch.zeros(len(prompts), dtype=prob.dtype, device=device).index_add_(0, group, prob)
+    weights = (prob / mass[group] / len(prompts)).float()  # each prompt's kept mass renormalised
     return Anchor(gen, ref_logits, weights, group)
 
 
@@ -195,11 +190,8 @@ def _most_likely(items: list[tuple], per_prompt: int) -> list[tuple]:
     """The `per_prompt` most likely (prompt index, ids, log-prob) items of each prompt, in their own
     order."""
     ranked = sorted(range(len(items)), key=lambda i: (items[i][0], -items[i][2]))
-    keep, count = set(), {}
-    for i in ranked:
-        count[items[i][0]] = count.get(items[i][0], 0) + 1
-        if count[items[i][0]] <= per_prompt:
-            keep.add(i)
+    by_prompt = itertools.groupby(ranked, key=lambda i: items[i][0])
+    keep = {i for _, rows in by_prompt for i in list(rows)[:per_prompt]}
     return [item for i, item in enumerate(items) if i in keep]
 
 

@@ -17,9 +17,8 @@ from minigrpo.util.jsonl import read_jsonl
 from minigrpo.util.plotting import plot_panels
 
 # Panels of metrics.png that every algorithm shares: what the run achieved (first) and what it cost
-# (last). A third
-# element names the quality bars (rl/stopping.py) the panel draws as dashed lines: a run within them
-# at a glance.
+# (last). A third element names the quality bars (rl/stopping.py) the panel draws as dashed lines: a
+# run within them at a glance.
 OUTCOME_PANELS = [
     ("reward (higher is better)", ["reward_mean", "reward_rolling", "exact_reward"]),
     ("exact target rate (higher is better)", ["target_rate", "heldout_rate"], ["final"]),
@@ -71,30 +70,20 @@ def bar_lines(names: list[str], config: dict) -> list[tuple[float, str]]:
     return lines
 
 
-# set on a Ctrl-C that reached another thread or process first (a pool worker's stop event,
-# population/engine.py): every run watching it stops at the end of its step, as on its own Ctrl-C
-STOP_ALL = threading.Event()
-
-
 class StopOnCtrlC:
     """Turn the first Ctrl-C into a request to stop at the end of the current step (a second one
     stops at once), so the checkpoint written on the way out never holds a half-applied update."""
 
     def __enter__(self):
-        self._requested, self.previous = False, None
-        self.main = threading.current_thread() is threading.main_thread()
-        if self.main:
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
-    @property
-    def requested(self) -> bool:
-        return self._requested or (not self.main and STOP_ALL.is_set())
-
     def _handle(self, signum, frame):
-        if self._requested:
+        if self.requested:
             raise KeyboardInterrupt
-        self._requested = True
+        self.requested = True
         # in a pool's worker (a lockstep population) the parent says it once for every run
         if multiprocessing.parent_process() is None:
             print(
@@ -164,18 +153,23 @@ PROGRESS_LEGEND = (
 )
 
 
+def watched_bars(ev: dict):
+    """-> (name, the figure against its end bar, its running maximum against its every-step bar) of
+    each watched figure of an evaluation (rl/stopping.BARS): the drift where the task has it, the
+    malformed mass."""
+    for name, key, digits in (("drift", "worst_drift", 3), ("malformed", "malformed", 4)):
+        peak = f"peak_{key}"
+        if key in ev and peak in ev:
+            yield name, against(ev[key], BARS[key], digits), against(ev[peak], BARS[peak], digits)
+
+
 def bars_line(ev: dict) -> str:
     """A run's closing verdict: each figure of its last evaluation beside the bar it is held to
     (BARS: final target, end and every-step drift where the task has it, end and every-step
     malformed mass), e.g. 'bars: final target 0.933<0.95 | drift end 0.015≤0.03, every step
     0.030≤0.05 | ...'."""
     parts = [f"final target {against(ev['target_rate'], BARS['final'], 3, higher=True)}"]
-    for name, key, digits in (("drift", "worst_drift", 3), ("malformed", "malformed", 4)):
-        if key in ev and f"peak_{key}" in ev:
-            parts.append(
-                f"{name} end {against(ev[key], BARS[key], digits)}, every step "
-                f"{against(ev[f'peak_{key}'], BARS[f'peak_{key}'], digits)}"
-            )
+    parts += [f"{name} end {now}, every step {peak}" for name, now, peak in watched_bars(ev)]
     return "bars: " + " | ".join(parts)
 
 
@@ -196,12 +190,7 @@ def progress_line(step: int, steps: int, row: dict, evaluated: bool, verbose: bo
     parts = [head, f"reward {row['reward_mean']:.3f}"]
     if evaluated:
         parts.append(f"target {row['target_rate']:.3f}")
-        for name, key, digits in (("drift", "worst_drift", 3), ("malformed", "malformed", 4)):
-            if key in row:
-                parts.append(
-                    f"{name} {against(row[key], BARS[key], digits)} max "
-                    f"{against(row[f'peak_{key}'], BARS[f'peak_{key}'], digits)}"
-                )
+        parts += [f"{name} {now} max {peak}" for name, now, peak in watched_bars(row)]
         if "heldout_rate" in row:
             parts.append(f"held-out {row['heldout_rate']:.3f}")
     return " | ".join(parts + [f"{1000 * row['step_time']:.0f} ms"])

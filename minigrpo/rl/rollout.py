@@ -64,10 +64,6 @@ class RolloutBatch:
             ref_logits=take(self.ref_logits, rows),
         )
 
-    def minibatches(self, indices: list[torch.Tensor]) -> list["RolloutBatch"]:
-        """`select` of each index (PPO's minibatches)."""
-        return [self.select(rows) for rows in indices]
-
 
 class Sampler:
     """Where the rollouts come from when it is not π_old: the policy at `temperature` (None: the
@@ -202,13 +198,7 @@ def greedy_rewards(
     completion of each prompt -> (prompts,)."""
     device = policy.wte.weight.device
     ids, key_mask = encode_prompts(tok, prompts, device)
-    gen = generate(
-        policy,
-        ids,
-        key_mask,
-        max_new_tokens,
-        top_k=1,  # top-1: the draw is the argmax
-        generator=torch.Generator(device).manual_seed(0),
-    )
+    greedy = torch.Generator(device).manual_seed(0)  # top-1: the draw is the argmax
+    gen = generate(policy, ids, key_mask, max_new_tokens, top_k=1, generator=greedy)
     rewards = score(reward, prompts, *read_completions(tok, [gen])[0], unfinished_reward)
     return torch.tensor(rewards, device=device)

@@ -77,19 +77,14 @@ class Run(RunBookkeeping, RunCheckpoints):
             self.policy, self.tok = model_from_state(self.resume_state, self.device)
             meta = {"task": self.resume_state["task"]}
         elif like is not None:
-            self.policy, self.tok, meta = (
-                copy.deepcopy(like.ref).requires_grad_(),
-                like.tok,
-                {"task": cfg.task},
-            )
+            self.policy, self.tok = copy.deepcopy(like.ref).requires_grad_(), like.tok
+            meta = {"task": cfg.task}
         else:
             try:
                 self.policy, self.tok, meta = load_checkpoint(cfg.init, self.device)
             except CheckpointError as e:
                 hint = (
-                    " (run `python -m minigrpo.pretrain` first)"
-                    if not Path(cfg.init).exists()
-                    else ""
+                    "" if Path(cfg.init).exists() else " (run `python -m minigrpo.pretrain` first)"
                 )
                 raise UsageError(f"--init: {e}{hint}") from None
         if meta["task"] != cfg.task:
@@ -116,11 +111,7 @@ class Run(RunBookkeeping, RunCheckpoints):
                 f"note: --max-new-tokens {cfg.max_new_tokens} is cut to {room}: the model's block "
                 f"({self.policy.cfg.block_size} tokens) holds BOS, the prompt and the completion"
             )
-        self.ref = (
-            like.ref
-            if like is not None
-            else copy.deepcopy(self.policy).eval().requires_grad_(False)
-        )
+        self.ref = like.ref if like else copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.policy.train()
         self.out = prepare_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume is not None)
         self.gens = {
@@ -166,9 +157,8 @@ class Run(RunBookkeeping, RunCheckpoints):
             a = self.anchor
             rows = (a.group >= 0).nonzero().flatten()
             if self.cfg.preserve_anchor == "sampled":
-                rows = rows[
-                    rows % self.cfg.preserve_per_prompt < max(1, self.cfg.preserve_per_prompt // 4)
-                ]
+                k = self.cfg.preserve_per_prompt
+                rows = rows[rows % k < max(1, k // 4)]
             self.anchor_probe = (a.gen.select(rows), a.weights[rows], a.group[rows])
         return self.anchor_probe
 
@@ -176,14 +166,10 @@ class Run(RunBookkeeping, RunCheckpoints):
         """The preservation loss on a fresh minibatch of anchor rows (None when off)."""
         if self.anchor is None:
             return None
-        m = self.anchor.gen.ids.size(0)
-        rows = (
-            None
-            if self.cfg.preserve_anchor == "tree"
-            else torch.randperm(m, generator=self.gens["anchor_rows"])[
-                : self.cfg.preserve_batch
-            ].to(self.device)
-        )
+        rows = None  # the tree: all its rows
+        if self.cfg.preserve_anchor == "sampled":
+            rows = torch.randperm(self.anchor.gen.ids.size(0), generator=self.gens["anchor_rows"])
+            rows = rows[: self.cfg.preserve_batch].to(self.device)
         return self.cfg.preserve_coef * anchor_loss(
             self.policy, self.anchor, rows, self.cfg.preserve_kl
         )

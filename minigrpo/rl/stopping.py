@@ -23,12 +23,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 # The quality bars a run is judged by (tools/bars.py judges compare's and bench's runs; metrics.png
-# draws them): final
-# exact target >= 0.95; at EVERY step malformed mass <= 0.02 and every other person's drift <= 0.05;
-# at the end
-# malformed <= 0.01 and drift <= 0.03 (--goal, --goal-malformed and --goal-drift default to the
-# final and end bars);
-# bench's whole process <= 30 s.
+# draws them): final exact target >= 0.95; at EVERY step malformed mass <= 0.02 and every other
+# person's drift <= 0.05; at the end malformed <= 0.01 and drift <= 0.03 (--goal, --goal-malformed
+# and --goal-drift default to the final and end bars); bench's whole process <= 30 s.
 BARS = {
     "final": 0.95,
     "peak_malformed": 0.02,
@@ -63,6 +60,10 @@ class StopRule:
         self.streak = self.streak + 1 if self.goal > 0 and target_rate >= self.goal and whole else 0
         if target_rate > self.best + self.delta or self.best == float("-inf"):
             self.best, self.best_step = target_rate, step
+        return self.reason(step)
+
+    def reason(self, step: int) -> str | None:
+        """The reason to stop at `step` by the evaluations fed so far (`update`), or None."""
         if self.goal > 0 and self.streak >= self.patience:
             return (
                 f"goal reached at step {step - self.patience + 1}: exact target rate >= "

@@ -71,9 +71,8 @@ def sequence_kl(
     (group.max() + 1 by default: a read of the device); a member with fewer has empty groups of
     mean 0. The group sums are one index_add_ over the members' groups side by side: on the CPU,
     each member's sums in its single run's order."""
-    kl = torch.where(mask, exact(old_logits, new_logits), torch.zeros((), device=mask.device)).sum(
-        -1
-    )  # (..., N)
+    zero = torch.zeros((), device=mask.device)
+    kl = torch.where(mask, exact(old_logits, new_logits), zero).sum(-1)  # (..., N)
     lead = kl.shape[:-1]
     w = torch.ones_like(kl) if weights is None else weights.to(kl.dtype).expand_as(kl)
     g = torch.zeros(kl.shape, dtype=torch.long, device=kl.device) if group is None else group

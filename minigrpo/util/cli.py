@@ -33,6 +33,11 @@ def meta(help_text: str, **extra) -> dict:
     return {"help": help_text, **extra}
 
 
+def flag(default, help_text: str, **extra):
+    """A config field: its default and its --help line, `field(default=..., metadata=meta(...))`."""
+    return dataclasses.field(default=default, metadata=meta(help_text, **extra))
+
+
 class UsageError(ValueError):
     """Bad input from the user: printed as one line, exit code 2, no traceback."""
 
