@@ -17,8 +17,10 @@ runs of the same command and code), then writes into docs/experiments.md's block
                             KL-Cov and an entropy bonus, with the final accuracy each kept
 
 A final figure's IQM, its difference from the default's and their 95 % BCa intervals and
-permutation p come from tools/stats.py, as compare's; a difference is called as compare calls one
-(tools/intervals.MIN_RUNS runs, an interval that leaves out 0, p < ALPHA).
+permutation p come from tools/stats.py, as compare's; a difference is called with
+tools/intervals.MIN_RUNS runs, an interval that leaves out 0 and p < ALPHA, not Holm-adjusted as
+compare's: each test answers its own question, and in (d), three against the default, none is
+called, which an adjustment (it only raises p) would not change.
 
     python -m minigrpo.bench --task sums --only thinking     # 50 runs of 30 steps
 """
