@@ -48,7 +48,7 @@ Departures from the papers:
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -67,8 +67,8 @@ from minigrpo.util.cli import (
     check_ranges,
     exit_now,
     finish_unread,
+    flag,
     main_guard,
-    meta,
     require,
 )
 
@@ -77,67 +77,49 @@ from minigrpo.util.cli import (
 class DPOConfig(RLConfig):
     """DPO: pairs, labels, the loss"""
 
-    beta: float = field(
-        default=0.1,
-        metadata=meta(
-            "β: DPO's sequence-level β, the scale of the log-ratio margin (the paper's 0.1; see "
-            "dpo.py)"
-        ),
+    beta: float = flag(
+        0.1,
+        "β: DPO's sequence-level β, the scale of the log-ratio margin (the paper's 0.1; see "
+        "dpo.py)",
     )
-    online: bool = field(
-        default=False,
-        metadata=meta(
-            "online DPO: pairs from each step's rollout of the current policy (off: a fixed set "
-            "of π_ref samples)"
-        ),
+    online: bool = flag(
+        False,
+        "online DPO: pairs from each step's rollout of the current policy (off: a fixed set of "
+        "π_ref samples)",
     )
-    pairs: str = field(
-        default="all",
-        metadata=meta(
-            "pairs per group of samples: every ordered pair with r_w > r_l, or the best against "
-            "the worst",
-            choices=list(PAIR_MODES),
-        ),
+    pairs: str = flag(
+        "all",
+        "pairs per group of samples: every ordered pair with r_w > r_l, or the best against the "
+        "worst",
+        choices=list(PAIR_MODES),
     )
-    offline_samples: int = field(
-        default=256,
-        metadata=meta(
-            "offline: K, π_ref samples per RL prompt, drawn once (a rare target, p = 0.02, needs "
-            "K of a few hundred)"
-        ),
+    offline_samples: int = flag(
+        256,
+        "offline: K, π_ref samples per RL prompt, drawn once (a rare target, p = 0.02, needs K of "
+        "a few hundred)",
     )
-    pairs_per_step: int = field(
-        default=64,
-        metadata=meta(
-            "pairs drawn (without replacement) for each update: from the fixed set offline, from "
-            "the rollout online"
-        ),
+    pairs_per_step: int = flag(
+        64,
+        "pairs drawn (without replacement) for each update: from the fixed set offline, from the "
+        "rollout online",
     )
-    updates: int = field(
-        default=1, metadata=meta("updates per step, each on a fresh draw of pairs")
+    updates: int = flag(1, "updates per step, each on a fresh draw of pairs")
+    sft_coef: float = flag(
+        0.0,
+        "α: + α·NLL of each chosen completion per token (RPO, Pang et al. 2404.19733, TRL's "
+        "rpo_alpha; the paper's DPO: 0)",
     )
-    sft_coef: float = field(
-        default=0.0,
-        metadata=meta(
-            "α: + α·NLL of each chosen completion per token (RPO, Pang et al. 2404.19733, TRL's "
-            "rpo_alpha; the paper's DPO: 0)"
-        ),
+    labels: str = flag(
+        "hard",
+        "hard: y_w preferred with probability 1 (the paper's DPO on ranked pairs; overshoots "
+        "π*_β, see dpo.py); bt: the Bradley–Terry probability σ(r_w − r_l) as a soft label "
+        "(cDPO's form), whose minimiser is π*_β",
+        choices=["hard", "bt"],
     )
-    labels: str = field(
-        default="hard",
-        metadata=meta(
-            "hard: y_w preferred with probability 1 (the paper's DPO on ranked pairs; overshoots "
-            "π*_β, see dpo.py); bt: the Bradley–Terry probability σ(r_w − r_l) as a soft label "
-            "(cDPO's form), whose minimiser is π*_β",
-            choices=["hard", "bt"],
-        ),
-    )
-    kl_coef: float = field(
-        default=0.0,
-        metadata=meta(
-            "+ this x the exact KL(π‖π_ref) per token (full vocabulary) on the step's rollout, as "
-            "GRPO's β (the paper's DPO: 0)"
-        ),
+    kl_coef: float = flag(
+        0.0,
+        "+ this x the exact KL(π‖π_ref) per token (full vocabulary) on the step's rollout, as "
+        "GRPO's β (the paper's DPO: 0)",
     )
 
 

@@ -33,7 +33,7 @@ trainer), and the named recipes in variants/presets.py (--preset).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
 
@@ -51,8 +51,8 @@ from minigrpo.util.cli import (
     check_ranges,
     exit_now,
     finish_unread,
+    flag,
     main_guard,
-    meta,
     require,
 )
 from minigrpo.variants import advantages as adv_family
@@ -97,25 +97,18 @@ __all__ = [
 class GRPOConfig(RLConfig, PolicyLossFlags, KLFlags, AdvantageFlags, EntropyFlags, SamplerFlags):
     """GRPO"""
 
-    preset: str | None = field(
-        default=None,
-        metadata=meta(
-            "set several flags at once (explicit flags win; variants/presets.py)",
-            choices=sorted(PRESETS),
-        ),
+    preset: str | None = flag(
+        None,
+        "set several flags at once (explicit flags win; variants/presets.py)",
+        choices=sorted(PRESETS),
     )
-    updates: int = field(
-        default=2,
-        metadata=meta(
-            "μ: inner updates per rollout (1 makes the ratio identically 1 and the clip dead)"
-        ),
+    updates: int = flag(
+        2, "μ: inner updates per rollout (1 makes the ratio identically 1 and the clip dead)"
     )
-    loss_agg: str = field(
-        default="seq-mean-token-mean",
-        metadata=meta(
-            "loss aggregation over tokens and sequences (gmpo's sequence loss keeps its own)",
-            choices=list(AGG_MODES),
-        ),
+    loss_agg: str = flag(
+        "seq-mean-token-mean",
+        "loss aggregation over tokens and sequences (gmpo's sequence loss keeps its own)",
+        choices=list(AGG_MODES),
     )
 
 

@@ -31,7 +31,7 @@ of the exact values' variance they explain, not only of the sampled returns'.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.func import vmap
@@ -50,8 +50,8 @@ from minigrpo.util.cli import (
     check_ranges,
     exit_now,
     finish_unread,
+    flag,
     main_guard,
-    meta,
 )
 
 
@@ -59,41 +59,31 @@ from minigrpo.util.cli import (
 class PPOConfig(RLConfig):
     """PPO: the KL-shaped reward, the critic, GAE, the clipped losses"""
 
-    lr: float = field(
-        default=3e-4,
-        metadata=meta(
-            "AdamW learning rate: half the other trainers' 6e-4, as PPO takes epochs × "
-            "minibatches = 4 steps per rollout"
-        ),
+    lr: float = flag(
+        3e-4,
+        "AdamW learning rate: half the other trainers' 6e-4, as PPO takes epochs × minibatches = "
+        "4 steps per rollout",
     )
-    critic: str = field(
-        default="separate",
-        metadata=meta(
-            "value model: a separate copy of the trunk, a head on the policy, or the exact "
-            "values (no critic to learn)",
-            choices=sorted(CRITICS),
-        ),
+    critic: str = flag(
+        "separate",
+        "value model: a separate copy of the trunk, a head on the policy, or the exact values (no "
+        "critic to learn)",
+        choices=sorted(CRITICS),
     )
-    beta: float = field(
-        default=0.1,
-        metadata=meta(
-            "β: per-token KL penalty in the reward (InstructGPT-style runs use 0.02–0.05; see "
-            "the docstring)"
-        ),
+    beta: float = flag(
+        0.1,
+        "β: per-token KL penalty in the reward (InstructGPT-style runs use 0.02–0.05; see the "
+        "docstring)",
     )
-    kl_target: float | None = field(
-        default=None, metadata=meta("adapt β towards this KL per sequence (off: fixed β)")
-    )
-    gamma: float = field(default=1.0, metadata={"help": "γ: discount"})
-    lam: float = field(default=0.95, metadata={"help": "λ: GAE parameter"})
-    epochs: int = field(default=2, metadata={"help": "passes over each rollout"})
-    minibatches: int = field(default=2, metadata={"help": "minibatches per pass"})
-    clip: float = field(default=0.2, metadata={"help": "ε: policy ratio clip"})
-    vf_clip: float | None = field(
-        default=0.2, metadata={"help": "value clip around the old values (none: unclipped)"}
-    )
-    vf_coef: float = field(default=0.5, metadata={"help": "value loss weight"})
-    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
+    kl_target: float | None = flag(None, "adapt β towards this KL per sequence (off: fixed β)")
+    gamma: float = flag(1.0, "γ: discount")
+    lam: float = flag(0.95, "λ: GAE parameter")
+    epochs: int = flag(2, "passes over each rollout")
+    minibatches: int = flag(2, "minibatches per pass")
+    clip: float = flag(0.2, "ε: policy ratio clip")
+    vf_clip: float | None = flag(0.2, "value clip around the old values (none: unclipped)")
+    vf_coef: float = flag(0.5, "value loss weight")
+    entropy_coef: float = flag(0.0, "entropy bonus weight")
 
 
 def mapped(f, lead: tuple):

@@ -17,7 +17,7 @@ GRPO's whole first stage, rewards -> advantages and their figures, pure for a po
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +29,7 @@ from minigrpo.objectives.advantages import (
     remax_advantages,
     rloo_advantages,
 )
-from minigrpo.util.cli import UsageError, meta
+from minigrpo.util.cli import UsageError, flag
 from minigrpo.variants.kl import kl_reward_penalty
 
 
@@ -82,44 +82,34 @@ PANELS = [
 class AdvantageFlags:
     """advantages: baselines, scales, group filters"""
 
-    baseline: str = field(
-        default="group",
-        metadata=meta(
-            "reward baseline: group mean, leave-one-out (rloo), batch mean, or the reward of "
-            "π_old's greedy completion (remax)",
-            choices=list(BASELINES),
-        ),
+    baseline: str = flag(
+        "group",
+        "reward baseline: group mean, leave-one-out (rloo), batch mean, or the reward of π_old's "
+        "greedy completion (remax)",
+        choices=list(BASELINES),
     )
-    adv_scale: str = field(
-        default="group",
-        metadata=meta(
-            "divide advantages by the group std, the batch std, or nothing; gpg: nothing, times "
-            "N/#(Â ≠ 0)",
-            choices=list(SCALES),
-        ),
+    adv_scale: str = flag(
+        "group",
+        "divide advantages by the group std, the batch std, or nothing; gpg: nothing, times N/#(Â "
+        "≠ 0)",
+        choices=list(SCALES),
     )
-    adv_std: str = field(
-        default="unbiased",
-        metadata=meta(
-            "std with Bessel's correction (paper, TRL) or the population std",
-            choices=["unbiased", "population"],
-        ),
+    adv_std: str = flag(
+        "unbiased",
+        "std with Bessel's correction (paper, TRL) or the population std",
+        choices=["unbiased", "population"],
     )
-    adv_eps: float = field(default=1e-4, metadata={"help": "ε added to the std"})
-    skip_equal_groups: bool = field(
-        default=False,
-        metadata=meta(
-            "drop groups whose rewards are all equal (they carry no signal; DAPO's and "
-            "REINFORCE-Rej's filter); a step "
-            "with none left takes its updates on the preservation anchor alone"
-        ),
+    adv_eps: float = flag(1e-4, "ε added to the std")
+    skip_equal_groups: bool = flag(
+        False,
+        "drop groups whose rewards are all equal (they carry no signal; DAPO's and "
+        "REINFORCE-Rej's filter); a step with none left takes its updates on the preservation "
+        "anchor alone",
     )
-    random_reward: bool = field(
-        default=False,
-        metadata=meta(
-            "a control: replace every reward by a seeded Bernoulli(0.5) draw, blind to the "
-            "completion (2506.10947)"
-        ),
+    random_reward: bool = flag(
+        False,
+        "a control: replace every reward by a seeded Bernoulli(0.5) draw, blind to the completion "
+        "(2506.10947)",
     )
 
 

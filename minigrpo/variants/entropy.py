@@ -18,7 +18,7 @@ The math: objectives/entropy_control.py.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,7 +32,7 @@ from minigrpo.objectives.entropy_control import (
     top_entropy_mask,
 )
 from minigrpo.objectives.losses import aggregate, entropy
-from minigrpo.util.cli import UsageError, meta
+from minigrpo.util.cli import UsageError, flag
 
 
 def _clip_cov(per_token, logp, old_logp, adv, mask, cfg, generator):
@@ -74,71 +74,47 @@ PANELS = [
 class EntropyFlags:
     """token filters and entropy controls"""
 
-    entropy_coef: float = field(
-        default=0.0,
-        metadata=meta(
-            "entropy bonus weight (with --entropy-target: the adaptive coefficient's start)"
-        ),
+    entropy_coef: float = flag(
+        0.0, "entropy bonus weight (with --entropy-target: the adaptive coefficient's start)"
     )
-    entropy_target: float | None = field(
-        default=None,
-        metadata=meta(
-            "adaptive entropy control (Skywork-OR1), a target token entropy in nats: the bonus "
-            "coefficient rises by --entropy-step each step the rollout's entropy is below it, "
-            "falls while above, acts only at or below it (default off)"
-        ),
+    entropy_target: float | None = flag(
+        None,
+        "adaptive entropy control (Skywork-OR1), a target token entropy in nats: the bonus "
+        "coefficient rises by --entropy-step each step the rollout's entropy is below it, falls "
+        "while above, acts only at or below it (default off)",
     )
-    entropy_step: float = field(
-        default=1e-4,
-        metadata=meta(
-            "adaptive entropy control: the coefficient's change per step (Skywork-OR1's script: "
-            "1e-4)"
-        ),
+    entropy_step: float = flag(
+        1e-4,
+        "adaptive entropy control: the coefficient's change per step (Skywork-OR1's script: 1e-4)",
     )
-    entropy_coef_max: float = field(
-        default=0.005,
-        metadata=meta(
-            "adaptive entropy control: the coefficient stays in [0, this] (Skywork-OR1's script: "
-            "0.005)"
-        ),
+    entropy_coef_max: float = flag(
+        0.005,
+        "adaptive entropy control: the coefficient stays in [0, this] (Skywork-OR1's script: "
+        "0.005)",
     )
-    fork_entropy: float = field(
-        default=0.0,
-        metadata=meta(
-            "only tokens where π_ref's entropy is >= this (nats) carry the policy loss (0 = all; "
-            "entropy_control.forking_token_mask)"
-        ),
+    fork_entropy: float = flag(
+        0.0,
+        "only tokens where π_ref's entropy is >= this (nats) carry the policy loss (0 = all; "
+        "entropy_control.forking_token_mask)",
     )
-    top_entropy: float = field(
-        default=1.0,
-        metadata=meta(
-            "ρ: only the top ρ share of tokens by the CURRENT policy's entropy carry the policy "
-            "loss (80/20 rule: 0.2; 1 = all)"
-        ),
+    top_entropy: float = flag(
+        1.0,
+        "ρ: only the top ρ share of tokens by the CURRENT policy's entropy carry the policy loss "
+        "(80/20 rule: 0.2; 1 = all)",
     )
-    cov_control: str = field(
-        default="none",
-        metadata=meta(
-            "Clip-Cov (detach a random share of high-covariance tokens) or KL-Cov (unclipped loss "
-            "+ k·|log ρ| on the top share by covariance) (ppo_clip, token ratio)",
-            choices=["none", *COV_CONTROLS],
-        ),
+    cov_control: str = flag(
+        "none",
+        "Clip-Cov (detach a random share of high-covariance tokens) or KL-Cov (unclipped loss + "
+        "k·|log ρ| on the top share by covariance) (ppo_clip, token ratio)",
+        choices=["none", *COV_CONTROLS],
     )
-    cov_ratio: float = field(
-        default=2e-4,
-        metadata=meta(
-            "Clip-Cov / KL-Cov: the share of valid tokens selected (at least one; the paper's 2e-4)"
-        ),
+    cov_ratio: float = flag(
+        2e-4,
+        "Clip-Cov / KL-Cov: the share of valid tokens selected (at least one; the paper's 2e-4)",
     )
-    clip_cov_low: float = field(
-        default=1.0, metadata=meta("Clip-Cov: candidates have covariance >= this")
-    )
-    clip_cov_high: float = field(
-        default=5.0, metadata=meta("Clip-Cov: candidates have covariance <= this")
-    )
-    kl_cov_coef: float = field(
-        default=1.0, metadata=meta("KL-Cov: k, the weight of |log ρ| on the selected tokens")
-    )
+    clip_cov_low: float = flag(1.0, "Clip-Cov: candidates have covariance >= this")
+    clip_cov_high: float = flag(5.0, "Clip-Cov: candidates have covariance <= this")
+    kl_cov_coef: float = flag(1.0, "KL-Cov: k, the weight of |log ρ| on the selected tokens")
 
 
 def fork_mask(ref_logits: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:

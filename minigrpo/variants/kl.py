@@ -10,13 +10,13 @@ adding an estimator is one entry here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from minigrpo.objectives.kl import exact, k1, k2, k3, k3_iw, k3_plus
 from minigrpo.objectives.losses import aggregate
-from minigrpo.util.cli import UsageError, meta
+from minigrpo.util.cli import UsageError, flag
 
 
 @dataclass(frozen=True)
@@ -41,32 +41,24 @@ KL_PANEL = ("KL to π_ref per token (lower = closer)", [f"kl_{name}" for name in
 class KLFlags:
     """KL to the reference π_ref"""
 
-    beta: float = field(
-        default=0.3, metadata=meta("β: KL(π‖π_ref) weight (the paper: 0.04; see grpo.py)")
+    beta: float = flag(0.3, "β: KL(π‖π_ref) weight (the paper: 0.04; see grpo.py)")
+    kl: str = flag(
+        "exact",
+        "KL estimator per token (exact: full vocabulary; the paper uses k3; k3+: k3's value, k2's "
+        "gradient; k3_iw: ρ·k3, DeepSeek-V3.2; objectives/kl.py)",
+        choices=list(KL_ESTIMATORS),
     )
-    kl: str = field(
-        default="exact",
-        metadata=meta(
-            "KL estimator per token (exact: full vocabulary; the paper uses k3; k3+: k3's value, "
-            "k2's gradient; k3_iw: ρ·k3, DeepSeek-V3.2; objectives/kl.py)",
-            choices=list(KL_ESTIMATORS),
-        ),
+    rollout_kl: bool = flag(
+        True,
+        "log the per-token KL(π‖π_ref) on each rollout even when nothing else needs π_ref's "
+        "log-probs (β = 0, no --fork-entropy): one no-grad forward of π_ref a step, which "
+        "--no-rollout-kl skips, as TRL does at β = 0 (the exact evaluation's kl_ref is logged "
+        "either way)",
     )
-    rollout_kl: bool = field(
-        default=True,
-        metadata=meta(
-            "log the per-token KL(π‖π_ref) on each rollout even when nothing else needs π_ref's "
-            "log-probs (β = 0, no --fork-entropy): one no-grad forward of π_ref a step, which "
-            "--no-rollout-kl skips, as TRL does at β = 0 (the exact evaluation's kl_ref is logged "
-            "either way)"
-        ),
-    )
-    kl_in: str = field(
-        default="loss",
-        metadata=meta(
-            "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)",
-            choices=["loss", "reward"],
-        ),
+    kl_in: str = flag(
+        "loss",
+        "where the KL goes: a loss term, or subtracted from the reward (β·Σ_t k)",
+        choices=["loss", "reward"],
     )
 
 

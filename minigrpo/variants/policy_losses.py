@@ -17,13 +17,13 @@ on the chosen loss.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from minigrpo.objectives.losses import clipped_surrogate
 from minigrpo.objectives.policy_losses import cispo, gmpo, sapo
-from minigrpo.util.cli import UsageError, meta, require
+from minigrpo.util.cli import UsageError, flag, require
 from minigrpo.variants.entropy import COV_CONTROLS, top_entropy
 
 
@@ -64,49 +64,30 @@ PANELS = [
 class PolicyLossFlags:
     """the policy loss and its clip"""
 
-    policy_loss: str = field(
-        default="ppo_clip",
-        metadata=meta(
-            "the per-token policy loss (variants/policy_losses.py): PPO's clip, CISPO, GMPO or "
-            "SAPO",
-            choices=list(POLICY_LOSSES),
-        ),
+    policy_loss: str = flag(
+        "ppo_clip",
+        "the per-token policy loss (variants/policy_losses.py): PPO's clip, CISPO, GMPO or SAPO",
+        choices=list(POLICY_LOSSES),
     )
-    clip_low: float = field(
-        default=0.2,
-        metadata=meta(
-            "ε_low: ratio clipped below at 1−ε_low (cispo: its weight's lower clamp, 1 = none)"
-        ),
+    clip_low: float = flag(
+        0.2, "ε_low: ratio clipped below at 1−ε_low (cispo: its weight's lower clamp, 1 = none)"
     )
-    clip_high: float | None = field(
-        default=None,
-        metadata=meta(
-            "ε_high: ratio clipped above at 1+ε_high (default ε_low; DAPO 0.28; cispo: its "
-            "weight's cap, preset 4)"
-        ),
+    clip_high: float | None = flag(
+        None,
+        "ε_high: ratio clipped above at 1+ε_high (default ε_low; DAPO 0.28; cispo: its weight's "
+        "cap, preset 4)",
     )
-    dual_clip: float | None = field(
-        default=None,
-        metadata=meta(
-            "dual-clip constant c > 1 bounding the loss for negative advantages (ppo_clip only)"
-        ),
+    dual_clip: float | None = flag(
+        None, "dual-clip constant c > 1 bounding the loss for negative advantages (ppo_clip only)"
     )
-    ratio: str = field(
-        default="token",
-        metadata=meta(
-            "importance ratio per token, or one per sequence (GSPO; not GSPO-token; ppo_clip only)",
-            choices=["token", "sequence"],
-        ),
+    ratio: str = flag(
+        "token",
+        "importance ratio per token, or one per sequence (GSPO; not GSPO-token; ppo_clip only)",
+        choices=["token", "sequence"],
     )
-    gmpo_eps: float = field(
-        default=0.4, metadata=meta("GMPO: each log ρ_t clipped to (−ε, ε) (the paper's 0.4)")
-    )
-    sapo_tau_pos: float = field(
-        default=1.0, metadata=meta("SAPO: the gate's temperature τ where Â > 0")
-    )
-    sapo_tau_neg: float = field(
-        default=1.05, metadata=meta("SAPO: the gate's temperature τ where Â ≤ 0")
-    )
+    gmpo_eps: float = flag(0.4, "GMPO: each log ρ_t clipped to (−ε, ε) (the paper's 0.4)")
+    sapo_tau_pos: float = flag(1.0, "SAPO: the gate's temperature τ where Â > 0")
+    sapo_tau_neg: float = flag(1.05, "SAPO: the gate's temperature τ where Â ≤ 0")
 
 
 def policy_loss_per_token(logp, old_logp, adv, mask, ent, cfg, generator=None) -> torch.Tensor:

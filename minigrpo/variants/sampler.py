@@ -20,13 +20,13 @@ its rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from minigrpo.objectives.importance import CORRECTIONS, correction
 from minigrpo.rl.rollout import Sampler
-from minigrpo.util.cli import UsageError, check_ranges, meta, require
+from minigrpo.util.cli import UsageError, check_ranges, flag, require
 
 PANELS = [
     (
@@ -40,50 +40,35 @@ PANELS = [
 class SamplerFlags:
     """sampler ≠ trainer: where rollouts come from, and the importance correction"""
 
-    sample_temperature: float | None = field(
-        default=None,
-        metadata=meta(
-            "sample the rollouts at this temperature (default --temperature; π_old stays at "
-            "--temperature)"
-        ),
+    sample_temperature: float | None = flag(
+        None,
+        "sample the rollouts at this temperature (default --temperature; π_old stays at "
+        "--temperature)",
     )
-    sample_top_p: float | None = field(
-        default=None,
-        metadata=meta(
-            "sample the rollouts from the top-p nucleus of the sampler's distribution (default: "
-            "no truncation)"
-        ),
+    sample_top_p: float | None = flag(
+        None,
+        "sample the rollouts from the top-p nucleus of the sampler's distribution (default: no "
+        "truncation)",
     )
-    sample_stale: int = field(
-        default=0,
-        metadata=meta(
-            "sample the rollouts from the policy as it was N steps earlier (asynchronous RL; 0 = "
-            "the current one)"
-        ),
+    sample_stale: int = flag(
+        0,
+        "sample the rollouts from the policy as it was N steps earlier (asynchronous RL; 0 = the "
+        "current one)",
     )
-    is_correction: str = field(
-        default="none",
-        metadata=meta(
-            "importance weights π_old/π_sampler on the per-token policy loss: truncated (tis) or "
-            "masked (mis, IcePop) (objectives/importance.py)",
-            choices=["none", *CORRECTIONS],
-        ),
+    is_correction: str = flag(
+        "none",
+        "importance weights π_old/π_sampler on the per-token policy loss: truncated (tis) or "
+        "masked (mis, IcePop) (objectives/importance.py)",
+        choices=["none", *CORRECTIONS],
     )
-    is_level: str = field(
-        default="token",
-        metadata=meta(
-            "the weight per token, or Π_t over the completion (sequence)",
-            choices=["token", "sequence"],
-        ),
+    is_level: str = flag(
+        "token",
+        "the weight per token, or Π_t over the completion (sequence)",
+        choices=["token", "sequence"],
     )
-    is_cap: float | None = field(
-        default=None, metadata=meta("TIS: the cap C >= 1 of min(w, C) (default 2, verl's)")
-    )
-    is_band: str | None = field(
-        default=None,
-        metadata=meta(
-            "MIS: LOW,HIGH, the band of weights kept, LOW <= 1 <= HIGH (default 0.5,2, verl's)"
-        ),
+    is_cap: float | None = flag(None, "TIS: the cap C >= 1 of min(w, C) (default 2, verl's)")
+    is_band: str | None = flag(
+        None, "MIS: LOW,HIGH, the band of weights kept, LOW <= 1 <= HIGH (default 0.5,2, verl's)"
     )
 
 
@@ -141,9 +126,9 @@ def check(cfg) -> None:
         (cfg.is_cap is not None, "--is-cap", "tis"),
         (cfg.is_band is not None, "--is-band", "mis"),
     ]
-    for given, flag, kinds in ignored:
+    for given, name, kinds in ignored:
         if given and cfg.is_correction not in kinds.split(" or "):
             raise UsageError(
-                f"{flag} belongs to --is-correction {kinds}, got --is-correction "
+                f"{name} belongs to --is-correction {kinds}, got --is-correction "
                 f"{cfg.is_correction}"
             )
