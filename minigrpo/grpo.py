@@ -69,7 +69,7 @@ from minigrpo.variants.advantages import (
     signal,
 )
 from minigrpo.variants.entropy import EntropyBonus, EntropyFlags, fork_mask
-from minigrpo.variants.inner_updates import Alone, entropy_bonus, inner_updates, is_weights, row
+from minigrpo.variants.inner_updates import Alone, inner_updates, row
 from minigrpo.variants.kl import (
     KL_PANEL,
     KLFlags,
@@ -78,7 +78,7 @@ from minigrpo.variants.kl import (
 )
 from minigrpo.variants.policy_losses import PolicyLossFlags, policy_loss_per_token, reduction
 from minigrpo.variants.presets import PRESETS
-from minigrpo.variants.sampler import SamplerFlags, make_sampler
+from minigrpo.variants.sampler import SamplerFlags, is_weights, make_sampler
 
 __all__ = [
     "GRPO",
@@ -304,7 +304,8 @@ class GRPO:
             sig.is_w, figures = (None, {})
             if self.sampler is not None or cfg.is_correction != "none":
                 sig.is_w, figures = m.each(is_weights, sig.old_logp, sig.mask, m.sampler_logp)
-            sig.loss_cfg, more = m.each(entropy_bonus, logits, sig.mask)
+            bonus = lambda a, *x: a.entropy_bonus.for_step(*x)
+            sig.loss_cfg, more = m.each(bonus, logits, sig.mask)
             sig.stats.update(figures, **more)
         args = (logp, sig.old_logp, sig.ref_logp, logits, sig.ref_logits, sig.adv, sig.mask)
         args = (*args, sig.policy_mask, sig.is_w)

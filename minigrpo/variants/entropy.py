@@ -142,19 +142,18 @@ class EntropyBonus:
         self.cfg, self.coef = cfg, cfg.entropy_coef
 
     @torch.no_grad()
-    def for_step(self, logits: torch.Tensor, mask: torch.Tensor, stats: dict):
-        """-> the config this step's loss uses (entropy_coef α_k); logs e_k, c_k and α_k into
-        stats."""
+    def for_step(self, logits: torch.Tensor, mask: torch.Tensor) -> tuple:
+        """-> (the config this step's loss uses (entropy_coef α_k), the figures e_k, c_k, α_k)."""
         cfg = self.cfg
         if cfg.entropy_target is None:
-            return cfg
+            return cfg, {}
         e = aggregate(entropy(logits), mask, "token-mean").item()
         alpha = applied_coef(self.coef, e, cfg.entropy_target)
-        stats.update(entropy_rollout=e, entropy_coef=self.coef, entropy_coef_applied=alpha)
+        figures = dict(entropy_rollout=e, entropy_coef=self.coef, entropy_coef_applied=alpha)
         self.coef = next_coef(
             self.coef, e, cfg.entropy_target, cfg.entropy_step, 0.0, cfg.entropy_coef_max
         )
-        return replace(cfg, entropy_coef=alpha)
+        return replace(cfg, entropy_coef=alpha), figures
 
 
 def check(cfg) -> None:

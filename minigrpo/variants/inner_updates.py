@@ -13,13 +13,10 @@ filter; `batch`: the rollout(s); and `sampler_logp`: π_sampler's log-probs.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from minigrpo.rl.report import combine_stats
 from minigrpo.rl.rollout import RolloutBatch
-from minigrpo.variants.sampler import weights
 
 
 class Alone:
@@ -49,18 +46,6 @@ class Alone:
         self.batch = b = self.batch.select(rows)
         sig.adv, sig.mask, sig.old_logp = sig.adv[rows], b.mask, b.old_logp
         sig.ref_logp, sig.ref_logits = b.ref_logp, b.ref_logits
-
-
-def is_weights(algo, old_logp, mask, sampler_logp) -> tuple:
-    """A run's sampler-correction weights (N, T) or None, and its figures (variants/sampler.py)."""
-    figures, rows = {}, SimpleNamespace(old_logp=old_logp, sampler_logp=sampler_logp)
-    return weights(algo.cfg, algo.sampler, rows, mask, figures).get("is_weights"), figures
-
-
-def entropy_bonus(algo, logits, mask) -> tuple:
-    """A run's loss config for this step (its entropy coefficient) and its figures."""
-    figures = {}
-    return algo.entropy_bonus.for_step(logits, mask, figures), figures
 
 
 def inner_updates(updates: int, forward, terms, anchor_term, step) -> tuple[list, list]:

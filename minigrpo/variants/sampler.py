@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from minigrpo.objectives.importance import CORRECTIONS, correction
 from minigrpo.rl.rollout import Sampler
 from minigrpo.util.cli import UsageError, check_ranges, flag, require
@@ -80,23 +78,13 @@ def make_sampler(cfg) -> Sampler | None:
     return Sampler(cfg.sample_temperature, cfg.sample_top_p, cfg.sample_stale) if mismatch else None
 
 
-def weights(cfg, sampler: Sampler | None, batch, mask: torch.Tensor, stats: dict) -> dict:
-    """-> {"is_weights": (N, T)} when --is-correction is on, else {} (a learner's grpo_loss takes
-    none); logs the sampler's KL (and the correction's figures) whenever the rollout's sampler is
-    not π_old or a correction is asked for."""
-    if sampler is None and cfg.is_correction == "none":
-        return {}
-    w, s = correction(
-        cfg.is_correction,
-        batch.old_logp,
-        batch.sampler_logp,
-        mask,
-        cfg.is_level,
-        cfg.is_cap or 2.0,
-        band(cfg),
-    )
-    stats.update(s)
-    return {} if w is None else {"is_weights": w}
+def is_weights(algo, old_logp, mask, sampler_logp) -> tuple:
+    """A run's --is-correction weights π_old/π_sampler (N, T), None without one, and its figures:
+    the sampler's KL and the correction's (objectives/importance.correction). GRPO asks for them
+    when the rollout's sampler is not π_old or a correction is asked for."""
+    cfg = algo.cfg
+    level, cap = cfg.is_level, cfg.is_cap or 2.0
+    return correction(cfg.is_correction, old_logp, sampler_logp, mask, level, cap, band(cfg))
 
 
 def band(cfg) -> tuple[float, float]:
