@@ -4,11 +4,9 @@ rollout correction: per_token_loss *= w before the KL term is added; the KL, ent
 preservation terms are not weighted).
 
     --sample-temperature T, --sample-top-p P, --sample-stale N   where the rollouts come from
-    (rl/rollout.Sampler;
-                           the truncated mass of top-p can never be sampled: no weight corrects that
-                           part)
-    --is-correction tis    min(w, C), --is-cap C (verl's 2)
-                           (objectives/importance.py)
+                           (rl/rollout.Sampler; the truncated mass of top-p can never be sampled:
+                           no weight corrects that part)
+    --is-correction tis    min(w, C), --is-cap C (verl's 2) (objectives/importance.py)
     --is-correction mis    w·1[LOW ≤ w ≤ HIGH], --is-band LOW,HIGH (verl's 0.5,2; IcePop)
     --is-level sequence    w = Π_t w_t over the completion, on each of its tokens
 Departures: MIS zeroes the weight and keeps the token in the aggregation's denominator (TRL's mask),
