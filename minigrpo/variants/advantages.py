@@ -143,7 +143,7 @@ def kept_rows(equal: torch.Tensor, cfg) -> torch.Tensor | None:
     return (~equal).repeat_interleave(cfg.group_size, -1)
 
 
-def signal(rewards, cfg, drawn=None, greedy=None, old_logp=None, ref_logp=None, mask=None):
+def signal(rewards, cfg, drawn, greedy, old_logp, ref_logp, mask):
     """GRPO's rewards -> (advantages (N,), equal (prompts,) bool: the groups whose rewards are all
     equal, figures {name: 0-dim tensor}). rewards (N,) grouped G by G; drawn (N,): --random-reward's
     rewards, which replace them; greedy (prompts,): ReMax's baseline; old_logp, ref_logp, mask (N,

@@ -119,11 +119,9 @@ class EntropyFlags:
 
 def fork_mask(ref_logits: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
     """--fork-entropy: the valid tokens where π_ref had a real choice (all of `mask` when off)."""
-    return (
-        forking_token_mask(entropy(ref_logits), mask, cfg.fork_entropy)
-        if cfg.fork_entropy
-        else mask
-    )
+    if not cfg.fork_entropy:
+        return mask
+    return forking_token_mask(entropy(ref_logits), mask, cfg.fork_entropy)
 
 
 def top_entropy(ent: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:

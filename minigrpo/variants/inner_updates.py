@@ -20,9 +20,7 @@ from minigrpo.rl.rollout import RolloutBatch
 
 
 class Alone:
-    """What GRPO's update maps over in a run alone: this run (a lockstep population's members:
-    population/grpo_update.Members). `each` calls fn(its algorithm, its tensors), `map` a pure
-    fn(its tensors)."""
+    """What GRPO's stages map over (`m`, above) in a run alone: this run."""
 
     def __init__(self, algo, batch: RolloutBatch):
         self.algo, self.batch = algo, batch

@@ -99,11 +99,9 @@ def policy_loss_per_token(logp, old_logp, adv, mask, ent, cfg, generator=None) -
     control = COV_CONTROLS.get(cfg.cov_control)
     hyper = {**loss.hyper(cfg), **(control.hyper if control else {})}
     per_token = loss.fn(logp, old_logp, adv[:, None], mask, **hyper)
-    return (
-        per_token
-        if control is None
-        else control.apply(per_token, logp, old_logp, adv, mask, cfg, generator)
-    )
+    if control is None:
+        return per_token
+    return control.apply(per_token, logp, old_logp, adv, mask, cfg, generator)
 
 
 def reduction(cfg) -> str:
