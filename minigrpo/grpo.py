@@ -70,12 +70,7 @@ from minigrpo.variants.advantages import (
 )
 from minigrpo.variants.entropy import EntropyBonus, EntropyFlags, fork_mask
 from minigrpo.variants.inner_updates import Alone, inner_updates, row
-from minigrpo.variants.kl import (
-    KL_PANEL,
-    KLFlags,
-    kl_figures,
-    kl_per_token,
-)
+from minigrpo.variants.kl import KL_PANEL, KLFlags, kl_figures, kl_per_token
 from minigrpo.variants.policy_losses import PolicyLossFlags, policy_loss_per_token, reduction
 from minigrpo.variants.presets import PRESETS
 from minigrpo.variants.sampler import SamplerFlags, is_weights, make_sampler
