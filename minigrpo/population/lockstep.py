@@ -46,7 +46,7 @@ from minigrpo.util.cli import UsageError
 
 # what members may differ in (lr: the optimiser's per member; reward, β, person: each member's
 # own scores, loss, prompts and anchor), and settings that change no result
-OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("grpo", "ppo")}
+OWN = ("seed", "out", "lr", "reward", "beta", "person")
 RECIPES = {"grpo": grpo_update.RECIPE, "ppo": ()}  # GRPO's: compare's presets of one μ
 QUIET = ("overwrite", "quiet", "verbose")
 
@@ -64,8 +64,7 @@ def trainer_name(trainer) -> str:
 def shared(trainer, cfg, mixed: bool = True) -> dict:
     """The settings of `cfg` that a lockstep population's members share: all but OWN's and QUIET's
     (and with `mixed`, the RECIPES')."""
-    name = trainer_name(trainer)
-    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
+    apart = (*OWN, *QUIET, *(RECIPES[trainer_name(trainer)] if mixed else ()))
     return {k: v for k, v in asdict(cfg).items() if k not in apart}
 
 
@@ -77,7 +76,7 @@ def unsupported(trainer, cfgs: list) -> str | None:
     if name not in KINDS:
         return f"{trainer.__name__} has no lockstep"
     if any(shared(trainer, c) != shared(trainer, cfgs[0]) for c in cfgs):
-        return f"members differ in more than their {', '.join(OWN[name])}" + (
+        return f"members differ in more than their {', '.join(OWN)}" + (
             " and recipe" if RECIPES[name] else ""
         )
     if cfgs[0].resume is not None:
