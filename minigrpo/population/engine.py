@@ -92,8 +92,6 @@ def run_lockstep(items: list, done, commands: Commands) -> bool:
             started.append((item, cfg))
         except OSError as e:
             done(item, f"{type(e).__name__}: {e}")
-    if not started:
-        return True
     items, cfgs = [item for item, _ in started], [cfg for _, cfg in started]
     try:
         results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
