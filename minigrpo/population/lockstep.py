@@ -136,10 +136,7 @@ class Population:
         self.ref = self.ref.rows(live)
         sampler = self.members[0][1].algo.sampler
         if sampler is not None and sampler.states:
-            index = torch.tensor(live, device=self.stack.w["wte.weight"].device)
-            sampler.states = [
-                {k: w.index_select(0, index) for k, w in s.items()} for s in sampler.states
-            ]
+            sampler.states = [{k: w[live] for k, w in s.items()} for s in sampler.states]
         self.adopt()
 
 
