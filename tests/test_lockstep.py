@@ -440,6 +440,28 @@ def test_a_lockstep_population_that_fails_as_a_whole_reports_it_for_each_run(
     )
 
 
+def test_runs_whose_folders_cannot_be_made_fail_alone_and_none_made_trains_nothing(
+    tmp_path, tiny_pretrained, monkeypatch
+):
+    """A folder that cannot be made afresh fails its run only; with none made, the population is
+    done (each run said why) without a step."""
+    from test_population import _run as item
+
+    from minigrpo.compare import COMMANDS
+    from minigrpo.population import engine
+
+    def refused(item, lockstep=False):
+        raise PermissionError(f"cannot make {item[1]} (as a test)")
+
+    monkeypatch.setattr(engine, "start_folder", refused)
+    init, _, _ = tiny_pretrained
+    errors = {}
+    items = [item(init, tmp_path / f"s{s}", s) for s in range(2)]
+    assert engine.run_lockstep(items, lambda i, e: errors.__setitem__(i[1], e), COMMANDS) is True
+    assert errors == {s: f"PermissionError: cannot make {s} (as a test)" for s in range(2)}
+    assert not (tmp_path / "s0").exists()
+
+
 def test_a_keyboardinterrupt_in_a_step_ends_every_member_as_interrupted_at_once(
     tmp_path, tiny_pretrained, monkeypatch
 ):

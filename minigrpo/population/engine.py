@@ -29,7 +29,7 @@ from minigrpo.tools.pool import end_folder, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
 # flags, each with a value, in which a lockstep population's members may differ (lockstep.OWN)
-PER_MEMBER = {name: tuple("--" + k.replace("_", "-") for k in own) for name, own in OWN.items()}
+PER_MEMBER = tuple("--" + k.replace("_", "-") for k in OWN)
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,11 @@ def lockstep_key(item, commands: Commands, mixed: bool = True) -> tuple | None:
     trainer = commands.trainers.get(cmd[2])
     if trainer is None or trainer_name(trainer) not in KINDS:  # the trainers lockstep runs
         return None
-    name = trainer_name(trainer)
-    flags, skip, own = [], False, PER_MEMBER[name]
+    flags, skip = [], False
     for arg in cmd[3:]:
-        if not skip and arg not in own:
+        if not skip and arg not in PER_MEMBER:
             flags.append(arg)
-        skip = not skip and arg in own
+        skip = not skip and arg in PER_MEMBER
     setting = _setting(trainer, tuple(flags), mixed)
     return None if setting is None else (cmd[2], setting)
 
@@ -93,8 +92,6 @@ def run_lockstep(items: list, done, commands: Commands) -> bool:
             started.append((item, cfg))
         except OSError as e:
             done(item, f"{type(e).__name__}: {e}")
-    if not started:
-        return True
     items, cfgs = [item for item, _ in started], [cfg for _, cfg in started]
     try:
         results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))

@@ -46,17 +46,14 @@ from minigrpo.util.cli import UsageError
 
 # what members may differ in (lr: the optimiser's per member; reward, β, person: each member's
 # own scores, loss, prompts and anchor), and settings that change no result
-OWN = {trainer: ("seed", "out", "lr", "reward", "beta", "person") for trainer in ("grpo", "ppo")}
+OWN = ("seed", "out", "lr", "reward", "beta", "person")
 RECIPES = {"grpo": grpo_update.RECIPE, "ppo": ()}  # GRPO's: compare's presets of one μ
 QUIET = ("overwrite", "quiet", "verbose")
 
 
-# each trainer's algorithm (trainer -> its class: run -> a member's state, for its checkpoint) and
-# its members' update (population/*_update.py: (cfg, anchor, algos) -> the update)
-KINDS = {
-    "grpo": (lambda trainer: trainer.GRPO, grpo_update.LockstepGRPO),
-    "ppo": (lambda trainer: trainer.PPO, ppo_update.LockstepPPO),
-}
+# each trainer's members' update (population/*_update.py: (cfg, anchor, algos) -> the update); a
+# member's algorithm (its state, for its checkpoint) is the trainer's class of its name in capitals
+KINDS = {"grpo": grpo_update.LockstepGRPO, "ppo": ppo_update.LockstepPPO}
 
 
 def trainer_name(trainer) -> str:
@@ -67,8 +64,7 @@ def trainer_name(trainer) -> str:
 def shared(trainer, cfg, mixed: bool = True) -> dict:
     """The settings of `cfg` that a lockstep population's members share: all but OWN's and QUIET's
     (and with `mixed`, the RECIPES')."""
-    name = trainer_name(trainer)
-    apart = (*OWN[name], *QUIET, *(RECIPES[name] if mixed else ()))
+    apart = (*OWN, *QUIET, *(RECIPES[trainer_name(trainer)] if mixed else ()))
     return {k: v for k, v in asdict(cfg).items() if k not in apart}
 
 
@@ -80,7 +76,7 @@ def unsupported(trainer, cfgs: list) -> str | None:
     if name not in KINDS:
         return f"{trainer.__name__} has no lockstep"
     if any(shared(trainer, c) != shared(trainer, cfgs[0]) for c in cfgs):
-        return f"members differ in more than their {', '.join(OWN[name])}" + (
+        return f"members differ in more than their {', '.join(OWN)}" + (
             " and recipe" if RECIPES[name] else ""
         )
     if cfgs[0].resume is not None:
@@ -97,7 +93,7 @@ class Member:
         trainer.check_config(cfg)
         name = trainer_name(trainer)
         self.run = Run(cfg, name, log, like)
-        self.algo = KINDS[name][0](trainer)(self.run)
+        self.algo = getattr(trainer, name.upper())(self.run)  # grpo.GRPO, ppo.PPO
         self.logger, self.batch, self.error = None, None, None
 
 
@@ -124,11 +120,9 @@ class Population:
                 a.sampler = algos[0].sampler
         runs = [m.run for _, m in self.members]
         if runs[0].anchor is not None and cfg.trust_region_anchor > 0:
-            chosen = {}
-            for r in runs:
-                if id(r.anchor) not in chosen:
-                    chosen[id(r.anchor)] = r.anchor_probe_rows()
-            gens, weights, groups = zip(*[chosen[id(r.anchor)] for r in runs])
+            # one run's rows for each anchor (Run.anchor_probe_rows: chosen once, kept)
+            probe = {id(r.anchor): r.anchor_probe_rows for r in runs}
+            gens, weights, groups = zip(*[probe[id(r.anchor)]() for r in runs])
             rows, (w, g) = own_rows(list(gens), [list(weights), list(groups)])
             self.anchor_rows = (rows, w, g)
 
@@ -142,10 +136,7 @@ class Population:
         self.ref = self.ref.rows(live)
         sampler = self.members[0][1].algo.sampler
         if sampler is not None and sampler.states:
-            index = torch.tensor(live, device=self.stack.w["wte.weight"].device)
-            sampler.states = [
-                {k: w.index_select(0, index) for k, w in s.items()} for s in sampler.states
-            ]
+            sampler.states = [{k: w[live] for k, w in s.items()} for s in sampler.states]
         self.adopt()
 
 
@@ -166,7 +157,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
     cfg, first = cfgs[members[0][0]], members[0][1].run
     stack = Stack([m.run.policy for _, m in members], trainable=True)
     anchor = MembersAnchor(cfg) if first.anchor is not None else None
-    update = KINDS[trainer_name(trainer)][1](cfg, anchor, [m.algo for _, m in members])
+    update = KINDS[trainer_name(trainer)](cfg, anchor, [m.algo for _, m in members])
     params = stack.parameters() + [w for s in update.stacks for w in s.parameters()]
     opt = AdamW(params, lr=cfg.lr, t=torch.zeros(len(members), dtype=torch.long))
     pop = Population(members, stack, Stack([m.run.ref for _, m in members]), opt, update, cfg)
@@ -182,11 +173,7 @@ def train_lockstep(trainer, cfgs: list, logs: list) -> list:
         with StopOnCtrlC() as stop:  # STOPPING: a pool's Ctrl-C
             while pop.members and not (stop.requested or any(s.is_set() for s in STOPPING)):
                 _step(pop)
-                ended = [
-                    j
-                    for j, (_, m) in enumerate(pop.members)
-                    if m.error or m.run.stop_reason is not None
-                ]
+                ended = [j for j, (_, m) in enumerate(pop.members) if m.error or m.run.stop_reason]
                 for j in ended:
                     k, m = pop.members[j]
                     m.logger.close()

@@ -24,32 +24,13 @@ from minigrpo.rl.run_state import clip_and_step
 from toy_tasks.value_tree import ValueTree
 
 
-class Members:
-    """The members as PPO's run: their stacked policy and π_ref (set each step), their runs."""
-
-    def __init__(self, cfg, anchor: MembersAnchor | None):
-        self.cfg, self.anchor, self.runs = cfg, anchor, []  # runs: each member's rl/loop.Run
-        self.policy: Stack | None = None  # set each step, as π_ref and `slices` (the step's)
-        self.ref: Stack | None = None
-        self.slices: Slices | None = None
-
-    def anchor_term(self) -> torch.Tensor | None:
-        """(P,) --preserve-coef × each member's anchor loss (None when off)."""
-        anchors = [r.anchor for r in self.runs]
-        return None if self.anchor is None else self.anchor.term(self.policy, self.ref, anchors)
-
-    def clip_and_step(self, opt: AdamW, loss: torch.Tensor, params) -> torch.Tensor:
-        """Run.clip_and_step of every member (rl/run_state.clip_and_step)."""
-        return clip_and_step(opt, loss, opt.params, self.cfg.grad_clip, 0)
-
-
 class Critics(Stack):
     """The members' learned critics (rl/critics.py), trained after the policy: Critic.named_weights
     stacked (heads (P, 1, C), (P, 1), then the separate critic's trunks), trainable."""
 
     learned = True
 
-    def __init__(self, critics: list, cfg, members: Members):
+    def __init__(self, critics: list, cfg, members: LockstepPPO):
         named = [c.named_weights() for c in critics]
         w = {k: stacked([n[k] for n in named]).detach().requires_grad_() for k in named[0]}
         Weights.__init__(self, cfg, w)
@@ -74,8 +55,8 @@ class ExactValues:
     learned = False
     beta: torch.Tensor
 
-    def __init__(self, run, members: Members):
-        self.run, self.members, self.trees = run, members, {}
+    def __init__(self, members: LockstepPPO):
+        self.members, self.trees = members, {}
 
     def parameters(self) -> list:
         return []
@@ -83,13 +64,13 @@ class ExactValues:
     def tree(self, runs: list) -> tuple[ValueTree, dict]:
         """The value tree of these members' prompts (one set) and rewards (one table where they
         share it), and each prompt's place in it, made once."""
-        specs, prompts = [x.cfg.reward for x in runs], runs[0].prompts
+        r, specs = runs[0], [x.cfg.reward for x in runs]
         shared = len(set(specs)) == 1
-        key = (specs[0] if shared else tuple(specs), tuple(prompts))
+        key = (specs[0] if shared else tuple(specs), tuple(r.prompts))
         if key not in self.trees:
-            r, tables = self.run, runs[0].rewards if shared else [x.rewards for x in runs]
-            tree = ValueTree(r.tok, prompts, r.task.support, tables, r.device)
-            self.trees[key] = (tree, {x: i for i, x in enumerate(prompts)})
+            tables = r.rewards if shared else [x.rewards for x in runs]
+            tree = ValueTree(r.tok, r.prompts, r.task.support, tables, r.device)
+            self.trees[key] = (tree, {x: i for i, x in enumerate(r.prompts)})
         return self.trees[key]
 
     @torch.no_grad()
@@ -105,25 +86,38 @@ class ExactValues:
             index = [[place[x] for x in batches[p].prompts] if batches[p] else [0] * N for p in at]
             out[at] = exact_values(
                 tree, m.policy.rows(at), m.ref.rows(at), betas[at].tolist(),
-                self.run.cfg.temperature, torch.tensor(index, device=rows.ids.device),
+                m.cfg.temperature, torch.tensor(index, device=rows.ids.device),
                 rows.completion_ids[at], step.mask[at],
             )  # fmt: skip
         return out
 
 
 class LockstepPPO:
+    """The members' update, and the members as the run of its PPO: their stacked policy, π_ref and
+    rl/loop.Run's (set each step, as `slices`, the step's), their anchor term and optimiser step."""
+
     # as PPO: the KL penalty in the reward, and π_old's log-probs before any update
     needs_ref = True
     needs_old_logp = True
 
     def __init__(self, cfg, anchor: MembersAnchor | None, algos: list):
-        m, critics = Members(cfg, anchor), [a.critic for a in algos]
-        self.members, exact = m, ExactValues(algos[0].run, m)
-        self.critics = Critics(critics, algos[0].policy.cfg, m) if critics[0].learned else None
+        self.cfg, self.anchor, self.runs = cfg, anchor, []  # runs: each member's rl/loop.Run
+        self.policy = self.ref = self.slices = None  # set each step (Stack, Stack, Slices)
+        exact, critics = ExactValues(self), [a.critic for a in algos]
+        self.critics = Critics(critics, algos[0].policy.cfg, self) if critics[0].learned else None
         # what the optimiser updates besides the policy (after it, in this order)
         self.stacks = [] if self.critics is None else [self.critics]
-        # the trainer's own PPO (ppo.PPO, a layer above) over the members
-        self.ppo = type(algos[0])(m, exact if self.critics is None else self.critics, exact)
+        # the trainer's own PPO (ppo.PPO, a layer above) with these members as its run
+        self.ppo = type(algos[0])(self, exact if self.critics is None else self.critics, exact)
+
+    def anchor_term(self) -> torch.Tensor | None:
+        """(P,) --preserve-coef × each member's anchor loss (None when off)."""
+        anchors = [r.anchor for r in self.runs]
+        return None if self.anchor is None else self.anchor.term(self.policy, self.ref, anchors)
+
+    def clip_and_step(self, opt: AdamW, loss: torch.Tensor, params) -> torch.Tensor:
+        """Run.clip_and_step of every member (rl/run_state.clip_and_step)."""
+        return clip_and_step(opt, loss, opt.params, self.cfg.grad_clip, 0)
 
     def host_state(self, algo, copies, p: int) -> dict:
         """Member p's PPO.state_dict() for its checkpoint: its learned critic's weights from the
@@ -135,15 +129,14 @@ class LockstepPPO:
     def __call__(self, stack: Stack, ref: Stack, opt: AdamW, step: Rollouts) -> dict:
         """PPO.figures of every member -> {name: (P,)}: the rollout's, then each update's
         (rl/report.packed), read back by the caller in one go."""
-        m = self.members
-        m.policy, m.ref, m.runs, self.ppo.policy = stack, ref, step.runs, stack
+        self.policy, self.ref, self.runs, self.ppo.policy = stack, ref, step.runs, stack
         # each member's β, adapted on its own (its PPO.row)
         self.ppo.beta = torch.tensor([[[a.beta]] for a in step.algos], device=step.mask.device)
         # PPO's functions of one run's tensors: on the CPU member by member at its own width (its
         # single run's sums), on a GPU PPO's vmap (one kernel for all)
-        m.slices = None if step.mask.is_cuda else Slices(step)
-        one = lambda f: lambda *x: m.slices.each(lambda _, *y: f(*y), *x)
-        each = None if m.slices is None else lambda f, lead: one(f)
+        self.slices = None if step.mask.is_cuda else Slices(step)
+        one = lambda f: lambda *x: self.slices.each(lambda _, *y: f(*y), *x)
+        each = None if self.slices is None else lambda f, lead: one(f)
         shuffles = [r.gens["shuffle"] for r in step.runs]
         per_update, rollout = self.ppo.figures(step, opt, shuffles, each)
         self.updates, self.n = len(per_update), step.mask.size(1)

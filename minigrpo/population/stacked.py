@@ -73,10 +73,10 @@ def keep(stacks: list[Stack], opt: AdamW, members: list[int]) -> None:
     """Only `members` (in this order) from now on, in the stacks (the optimiser's parameters, in its
     order) and the optimiser's state."""
     index = torch.tensor(members, device=opt.params[0].device)
-    opt.t = opt.t[torch.tensor(members)]
+    opt.t = opt.t[members]
     lr = opt.param_groups[0]["lr"]
     if torch.is_tensor(lr):
-        opt.param_groups[0]["lr"] = lr[torch.tensor(members)]
+        opt.param_groups[0]["lr"] = lr[members]
     for stack in stacks:
         stack.w = {name: select(w.detach(), index).requires_grad_() for name, w in stack.w.items()}
     opt.params = [w for stack in stacks for w in stack.parameters()]
