@@ -150,11 +150,21 @@ def prefill(
     return logits.flatten(0, 1)[run].view(P, B, -1), cache
 
 
-def generate(model: GPT, *request, use_cache: bool = True, **named) -> Generation:
-    """Sample up to max_new_tokens tokens after each (left-padded) prompt row: generate_all of one
-    Request(*request, **named) (prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p,
-    generator) over the model's weights; its ValueError raised. See module docstring."""
-    (gen,) = generate_all(model.weights(), [Request(*request, **named)], use_cache)
+def generate(
+    model: GPT,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 16,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> Generation:
+    """Sample up to `max_new_tokens` tokens after each (left-padded) prompt row: generate_all of one
+    request over the model's weights; its ValueError raised. See module docstring."""
+    asked = Request(prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, top_p, generator)
+    (gen,) = generate_all(model.weights(), [asked], use_cache)
     if isinstance(gen, ValueError):
         raise gen
     return gen
