@@ -3,7 +3,6 @@ one lockstep population, each against its single run (its oracle), and the merge
 figures."""
 
 import json
-from functools import partial
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from test_population import UNTIMED, _run, close
 
 from minigrpo import grpo
 from minigrpo.compare import run_one
-from minigrpo.population.grpo_update import RECIPE, _merged, recipe_of
+from minigrpo.population.grpo_update import RECIPE, _merger, recipe_of
 from minigrpo.population.lockstep import train_lockstep, unsupported
 from minigrpo.util.jsonl import read_jsonl
 
@@ -98,13 +97,13 @@ def test_members_of_several_recipes_are_their_single_runs(tmp_path, tiny_pretrai
 
 
 def test_one_recipe_takes_the_whole_and_several_merge_in_the_members_order():
-    """_merged: one recipe's tensors and dicts are returned as they are (no copy); several are put
+    """_merger: one recipe's tensors and dicts are returned as they are (no copy); several are put
     back in the members' order, a figure a recipe lacks NaN for its members, and the gradient
     reaches each part's own."""
-    one = partial(_merged, [None])
+    one = _merger([None])
     x = torch.arange(3.0)
     assert one([x]) is x and one([{"a": x}])["a"] is x
-    merge = partial(_merged, [torch.tensor([0, 2]), torch.tensor([1])])
+    merge = _merger([torch.tensor([0, 2]), torch.tensor([1])])
     a, b = torch.tensor([10.0, 12.0], requires_grad=True), torch.tensor([11.0], requires_grad=True)
     merged = merge([a, b])
     assert merged.tolist() == [10.0, 11.0, 12.0]

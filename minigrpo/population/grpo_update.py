@@ -13,7 +13,6 @@ Here only what is about many members: DAPO's filter as masks, and members of sev
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +149,7 @@ class LockstepGRPO:
         cfg, parts = self.cfg, self.parts(step)
         members = [Members(mine) for _, _, mine in parts]
         signals = [algo.signal(mine, m) for (algo, _, mine), m in zip(parts, members)]
-        merge = partial(_merged, [index for _, index, _ in parts])
+        merge = _merger([index for _, index, _ in parts])
         active = None  # who updates: every member but those of no group left without an anchor
         if any(m.active is not None for m in members) and self.anchor is None:
             every = lambda m: torch.ones(len(m.algos), dtype=torch.bool, device=m.device)
@@ -209,15 +208,20 @@ class LockstepGRPO:
         return row(stats, before, unpacked(mine, updates), unpacked(mine, ratios, "ratio"))
 
 
-def _merged(indices: list, parts: list):
-    """Each recipe's (P_r, ...) tensors (or dicts of them), its members' places `indices` (None:
-    one recipe, every member) -> one (P, ...) in the members' order; a figure one recipe lacks is
-    NaN for its members."""
+def _merger(indices: list):
+    """-> merge(parts): each recipe's (P_r, ...) tensors (or dicts of them), its members' places
+    `indices` (None: one recipe, every member) -> one (P, ...) in the members' order; a figure one
+    recipe lacks is NaN for its members. The inverse order is found once, for the step's merges."""
     if indices[0] is None:
-        return parts[0]
-    if isinstance(parts[0], dict):
-        names = dict.fromkeys(k for part in parts for k in part)
-        nan = lambda at: torch.full((len(at),), float("nan"), device=at.device)
-        each = lambda k: [part[k] if k in part else nan(at) for part, at in zip(parts, indices)]
-        return {k: _merged(indices, each(k)) for k in names}
-    return torch.cat(parts)[torch.argsort(torch.cat(indices))]  # argsort: the inverse order
+        return lambda parts: parts[0]
+    back = torch.argsort(torch.cat(indices))  # member p's place among the parts' members
+    nan = lambda at: torch.full((len(at),), float("nan"), device=at.device)
+
+    def merge(parts: list):
+        if isinstance(parts[0], dict):
+            names = dict.fromkeys(k for part in parts for k in part)
+            each = lambda k: [part[k] if k in part else nan(at) for part, at in zip(parts, indices)]
+            return {k: merge(each(k)) for k in names}
+        return torch.cat(parts)[back]
+
+    return merge
