@@ -1,6 +1,7 @@
 """bench/population.py: the population section's table, and its limit on how long one population may
 take."""
 
+import re
 import shutil
 
 import pytest
@@ -16,12 +17,20 @@ def test_the_section_measures_each_population_and_skips_one_the_last_rate_says_i
     monkeypatch.setattr(population, "cores", lambda: 2)
     # 1,000 runs at the rate of 1 and 2 would take far longer
     monkeypatch.setattr(population, "LIMIT_S", 60)
-    text = population.bench_population(tmp_path, init, "cpu", sizes=[1, 2, 1000], steps=1, grow=0)
+    text = population.bench_population(
+        tmp_path, init, "cpu", sizes=[1, 2, 1000], steps=1, grow=0, tries=2
+    )
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     ok = lambda name: rows[name].rstrip(" |").endswith("ok")
     assert ok("1 alone, as the pool runs it") and ok("1") and ok("2"), text
     assert "not run: about" in rows["1000"] and "limit per population: 60 s" in rows["1000"], text
-    # the largest P measured
+    # the run alone and the largest P measured, each twice in turn: median (min–max), and the ratio
+    # of each try's rates
+    for name in ("1 alone, as the pool runs it", "2", "2 over a run alone, try by try"):
+        median, low, high = (float(x) for x in re.findall(r"[\d.]+", rows[name].split("|")[2]))
+        assert 0 < low <= median <= high, text
+    assert rows["1"].split("|")[2].strip().count(" ") == 0, text  # once: no range
+    assert rows["2 over a run alone, try by try"].rstrip(" |").endswith("2 tries"), text
     assert ok("2 in 2 processes"), text
     assert ok("2 of ppo") and ok("2 of ppo_oracle"), text
     # GRPO's presets of μ = 2: one, or each its own

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import resource
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -84,11 +85,18 @@ def _items(
     return items
 
 
-def _row(what: str, P: int, steps: int, wall: float, memory: str, failed: list) -> list:
+def _rate(P: int, steps: int, walls: list[float]) -> str:
+    """Run-steps per second of tries taking `walls` seconds: the median, with (min–max) over 2+."""
+    rates = sorted(P * steps / w for w in walls)
+    median = statistics.median(rates)
+    return f"{median:.1f}" + (f" ({rates[0]:.1f}–{rates[-1]:.1f})" if len(rates) > 1 else "")
+
+
+def _row(what: str, P: int, steps: int, walls: list[float], memory: str, failed: list) -> list:
     return [
         what,
-        f"{P * steps / wall:.1f}",
-        f"{1e3 * wall / (P * steps):.1f}",
+        _rate(P, steps, walls),
+        f"{1e3 * statistics.median(walls) / (P * steps):.1f}",
         memory,
         "ok" if not failed else failed[0],
     ]
@@ -119,44 +127,68 @@ def bench_population(
     sizes: list[int] | None = None,
     steps: int = 10,
     grow: int = 4,
+    tries: int | None = None,
 ) -> str:
+    """The section's tables. The run alone and the largest population are timed `tries` times in
+    turn (5 on a CPU, 1 on a GPU), so the machine's drift falls on both alike; their rows give the
+    median and (min–max), and a last row the ratio of each try's rates."""
     gpu = device.startswith("cuda")
     sizes = sizes or ([1, 32, 128, 512] if gpu else [1, 4, 16])
+    tries = tries or (1 if gpu else 5)
     folder = lambda name: (
         shutil.rmtree(out / "population" / name, ignore_errors=True),
         out / "population" / name,
     )[1]
     items = lambda name, P: _items(folder(name), init, device, range(P), steps)
-    wall, failed = _timed(gpu, 1, lambda done: done(None, run_one(items("alone", 1)[0])))
-    rows, measured = [_row("1 alone, as the pool runs it", 1, steps, wall, "", failed)], (1, wall)
+    alone = lambda: _timed(gpu, 1, lambda done: done(None, run_one(items("alone", 1)[0])))
+    population = lambda P: _timed(
+        gpu, P, lambda done: run_population(items(f"P{P}", P), done, COMMANDS)
+    )
+    walls, failed = {}, {}  # by P (0: the run alone): each try's seconds, the failed runs' errors
+
+    def timed(P: int) -> None:
+        wall, errors = alone() if P == 0 else population(P)
+        walls.setdefault(P, []).append(wall)
+        failed.setdefault(P, []).extend(errors)
+
+    timed(0)
+    measured, memory, skipped = (1, walls[0][0]), {}, []
     for P in sizes:
         # a population's step ran as fast per run at every P measured so far
         guess = measured[1] * P / measured[0]
         if guess > LIMIT_S:
-            rows.append(
-                [
-                    str(P),
-                    "",
-                    "",
-                    "",
-                    f"not run: about {guess:.0f} s at the last rate (this section's limit "
-                    f"per population: {LIMIT_S} s)",
-                ]
+            limit = f"this section's limit per population: {LIMIT_S} s"
+            skipped.append(
+                [str(P), "", "", "", f"not run: about {guess:.0f} s at the last rate ({limit})"]
             )
             continue
-        wall, failed = _timed(
-            gpu, P, lambda done: run_population(items(f"P{P}", P), done, COMMANDS)
-        )
-        rows.append(_row(str(P), P, steps, wall, _memory(gpu, P), failed))
+        timed(P)
+        memory[P], measured = _memory(gpu, P), (P, walls[P][0])
         # progress
-        print(f"population: P={P} {P * steps / wall:.1f} run-steps/s", file=sys.stderr, flush=True)
-        measured = (P, wall)
+        print(f"population: P={P} {P * steps / walls[P][0]:.1f} run-steps/s", file=sys.stderr)
+    P = measured[0]
+    for _ in range(tries - 1):  # the run alone and the largest P again, in turn
+        timed(0)
+        timed(P)
+    ratios = sorted(P * a / b for a, b in zip(walls[0], walls[P]))
+    rows = [
+        _row("1 alone, as the pool runs it", 1, steps, walls[0], "", failed[0]),
+        *(_row(str(n), n, steps, walls[n], memory[n], failed[n]) for n in memory),
+        *skipped,
+        [
+            f"{P} over a run alone, try by try",
+            f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})",
+            "",
+            "",
+            f"{len(ratios)} tries",
+        ],
+    ]
     # PPO's lockstep at the largest P
     for name, extra in (("ppo", ()), ("ppo_oracle", ("--critic", "oracle"))):
         P = measured[0]
         ppo = _items(folder(f"{name}{P}"), init, device, range(P), steps, "minigrpo.ppo", extra)
         wall, failed = _timed(gpu, P, lambda done: run_population(ppo, done, COMMANDS))
-        rows.append(_row(f"{P} of {name}", P, steps, wall, _memory(gpu, P), failed))
+        rows.append(_row(f"{P} of {name}", P, steps, [wall], _memory(gpu, P), failed))
     P, jobs = measured[0], cores()
     # the largest P over every core's process, as compare runs it (on a GPU: in turns, or through
     # a CUDA MPS the machine runs)
@@ -169,7 +201,7 @@ def bench_population(
             ),
         )
         note = gpu_note(min(jobs, P), gpu)
-        rows.append(_row(f"{P} in {min(jobs, P)} processes{note}", P, steps, wall, "", failed))
+        rows.append(_row(f"{P} in {min(jobs, P)} processes{note}", P, steps, [wall], "", failed))
     memory_title = (
         "GPU MiB per member: tensors (peak); device in use" if gpu else "process peak RSS / P, MiB"
     )
