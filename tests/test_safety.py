@@ -21,7 +21,7 @@ from minigrpo.lm.checkpoint import read_checkpoint, save_checkpoint
 from minigrpo.lm.model import GPT, GPTConfig
 from minigrpo.lm.tokenizer import CharTokenizer
 from minigrpo.util.cli import UsageError, main_guard
-from minigrpo.util.outputs import prepare_out, release_out, write_json
+from minigrpo.util.outputs import MARK, prepare_out, release_out, write_json
 
 TINY = [
     "--steps",
@@ -100,6 +100,32 @@ def test_compare_and_bench_refuse_a_run_folder_without_asking_for_an_overwrite_t
         [".lock", "model.pt", "metrics.jsonl", "summary.json", "config.json", "loss.png"]
         + ["samples.txt", "notes.txt"]
     )
+
+
+def test_a_run_refuses_a_folder_of_runs_and_writes_nothing_there(tmp_path):
+    """`grpo --out <compare's folder>` wrote a run beside compare's run folders, and compare then
+    refused its own folder: a folder claimed by compare or bench is marked as a folder of runs, and
+    a run's --out there is one line naming a folder inside instead; nothing is written."""
+    folder = prepare_out(str(tmp_path / "sweep"), runs_inside="compare")
+    release_out(folder)
+    before = (folder / ".lock").read_text()
+    for flags in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(UsageError, match="is a folder of compare's runs") as e:
+            prepare_out(str(folder), **flags)
+        assert str(folder / "my-run") in str(e.value) and "\n" not in str(e.value)
+    assert [p.name for p in folder.iterdir()] == [".lock"] and (
+        folder / ".lock"
+    ).read_text() == before
+    # compare claims it again; a run claims a folder inside it
+    release_out(prepare_out(str(folder), runs_inside="compare"))
+    assert prepare_out(str(folder / "grpo-s0")) == folder / "grpo-s0"
+    # a folder of runs from before the mark (a run's mark, no run's files) is marked when claimed
+    old = tmp_path / "old-sweep"
+    old.mkdir()
+    (old / ".lock").write_text(MARK)
+    release_out(prepare_out(str(old), runs_inside="bench"))
+    with pytest.raises(UsageError, match="is a folder of bench's runs"):
+        prepare_out(str(old))
 
 
 def test_overwrite_removes_the_old_runs_files_only(tmp_path):

@@ -26,6 +26,8 @@ MARK = (
     "minigrpo run folder: this file is its lock and its mark (--overwrite replaces only runs "
     "of ours)\n"
 )
+# the mark of a folder of run folders (compare's, bench's: runs_inside): no run's own files go in it
+RUNS_MARK = "minigrpo folder of runs ({}): this file is its lock and its mark\n"
 # write_atomic's (and older) temp names
 STALE_TEMP_GLOBS = (".*.pt.tmp[0-9]*", ".*.json.tmp[0-9]*", "*.json.tmp")
 # folder -> its open, flock-ed .lock file, held for the life of the process
@@ -43,8 +45,9 @@ def prepare_out(
     then removed first, and only in a folder a run of ours wrote: `ours`) or `resume` (kept);
     deletes temp files a killed write left behind; marks the folder as ours (in its .lock). A
     command whose --out holds run folders, not a run (`runs_inside`: its name, compare or bench),
-    refuses a folder that holds a run's own files whatever its flags: no flag of it replaces one.
-    Every refusal is a one-line UsageError."""
+    refuses a folder that holds a run's own files whatever its flags: no flag of it replaces one;
+    a run refuses such a command's folder (its mark, RUNS_MARK). Every refusal is a one-line
+    UsageError."""
     out = str(out)
     if not out.strip():
         raise UsageError("--out is empty; give a folder path such as runs/my-run")
@@ -58,7 +61,13 @@ def prepare_out(
             f"--out {out!r} cannot be created: {e.strerror or e}; give a writable folder"
         ) from None
     lock_out(path)
-    old = [name for name in RUN_FILES if (path / name).exists()]
+    old, holder = [name for name in RUN_FILES if (path / name).exists()], folder_of_runs(path)
+    if holder and not runs_inside:
+        release_out(path)
+        raise UsageError(
+            f"--out {out!r} is a folder of {holder}'s runs; a run writes a folder of its own: give "
+            f"another --out, such as {str(path / 'my-run')!r} (nothing there was touched)"
+        )
     if old and runs_inside:
         release_out(path)
         raise UsageError(
@@ -82,9 +91,18 @@ def prepare_out(
     if old and overwrite and not resume:
         remove_matching(path, RUN_OUTPUTS)
     lock = path / ".lock"
-    if lock.stat().st_size == 0:
-        lock.write_text(MARK)
+    mark = RUNS_MARK.format(runs_inside) if runs_inside else MARK
+    # a run's folder keeps its mark; a folder of runs is marked by the command that claims it
+    if lock.stat().st_size == 0 or (runs_inside and lock.read_text(errors="replace") != mark):
+        lock.write_text(mark)
     return path
+
+
+def folder_of_runs(path: Path) -> str | None:
+    """The command whose folder of runs `path` is (its .lock's RUNS_MARK), else None."""
+    lock, head = path / ".lock", RUNS_MARK.split("{")[0]
+    text = lock.read_text(errors="replace") if lock.is_file() else ""
+    return text[len(head) :].split(")")[0] if text.startswith(head) else None
 
 
 def ours(path: Path) -> bool:
