@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_population import UNTIMED, _run, breaking_reward, close
 
-from minigrpo import grpo, ppo
+from minigrpo import dpo, grpo, ppo
 from minigrpo.compare import run_one
 from minigrpo.population.checkpoint import HostCopies
 from minigrpo.population.lockstep import Member, train_lockstep, unsupported
@@ -399,6 +399,9 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
         == "--preserve-anchor sampled"
     )
     assert unsupported(grpo, [_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
+    # a trainer without a lockstep (no ALGORITHM, no update of its members)
+    dpo_cfg = dpo.parse(["--init", str(init), "--out", str(tmp_path / "f")])
+    assert unsupported(dpo, [dpo_cfg]) == "minigrpo.dpo has no lockstep"
 
 
 @pytest.mark.parametrize(
