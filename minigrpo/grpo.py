@@ -364,6 +364,9 @@ PANELS = (
     + COST_PANELS
 )
 
+# the algorithm a lockstep population's members run (population/lockstep.Member)
+ALGORITHM = GRPO
+
 
 def train(cfg: GRPOConfig, log=print) -> dict:
     check_config(cfg)

@@ -254,6 +254,9 @@ PANELS = (
     + COST_PANELS
 )
 
+# the algorithm a lockstep population's members run (population/lockstep.Member)
+ALGORITHM = PPO
+
 
 def check_config(cfg: PPOConfig) -> None:
     """Refuse values PPO cannot run as asked, with one line each."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_population import UNTIMED, _run, breaking_reward, close
 
-from minigrpo import grpo, ppo
+from minigrpo import dpo, grpo, ppo
 from minigrpo.compare import run_one
 from minigrpo.population.checkpoint import HostCopies
 from minigrpo.population.lockstep import Member, train_lockstep, unsupported
@@ -336,6 +336,29 @@ def test_a_failing_member_ends_with_its_error_and_the_others_are_untouched(
         ]
 
 
+@pytest.mark.slow
+def test_members_leaving_a_stale_sampler_are_their_single_runs_and_the_others_too(
+    tmp_path, tiny_pretrained
+):
+    """--sample-stale 1 (GRPO's sampler draws from the last step's stacked weights): member 1 ends
+    after step 2, member 0 (whose sampler the others share, Population.adopt) after step 3, member 2
+    goes on alone to step 4. Population.leave cuts the stale record to the live members, so each
+    member samples from its own last weights: every member's metrics over all its steps, those
+    after the others left included, are its single run's to 1e-4 relative."""
+    init, _, _ = tiny_pretrained
+    steps = (3, 2, 4)
+    flags = lambda s: ("--sample-stale", "1", "--steps", str(steps[s]))
+    cfgs = [_cfg(init, tmp_path / f"lock-s{s}", s, flags(s)) for s in range(3)]
+    assert [r["step"] for r in train_lockstep(grpo, cfgs, [print] * 3)] == list(steps)
+    for s in range(3):
+        assert run_one(_run(init, tmp_path / f"alone-s{s}", s, extra=flags(s))) is None
+        rows, want = (
+            read_jsonl(tmp_path / f"{kind}-s{s}" / "metrics.jsonl") for kind in ("lock", "alone")
+        )
+        assert len(rows) == len(want) == steps[s] + 1, s
+        assert [close(UNTIMED(g), UNTIMED(w)) for g, w in zip(rows, want)] == [[]] * len(want), s
+
+
 def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
     init, _, _ = tiny_pretrained
     a, b = _cfg(init, tmp_path / "a", 0), _cfg(init, tmp_path / "b", 1, ("--beta", "0.1"))
@@ -376,6 +399,9 @@ def test_what_lockstep_refuses_is_named(tmp_path, tiny_pretrained):
         == "--preserve-anchor sampled"
     )
     assert unsupported(grpo, [_cfg(init, tmp_path / "d", 0, ("--preset", "gspo"))]) is None
+    # a trainer without a lockstep (no ALGORITHM, no update of its members)
+    dpo_cfg = dpo.parse(["--init", str(init), "--out", str(tmp_path / "f")])
+    assert unsupported(dpo, [dpo_cfg]) == "minigrpo.dpo has no lockstep"
 
 
 @pytest.mark.parametrize(

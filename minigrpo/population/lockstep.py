@@ -52,7 +52,7 @@ QUIET = ("overwrite", "quiet", "verbose")
 
 
 # each trainer's members' update (population/*_update.py: (cfg, anchor, algos) -> the update); a
-# member's algorithm (its state, for its checkpoint) is the trainer's class of its name in capitals
+# member's algorithm (its state, for its checkpoint) is the trainer's ALGORITHM
 KINDS = {"grpo": grpo_update.LockstepGRPO, "ppo": ppo_update.LockstepPPO}
 
 
@@ -91,9 +91,8 @@ class Member:
 
     def __init__(self, trainer, cfg, log, like: Run | None = None):
         trainer.check_config(cfg)
-        name = trainer_name(trainer)
-        self.run = Run(cfg, name, log, like)
-        self.algo = getattr(trainer, name.upper())(self.run)  # grpo.GRPO, ppo.PPO
+        self.run = Run(cfg, trainer_name(trainer), log, like)
+        self.algo = trainer.ALGORITHM(self.run)  # grpo.GRPO, ppo.PPO
         self.logger, self.batch, self.error = None, None, None
 
 
