@@ -29,9 +29,7 @@ import torch
 
 INF = math.inf
 # The arithmetic is numpy's, on float64 arrays of K numbers: a torch call on so small a tensor costs
-# several times
-# more, and releases the interpreter lock, which a population's threads then queue for
-# (docs/performance.md).
+# several times more.
 # log 0 = −inf, x/0 and inf − inf are meant
 QUIET = dict(divide="ignore", invalid="ignore", over="ignore")
 
