@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def draw(curves: dict[str, dict[str, tuple]], png: Path) -> Path:
+    import matplotlib  # here: the bench's other sections never pay for pyplot's import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.4))
     for ax, (title, lines) in zip(np.atleast_1d(axes), curves.items()):
         for label, (steps, values) in lines.items():
