@@ -60,9 +60,9 @@ class Task(Protocol):
         self, models: Any, tokenizer, baseline: Any, cfg, rewards: torch.Tensor
     ) -> list[dict]:
         """Optional: rl_evaluate of each of M models as one computation, one dict each. models: a
-        list of GPTs, or the M models' weights stacked (lm/model.Weights of (M, ...) tensors, a
-        lockstep population's: scored by lm/logprobs.completion_logprobs in one forward).
-        Without it, a population calls rl_evaluate model by model."""
+        list of GPTs, or the M models' weights stacked (lm/model.Weights of (M, ...) tensors:
+        scored by lm/logprobs.completion_logprobs in one forward). Without it, a caller calls
+        rl_evaluate model by model."""
 
     def format_rl_eval(self, ev: dict, cfg) -> str:
         """The last line of an RL run."""

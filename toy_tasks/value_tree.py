@@ -1,6 +1,5 @@
 """The oracle critic's values: the exact value of every completion prefix under a policy, for one
-model or many at once (rl/critics.OracleCritic: one; a lockstep population's ExactValues: its
-members).
+model or many at once (rl/critics.OracleCritic: one; P models' stacked weights: many).
 
 In a world whose completions are enumerable (food: the 12 foods; arithmetic: the 12 declared answers
 of each prompt, `support(prompt)`), the states "prompt x, then the prefix s" of the support form a
@@ -41,7 +40,7 @@ Monte Carlo rollouts from each intermediate state; here enumeration makes it exa
 
 The recursion runs as tensor operations, every model's in one pass: the nodes of one depth at a
 time; each rollout row's prefixes are found by walking the tree token by token. The model's forward
-is the caller's (one GPT, or a population's stacked weights). Tests: tests/test_oracle.py checks the
+is the caller's (one GPT, or P models' stacked weights). Tests: tests/test_oracle.py checks the
 values against one step of the policy, the exact expected reward and Monte Carlo;
 tests/test_value_tree.py holds them to the slow oracle (tests/oracle_values.py: the same recursion
 in Python, model by model, prefixes as strings), to rounding (the sums over a node's children are
@@ -66,9 +65,8 @@ class ValueTree:
         tables: RewardTable | list[RewardTable],
         device=None,
     ):
-        """tables: the reward of every model (a lockstep population's members that share one
-        reward), or a list of one per model, in the order of `values`' models (members whose rewards
-        differ)."""
+        """tables: the reward of every model (models that share one reward), or a list of one per
+        model, in the order of `values`' models (models whose rewards differ)."""
         tables = [tables] if isinstance(tables, RewardTable) else tables
         pairs = [
             (i, k, x, tok.encode(y))

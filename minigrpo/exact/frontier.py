@@ -302,8 +302,7 @@ def score_many(
     p_thetas, p_ref: torch.Tensor, r: torch.Tensor, beta: float | None = None
 ) -> list[dict]:
     """score(p_thetas[m], p_ref, r, beta) of M policies (M, K) over one p_ref and r, their root
-    findings as one (_root_rows): a lockstep population's members' exact evaluation. Each row's
-    figures are its own score's."""
+    findings as one (_root_rows). Each row's figures are its own score's."""
     p_thetas, (p_ref, r) = _array(p_thetas), _checked(p_ref, r)
     _check(p_thetas, r, name="p_theta", rows=True)
     kl_ref, reward, span = _kl(p_thetas, p_ref), (p_thetas * r).sum(1), _span(p_ref, r)

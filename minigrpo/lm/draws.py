@@ -64,7 +64,7 @@ class Generation:
 
 def take(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
     """x (..., N, ...) -> (..., n, ...): the rows `rows` (..., n) of each leading slice, in order
-    (x[rows] with no leading dims; a population's members: each its own rows). None -> None."""
+    (x[rows] with no leading dims; with them, each leading slice its own rows). None -> None."""
     if x is None:
         return None
     at = rows.dim() - 1

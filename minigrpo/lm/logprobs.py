@@ -11,8 +11,7 @@ or positions.
 Stacked weights. `model` is a GPT or its lm/model.Weights; every function also takes M models'
 weights stacked (Weights of (M, ...) tensors) with rows (M, B, ...) and a batch of M prefix trees
 (prefix_tree.py), one for each model's rows: each model computes its own rows, in one forward, as
-it would alone (to float rounding). A population's members score their rows so
-(population/rows.py).
+it would alone (to float rounding).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ output head shares its weights with the token embedding (as GPT-2 and nanoGPT).
 
 One forward. GPT holds the parameters (its modules, their names, their init); the computation is
 written once, `Weights.hidden`, over one model's weights or P models' stacked (P, ...), each
-computing its own rows in one pass; GPT.forward, decode.Decoder and population/stacked.py call it.
+computing its own rows in one pass; GPT.forward and decode.Decoder call it.
 Written out rather than torch.func.vmap(functional_call): the KV cache is written in place, which
 vmap does not map.
 

@@ -111,7 +111,7 @@ class AdamW:
 
 def adamw_state(t, lr, m: list, v: list) -> dict:
     """AdamW's checkpoint state: its step count, rate and moments (on the host). The arithmetic is
-    elementwise, so a slice of stacked moments (a lockstep member's) is a single run's state."""
+    elementwise, so a slice of stacked moments (P runs') is one run's state."""
     return {"t": t, "m": [x.cpu() for x in m], "v": [x.cpu() for x in v], "lr": lr}
 
 

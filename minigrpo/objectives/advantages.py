@@ -134,7 +134,7 @@ def kl_shaped_rewards(
         r_t = −β·k1_t + [t is the row's last valid token]·r,    k1_t = log π_old(o_t) − log
         π_ref(o_t)
     rewards (..., N); old_logp, ref_logp, mask (..., N, T), mask right-padded; beta a float, or a
-    tensor broadcasting to (..., N, T) (a population's β per member) -> (r_t (..., N, T), Σ_t k1_t
+    tensor broadcasting to (..., N, T) (each leading slice its own β) -> (r_t (..., N, T), Σ_t k1_t
     (..., N)). Masked slots 0 whatever the log-probs hold there; a row without a valid token gets
     nothing, not even its scalar reward.
     """

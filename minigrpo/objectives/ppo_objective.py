@@ -1,6 +1,6 @@
 """PPO's minibatch objective and the figures a run logs of it: one definition, which a single run
-calls on its tensors and a lockstep population maps over its members with torch.func.vmap
-(both in ppo.PPO.figures).
+calls on its tensors and P stacked runs map over their leading dim with torch.func.vmap (both in
+ppo.PPO.figures).
 
     loss, figures = ppo_objective(logp, old_logp, adv, logits, ref_logits, mask, cfg)
     loss, figures = ppo_objective(..., cfg, values, old_values, returns)  # a critic's fit too

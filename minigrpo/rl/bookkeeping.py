@@ -3,7 +3,7 @@ the first step (config.json, the opening lines, the first evaluation), at each s
 rate, the step's prompts, whether π_ref is renewed, the losses' check, the exact evaluation, the
 stop rule, the metrics row and the progress line, the checkpoint when due) and after the last
 (metrics.png, samples.txt, summary.json, the closing lines), and on Ctrl-C. run() (rl/loop.py) calls
-them around the algorithm's update, and so does each member of a lockstep population.
+them around the algorithm's update, and so may any caller that steps several runs at once.
 
 Departure from the papers: a 5-step linear learning-rate warm-up (--warmup 0 turns it off). Adam's
 first update moves every weight by about lr whatever its gradient, and on the food task that first
@@ -105,8 +105,8 @@ class RunBookkeeping:
         """After the update, the trust region and π_ref's renewal (`renews_ref`): check the losses,
         count the step, evaluate (every --eval-every steps), apply the stop rule, log the row and
         the progress line, checkpoint when due (trained() -> what `save` takes: Run.trained's,
-        made only then). A lockstep population's member gets its step's exact `evaluation` and its
-        batch's `figures` (batch_figures') already made, every member's at once."""
+        made only then). `evaluation` and `figures` (batch_figures'): the step's exact evaluation
+        and its batch's figures where the caller already made them (several runs' at once)."""
         cfg = self.cfg
         if not finite_losses(stats):
             raise UsageError(

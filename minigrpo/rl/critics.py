@@ -18,7 +18,7 @@ tokenizer, prompts, task support, reward table and temperature.
 
 The values are computed once, by `head_values` (a learned critic's) and `exact_values` (the
 oracle's) over weights that may be stacked (M models', with a leading (M, ...)): the critics call
-them with one model's weights, a lockstep population (population/ppo_update.py) with its members'.
+them with one model's weights; P runs' critics stacked call them once with theirs.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class Critic(ABC):
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """Its parameters by name, in the optimiser's order: "head.weight", "head.bias", then the
-        trunk's (GPT names); what a population stacks (population/ppo_update.Critics)."""
+        trunk's (GPT names): what P runs' critics stack."""
         head = {} if self.head is None else dict(self.head.linear.named_parameters(prefix="head"))
         trunk = {} if self.trunk is None else dict(self.trunk.named_parameters())
         return {**head, **trunk}
@@ -145,7 +145,7 @@ class Critic(ABC):
 
     def state_dict(self, weights: dict[str, torch.Tensor] | None = None) -> dict:
         """Its checkpoint state; weights: tensors by named_weights' names to save in place of its
-        own (a population member's, from its host copies)."""
+        own (e.g. its slice of P stacked critics, copied to the host)."""
         state = {
             "value_head": None if self.head is None else self.head.state_dict(),
             "critic_trunk": None if self.trunk is None else self.trunk.state_dict(),

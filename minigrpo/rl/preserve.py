@@ -94,7 +94,7 @@ class Anchor:
 
     def host_state(self) -> dict:
         """state_dict copied to the host (a checkpoint's), made once: an anchor never changes after
-        it is built, and a lockstep population's members share their first member's."""
+        it is built, and runs built `like` another (rl/run_state.Run) share its anchor."""
         if self.host is None:
             self.host = to_host(self.state_dict())
         return self.host
@@ -218,8 +218,8 @@ def weighted_kl(
     direction: str = "forward",
 ) -> torch.Tensor:
     """Σ_rows w·Σ_t KL / Σ_rows w, the exact KL at the positions `where` (..., m, T) of rows
-    weighted (..., m): logits, ref_logits (..., m, T, V) -> (...) (a leading dim: a lockstep
-    population's members, rows of each one's own or shared)."""
+    weighted (..., m): logits, ref_logits (..., m, T, V) -> (...) (a leading dim: P stacked runs,
+    rows of each one's own or shared)."""
     # (..., m, T)
     kl = exact(ref_logits, logits) if direction == "forward" else exact(logits, ref_logits)
     kl = torch.where(where, kl, torch.zeros((), device=kl.device))

@@ -84,7 +84,7 @@ class StopOnCtrlC:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        # in a pool's worker (a lockstep population) the parent says it once for every run
+        # in a pool's worker the parent says it once for every run
         if multiprocessing.parent_process() is None:
             print(
                 "\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)",
@@ -96,7 +96,7 @@ class StopOnCtrlC:
             signal.signal(signal.SIGINT, self.previous)
 
 
-# how the line of a run that Ctrl-C ended starts (compare and a population look for it)
+# how the line of a run that Ctrl-C ended starts (compare looks for it)
 INTERRUPTED = "interrupted"
 
 
@@ -119,8 +119,8 @@ def combine_stats(per_update: list[dict]) -> dict:
 
 
 def packed(per_update: list[dict], tag: str = "update") -> dict:
-    """Inner updates' figures as one flat dict, update i's `name` under (tag, i, name) (a lockstep
-    step's figures are read back in one go); `unpacked` gives the list back."""
+    """Inner updates' figures as one flat dict, update i's `name` under (tag, i, name) (P stacked
+    runs' figures are read back in one go); `unpacked` gives the list back."""
     return {(tag, i, k): v for i, d in enumerate(per_update) for k, v in d.items()}
 
 

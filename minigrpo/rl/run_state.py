@@ -1,5 +1,5 @@
 """A running RL job's set-up and state: Run, which every algorithm reads (policy, π_ref,
-anchor, generators, config), built from --init (or a resumed run, or a population's first member),
+anchor, generators, config), built from --init (or a resumed run, or `like` another new run),
 with what it measures and steps: the exact evaluation, the trust region's probes, the preservation
 term and the clipped optimizer step. Its per-step bookkeeping is rl/bookkeeping.py, its checkpoints
 rl/checkpoints.py; the loop that drives it is rl/loop.py.
@@ -61,9 +61,8 @@ class Run(RunBookkeeping, RunCheckpoints):
 
     def __init__(self, cfg: RLConfig, algo_name: str, log=print, like: "Run | None" = None):
         """like: a run set up from the same --init and flags (its seed and folder aside) and not yet
-        trained (a lockstep population's first member): its model, tokenizer, tree anchor and
-        baseline are taken, not built again, and its π_ref shared (read only: a population's π_ref
-        is its stack's, lockstep.py)."""
+        trained: its model, tokenizer, tree anchor and baseline are taken, not built again, and its
+        π_ref shared (read only)."""
         check_rl_config(cfg)
         self.cfg, self.algo_name, self.log = cfg, algo_name, (lambda *a: None) if cfg.quiet else log
         try:
@@ -144,8 +143,8 @@ class Run(RunBookkeeping, RunCheckpoints):
         return self.task.rl_evaluate(self.policy, self.tok, self.baseline, self.cfg, self.rewards)
 
     def evaluate(self, ev: dict | None = None) -> dict:
-        """The exact evaluation now (`ev`: already made, a lockstep population's), with the running
-        peaks of what must never break."""
+        """The exact evaluation now (`ev`: already made by the caller), with the running peaks of
+        what must never break."""
         ev = ev or self.exact_evaluation()
         return {**ev, **self.peaks.update(ev)}
 

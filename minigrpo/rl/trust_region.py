@@ -39,7 +39,7 @@ from minigrpo.objectives.kl import exact
 
 def step_probes(cfg, rollout, anchor_rows=None) -> list:
     """What a step's trust region measures, as StepGuard takes it [(name, rows, δ, weights, group)]:
-    the step's rollout (a Generation, or a population's rows) within --trust-region, and the anchor
+    the step's rollout (a Generation, or P runs' stacked rows) within --trust-region, and the anchor
     rows within --trust-region-anchor (anchor_rows() -> (rows, weights, group); None: no anchor);
     a limit of 0 is not measured."""
     out = [("rollout", rollout, cfg.trust_region, None, None)] if cfg.trust_region > 0 else []
@@ -91,8 +91,8 @@ class StepGuard:
     policy: anything with `parameters()`, a GPT or stacked weights (P, ...). probes: [(name, rows,
     limit, weights, group)]: each limit the largest allowed sequence-level KL in nats, checked on
     the worst group of rows (the anchor: one group per person; `sequence_kl`). forward(policy,
-    rows) -> the probe's logits (..., N, T, V) of a Generation (a population's: (P, N, ...) rows,
-    weights and group then (P, N) where each member's rows are its own)."""
+    rows) -> the probe's logits (..., N, T, V) of a Generation (P stacked runs': (P, N, ...) rows,
+    weights and group then (P, N) where each run's rows are its own)."""
 
     def __init__(
         self,
@@ -173,7 +173,7 @@ def _write(params: list[torch.Tensor], flat: torch.Tensor, lead: tuple) -> None:
 
 def _stamp(policy) -> tuple:
     """Which tensors hold the weights and their in-place versions: any change to the weights (an
-    optimiser step, a copy_, members leaving a population) changes it."""
+    optimiser step, a copy_, slices of stacked weights dropped) changes it."""
     return tuple((id(p), p._version) for p in policy.parameters())
 
 

@@ -170,8 +170,8 @@ def _usage_error(message):  # argparse would print usage and exit 2; we want one
 @functools.lru_cache(maxsize=64)
 def _parser(cls, description: str, prog: str | None, defaults: tuple) -> argparse.ArgumentParser:
     """build_parser's parser, made once for each config, description, program and defaults (a
-    population parses every member's flags: building the parser is most of a parse's time);
-    parse_args leaves it unchanged."""
+    caller may parse many runs' flags: building the parser is most of a parse's time); parse_args
+    leaves it unchanged."""
     parser = build_parser(cls, description, dict(defaults))
     parser.error = _usage_error
     return parser
