@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from minigrpo.lm.optim import adamw_state
+from minigrpo.rl.checkpoints import Trained
 
 
 class HostCopies:
@@ -34,22 +35,22 @@ class HostCopies:
         }
 
 
-def member_trained(copies: HostCopies, p: int, member, update, opt) -> dict:
+def member_trained(copies: HostCopies, p: int, member, update, opt) -> Trained:
     """Member p's Run.trained: its slices of the copies in its own GPTs' layout, its algorithm's
     state (update.host_state), its AdamW state (lm/optim.adamw_state)."""
     run, layout = member.run, lambda model: dict(model.named_parameters())
     lr = opt.param_groups[0]["lr"]  # a number, or each member's (P,)
-    return {
-        "policy": copies.member("policy", p, layout(run.policy)),
-        "ref": copies.member("ref", p, layout(run.ref)),
-        "algo": update.host_state(member.algo, copies, p),
-        "optimizer": adamw_state(
+    return Trained(
+        copies.member("policy", p, layout(run.policy)),
+        copies.member("ref", p, layout(run.ref)),
+        update.host_state(member.algo, copies, p),
+        adamw_state(
             int(opt.t[p]),
             float(lr[p]) if torch.is_tensor(lr) else lr,
             list(copies.member("m", p).values()),
             list(copies.member("v", p).values()),
         ),
-    }
+    )
 
 
 def host_copies(stack, ref, opt, critics=None) -> HostCopies:

@@ -9,7 +9,7 @@ rule and the peaks, so `--resume` gives the same metrics on CPU as an uninterrup
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from minigrpo.lm.checkpoint import (
@@ -23,6 +23,16 @@ from minigrpo.rl.preserve import Anchor
 from minigrpo.rl.stopping import Peaks
 from minigrpo.util.cli import UsageError
 from minigrpo.util.runtime import global_rng_state, set_global_rng_state
+
+
+@dataclass
+class Trained:
+    """What a run has trained, as its checkpoint holds it (RunCheckpoints.save)."""
+
+    policy: dict  # the policy's weights by name, on the host
+    ref: dict  # π_ref's
+    algo: dict  # the algorithm's state_dict
+    optimizer: dict  # AdamW's (lm/optim.adamw_state)
 
 
 class RunCheckpoints:
@@ -44,26 +54,21 @@ class RunCheckpoints:
             )
         return state
 
-    def trained(self, algo, opt) -> dict:
-        """What the run has trained, for its checkpoint (`save`): {"policy": the policy's weights,
-        "ref": π_ref's, on the host; "algo": the algorithm's state_dict, "optimizer": the
-        optimiser's}."""
-        return {
-            "policy": host_state(self.policy),
-            "ref": host_state(self.ref),
-            "algo": algo.state_dict(),
-            "optimizer": opt.state_dict(),
-        }
+    def trained(self, algo, opt) -> Trained:
+        """What the run has trained, for its checkpoint (`save`)."""
+        return Trained(
+            host_state(self.policy), host_state(self.ref), algo.state_dict(), opt.state_dict()
+        )
 
-    def save(self, trained: dict) -> None:
+    def save(self, trained: Trained) -> None:
         """A regular checkpoint (loadable by sample.py, usable as --init) of the run's `trained`
         state (as Run.trained makes it) plus the rest of the run under extra["rl"], so --resume
         continues exactly."""
         rl_state = {
             "algo": self.algo_name,
             "config": asdict(self.cfg),
-            "ref": trained["ref"],
-            "algo_state": to_host(trained["algo"]),
+            "ref": trained.ref,
+            "algo_state": to_host(trained.algo),
             "gens": {k: g.get_state() for k, g in self.gens.items()},
             "anchor": self.anchor.host_state() if self.anchor is not None else None,
             "baseline": self.baseline,
@@ -79,9 +84,9 @@ class RunCheckpoints:
             self.tok,
             self.cfg.task,
             self.step,
-            trained["optimizer"],
+            trained.optimizer,
             extra={"rl": rl_state},
-            weights=trained["policy"],
+            weights=trained.policy,
         )
 
     def restore(self, algo, opt) -> None:
