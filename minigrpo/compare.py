@@ -334,8 +334,8 @@ def main(argv=None):
         population.shares_of(shard.mine(todo), COMMANDS, cfg.members, gpu) if lockstep else ([], [])
     )
     processes = min(jobs, len(shares) + len(alone) if lockstep else len(shard.mine(todo)))
-    at_once = f"{population.describe(shares, alone) if lockstep else ''}{processes} at a time"
-    at_once += gpu_note(processes, gpu)  # a CUDA context each
+    at_once = population.describe(shares, alone, COMMANDS) if lockstep else ""
+    at_once += f"{processes} at a time{gpu_note(processes, gpu)}"  # gpu: a CUDA context each
     ranks = f" over {shard.size} processes" if shard.size > 1 else ""
     if shard.rank == 0:
         print(

@@ -313,6 +313,30 @@ def test_variants_and_presets_of_one_mu_share_one_population(tmp_path):
     assert apart == sorted([sorted(algos[:4]), ["dapo"], ["grpo@beta=0.1"], ["remax"]])
 
 
+def test_the_first_line_names_the_runs_that_go_alone_and_why(tmp_path):
+    """--engine population: a run lockstep cannot map goes alone, and compare's first line says
+    which algorithms and why (lockstep.unsupported's words), one reason each."""
+    from minigrpo.compare import COMMANDS, CompareConfig, command
+    from minigrpo.population.engine import describe, shares_of
+
+    algos, extra = (
+        ["default", "dpo", "online_dpo", "grpo"],
+        {"grpo": ["--preserve-anchor", "sampled"]},
+    )
+    items = [
+        (a, s, command(a, s, CompareConfig(seeds=2), extra.get(a, []), "food", tmp_path), None)
+        for a in algos
+        for s in range(2)
+    ]
+    shares, alone = shares_of(items, COMMANDS)
+    assert [item[0] for share in shares for item in share] == ["default"] * 2
+    assert describe(shares, alone, COMMANDS) == (
+        "1 lockstep population, 6 runs alone (no lockstep: dpo, online_dpo: minigrpo.dpo has no "
+        "lockstep; grpo: --preserve-anchor sampled), "
+    )
+    assert describe(shares, [], COMMANDS) == "1 lockstep population, "
+
+
 def finished_run(run, cmd):
     """A folder that looks like a finished run of `cmd`, stamped now (stamps.stamp_of)."""
     run.mkdir()

@@ -16,20 +16,13 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minigrpo.population.lockstep import (
-    KINDS,
-    OWN,
-    shared,
-    train_lockstep,
-    trainer_name,
-    unsupported,
-)
+from minigrpo.population import lockstep
 from minigrpo.rl.report import INTERRUPTED
 from minigrpo.tools.pool import end_folder, run_pool, start_folder
 from minigrpo.util.cli import UsageError
 
 # flags, each with a value, in which a lockstep population's members may differ (lockstep.OWN)
-PER_MEMBER = tuple("--" + k.replace("_", "-") for k in OWN)
+PER_MEMBER = tuple("--" + k.replace("_", "-") for k in lockstep.OWN)
 
 
 @dataclass(frozen=True)
@@ -48,7 +41,7 @@ def lockstep_key(item, commands: Commands, mixed: bool = True) -> tuple | None:
     but lockstep.OWN (and RECIPES with `mixed`) -> None where lockstep cannot run it."""
     cmd = item[2]  # [python, "-m", module, flags...]
     trainer = commands.trainers.get(cmd[2])
-    if trainer is None or trainer_name(trainer) not in KINDS:  # the trainers lockstep runs
+    if trainer is None or lockstep.trainer_name(trainer) not in lockstep.KINDS:  # what it runs
         return None
     flags, skip = [], False
     for arg in cmd[3:]:
@@ -66,9 +59,9 @@ def _setting(trainer, flags: tuple, mixed: bool) -> str | None:
         cfg = trainer.parse(list(flags))
     except UsageError:
         return None
-    if unsupported(trainer, [cfg]) is not None:
+    if lockstep.unsupported(trainer, [cfg]) is not None:
         return None
-    return repr(list(shared(trainer, cfg, mixed).items()))
+    return repr(list(lockstep.shared(trainer, cfg, mixed).items()))
 
 
 def run_lockstep(items: list, done, commands: Commands) -> bool:
@@ -83,7 +76,7 @@ def run_lockstep(items: list, done, commands: Commands) -> bool:
     # a bad value of a member's own (its --lr, say): each run says it, alone
     except UsageError:
         return False
-    if unsupported(trainer, cfgs) is not None:
+    if lockstep.unsupported(trainer, cfgs) is not None:
         return False
     started = []
     for item, cfg in zip(items, cfgs):
@@ -94,7 +87,7 @@ def run_lockstep(items: list, done, commands: Commands) -> bool:
             done(item, f"{type(e).__name__}: {e}")
     items, cfgs = [item for item, _ in started], [cfg for _, cfg in started]
     try:
-        results = train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
+        results = lockstep.train_lockstep(trainer, cfgs, [lambda *a: None] * len(items))
     except Exception as e:  # noqa: BLE001
         # the population's own failure, e.g. the GPU's memory: each run says it
         results = [f"{type(e).__name__}: {e}"] * len(items)
@@ -129,13 +122,23 @@ def shares_of(
     return shares, alone
 
 
-def describe(shares: list, alone: list) -> str:
-    """compare's first line's word on these populations and the runs that go alone, by algorithm:
-    '2 lockstep populations, 4 runs alone (no lockstep: dpo, online_dpo), '."""
+def why_alone(item, commands: Commands) -> str:
+    """Why lockstep cannot run a run of compare's (its flags parse: compare checked them first)."""
+    trainer = commands.trainers[item[2][2]]
+    return lockstep.unsupported(trainer, [trainer.parse(item[2][3:])]) or "its flags"
+
+
+def describe(shares: list, alone: list, commands: Commands) -> str:
+    """compare's first line's word on these populations and the runs that go alone, by algorithm
+    and why: '1 lockstep population, 4 runs alone (no lockstep: dpo, online_dpo: minigrpo.dpo has
+    no lockstep), '."""
     line = f"{len(shares)} lockstep population{'s' * (len(shares) != 1)}, "
     if alone:
-        algos = ", ".join(dict.fromkeys(item[0] for item in alone))
-        line += f"{len(alone)} run{'s' * (len(alone) > 1)} alone (no lockstep: {algos}), "
+        why: dict[str, dict] = {}  # reason -> its algorithms, in order
+        for item in alone:
+            why.setdefault(why_alone(item, commands), {})[item[0]] = None
+        said = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in why.items())
+        line += f"{len(alone)} run{'s' * (len(alone) > 1)} alone (no lockstep: {said}), "
     return line
 
 
