@@ -18,7 +18,13 @@ from minigrpo.population.anchor import MembersAnchor
 from minigrpo.population.grpo_update import Members as Slices
 from minigrpo.population.rows import Rollouts
 from minigrpo.population.stacked import Stack, stacked
-from minigrpo.rl.critics import completion_hidden, exact_values, head_values, value_head
+from minigrpo.rl.critics import (
+    completion_hidden,
+    exact_values,
+    head_values,
+    value_head,
+    value_tree,
+)
 from minigrpo.rl.report import packed, unpacked
 from minigrpo.rl.run_state import clip_and_step
 from toy_tasks.value_tree import ValueTree
@@ -62,15 +68,11 @@ class ExactValues:
         return []
 
     def tree(self, runs: list) -> tuple[ValueTree, dict]:
-        """The value tree of these members' prompts (one set) and rewards (one table where they
-        share it), and each prompt's place in it, made once."""
-        r, specs = runs[0], [x.cfg.reward for x in runs]
-        shared = len(set(specs)) == 1
-        key = (specs[0] if shared else tuple(specs), tuple(r.prompts))
+        """rl/critics.value_tree of these members (one set of prompts), made once."""
+        specs = tuple(x.cfg.reward for x in runs)
+        key = (specs[:1] if len(set(specs)) == 1 else specs, tuple(runs[0].prompts))
         if key not in self.trees:
-            tables = r.rewards if shared else [x.rewards for x in runs]
-            tree = ValueTree(r.tok, r.prompts, r.task.support, tables, r.device)
-            self.trees[key] = (tree, {x: i for i, x in enumerate(r.prompts)})
+            self.trees[key] = value_tree(runs)
         return self.trees[key]
 
     @torch.no_grad()

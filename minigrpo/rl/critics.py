@@ -202,8 +202,7 @@ class OracleCritic(Critic):
     def values(self, batch, hidden=None):
         r = self.run
         if self.tree is None:
-            self.tree = ValueTree(r.tok, r.prompts, r.task.support, r.rewards, r.device)
-            self.place = {x: i for i, x in enumerate(r.prompts)}
+            self.tree, self.place = value_tree([r])
         index = torch.tensor(
             [[self.place[x] for x in batch.prompts]], device=self.tree.roots.device
         )
@@ -212,6 +211,16 @@ class OracleCritic(Critic):
             index, batch.gen.completion_ids[None], batch.mask[None],
         )[0]  # fmt: skip
         return torch.where(batch.mask, v.to(batch.mask.device), 0.0)
+
+
+def value_tree(runs: list) -> tuple[ValueTree, dict]:
+    """The value tree of runs of one set of prompts (rl/run_state.Run's), over their rewards (one
+    table where they share one), and each prompt's place in it."""
+    r, specs = runs[0], {x.cfg.reward for x in runs}
+    tables = r.rewards if len(specs) == 1 else [x.rewards for x in runs]
+    return ValueTree(r.tok, r.prompts, r.task.support, tables, r.device), {
+        x: i for i, x in enumerate(r.prompts)
+    }
 
 
 CRITICS: dict[str, type[Critic]] = {
