@@ -91,17 +91,21 @@ def prepare_out(
     if old and overwrite and not resume:
         remove_matching(path, RUN_OUTPUTS)
     lock = path / ".lock"
-    mark = RUNS_MARK.format(runs_inside) if runs_inside else MARK
     # a run's folder keeps its mark; a folder of runs is marked by the command that claims it
-    if lock.stat().st_size == 0 or (runs_inside and lock.read_text(errors="replace") != mark):
-        lock.write_text(mark)
+    if lock.stat().st_size == 0 or (runs_inside and holder != runs_inside):
+        lock.write_text(RUNS_MARK.format(runs_inside) if runs_inside else MARK)
     return path
+
+
+def lock_text(path: Path) -> str:
+    """The text of the folder's .lock: its mark ('' without one)."""
+    lock = path / ".lock"
+    return lock.read_text(errors="replace") if lock.is_file() else ""
 
 
 def folder_of_runs(path: Path) -> str | None:
     """The command whose folder of runs `path` is (its .lock's RUNS_MARK), else None."""
-    lock, head = path / ".lock", RUNS_MARK.split("{")[0]
-    text = lock.read_text(errors="replace") if lock.is_file() else ""
+    text, head = lock_text(path), RUNS_MARK.split("{")[0]
     return text[len(head) :].split(")")[0] if text.startswith(head) else None
 
 
@@ -109,8 +113,7 @@ def ours(path: Path) -> bool:
     """Did a run of ours write this folder? Its .lock holds our mark, or (a run of a minigrpo from
     before the mark) its config.json is a settings object with a task and a metrics.jsonl lies
     beside it."""
-    lock = path / ".lock"
-    if lock.is_file() and lock.read_text(errors="replace").startswith(MARK.split(":")[0]):
+    if lock_text(path).startswith(MARK.split(":")[0]):
         return True
     try:
         config = json.loads((path / "config.json").read_text())
